@@ -1,0 +1,24 @@
+// cli/commands.h — one registration function per subcommand; each lives in cli/cmd_<name>.cpp.
+// A registration adds the subcommand, its options and its callback to the app. A callback reports failure
+// by throwing dflash::Error; main() prints the message and exits with status 1.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace dflash::cli {
+
+void register_prepare(CLI::App& app);
+void register_train(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_export(CLI::App& app);
+void register_generate(CLI::App& app);
+void register_bench(CLI::App& app);
+void register_info(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_demo(CLI::App& app);
+
+// Exit status a callback may request instead of throwing (e.g. `eval` with no valid rows).
+struct ExitCode {
+  int code;
+};
+
+}  // namespace dflash::cli
