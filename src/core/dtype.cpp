@@ -11,6 +11,7 @@ const char* dtype_name(DType t) {
     case DType::I64: return "I64";
     case DType::U8: return "U8";
     case DType::Bool: return "BOOL";
+    case DType::F64: return "F64";
   }
   return "?";
 }
@@ -18,7 +19,7 @@ const char* dtype_name(DType t) {
 bool dtype_from_name(std::string_view n, DType* out) {
   static constexpr struct { const char* name; DType t; } kNames[] = {
       {"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16}, {"I32", DType::I32},
-      {"I64", DType::I64}, {"U8", DType::U8},     {"BOOL", DType::Bool}};
+      {"I64", DType::I64}, {"U8", DType::U8},     {"BOOL", DType::Bool}, {"F64", DType::F64}};
   for (const auto& e : kNames)
     if (n == e.name) {
       *out = e.t;

@@ -8,7 +8,7 @@
 
 namespace dflash {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, I64, U8, Bool };
+enum class DType : uint8_t { F32, BF16, F16, I32, I64, U8, Bool, F64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -19,11 +19,12 @@ constexpr size_t dtype_size(DType t) {
     case DType::I64: return 8;
     case DType::U8: return 1;
     case DType::Bool: return 1;
+    case DType::F64: return 8;
   }
   return 0;
 }
 
-// Names as written in safetensors headers: "F32", "BF16", "F16", "I32", "I64", "U8", "BOOL".
+// Names as written in safetensors headers: "F32", "BF16", "F16", "I32", "I64", "U8", "BOOL", "F64".
 const char* dtype_name(DType t);
 // Returns false for a name not in the list above.
 bool dtype_from_name(std::string_view name, DType* out);

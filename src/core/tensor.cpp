@@ -85,6 +85,7 @@ std::vector<float> to_f32_vector(const Tensor& t) {
     case DType::F32: if (n) std::memcpy(out.data(), t.data, n * 4); break;
     case DType::BF16: { auto* p = static_cast<const uint16_t*>(t.data); for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]); break; }
     case DType::F16: { auto* p = static_cast<const uint16_t*>(t.data); for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]); break; }
+    case DType::F64: { auto* p = static_cast<const double*>(t.data); for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(p[i]); break; }
     default: DFLASH_FAIL("to_f32_vector: dtype ", dtype_name(t.dtype), " is not a float type");
   }
   return out;

@@ -25,6 +25,7 @@ std::string shape_str(const Shape& s);  // "[2, 3]"
 
 template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::F32; };
+template <> struct dtype_of<double> { static constexpr DType value = DType::F64; };
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::I32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::I64; };
 template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::U8; };

@@ -1,0 +1,176 @@
+// backend/context.h — the per-device, per-worker execution context and the op interface.
+// defines: Context (abstract), DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, make_context, ContextOptions
+//
+// One Context per device per worker thread. It owns everything mutable that executing ops needs: on the CPU a
+// thread pool; on CUDA the stream, the cuBLASLt handle, its workspace and a stream-ordered memory pool. There is
+// no process-global mutable state behind it, so worker threads that each own a Context never share anything
+// mutable (case C01). Weights shared between workers are immutable tensors allocated before the workers start.
+//
+// The ops are the one dispatch point per backend: each virtual method below is implemented once for the CPU
+// (src/backend/cpu/<op>.cpp) and once for CUDA (src/backend/cuda/<op>.cu). Conventions for every op:
+//  * Tensors are contiguous row-major; "[R, D]" means any leading shape whose product is R.
+//  * "act" tensors use the context's compute_dtype(): F32 on "cpu", F64 on "cpu64" (fp64 gradient checks),
+//    BF16 on CUDA. Weights likewise. Parameter gradients ("dw", "db"), master weights, optimizer moments and
+//    saved statistics (rstd, lse) use param_dtype(): F32, or F64 on "cpu64". Gradients are ACCUMULATED (+=).
+//  * Unless stated otherwise an op writes (overwrites) its outputs; `beta` = 1 accumulates into the output.
+//  * Ops are asynchronous on CUDA (ordered on the context's stream); methods returning host values sync.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace dflash {
+
+// DFlash attention (spec 2.2-2.3) of one sequence. Block j (anchor a_j, slot i) attends to context keys
+// k < a_j (strictly) and to the B keys of its own block (bidirectional); a padding block (valid_j = 0) attends
+// to nothing and outputs zeros. With window > 0 (sliding-window layer option), context keys also need
+// k >= a_j + i - (window - 1) and block keys become causal within the block.
+struct DFlashAttnArgs {
+  Tensor q;        // [N*B, nh, d]   act, RoPE already applied
+  Tensor k_ctx;    // [S, nkv, d]    act, context keys (from the fused target features)
+  Tensor v_ctx;    // [S, nkv, d]
+  Tensor k_blk;    // [N*B, nkv, d]  act, keys of the block tokens
+  Tensor v_blk;    // [N*B, nkv, d]
+  Tensor anchors;  // [N] I32, sorted ascending, 0 <= a_j <= S-2 (any value for padding blocks)
+  Tensor valid;    // [N] U8, 0 = padding block
+  int block_size = 16;
+  float scale = 0.0f;  // softmax scale, usually 1/sqrt(d)
+  int window = 0;      // 0 = full attention
+};
+
+// Fused lm_head + loss over selected rows, chunked so that at most `chunk_rows` x V logits exist at once
+// (spec 2.4). For each selected row r (h row index rows[r]):
+//   z = h[rows[r]] @ lm_head^T                     (student logits, fp32)
+//   ce_r = logsumexp(z) - z[label_r]
+//   with teacher_h: p = softmax(teacher_h[r] @ lm_head^T), kl_r = sum p (log p - log softmax(z))
+//   loss contribution = weight_r * (ce_r + kl_weight * kl_r) * grad_scale
+// dh[rows[r]] = d(contribution)/dh  (written; rows not selected are left untouched: zero dh beforehand).
+struct LossArgs {
+  Tensor h;          // [R, H] act, final-normed drafter hidden states
+  Tensor lm_head;    // [V, H] act (frozen target weight)
+  Tensor rows;       // [Rs] I32 indices into h of the rows to score (rows with weight > 0)
+  Tensor labels;     // [Rs] I32 target ids
+  Tensor weights;    // [Rs] F32 loss weights w
+  Tensor teacher_h;  // [Rs, H] act or undefined: target final-norm hidden rows for soft labels
+  float kl_weight = 0.0f;
+  float grad_scale = 1.0f;  // 1 / (global sum of w)
+  int64_t chunk_rows = 1024;
+  Tensor dh;         // [R, H] act, output gradient (may be undefined for forward-only evaluation)
+};
+// Per selected row: ce, kl (0 without teacher) and whether argmax(z) == label. Host vectors after the call.
+struct LossStats {
+  std::vector<float> ce, kl;
+  std::vector<uint8_t> correct;
+};
+
+struct AdamWArgs {
+  float lr = 6e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  float grad_scale = 1.0f;  // multiplies the gradient first (global-norm clipping)
+  int64_t step = 1;         // 1-based, for bias correction
+};
+
+struct MemoryStats {
+  int64_t in_use_bytes = 0, peak_bytes = 0, limit_bytes = 0;
+};
+
+class Context {
+ public:
+  virtual ~Context() = default;
+  virtual Device device() const = 0;
+  virtual DType compute_dtype() const = 0;
+  virtual DType param_dtype() const = 0;
+  virtual std::string describe() const = 0;  // e.g. "cpu (2 threads)", "cuda:0 NVIDIA H200"
+
+  // ---- memory -------------------------------------------------------------------------------------------
+  virtual Tensor empty(DType t, Shape s) = 0;
+  Tensor zeros(DType t, Shape s);
+  virtual void zero(const Tensor& t) = 0;
+  // Copies between any two tensors of equal numel where each is on the host or on this context's device.
+  // dtypes must be equal, or F32 <-> BF16 (converted, round to nearest even).
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  // A copy of `t` on this context's device converted to `dt` (a no-op view if already there and dt matches).
+  Tensor to_device(const Tensor& t, DType dt);
+  Tensor to_device(const Tensor& t) { return to_device(t, t.dtype); }
+  // A host copy (F32 for float tensors if as_f32, else same dtype). Synchronises.
+  Tensor to_host(const Tensor& t, bool as_f32 = true);
+  virtual void synchronize() = 0;
+  virtual MemoryStats memory() const = 0;
+  virtual void reset_peak_memory() = 0;
+
+  // ---- dense algebra ------------------------------------------------------------------------------------
+  // y[M,N] = x[M,K] @ w[N,K]^T (+ bias[N]) + beta * y
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta = 0.f) = 0;
+  // dx[M,K] = dy[M,N] @ w[N,K] + beta * dx
+  virtual void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta = 0.f) = 0;
+  // dw[N,K] += dy[M,N]^T @ x[M,K] (F32);  db[N] += sum_rows dy (F32) when db != nullptr
+  virtual void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) = 0;
+
+  // ---- normalisation, activations, elementwise -----------------------------------------------------------
+  // y = x / sqrt(mean(x^2) + eps) * w over the last dim D; x, y [R, D]; w [D]; rstd [R] F32 (saved for
+  // backward) when defined. y may alias x.
+  virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) = 0;
+  // dx = d/dx (+ beta*dx); dw [D] F32 += d/dw. Needs the forward's x and rstd.
+  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                const Tensor& dx, const Tensor& dw, float beta = 0.f) = 0;
+  // In-place rotate-half RoPE of x [T, heads, d] at positions pos [T] (I32), angles pos * inv_freq[i]
+  // (inv_freq [d/2] F32, computed by rope_inv_freq() incl. rope scaling). inverse = rotate by -angle
+  // (the backward of RoPE).
+  virtual void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) = 0;
+  // out = silu(gate) * up; all [R, I]
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  virtual void silu_mul_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                                 const Tensor& dup) = 0;
+  // out[T, H] = table[ids[t], :]   (ids I32, checked to be in [0, V))
+  virtual void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+  // y += alpha * x  (same shape and dtype)
+  virtual void add(const Tensor& y, const Tensor& x, float alpha = 1.f) = 0;
+  // dst[r, col0 : col0 + C] = src[r, :] for dst [R, Ctot], src [R, C]  (and the reverse with to_src)
+  virtual void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0) = 0;
+  virtual void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0) = 0;  // dst[r,:] = src[r, col0:]
+  // dst[r, :] = src[rows[r], :]
+  virtual void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) = 0;
+  // Row argmax of x [R, V] -> out [R] I32 (first index on ties).
+  virtual void argmax(const Tensor& x, const Tensor& out) = 0;
+
+  // ---- attention -----------------------------------------------------------------------------------------
+  // Causal GQA attention for the target: q [T, nh, d] at positions q_offset + t; k, v [Tk, nkv, d] at
+  // positions 0..Tk-1 (a prefix, e.g. a KV cache); query t sees keys 0..q_offset+t. out [T, nh, d].
+  virtual void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                int64_t q_offset, float scale) = 0;
+  // DFlash block attention, forward: out [N*B, nh, d] act, lse [N*B, nh] F32 (log-sum-exp of the scaled
+  // scores per row; -inf for rows that see nothing).
+  virtual void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) = 0;
+  // Backward: writes dq, dk_ctx, dv_ctx, dk_blk, dv_blk (act, shapes of the inputs).
+  virtual void dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
+                                         const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx,
+                                         const Tensor& dv_ctx, const Tensor& dk_blk, const Tensor& dv_blk) = 0;
+
+  // ---- loss and optimizer --------------------------------------------------------------------------------
+  virtual LossStats lm_head_loss(const LossArgs& a) = 0;
+  // AdamW (Loshchilov & Hutter; torch.optim.AdamW semantics): g = grad * grad_scale;
+  // p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps).
+  // param, grad, m, v F32 [n]; param_compute (act dtype) receives the updated weights when defined.
+  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const AdamWArgs& a, const Tensor& param_compute) = 0;
+  // sum of squares of an F32 tensor, accumulated in double. Synchronises.
+  virtual double sum_squares(const Tensor& x) = 0;
+};
+
+struct ContextOptions {
+  int threads = 0;        // CPU: worker threads for elementwise ops (0 = hardware concurrency)
+  int device_index = 0;   // CUDA device ordinal
+  int64_t memory_limit_bytes = 0;  // 0 = no limit beyond the device
+};
+
+// Creates a Context for "cpu", "cpu64" (everything in fp64: the gradient-check oracle) or "cuda[:N]". Throws Error if the device is unknown or CUDA was not built in.
+std::unique_ptr<Context> make_context(const std::string& device, const ContextOptions& opts = {});
+
+// RoPE inverse frequencies (F32 host tensor [d/2]) for rope_theta and rope scaling (spec 1: "Standard
+// Qwen/Llama rotate-half RoPE with the config's rope_theta (and rope_scaling for Llama-3.x)"), following
+// transformers' _compute_default_rope_parameters / _compute_llama3_parameters.
+struct RopeScaling;
+Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling);
+
+}  // namespace dflash

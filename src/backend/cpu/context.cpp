@@ -1,0 +1,126 @@
+// backend/cpu/context.cpp — CpuContext: the CPU Context and its single dispatch point to the op files.
+#include <cstring>
+
+#include "backend/cpu/ops.h"
+
+namespace dflash {
+
+namespace {
+
+class CpuContext final : public Context {
+ public:
+  CpuContext(const ContextOptions& o, DType dt) : pool_(o.threads), limit_(o.memory_limit_bytes), dt_(dt) {}
+  Device device() const override { return Device::CPU; }
+  DType compute_dtype() const override { return dt_; }
+  DType param_dtype() const override { return dt_; }
+  std::string describe() const override { return cat(dt_ == DType::F64 ? "cpu64" : "cpu", " (", pool_.size(), " threads)"); }
+
+  Tensor empty(DType t, Shape s) override { return cpu_empty(t, std::move(s)); }
+  void zero(const Tensor& t) override {
+    DFLASH_CHECK(t.device == Device::CPU, "cpu context: zero() of a ", device_name(t.device), " tensor");
+    if (t.nbytes()) std::memset(t.data, 0, t.nbytes());
+  }
+  void copy(const Tensor& dst, const Tensor& src) override {
+    DFLASH_CHECK(dst.device == Device::CPU && src.device == Device::CPU, "cpu context: copy between devices");
+    DFLASH_CHECK(dst.numel() == src.numel(), "copy: ", shape_str(src.shape), " -> ", shape_str(dst.shape));
+    if (dst.dtype == src.dtype) {
+      if (dst.data != src.data && src.nbytes()) std::memmove(dst.data, src.data, src.nbytes());
+    } else if (dst.dtype == DType::F32 && (src.dtype == DType::BF16 || src.dtype == DType::F16 || src.dtype == DType::F64)) {
+      std::vector<float> v = to_f32_vector(src);
+      std::memcpy(dst.data, v.data(), v.size() * 4);
+    } else if (dst.dtype == DType::F64 && src.dtype != DType::F64) {
+      std::vector<float> v = to_f32_vector(src);
+      double* d = dst.ptr<double>();
+      for (size_t i = 0; i < v.size(); ++i) d[i] = v[i];
+    } else if (dst.dtype == DType::BF16 && src.dtype == DType::F32) {
+      const float* s = src.ptr<float>();
+      uint16_t* d = dst.ptr<uint16_t>();
+      for (int64_t i = 0; i < src.numel(); ++i) d[i] = f32_to_bf16(s[i]);
+    } else {
+      DFLASH_FAIL("copy: unsupported conversion ", dtype_name(src.dtype), " -> ", dtype_name(dst.dtype));
+    }
+  }
+  void synchronize() override {}
+  MemoryStats memory() const override { return {0, 0, limit_}; }
+  void reset_peak_memory() override {}
+
+  void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta) override {
+    cpu::linear(x, w, b, y, beta);
+  }
+  void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
+    cpu::linear_dx(dy, w, dx, beta);
+  }
+  void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) override {
+    cpu::linear_dw(dy, x, dw, db);
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
+    cpu::rmsnorm(pool_, x, w, eps, y, rstd);
+  }
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                        const Tensor& dw, float beta) override {
+    cpu::rmsnorm_backward(pool_, dy, x, w, rstd, dx, dw, beta);
+  }
+  void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
+    cpu::rope(pool_, x, pos, inv_freq, inverse);
+  }
+  void silu_mul(const Tensor& g, const Tensor& u, const Tensor& out) override { cpu::silu_mul(pool_, g, u, out); }
+  void silu_mul_backward(const Tensor& dout, const Tensor& g, const Tensor& u, const Tensor& dg,
+                         const Tensor& du) override {
+    cpu::silu_mul_backward(pool_, dout, g, u, dg, du);
+  }
+  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+    cpu::embedding(pool_, table, ids, out);
+  }
+  void add(const Tensor& y, const Tensor& x, float alpha) override { cpu::add(pool_, y, x, alpha); }
+  void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
+    cpu::copy_columns(dst, src, col0);
+  }
+  void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
+    cpu::gather_columns(dst, src, col0);
+  }
+  void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) override {
+    cpu::gather_rows(dst, src, rows);
+  }
+  void argmax(const Tensor& x, const Tensor& out) override { cpu::argmax(pool_, x, out); }
+  void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
+                        float scale) override {
+    cpu::attention_causal(pool_, q, k, v, out, q_offset, scale);
+  }
+  void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
+    cpu::dflash_attention(pool_, a, out, lse);
+  }
+  void dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                 const Tensor& dq, const Tensor& dkc, const Tensor& dvc, const Tensor& dkb,
+                                 const Tensor& dvb) override {
+    cpu::dflash_attention_backward(pool_, a, out, lse, dout, dq, dkc, dvc, dkb, dvb);
+  }
+  LossStats lm_head_loss(const LossArgs& a) override { return cpu::lm_head_loss(pool_, a); }
+  void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
+             const Tensor& pc) override {
+    cpu::adamw(pool_, p, g, m, v, a, pc);
+  }
+  double sum_squares(const Tensor& x) override { return cpu::sum_squares(x); }
+
+ private:
+  ThreadPool pool_;
+  int64_t limit_;
+  DType dt_;
+};
+
+}  // namespace
+
+std::unique_ptr<Context> make_cpu_context(const ContextOptions& o, DType dt) {
+  return std::make_unique<CpuContext>(o, dt);
+}
+
+namespace cpu {
+void check_float(const char* op, const Tensor& t, const char* name, DType dt) {
+  DFLASH_CHECK(t.device == Device::CPU, op, ": ", name, " is on ", device_name(t.device), ", expected cpu");
+  DFLASH_CHECK(t.dtype == dt, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected ", dtype_name(dt));
+}
+void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
+  DFLASH_CHECK(a.numel() == b.numel(), op, ": shapes ", shape_str(a.shape), " and ", shape_str(b.shape), " differ");
+}
+}  // namespace cpu
+
+}  // namespace dflash

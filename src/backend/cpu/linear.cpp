@@ -1,0 +1,80 @@
+// cpu/linear.cpp — y = x W^T (+b) and its two backward products, through OpenBLAS ?gemm.
+#include <cblas.h>
+
+#include "backend/cpu/ops.h"
+
+namespace dflash::cpu {
+
+void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+              int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B,
+              ldb, beta, C, ldc);
+}
+void gemm_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B,
+              int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0, A, lda, B,
+              ldb, beta, C, ldc);
+}
+
+void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta) {
+  dispatch_float("linear", x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr DType dt = float_dtype<T>();
+    check_float("linear", x, "x", dt);
+    check_float("linear", w, "w", dt);
+    check_float("linear", y, "y", dt);
+    const int64_t K = x.dim(-1), N = w.dim(0), M = x.rows();
+    DFLASH_CHECK(w.ndim() == 2 && w.dim(1) == K && y.dim(-1) == N && y.rows() == M, "linear: x ",
+                 shape_str(x.shape), " w ", shape_str(w.shape), " y ", shape_str(y.shape));
+    if (M == 0) return;
+    gemm(false, true, M, N, K, x.ptr<T>(), K, w.ptr<T>(), K, static_cast<T>(beta), y.ptr<T>(), N);
+    if (bias) {
+      check_float("linear", *bias, "bias", dt);
+      DFLASH_CHECK(bias->numel() == N, "linear: bias ", shape_str(bias->shape), " for N = ", N);
+      const T* b = bias->ptr<T>();
+      T* o = y.ptr<T>();
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t n = 0; n < N; ++n) o[r * N + n] += b[n];
+    }
+  });
+}
+
+void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) {
+  dispatch_float("linear_dx", dy.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr DType dt = float_dtype<T>();
+    check_float("linear_dx", dy, "dy", dt);
+    check_float("linear_dx", w, "w", dt);
+    check_float("linear_dx", dx, "dx", dt);
+    const int64_t N = w.dim(0), K = w.dim(1), M = dy.rows();
+    DFLASH_CHECK(dy.dim(-1) == N && dx.dim(-1) == K && dx.rows() == M, "linear_dx: dy ", shape_str(dy.shape), " w ",
+                 shape_str(w.shape), " dx ", shape_str(dx.shape));
+    if (M == 0) return;
+    gemm(false, false, M, K, N, dy.ptr<T>(), N, w.ptr<T>(), K, static_cast<T>(beta), dx.ptr<T>(), K);
+  });
+}
+
+void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) {
+  dispatch_float("linear_dw", dy.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr DType dt = float_dtype<T>();
+    check_float("linear_dw", dy, "dy", dt);
+    check_float("linear_dw", x, "x", dt);
+    check_float("linear_dw", dw, "dw", dt);
+    const int64_t N = dy.dim(-1), K = x.dim(-1), M = dy.rows();
+    DFLASH_CHECK(x.rows() == M && dw.ndim() == 2 && dw.dim(0) == N && dw.dim(1) == K, "linear_dw: dy ",
+                 shape_str(dy.shape), " x ", shape_str(x.shape), " dw ", shape_str(dw.shape));
+    if (M == 0) return;
+    gemm(true, false, N, K, M, dy.ptr<T>(), N, x.ptr<T>(), K, T(1), dw.ptr<T>(), K);
+    if (db) {
+      check_float("linear_dw", *db, "db", dt);
+      DFLASH_CHECK(db->numel() == N, "linear_dw: db ", shape_str(db->shape), " for N = ", N);
+      T* b = db->ptr<T>();
+      const T* g = dy.ptr<T>();
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t n = 0; n < N; ++n) b[n] += g[r * N + n];
+    }
+  });
+}
+
+}  // namespace dflash::cpu

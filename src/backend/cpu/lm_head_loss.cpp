@@ -1,0 +1,119 @@
+// cpu/lm_head_loss.cpp — fused, chunked lm_head + cross-entropy (+ KL to soft labels), spec 2.4.
+// Per selected row with student logits z = h W^T, q = softmax(z), label y, weight w, scale c = grad_scale:
+//   ce = logsumexp(z) - z_y,   kl = sum p (log p - log q)  with p = softmax(teacher_h W^T)
+//   dz = w c [(q - onehot(y)) + kl_weight (q - p)],   dh = dz W.
+// Only `chunk_rows` x V logits exist at once.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+
+namespace dflash::cpu {
+
+namespace {
+
+template <class T>
+LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
+  constexpr DType dt = float_dtype<T>();
+  check_float("lm_head_loss", a.h, "h", dt);
+  check_float("lm_head_loss", a.lm_head, "lm_head", dt);
+  const int64_t H = a.h.dim(-1), V = a.lm_head.dim(0), R = a.h.rows(), Rs = a.rows.numel();
+  DFLASH_CHECK(a.lm_head.dim(1) == H, "lm_head_loss: lm_head ", shape_str(a.lm_head.shape), " vs hidden ", H);
+  DFLASH_CHECK(a.rows.dtype == DType::I32 && a.labels.dtype == DType::I32 && a.labels.numel() == Rs &&
+                   a.weights.dtype == DType::F32 && a.weights.numel() == Rs,
+               "lm_head_loss: rows/labels I32 and weights F32 of equal length");
+  const bool teacher = a.teacher_h.defined();
+  if (teacher) {
+    check_float("lm_head_loss", a.teacher_h, "teacher_h", dt);
+    DFLASH_CHECK(a.teacher_h.rows() == Rs && a.teacher_h.dim(-1) == H, "lm_head_loss: teacher_h ",
+                 shape_str(a.teacher_h.shape), " for ", Rs, " rows");
+  }
+  const bool grad = a.dh.defined();
+  if (grad) {
+    check_float("lm_head_loss", a.dh, "dh", dt);
+    DFLASH_CHECK(a.dh.numel() == a.h.numel(), "lm_head_loss: dh shape");
+  }
+  const int32_t* rows = a.rows.ptr<int32_t>();
+  const int32_t* labels = a.labels.ptr<int32_t>();
+  const float* w = a.weights.ptr<float>();
+  const T* W = a.lm_head.ptr<T>();
+  for (int64_t r = 0; r < Rs; ++r) {
+    DFLASH_CHECK(rows[r] >= 0 && rows[r] < R, "lm_head_loss: row index ", rows[r], " outside [0, ", R, ")");
+    DFLASH_CHECK(labels[r] >= 0 && labels[r] < V, "lm_head_loss: label ", labels[r], " outside [0, ", V, ")");
+  }
+  LossStats st;
+  st.ce.assign(static_cast<size_t>(Rs), 0.f);
+  st.kl.assign(static_cast<size_t>(Rs), 0.f);
+  st.correct.assign(static_cast<size_t>(Rs), 0);
+  const int64_t C = std::max<int64_t>(1, a.chunk_rows);
+  std::vector<T> hx, z, zt, dh;
+  for (int64_t c0 = 0; c0 < Rs; c0 += C) {
+    const int64_t c = std::min(C, Rs - c0);
+    hx.resize(static_cast<size_t>(c * H));
+    for (int64_t r = 0; r < c; ++r) std::copy_n(a.h.ptr<T>() + rows[c0 + r] * H, H, hx.data() + r * H);
+    z.resize(static_cast<size_t>(c * V));
+    gemm(false, true, c, V, H, hx.data(), H, W, H, T(0), z.data(), V);
+    if (teacher) {
+      zt.resize(static_cast<size_t>(c * V));
+      gemm(false, true, c, V, H, a.teacher_h.ptr<T>() + c0 * H, H, W, H, T(0), zt.data(), V);
+    }
+    tp.parallel_for(c, 1, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        T* zr = z.data() + r * V;
+        const int64_t gr = c0 + r;
+        const int32_t y = labels[gr];
+        int64_t am = 0;
+        for (int64_t v = 1; v < V; ++v)
+          if (zr[v] > zr[am]) am = v;
+        const double mx = zr[am];
+        double se = 0;
+        for (int64_t v = 0; v < V; ++v) se += std::exp(zr[v] - mx);
+        const double lse = mx + std::log(se);
+        st.ce[gr] = static_cast<float>(lse - zr[y]);
+        st.correct[gr] = am == y;
+        T* ztr = teacher ? zt.data() + r * V : nullptr;
+        if (teacher) {
+          double tmx = ztr[0];
+          for (int64_t v = 1; v < V; ++v) tmx = std::max<double>(tmx, ztr[v]);
+          double tse = 0;
+          for (int64_t v = 0; v < V; ++v) tse += std::exp(ztr[v] - tmx);
+          const double tlse = tmx + std::log(tse);
+          double kl = 0;
+          for (int64_t v = 0; v < V; ++v) {
+            const double lp = ztr[v] - tlse;
+            const double p = std::exp(lp);
+            kl += p * (lp - (zr[v] - lse));
+            ztr[v] = static_cast<T>(p);  // keep p for the gradient
+          }
+          st.kl[gr] = static_cast<float>(kl);
+        }
+        if (grad) {
+          const double coef = static_cast<double>(w[gr]) * a.grad_scale;
+          for (int64_t v = 0; v < V; ++v) {
+            const double q = std::exp(zr[v] - lse);
+            double gv = q - (v == y ? 1.0 : 0.0);
+            if (teacher) gv += a.kl_weight * (q - ztr[v]);
+            zr[v] = static_cast<T>(coef * gv);
+          }
+        }
+      }
+    });
+    if (grad) {
+      dh.resize(static_cast<size_t>(c * H));
+      gemm(false, false, c, H, V, z.data(), V, W, H, T(0), dh.data(), H);
+      for (int64_t r = 0; r < c; ++r) std::copy_n(dh.data() + r * H, H, a.dh.ptr<T>() + rows[c0 + r] * H);
+    }
+  }
+  return st;
+}
+
+}  // namespace
+
+LossStats lm_head_loss(ThreadPool& tp, const LossArgs& a) {
+  LossStats st;
+  dispatch_float("lm_head_loss", a.h.dtype, [&](auto tag) { st = loss_t<decltype(tag)>(tp, a); });
+  return st;
+}
+
+}  // namespace dflash::cpu

@@ -1,0 +1,76 @@
+// backend/cpu/ops.h — the CPU implementations of the Context ops, one file per op. Float tensors are F32 (the
+// "cpu" context) or F64 (the "cpu64" context, used for finite-difference gradient checks); each op is a
+// template over the element type T. These are the reference every other backend is tested against: simple
+// loops, OpenBLAS for the products. Shapes and semantics are those documented on Context in backend/context.h.
+#pragma once
+#include "backend/context.h"
+#include "core/thread_pool.h"
+
+namespace dflash::cpu {
+
+void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta);
+void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
+void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
+
+void rmsnorm(ThreadPool& tp, const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
+void rmsnorm_backward(ThreadPool& tp, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw, float beta);
+void rope(ThreadPool& tp, const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse);
+void silu_mul(ThreadPool& tp, const Tensor& gate, const Tensor& up, const Tensor& out);
+void silu_mul_backward(ThreadPool& tp, const Tensor& dout, const Tensor& gate, const Tensor& up,
+                       const Tensor& dgate, const Tensor& dup);
+void embedding(ThreadPool& tp, const Tensor& table, const Tensor& ids, const Tensor& out);
+void add(ThreadPool& tp, const Tensor& y, const Tensor& x, float alpha);
+void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0);
+void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0);
+void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows);
+void argmax(ThreadPool& tp, const Tensor& x, const Tensor& out);
+
+void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      int64_t q_offset, float scale);
+void dflash_attention(ThreadPool& tp, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse);
+void dflash_attention_backward(ThreadPool& tp, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
+                               const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
+                               const Tensor& dk_blk, const Tensor& dv_blk);
+
+LossStats lm_head_loss(ThreadPool& tp, const LossArgs& a);
+void adamw(ThreadPool& tp, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+           const AdamWArgs& a, const Tensor& param_compute);
+double sum_squares(const Tensor& x);
+
+// Shared checks (throw Error naming the op, the tensor and the shapes).
+// check_float: on the CPU with the float dtype `dt` (the op's element type).
+void check_float(const char* op, const Tensor& t, const char* name, DType dt);
+void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
+
+// Calls f(T{}) with T = float for F32 and double for F64; any other dtype is an Error naming the op.
+template <class F>
+void dispatch_float(const char* op, DType t, F&& f) {
+  if (t == DType::F32) {
+    f(float{});
+  } else if (t == DType::F64) {
+    f(double{});
+  } else {
+    DFLASH_FAIL(op, ": dtype ", dtype_name(t), " is not supported on the CPU (F32 or F64)");
+  }
+}
+// C[M,N] = op(A) op(B) + beta C, row-major (OpenBLAS sgemm / dgemm).
+void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+              int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B,
+              int64_t ldb, double beta, double* C, int64_t ldc);
+inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_f32(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda, const double* B,
+                 int64_t ldb, double beta, double* C, int64_t ldc) {
+  gemm_f64(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <class T>
+constexpr DType float_dtype() {
+  return std::is_same_v<T, float> ? DType::F32 : DType::F64;
+}
+
+}  // namespace dflash::cpu
