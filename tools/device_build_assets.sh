@@ -28,6 +28,7 @@ say() { echo "$*" | tee -a "$SUM"; }
 pack() {  # pack NAME PATH : tar.gz of PATH split into 15 MB pieces under $OUT, sha256 into the summary
   local name=$1 path=$2
   if [ ! -e "$path" ]; then say "pack $name: $path missing"; return 1; fi
+  chmod -R a+rX "$path" 2>/dev/null  # save_pretrained may write 0600 files
   tar -czf "$TMP/$name.tar.gz" "$path" || { say "pack $name: tar failed"; return 1; }
   split -b 15M -d -a 2 "$TMP/$name.tar.gz" "$OUT/$name.tar.gz.part-"
   say "sha256 $name.tar.gz $(sha256sum "$TMP/$name.tar.gz" | cut -d' ' -f1) $(stat -c %s "$TMP/$name.tar.gz")"

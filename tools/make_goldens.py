@@ -17,6 +17,7 @@
 2. Drafter step (tests/golden/step_qwen3/): one DFlash training step on target_qwen3 computed by the
    independent float64 reference tools/ref_dflash.py: init.safetensors, case.safetensors,
    expected_ce.safetensors (kl_weight 0), expected_kl.safetensors (kl_weight 0.15), config.json.
+   A few label tokens are set to the initial drafter's argmax (plant_hits) so the per-slot accuracy is not 0.
 
 Self-checks (asserts): mask rule on hand-written pairs and pair-by-pair against the dense builder, label
 alignment (C09), finite differences of the loss, AdamW/clipping against torch.optim, reference target vs
@@ -62,6 +63,11 @@ def save_st(tensors: dict, path: str, metadata: dict | None = None) -> None:
     t = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     md = {k: (v if isinstance(v, str) else json.dumps(v)) for k, v in (metadata or {}).items()}
     save_file(t, path, metadata=md)
+
+
+def fl(x) -> float:
+    """float() of a Python number or a (possibly grad-tracking) tensor."""
+    return float(x.detach()) if torch.is_tensor(x) else float(x)
 
 
 def f32(x: torch.Tensor) -> torch.Tensor:
@@ -356,6 +362,34 @@ def make_sequences() -> list[dict]:
     return seqs
 
 
+def plant_hits(s: dict, dc, tcfg: dict, TW: dict, P0d: dict, embed, lm_head) -> list:
+    """Makes the per-slot accuracy of the golden non-trivial: for each valid block in anchor order, sets
+    x[a_j + 1] (and x[a_j + 2] for even j) to the initial drafter's argmax for that slot, when the position is
+    supervised, inside the sequence, not already planted, and the token is < 500. Block j's logits depend only
+    on x[0..a_j] (context keys k < a_j, input x[a_j]); the changed positions are > a_j, so earlier blocks'
+    predictions stay as they were and later blocks are computed after the change."""
+    B = dc.block_size
+    planted, fixed = [], set()
+    for j, (a, v) in enumerate(zip(s["anchors"], s["valid"])):
+        if not v:
+            continue
+        tf = ref.target_forward(tcfg, TW, s["ids"])
+        F = round_f32(ref.context_features(tf["layer_outputs"], dc.target_layer_ids))
+        with torch.no_grad():
+            lg = ref.drafter_forward(P0d, dc, embed, lm_head, F, s["ids"], s["anchors"], s["valid"])["logits"]
+        for i in ((1, 2) if j % 2 == 0 else (1,)):
+            p = a + i
+            if p >= s["S"] or p in fixed or s["loss_mask"][p] != 1:
+                continue
+            t = int(lg[j * B + i].argmax())
+            if t >= 500:
+                continue
+            s["ids"][p] = t
+            fixed.add(p)
+            planted.append([j, i, p, t])
+    return planted
+
+
 def self_check_rules() -> None:
     """(i) spec 2.3 mask on hand-written pairs (C08 layout: S=32, B=4, anchors 10 and 12), padding block;
     spec 2.4 labels (C09: x[p] = p, anchor 20); spec 2.1 candidates; spec 1 default layer ids."""
@@ -406,6 +440,10 @@ def build_step_golden(out_root: str) -> None:
     assert dc.rope_theta == tcfg["rope_theta"]
 
     seqs = make_sequences()
+    P0 = ref.init_drafter_params(dc, **INIT)
+    P0d = {n: v.double() for n, v in P0.items()}
+    for s in seqs:
+        s["planted"] = plant_hits(s, dc, tcfg, TW, P0d, embed, lm_head)
     hf = getattr(transformers, "Qwen3ForCausalLM").from_pretrained(tdir).double().eval()
     case = {}
     for k, s in enumerate(seqs):
@@ -450,7 +488,6 @@ def build_step_golden(out_root: str) -> None:
         "padding": "seq1 block 5 is padding: anchor 0, valid 0",
     })
 
-    P0 = ref.init_drafter_params(dc, **INIT)
     save_st(P0, os.path.join(d, "init.safetensors"), {"init": json.dumps(INIT)})
     names = [n for n, _ in ref.drafter_param_shapes(dc)]
     summary = {}
@@ -477,9 +514,14 @@ def build_step_golden(out_root: str) -> None:
             check(abs(fd - ag) <= 1e-7 + 1e-5 * abs(ag),
                   f"{fname}: finite difference {name}{list(idx)}: fd {fd:.10e} vs autograd {ag:.10e}")
 
-        out = {"loss": torch.tensor([float(res["loss"])]), "sum_w": torch.tensor([float(res["sum_w"])]),
-               "loss_ce": torch.tensor([float(res["ce_sum"] / res["sum_w"])]),
-               "loss_kl": torch.tensor([float(res["kl_sum"] / res["sum_w"]) if klw else 0.0]),
+        for k, (s, sr) in enumerate(zip(seqs, res["seqs"])):
+            for j, i, p, t in s["planted"]:
+                got = int(sr["logits"][j * dc.block_size + i].argmax())
+                check(got == t == int(sr["y"][j, i]), f"{fname}: planted hit seq{k} block {j} slot {i}: argmax {got}, "
+                                                      f"label {int(sr['y'][j, i])}, planted {t}")
+        out = {"loss": torch.tensor([fl(res["loss"])]), "sum_w": torch.tensor([fl(res["sum_w"])]),
+               "loss_ce": torch.tensor([fl(res["ce_sum"] / res["sum_w"])]),
+               "loss_kl": torch.tensor([fl(res["kl_sum"] / res["sum_w"]) if klw else 0.0]),
                "grad_norm": torch.tensor([gnorm]), "acc": f32(res["acc"]), "count": f32(res["count"])}
         out = {k: v.to(torch.float32) for k, v in out.items()}
         for n in names:
@@ -521,10 +563,10 @@ def build_step_golden(out_root: str) -> None:
             "logits.seq<k>": "drafter logits [N*B, V] before the step",
             "ctx.seq<k>": "Ht = RMSNorm_hidden(F @ fc^T) [S, H] before the step",
         })
-        summary[fname] = dict(loss=float(res["loss"]), sum_w=float(res["sum_w"]), grad_norm=gnorm,
+        summary[fname] = dict(loss=fl(res["loss"]), sum_w=fl(res["sum_w"]), grad_norm=gnorm,
                               clip_coef=clip_coef, acc=[round(float(a), 4) for a in res["acc"]],
                               count=[int(c) for c in res["count"]])
-        print(f"  {fname}: loss {float(res['loss']):.6f} sum_w {float(res['sum_w']):.4f} grad_norm {gnorm:.4f} "
+        print(f"  {fname}: loss {fl(res['loss']):.6f} sum_w {fl(res['sum_w']):.4f} grad_norm {gnorm:.4f} "
               f"clip_coef {clip_coef:.4f} acc {summary[fname]['acc']} count {summary[fname]['count']}", flush=True)
 
     cfg = {
@@ -548,7 +590,10 @@ def build_step_golden(out_root: str) -> None:
                       "clip_eps": 1e-6, "step": 1},
         "frozen": "embedding and lm_head (tied embed_tokens of the target)",
         "sequences": [{"S": s["S"], "N": len(s["anchors"]), "anchors": s["anchors"], "valid": s["valid"],
-                       "candidates": ref.anchor_candidates(s["loss_mask"])} for s in seqs],
+                       "candidates": ref.anchor_candidates(s["loss_mask"]),
+                       "planted_hits": s["planted"]} for s in seqs],
+        "planted_hits": "[block j, slot i, position, token]: x[position] was set to the initial drafter's argmax "
+                        "so that acc is not all zero (tools/make_goldens.py plant_hits)",
         "param_names": names,
         "export_config": {
             "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": DRAFT["block_size"],
