@@ -33,7 +33,8 @@ struct DFlashAttnArgs {
   Tensor v_ctx;    // [S, nkv, d]
   Tensor k_blk;    // [N*B, nkv, d]  act, keys of the block tokens
   Tensor v_blk;    // [N*B, nkv, d]
-  Tensor anchors;  // [N] I32, sorted ascending, 0 <= a_j <= S-2 (any value for padding blocks)
+  Tensor anchors;  // [N] I32, sorted ascending, 0 <= a_j <= S (training: <= S-2; inference: a_j = S, the
+                   // whole cached context visible); any value for padding blocks
   Tensor valid;    // [N] U8, 0 = padding block
   int block_size = 16;
   float scale = 0.0f;  // softmax scale, usually 1/sqrt(d)
@@ -61,7 +62,7 @@ struct LossArgs {
 };
 // Per selected row: ce, kl (0 without teacher) and whether argmax(z) == label. Host vectors after the call.
 struct LossStats {
-  std::vector<float> ce, kl;
+  std::vector<double> ce, kl;
   std::vector<uint8_t> correct;
 };
 

@@ -52,7 +52,7 @@ Geometry check_args(const char* op, const DFlashAttnArgs& a) {
   g.window = a.window;
   for (int64_t j = 0; j < g.N; ++j)
     if (g.valid[j])
-      DFLASH_CHECK(g.anchors[j] >= 0 && g.anchors[j] < g.S, op, ": anchor ", g.anchors[j], " outside [0, ", g.S, ")");
+      DFLASH_CHECK(g.anchors[j] >= 0 && g.anchors[j] <= g.S, op, ": anchor ", g.anchors[j], " outside [0, ", g.S, "]");
   return g;
 }
 

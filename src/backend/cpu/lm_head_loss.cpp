@@ -43,8 +43,8 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
     DFLASH_CHECK(labels[r] >= 0 && labels[r] < V, "lm_head_loss: label ", labels[r], " outside [0, ", V, ")");
   }
   LossStats st;
-  st.ce.assign(static_cast<size_t>(Rs), 0.f);
-  st.kl.assign(static_cast<size_t>(Rs), 0.f);
+  st.ce.assign(static_cast<size_t>(Rs), 0.0);
+  st.kl.assign(static_cast<size_t>(Rs), 0.0);
   st.correct.assign(static_cast<size_t>(Rs), 0);
   const int64_t C = std::max<int64_t>(1, a.chunk_rows);
   std::vector<T> hx, z, zt, dh;
@@ -70,7 +70,7 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
         double se = 0;
         for (int64_t v = 0; v < V; ++v) se += std::exp(zr[v] - mx);
         const double lse = mx + std::log(se);
-        st.ce[gr] = static_cast<float>(lse - zr[y]);
+        st.ce[gr] = lse - zr[y];
         st.correct[gr] = am == y;
         T* ztr = teacher ? zt.data() + r * V : nullptr;
         if (teacher) {
@@ -86,7 +86,7 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
             kl += p * (lp - (zr[v] - lse));
             ztr[v] = static_cast<T>(p);  // keep p for the gradient
           }
-          st.kl[gr] = static_cast<float>(kl);
+          st.kl[gr] = kl;
         }
         if (grad) {
           const double coef = static_cast<double>(w[gr]) * a.grad_scale;

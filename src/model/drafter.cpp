@@ -1,0 +1,452 @@
+#include "model/drafter.h"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+
+namespace dflash {
+
+// ---- config --------------------------------------------------------------------------------------------------
+
+void DrafterConfig::validate() const {
+  auto pos = [](int64_t v, const char* name) { DFLASH_CHECK(v > 0, "drafter config: ", name, " must be > 0, got ", v); };
+  pos(hidden_size, "hidden_size");
+  pos(intermediate_size, "intermediate_size");
+  pos(num_layers, "num_layers");
+  pos(num_heads, "num_heads");
+  pos(num_kv_heads, "num_kv_heads");
+  pos(head_dim, "head_dim");
+  pos(vocab_size, "vocab_size");
+  pos(block_size, "block_size");
+  DFLASH_CHECK(num_heads % num_kv_heads == 0, "drafter config: num_heads ", num_heads,
+               " is not a multiple of num_kv_heads ", num_kv_heads);
+  DFLASH_CHECK(head_dim % 2 == 0, "drafter config: head_dim must be even for RoPE, got ", head_dim);
+  DFLASH_CHECK(!target_layer_ids.empty(), "drafter config: target_layer_ids is empty");
+  for (int64_t l : target_layer_ids)
+    DFLASH_CHECK(l >= 0 && (num_target_layers == 0 || l < num_target_layers), "drafter config: target layer id ", l,
+                 " outside [0, ", num_target_layers, ")");
+  DFLASH_CHECK(mask_token_id >= 0 && mask_token_id < vocab_size, "drafter config: mask_token_id ", mask_token_id,
+               " is not a row of the target's ", vocab_size, "-row embedding (spec 1: the mask token must be an "
+               "existing row; set it with --mask-token-id or use a tokenizer that defines one)");
+}
+
+DrafterConfig DrafterConfig::for_target(const ModelConfig& t, int64_t num_layers, int64_t block_size,
+                                        std::vector<int64_t> layer_ids, int32_t mask_token_id) {
+  DrafterConfig c;
+  c.hidden_size = t.hidden_size;
+  c.intermediate_size = t.intermediate_size;
+  c.num_layers = num_layers;
+  c.num_heads = t.num_attention_heads;
+  c.num_kv_heads = t.num_key_value_heads;
+  c.head_dim = t.head_dim;
+  c.vocab_size = t.vocab_size;
+  c.block_size = block_size;
+  c.target_layer_ids = std::move(layer_ids);
+  c.num_target_layers = t.num_hidden_layers;
+  c.mask_token_id = mask_token_id;
+  c.rms_norm_eps = t.rms_norm_eps;
+  c.rope_theta = t.rope_theta;
+  c.rope_scaling = t.rope_scaling;
+  c.max_position_embeddings = t.max_position_embeddings;
+  return c;
+}
+
+void to_json(nlohmann::json& j, const DrafterConfig& c) {
+  j = nlohmann::json{{"hidden_size", c.hidden_size},
+                     {"intermediate_size", c.intermediate_size},
+                     {"num_layers", c.num_layers},
+                     {"num_heads", c.num_heads},
+                     {"num_kv_heads", c.num_kv_heads},
+                     {"head_dim", c.head_dim},
+                     {"vocab_size", c.vocab_size},
+                     {"block_size", c.block_size},
+                     {"target_layer_ids", c.target_layer_ids},
+                     {"num_target_layers", c.num_target_layers},
+                     {"mask_token_id", c.mask_token_id},
+                     {"rms_norm_eps", c.rms_norm_eps},
+                     {"rope_theta", c.rope_theta},
+                     {"rope_scaling",
+                      {{"kind", c.rope_scaling.kind},
+                       {"factor", c.rope_scaling.factor},
+                       {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                       {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                       {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}}},
+                     {"max_position_embeddings", c.max_position_embeddings}};
+}
+
+void from_json(const nlohmann::json& j, DrafterConfig& c) {
+  j.at("hidden_size").get_to(c.hidden_size);
+  j.at("intermediate_size").get_to(c.intermediate_size);
+  j.at("num_layers").get_to(c.num_layers);
+  j.at("num_heads").get_to(c.num_heads);
+  j.at("num_kv_heads").get_to(c.num_kv_heads);
+  j.at("head_dim").get_to(c.head_dim);
+  j.at("vocab_size").get_to(c.vocab_size);
+  j.at("block_size").get_to(c.block_size);
+  j.at("target_layer_ids").get_to(c.target_layer_ids);
+  j.at("num_target_layers").get_to(c.num_target_layers);
+  j.at("mask_token_id").get_to(c.mask_token_id);
+  j.at("rms_norm_eps").get_to(c.rms_norm_eps);
+  j.at("rope_theta").get_to(c.rope_theta);
+  const auto& rs = j.at("rope_scaling");
+  rs.at("kind").get_to(c.rope_scaling.kind);
+  rs.at("factor").get_to(c.rope_scaling.factor);
+  rs.at("low_freq_factor").get_to(c.rope_scaling.low_freq_factor);
+  rs.at("high_freq_factor").get_to(c.rope_scaling.high_freq_factor);
+  rs.at("original_max_position_embeddings").get_to(c.rope_scaling.original_max_position_embeddings);
+  j.at("max_position_embeddings").get_to(c.max_position_embeddings);
+}
+
+// ---- parameters ------------------------------------------------------------------------------------------
+
+struct Drafter::LayerParams {
+  Param *in_norm, *post_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *gate, *up, *down;
+};
+
+struct Drafter::LayerActs {
+  Tensor h_in;                     // the layer input [NB, H] (a view; its owner keeps it alive)
+  Tensor xn, rstd_in;              // RMSNorm_in(h_in) [NB, H], [NB]
+  Tensor q_pre, rstd_q, q;         // [NB, nh*d] before q_norm; [NB*nh]; [NB, nh, d] after norm + RoPE
+  Tensor kc_pre, rstd_kc, kc, vc;  // context keys/values [S, nkv*d], [S*nkv], [S, nkv, d], [S, nkv, d]
+  Tensor kb_pre, rstd_kb, kb, vb;  // block keys/values   [NB, nkv*d], [NB*nkv], [NB, nkv, d], [NB, nkv, d]
+  Tensor o, lse;                   // attention output [NB, nh, d], [NB, nh]
+  Tensor h_mid, rstd_post, xn2;    // after the attention residual [NB, H]; [NB]; RMSNorm_post(h_mid) [NB, H]
+  Tensor gate, up, act;            // [NB, I]
+};
+
+namespace {
+std::string lp(int64_t l, const char* rest) { return cat("layers.", l, ".", rest); }
+}  // namespace
+
+Drafter::LayerParams Drafter::layer(int64_t l) const {
+  auto& ps = const_cast<ParamSet&>(params_);
+  return {&ps.get(lp(l, "input_layernorm.weight")),   &ps.get(lp(l, "post_attention_layernorm.weight")),
+          &ps.get(lp(l, "self_attn.q_proj.weight")),  &ps.get(lp(l, "self_attn.k_proj.weight")),
+          &ps.get(lp(l, "self_attn.v_proj.weight")),  &ps.get(lp(l, "self_attn.o_proj.weight")),
+          &ps.get(lp(l, "self_attn.q_norm.weight")),  &ps.get(lp(l, "self_attn.k_norm.weight")),
+          &ps.get(lp(l, "mlp.gate_proj.weight")),     &ps.get(lp(l, "mlp.up_proj.weight")),
+          &ps.get(lp(l, "mlp.down_proj.weight"))};
+}
+
+Drafter::Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std) : cfg_(std::move(cfg)) {
+  cfg_.validate();
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, d = cfg_.head_dim;
+  const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, nf = cfg_.nf();
+  uint64_t index = 0;
+  auto linear = [&](const std::string& name, Shape s) {
+    Rng rng(seed, RngPurpose::Init, index++);
+    Tensor t = cpu_empty(DType::F64, s);
+    for (double& x : t.span<double>()) x = rng.normal() * init_std;
+    params_.add(ctx, name, t);
+  };
+  auto norm = [&](const std::string& name, int64_t n) {
+    ++index;
+    Tensor t = cpu_empty(DType::F64, {n});
+    for (double& x : t.span<double>()) x = 1.0;
+    params_.add(ctx, name, t);
+  };
+  linear("fc.weight", {H, nf * H});
+  norm("hidden_norm.weight", H);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    norm(lp(l, "input_layernorm.weight"), H);
+    linear(lp(l, "self_attn.q_proj.weight"), {nh * d, H});
+    linear(lp(l, "self_attn.k_proj.weight"), {nkv * d, H});
+    linear(lp(l, "self_attn.v_proj.weight"), {nkv * d, H});
+    linear(lp(l, "self_attn.o_proj.weight"), {H, nh * d});
+    norm(lp(l, "self_attn.q_norm.weight"), d);
+    norm(lp(l, "self_attn.k_norm.weight"), d);
+    norm(lp(l, "post_attention_layernorm.weight"), H);
+    linear(lp(l, "mlp.gate_proj.weight"), {I, H});
+    linear(lp(l, "mlp.up_proj.weight"), {I, H});
+    linear(lp(l, "mlp.down_proj.weight"), {H, I});
+  }
+  norm("norm.weight", H);
+  inv_freq_ = ctx.to_device(rope_inv_freq(d, cfg_.rope_theta, cfg_.rope_scaling));
+}
+
+// ---- one layer -----------------------------------------------------------------------------------------------
+
+void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, const Tensor& Ht, const Tensor& h_in,
+                            LayerActs& a, const Tensor& h_out) const {
+  const LayerParams P = layer(l);
+  const int64_t NB = h_in.rows(), S = in.S, H = cfg_.hidden_size, d = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
+  const DType dt = ctx.compute_dtype(), st = ctx.param_dtype();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  a.h_in = h_in;
+  a.xn = ctx.empty(dt, {NB, H});
+  a.rstd_in = ctx.empty(st, {NB});
+  ctx.rmsnorm(h_in, P.in_norm->compute, eps, a.xn, a.rstd_in);
+  // queries from the block tokens
+  a.q_pre = ctx.empty(dt, {NB, nh * d});
+  ctx.linear(a.xn, P.wq->compute, nullptr, a.q_pre);
+  a.q = ctx.empty(dt, {NB, nh, d});
+  a.rstd_q = ctx.empty(st, {NB * nh});
+  ctx.rmsnorm(a.q_pre.reshape({NB * nh, d}), P.q_norm->compute, eps, a.q.reshape({NB * nh, d}), a.rstd_q);
+  ctx.rope(a.q, in.block_pos, inv_freq_, false);
+  // keys/values of the context (Ht; same Wk/Wv as the block) unless already given (the inference cache)
+  if (!a.kc.defined()) {
+    a.kc_pre = ctx.empty(dt, {S, nkv * d});
+    ctx.linear(Ht, P.wk->compute, nullptr, a.kc_pre);
+    a.kc = ctx.empty(dt, {S, nkv, d});
+    a.rstd_kc = ctx.empty(st, {S * nkv});
+    ctx.rmsnorm(a.kc_pre.reshape({S * nkv, d}), P.k_norm->compute, eps, a.kc.reshape({S * nkv, d}), a.rstd_kc);
+    ctx.rope(a.kc, in.ctx_pos, inv_freq_, false);
+    a.vc = ctx.empty(dt, {S, nkv, d});
+    ctx.linear(Ht, P.wv->compute, nullptr, a.vc.reshape({S, nkv * d}));
+  }
+  // keys/values of the block tokens
+  a.kb_pre = ctx.empty(dt, {NB, nkv * d});
+  ctx.linear(a.xn, P.wk->compute, nullptr, a.kb_pre);
+  a.kb = ctx.empty(dt, {NB, nkv, d});
+  a.rstd_kb = ctx.empty(st, {NB * nkv});
+  ctx.rmsnorm(a.kb_pre.reshape({NB * nkv, d}), P.k_norm->compute, eps, a.kb.reshape({NB * nkv, d}), a.rstd_kb);
+  ctx.rope(a.kb, in.block_pos, inv_freq_, false);
+  a.vb = ctx.empty(dt, {NB, nkv, d});
+  ctx.linear(a.xn, P.wv->compute, nullptr, a.vb.reshape({NB, nkv * d}));
+  // DFlash attention
+  DFlashAttnArgs at{a.q, a.kc, a.vc, a.kb, a.vb, in.anchors, in.valid, static_cast<int>(cfg_.block_size),
+                    1.0f / std::sqrt(static_cast<float>(d)), 0};
+  a.o = ctx.empty(dt, {NB, nh, d});
+  a.lse = ctx.empty(st, {NB, nh});
+  ctx.dflash_attention(at, a.o, a.lse);
+  a.h_mid = ctx.empty(dt, {NB, H});
+  ctx.copy(a.h_mid, h_in);
+  ctx.linear(a.o.reshape({NB, nh * d}), P.wo->compute, nullptr, a.h_mid, 1.0f);
+  // MLP
+  a.xn2 = ctx.empty(dt, {NB, H});
+  a.rstd_post = ctx.empty(st, {NB});
+  ctx.rmsnorm(a.h_mid, P.post_norm->compute, eps, a.xn2, a.rstd_post);
+  a.gate = ctx.empty(dt, {NB, I});
+  a.up = ctx.empty(dt, {NB, I});
+  a.act = ctx.empty(dt, {NB, I});
+  ctx.linear(a.xn2, P.gate->compute, nullptr, a.gate);
+  ctx.linear(a.xn2, P.up->compute, nullptr, a.up);
+  ctx.silu_mul(a.gate, a.up, a.act);
+  ctx.copy(h_out, a.h_mid);
+  ctx.linear(a.act, P.down->compute, nullptr, h_out, 1.0f);
+}
+
+void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, const Tensor& Ht, const LayerActs& a,
+                             const Tensor& dh, const Tensor& dHt) {
+  const LayerParams P = layer(l);
+  const int64_t NB = dh.rows(), S = in.S, H = cfg_.hidden_size, d = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
+  const DType dt = ctx.compute_dtype();
+  // MLP: h_out = h_mid + down(silu(gate) * up),  gate/up = xn2 W^T,  xn2 = RMSNorm_post(h_mid)
+  Tensor d_act = ctx.empty(dt, {NB, I});
+  ctx.linear_dx(dh, P.down->compute, d_act);
+  ctx.linear_dw(dh, a.act, P.down->grad, nullptr);
+  Tensor d_gate = ctx.empty(dt, {NB, I}), d_up = ctx.empty(dt, {NB, I});
+  ctx.silu_mul_backward(d_act, a.gate, a.up, d_gate, d_up);
+  Tensor d_xn2 = ctx.empty(dt, {NB, H});
+  ctx.linear_dx(d_gate, P.gate->compute, d_xn2);
+  ctx.linear_dx(d_up, P.up->compute, d_xn2, 1.0f);
+  ctx.linear_dw(d_gate, a.xn2, P.gate->grad, nullptr);
+  ctx.linear_dw(d_up, a.xn2, P.up->grad, nullptr);
+  ctx.rmsnorm_backward(d_xn2, a.h_mid, P.post_norm->compute, a.rstd_post, dh, P.post_norm->grad, 1.0f);  // dh: d/dh_mid
+  // attention: h_mid = h_in + o Wo^T
+  Tensor d_o = ctx.empty(dt, {NB, nh, d});
+  ctx.linear_dx(dh, P.wo->compute, d_o.reshape({NB, nh * d}));
+  ctx.linear_dw(dh, a.o.reshape({NB, nh * d}), P.wo->grad, nullptr);
+  Tensor dq = ctx.empty(dt, {NB, nh, d});
+  Tensor dkc = ctx.empty(dt, {S, nkv, d}), dvc = ctx.empty(dt, {S, nkv, d});
+  Tensor dkb = ctx.empty(dt, {NB, nkv, d}), dvb = ctx.empty(dt, {NB, nkv, d});
+  DFlashAttnArgs at{a.q, a.kc, a.vc, a.kb, a.vb, in.anchors, in.valid, static_cast<int>(cfg_.block_size),
+                    1.0f / std::sqrt(static_cast<float>(d)), 0};
+  ctx.dflash_attention_backward(at, a.o, a.lse, d_o, dq, dkc, dvc, dkb, dvb);
+  // RoPE backward (rotation by -angle), then the per-head RMSNorms
+  ctx.rope(dq, in.block_pos, inv_freq_, true);
+  ctx.rope(dkc, in.ctx_pos, inv_freq_, true);
+  ctx.rope(dkb, in.block_pos, inv_freq_, true);
+  Tensor dq_pre = ctx.empty(dt, {NB, nh * d});
+  ctx.rmsnorm_backward(dq.reshape({NB * nh, d}), a.q_pre.reshape({NB * nh, d}), P.q_norm->compute, a.rstd_q,
+                       dq_pre.reshape({NB * nh, d}), P.q_norm->grad);
+  Tensor dkc_pre = ctx.empty(dt, {S, nkv * d});
+  ctx.rmsnorm_backward(dkc.reshape({S * nkv, d}), a.kc_pre.reshape({S * nkv, d}), P.k_norm->compute, a.rstd_kc,
+                       dkc_pre.reshape({S * nkv, d}), P.k_norm->grad);
+  Tensor dkb_pre = ctx.empty(dt, {NB, nkv * d});
+  ctx.rmsnorm_backward(dkb.reshape({NB * nkv, d}), a.kb_pre.reshape({NB * nkv, d}), P.k_norm->compute, a.rstd_kb,
+                       dkb_pre.reshape({NB * nkv, d}), P.k_norm->grad);
+  // projections: block side into xn, context side into Ht
+  Tensor d_xn = ctx.empty(dt, {NB, H});
+  Tensor dvb2 = dvb.reshape({NB, nkv * d}), dvc2 = dvc.reshape({S, nkv * d});
+  ctx.linear_dx(dq_pre, P.wq->compute, d_xn);
+  ctx.linear_dx(dkb_pre, P.wk->compute, d_xn, 1.0f);
+  ctx.linear_dx(dvb2, P.wv->compute, d_xn, 1.0f);
+  ctx.linear_dw(dq_pre, a.xn, P.wq->grad, nullptr);
+  ctx.linear_dw(dkb_pre, a.xn, P.wk->grad, nullptr);
+  ctx.linear_dw(dvb2, a.xn, P.wv->grad, nullptr);
+  ctx.linear_dx(dkc_pre, P.wk->compute, dHt, 1.0f);
+  ctx.linear_dx(dvc2, P.wv->compute, dHt, 1.0f);
+  ctx.linear_dw(dkc_pre, Ht, P.wk->grad, nullptr);
+  ctx.linear_dw(dvc2, Ht, P.wv->grad, nullptr);
+  // input norm: xn = RMSNorm_in(h_in); dh becomes d/dh_in
+  ctx.rmsnorm_backward(d_xn, a.h_in, P.in_norm->compute, a.rstd_in, dh, P.in_norm->grad, 1.0f);
+}
+
+// ---- whole sequence --------------------------------------------------------------------------------------------
+
+DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, const Tensor& embed,
+                                         const Tensor& lm_head, float kl_weight, float grad_scale, bool backward,
+                                         bool recompute) {
+  const int64_t S = in.S, NB = in.block_ids.numel(), H = cfg_.hidden_size, L = cfg_.num_layers;
+  const DType dt = ctx.compute_dtype(), st = ctx.param_dtype();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  DFLASH_CHECK(in.features.rows() == S && in.features.dim(-1) == cfg_.nf() * H, "drafter: features ",
+               shape_str(in.features.shape), ", expected [", S, ", ", cfg_.nf() * H, "]");
+  DFLASH_CHECK(NB == in.N * cfg_.block_size, "drafter: ", NB, " block tokens for N = ", in.N, ", B = ", cfg_.block_size);
+  Param& fc = params_.get("fc.weight");
+  Param& hnorm = params_.get("hidden_norm.weight");
+  Param& fnorm = params_.get("norm.weight");
+  // fused context feature Ht = RMSNorm_hidden(F fc^T), shared by every layer
+  Tensor Ht_pre = ctx.empty(dt, {S, H}), Ht = ctx.empty(dt, {S, H}), rstd_h = ctx.empty(st, {S});
+  ctx.linear(in.features, fc.compute, nullptr, Ht_pre);
+  ctx.rmsnorm(Ht_pre, hnorm.compute, eps, Ht, rstd_h);
+  // block tokens through the layers; hs[l] is the input of layer l
+  std::vector<Tensor> hs(static_cast<size_t>(L + 1));
+  hs[0] = ctx.empty(dt, {NB, H});
+  ctx.embedding(embed, in.block_ids, hs[0]);
+  std::vector<LayerActs> acts(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) {
+    hs[l + 1] = ctx.empty(dt, {NB, H});
+    layer_forward(ctx, l, in, Ht, hs[l], acts[l], hs[l + 1]);
+    if (recompute) acts[l] = LayerActs{};  // keep only the layer input
+  }
+  Tensor hf = ctx.empty(dt, {NB, H}), rstd_f = ctx.empty(st, {NB});
+  ctx.rmsnorm(hs[L], fnorm.compute, eps, hf, rstd_f);
+  LossArgs la;
+  la.h = hf;
+  la.lm_head = lm_head;
+  la.rows = in.rows;
+  la.labels = in.labels;
+  la.weights = in.weights;
+  la.teacher_h = kl_weight > 0 ? in.teacher_h : Tensor{};
+  la.kl_weight = kl_weight;
+  la.grad_scale = grad_scale;
+  Tensor dhf;
+  if (backward) {
+    dhf = ctx.zeros(dt, {NB, H});
+    la.dh = dhf;
+  }
+  LossStats ls = ctx.lm_head_loss(la);
+  DraftStepStats out;
+  Tensor w = ctx.to_host(in.weights);
+  const float* wp = w.ptr<float>();
+  for (size_t r = 0; r < ls.ce.size(); ++r) {
+    out.ce_sum += static_cast<double>(wp[r]) * ls.ce[r];
+    out.kl_sum += static_cast<double>(wp[r]) * ls.kl[r];
+  }
+  out.loss_sum = out.ce_sum + (kl_weight > 0 ? kl_weight * out.kl_sum : 0.0);
+  out.ce = std::move(ls.ce);
+  out.kl = std::move(ls.kl);
+  out.correct = std::move(ls.correct);
+  if (!backward) return out;
+
+  Tensor dh = ctx.empty(dt, {NB, H});
+  ctx.rmsnorm_backward(dhf, hs[L], fnorm.compute, rstd_f, dh, fnorm.grad);
+  dhf = Tensor{};
+  Tensor dHt = ctx.zeros(dt, {S, H});
+  for (int64_t l = L - 1; l >= 0; --l) {
+    if (recompute) {
+      Tensor scratch = ctx.empty(dt, {NB, H});
+      layer_forward(ctx, l, in, Ht, hs[l], acts[l], scratch);
+    }
+    layer_backward(ctx, l, in, Ht, acts[l], dh, dHt);
+    acts[l] = LayerActs{};
+    hs[l + 1] = Tensor{};
+  }
+  Tensor dHt_pre = ctx.empty(dt, {S, H});
+  ctx.rmsnorm_backward(dHt, Ht_pre, hnorm.compute, rstd_h, dHt_pre, hnorm.grad);
+  ctx.linear_dw(dHt_pre, in.features, fc.grad, nullptr);
+  return out;
+}
+
+Tensor Drafter::forward_hidden(Context& ctx, const DraftInputs& in, const Tensor& embed) {
+  const int64_t S = in.S, NB = in.block_ids.numel(), H = cfg_.hidden_size, L = cfg_.num_layers;
+  const DType dt = ctx.compute_dtype(), st = ctx.param_dtype();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  Tensor Ht = ctx.empty(dt, {S, H}), none;
+  ctx.linear(in.features, params_.get("fc.weight").compute, nullptr, Ht);
+  ctx.rmsnorm(Ht, params_.get("hidden_norm.weight").compute, eps, Ht, none);
+  Tensor h = ctx.empty(dt, {NB, H}), h2 = ctx.empty(dt, {NB, H});
+  ctx.embedding(embed, in.block_ids, h);
+  for (int64_t l = 0; l < L; ++l) {
+    LayerActs a;
+    layer_forward(ctx, l, in, Ht, h, a, h2);
+    std::swap(h, h2);
+  }
+  Tensor hf = ctx.empty(dt, {NB, H});
+  ctx.rmsnorm(h, params_.get("norm.weight").compute, eps, hf, none);
+  (void)st;
+  return hf;
+}
+
+// ---- inference with a draft KV cache (spec 4) ----------------------------------------------------------------
+
+Drafter::Cache Drafter::make_cache(Context& ctx, int64_t capacity) const {
+  Cache c;
+  c.capacity = capacity;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    c.k.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg_.num_kv_heads, cfg_.head_dim}));
+    c.v.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg_.num_kv_heads, cfg_.head_dim}));
+  }
+  return c;
+}
+
+void Drafter::extend_cache(Context& ctx, Cache& c, const Tensor& features) const {
+  const int64_t T = features.rows(), H = cfg_.hidden_size, d = cfg_.head_dim, nkv = cfg_.num_kv_heads;
+  if (T == 0) return;
+  DFLASH_CHECK(c.len + T <= c.capacity, "draft cache of ", c.capacity, " positions cannot take ", T, " more after ",
+               c.len);
+  const DType dt = ctx.compute_dtype();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  Tensor Ht = ctx.empty(dt, {T, H}), none;
+  ctx.linear(features, params_.get("fc.weight").compute, nullptr, Ht);
+  ctx.rmsnorm(Ht, params_.get("hidden_norm.weight").compute, eps, Ht, none);
+  std::vector<int32_t> ph(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) ph[t] = static_cast<int32_t>(c.len + t);
+  Tensor pos = ctx.to_device(cpu_tensor_i32(ph, {T}));
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const LayerParams P = layer(l);
+    Tensor k = c.k[l].slice(c.len, c.len + T), v = c.v[l].slice(c.len, c.len + T);
+    ctx.linear(Ht, P.wk->compute, nullptr, k.reshape({T, nkv * d}));
+    ctx.rmsnorm(k.reshape({T * nkv, d}), P.k_norm->compute, eps, k.reshape({T * nkv, d}), none);
+    ctx.rope(k, pos, inv_freq_, false);
+    ctx.linear(Ht, P.wv->compute, nullptr, v.reshape({T, nkv * d}));
+  }
+  c.len += T;
+}
+
+Tensor Drafter::draft_block(Context& ctx, const Cache& c, int32_t bonus_token, const Tensor& embed) const {
+  const int64_t B = cfg_.block_size, H = cfg_.hidden_size, p = c.len;
+  const DType dt = ctx.compute_dtype();
+  DraftInputs in;
+  in.S = p;
+  in.N = 1;
+  std::vector<int32_t> ids(static_cast<size_t>(B), cfg_.mask_token_id), pos(static_cast<size_t>(B));
+  ids[0] = bonus_token;
+  for (int64_t i = 0; i < B; ++i) pos[i] = static_cast<int32_t>(p + i);
+  in.block_ids = ctx.to_device(cpu_tensor_i32(ids, {B}));
+  in.block_pos = ctx.to_device(cpu_tensor_i32(pos, {B}));
+  in.anchors = ctx.to_device(cpu_tensor_i32({static_cast<int32_t>(p)}, {1}));
+  Tensor valid = cpu_empty(DType::U8, {1});
+  valid.ptr<uint8_t>()[0] = 1;
+  in.valid = ctx.to_device(valid);
+  Tensor h = ctx.empty(dt, {B, H}), h2 = ctx.empty(dt, {B, H}), none;
+  ctx.embedding(embed, in.block_ids, h);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    LayerActs a;
+    a.kc = c.k[l].slice(0, p);
+    a.vc = c.v[l].slice(0, p);
+    layer_forward(ctx, l, in, Tensor{}, h, a, h2);
+    std::swap(h, h2);
+  }
+  Tensor hf = ctx.empty(dt, {B, H});
+  ctx.rmsnorm(h, params_.get("norm.weight").compute, static_cast<float>(cfg_.rms_norm_eps), hf, none);
+  return hf;
+}
+
+}  // namespace dflash

@@ -1,0 +1,111 @@
+// model/drafter.h — the DFlash drafter (spec 1): fc + hidden_norm over the fused target features, Ld Qwen3-style
+// layers whose queries come from the block tokens and whose keys/values come from [context ; block], a final
+// norm and the target's frozen lm_head. Forward and backward are written by hand over the Context ops.
+// defines: DrafterConfig, DraftInputs, DraftStepStats, Drafter
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "backend/context.h"
+#include "io/hf_config.h"
+#include "model/params.h"
+
+namespace dflash {
+
+struct DrafterConfig {
+  int64_t hidden_size = 0;        // H (== the target's)
+  int64_t intermediate_size = 0;  // I
+  int64_t num_layers = 1;         // Ld
+  int64_t num_heads = 0;          // nh
+  int64_t num_kv_heads = 0;       // nkv
+  int64_t head_dim = 0;           // d
+  int64_t vocab_size = 0;         // V (the target's lm_head rows)
+  int64_t block_size = 16;        // B
+  std::vector<int64_t> target_layer_ids;  // nf entries
+  int64_t num_target_layers = 0;  // Lt
+  int32_t mask_token_id = -1;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 0;
+
+  int64_t nf() const { return static_cast<int64_t>(target_layer_ids.size()); }
+  // Checks internal consistency (and against the target if given); Error names the field.
+  void validate() const;
+  // A drafter shaped like the target's layers (H, I, heads, d, rope, eps from the target), spec 1 defaults.
+  static DrafterConfig for_target(const ModelConfig& target, int64_t num_layers, int64_t block_size,
+                                  std::vector<int64_t> layer_ids, int32_t mask_token_id);
+};
+void to_json(nlohmann::json& j, const DrafterConfig& c);
+void from_json(const nlohmann::json& j, DrafterConfig& c);
+
+// One sequence's drafter inputs, on the drafter's device (built from a DraftBatch by train/draft_batch.h).
+struct DraftInputs {
+  int64_t S = 0, N = 0;
+  Tensor features;    // [S, nf*H] act: the fused target features F of spec 1
+  Tensor ctx_pos;     // [S] I32: 0..S-1 (positions of the context keys)
+  Tensor block_ids;   // [N*B] I32: x[a_j] then MASK x (B-1)
+  Tensor block_pos;   // [N*B] I32: a_j + i
+  Tensor anchors;     // [N] I32 sorted
+  Tensor valid;       // [N] U8
+  Tensor rows;        // [Rs] I32 rows of the N*B block tokens that carry loss (w > 0)
+  Tensor labels;      // [Rs] I32 y = x[a_j + i]
+  Tensor weights;     // [Rs] F32 w = m * exp(-(i-1)/gamma)
+  Tensor teacher_h;   // [Rs, H] act: target final hidden at a_j+i-1 (soft labels), or undefined
+};
+
+struct DraftStepStats {
+  double loss_sum = 0;  // sum_rows w * (ce + kl_weight * kl) (not normalised)
+  double ce_sum = 0, kl_sum = 0;   // sum_rows w * ce, sum_rows w * kl
+  std::vector<double> ce, kl;      // per selected row
+  std::vector<uint8_t> correct;    // per selected row: argmax == label
+};
+
+class Drafter {
+ public:
+  // Random init (spec 1): Linear ~ N(0, 0.02), RMSNorm weights 1; counter-based RNG (seed, Init, param index).
+  Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std = 0.02);
+  const DrafterConfig& config() const { return cfg_; }
+  ParamSet& params() { return params_; }
+  const ParamSet& params() const { return params_; }
+
+  // Forward + (optionally) backward of one sequence. Gradients are ACCUMULATED into params().grad; the loss is
+  // scaled by grad_scale (1 / global sum of w). `embed` [V, H] and `lm_head` [V, H] are the target's frozen
+  // weights in the compute dtype. With recompute, only each layer's input is kept and the layer's forward is
+  // re-run during backward (case C06).
+  DraftStepStats forward_backward(Context& ctx, const DraftInputs& in, const Tensor& embed, const Tensor& lm_head,
+                                  float kl_weight, float grad_scale, bool backward, bool recompute = false);
+
+  // Forward only: the final-normed hidden states of all N*B block tokens [N*B, H] (for logits / evaluation).
+  Tensor forward_hidden(Context& ctx, const DraftInputs& in, const Tensor& embed);
+
+  // The inference path with a draft KV cache (spec 4): the context K/V of every committed position, per layer.
+  struct Cache {
+    std::vector<Tensor> k, v;  // per layer [capacity, nkv, d]
+    int64_t len = 0, capacity = 0;
+  };
+  Cache make_cache(Context& ctx, int64_t capacity) const;
+  // Appends target features [T, nf*H] of positions cache.len .. cache.len+T-1 to the cache.
+  void extend_cache(Context& ctx, Cache& cache, const Tensor& features) const;
+  // Drafts one block anchored at position p = cache.len (context = all cached positions < p): block ids
+  // [bonus, MASK...]; returns the final-normed hidden [B, H] of the block tokens.
+  Tensor draft_block(Context& ctx, const Cache& cache, int32_t bonus_token, const Tensor& embed) const;
+
+ private:
+  struct LayerParams;
+  struct LayerActs;
+  LayerParams layer(int64_t l) const;
+  void layer_forward(Context& ctx, int64_t l, const DraftInputs& in, const Tensor& Ht, const Tensor& h_in,
+                     LayerActs& a, const Tensor& h_out) const;
+  void layer_backward(Context& ctx, int64_t l, const DraftInputs& in, const Tensor& Ht, const LayerActs& a,
+                      const Tensor& dh, const Tensor& dHt);
+
+  DrafterConfig cfg_;
+  ParamSet params_;
+  Tensor inv_freq_;  // [d/2] F32 on the device
+};
+
+}  // namespace dflash

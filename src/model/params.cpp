@@ -1,0 +1,47 @@
+#include "model/params.h"
+
+namespace dflash {
+
+Param& ParamSet::add(Context& ctx, const std::string& name, const Tensor& init) {
+  for (const auto& p : params_) DFLASH_CHECK(p.name != name, "parameter ", name, " added twice");
+  Param p;
+  p.name = name;
+  p.shape = init.shape;
+  p.master = ctx.to_device(init, ctx.param_dtype());
+  if (p.master.data == init.data) p.master = ctx.to_device(cpu_clone(init), ctx.param_dtype());
+  p.compute = ctx.compute_dtype() == ctx.param_dtype() ? p.master : ctx.to_device(p.master, ctx.compute_dtype());
+  p.grad = ctx.zeros(ctx.param_dtype(), p.shape);
+  p.m = ctx.zeros(ctx.param_dtype(), p.shape);
+  p.v = ctx.zeros(ctx.param_dtype(), p.shape);
+  params_.push_back(std::move(p));
+  return params_.back();
+}
+
+Param& ParamSet::get(const std::string& name) {
+  for (auto& p : params_)
+    if (p.name == name) return p;
+  DFLASH_FAIL("no parameter named ", name);
+}
+
+const Param& ParamSet::get(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p.name == name) return p;
+  DFLASH_FAIL("no parameter named ", name);
+}
+
+int64_t ParamSet::numel() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.master.numel();
+  return n;
+}
+
+void ParamSet::zero_grad(Context& ctx) {
+  for (auto& p : params_) ctx.zero(p.grad);
+}
+
+void ParamSet::sync_compute(Context& ctx) {
+  for (auto& p : params_)
+    if (p.compute.data != p.master.data) ctx.copy(p.compute, p.master);
+}
+
+}  // namespace dflash

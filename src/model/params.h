@@ -1,0 +1,39 @@
+// model/params.h — named trainable tensors with their gradient and AdamW moments.
+// defines: Param, ParamSet
+#pragma once
+#include <string>
+#include <vector>
+
+#include "backend/context.h"
+
+namespace dflash {
+
+struct Param {
+  std::string name;  // export name (spec 3), e.g. "layers.0.self_attn.q_proj.weight"
+  Shape shape;
+  Tensor master;     // param_dtype (F32): the weights the optimizer updates
+  Tensor compute;    // compute_dtype copy used by the ops (the same tensor as master when dtypes agree)
+  Tensor grad;       // param_dtype, accumulated over a step
+  Tensor m, v;       // AdamW moments, param_dtype
+};
+
+// Owned by one worker's Context. Order is fixed (the order parameters were added), which fixes checkpoint and
+// gradient-norm order.
+class ParamSet {
+ public:
+  // Adds a parameter with master weights copied from `init` (a host tensor of the given shape, any float dtype).
+  Param& add(Context& ctx, const std::string& name, const Tensor& init);
+  std::vector<Param>& all() { return params_; }
+  const std::vector<Param>& all() const { return params_; }
+  Param& get(const std::string& name);
+  const Param& get(const std::string& name) const;
+  int64_t numel() const;
+  void zero_grad(Context& ctx);
+  // Copies master -> compute for every parameter (after loading master weights).
+  void sync_compute(Context& ctx);
+
+ private:
+  std::vector<Param> params_;
+};
+
+}  // namespace dflash

@@ -1,0 +1,149 @@
+#include "model/target.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "io/safetensors.h"
+
+namespace dflash {
+
+KVCache KVCache::create(Context& ctx, const ModelConfig& cfg, int64_t capacity) {
+  KVCache c;
+  c.capacity = capacity;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    c.k.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim}));
+    c.v.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim}));
+  }
+  return c;
+}
+
+void KVCache::truncate(int64_t new_len) {
+  DFLASH_CHECK(new_len >= 0 && new_len <= len, "KVCache::truncate to ", new_len, " of ", len);
+  len = new_len;
+}
+
+std::shared_ptr<const Target> Target::load(const std::string& dir, Context& ctx) {
+  ModelConfig cfg = load_model_config(dir);
+  WeightStore ws = WeightStore::open(dir);
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, d = cfg.head_dim;
+  const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, V = cfg.vocab_size;
+  const DType dt = ctx.compute_dtype();
+  auto get = [&](const std::string& name, Shape shape) { return ctx.to_device(ws.f32(name, shape), dt); };
+  TargetWeights w;
+  w.embed = get("model.embed_tokens.weight", {V, H});
+  w.final_norm = get("model.norm.weight", {H});
+  if (cfg.tie_word_embeddings || !ws.has("lm_head.weight")) {
+    DFLASH_CHECK(cfg.tie_word_embeddings, dir, ": lm_head.weight is missing and tie_word_embeddings is false");
+    w.lm_head = w.embed;
+  } else {
+    w.lm_head = get("lm_head.weight", {V, H});
+  }
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = cat("model.layers.", l, ".");
+    TargetLayer L;
+    L.in_norm = get(p + "input_layernorm.weight", {H});
+    L.post_norm = get(p + "post_attention_layernorm.weight", {H});
+    L.wq = get(p + "self_attn.q_proj.weight", {nh * d, H});
+    L.wk = get(p + "self_attn.k_proj.weight", {nkv * d, H});
+    L.wv = get(p + "self_attn.v_proj.weight", {nkv * d, H});
+    L.wo = get(p + "self_attn.o_proj.weight", {H, nh * d});
+    if (cfg.attention_bias) {
+      L.bq = get(p + "self_attn.q_proj.bias", {nh * d});
+      L.bk = get(p + "self_attn.k_proj.bias", {nkv * d});
+      L.bv = get(p + "self_attn.v_proj.bias", {nkv * d});
+    }
+    if (cfg.qk_norm) {
+      L.q_norm = get(p + "self_attn.q_norm.weight", {d});
+      L.k_norm = get(p + "self_attn.k_norm.weight", {d});
+    }
+    L.w_gate = get(p + "mlp.gate_proj.weight", {I, H});
+    L.w_up = get(p + "mlp.up_proj.weight", {I, H});
+    L.w_down = get(p + "mlp.down_proj.weight", {H, I});
+    w.layers.push_back(std::move(L));
+  }
+  w.inv_freq = ctx.to_device(rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling));
+  return std::make_shared<const Target>(std::move(cfg), std::move(w));
+}
+
+Target::Target(ModelConfig cfg, TargetWeights w) : cfg_(std::move(cfg)), w_(std::move(w)) {
+  DFLASH_CHECK(static_cast<int64_t>(w_.layers.size()) == cfg_.num_hidden_layers, "target: ", w_.layers.size(),
+               " layers given, config says ", cfg_.num_hidden_layers);
+}
+
+Target::Output Target::forward(Context& ctx, const Tensor& ids_in, std::span<const int64_t> layer_ids,
+                               bool want_final, KVCache* cache) const {
+  const int64_t T = ids_in.numel(), H = cfg_.hidden_size, d = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, Lt = cfg_.num_hidden_layers;
+  const DType dt = ctx.compute_dtype(), st = ctx.param_dtype();
+  const int64_t start = cache ? cache->len : 0;
+  if (cache)
+    DFLASH_CHECK(start + T <= cache->capacity, "target: KV cache of ", cache->capacity, " positions cannot take ",
+                 T, " more after ", start);
+  int64_t last = -1;
+  for (int64_t l : layer_ids) {
+    DFLASH_CHECK(l >= 0 && l < Lt, "target layer id ", l, " outside [0, ", Lt, ")");
+    last = std::max(last, l);
+  }
+  const int64_t run_layers = want_final ? Lt : last + 1;
+
+  Tensor ids = ctx.to_device(ids_in);
+  std::vector<int32_t> pos_host(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos_host[t] = static_cast<int32_t>(start + t);
+  Tensor pos = ctx.to_device(cpu_tensor_i32(pos_host, {T}));
+
+  Output out;
+  out.features = ctx.empty(dt, {T, static_cast<int64_t>(layer_ids.size()) * H});
+  Tensor h = ctx.empty(dt, {T, H});
+  ctx.embedding(w_.embed, ids, h);
+  Tensor x = ctx.empty(dt, {T, H});
+  Tensor q = ctx.empty(dt, {T, nh, d});
+  Tensor k = ctx.empty(dt, {T, nkv, d});
+  Tensor v = ctx.empty(dt, {T, nkv, d});
+  Tensor o = ctx.empty(dt, {T, nh, d});
+  Tensor g = ctx.empty(dt, {T, I});
+  Tensor u = ctx.empty(dt, {T, I});
+  Tensor none;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int64_t l = 0; l < run_layers; ++l) {
+    const TargetLayer& L = w_.layers[l];
+    ctx.rmsnorm(h, L.in_norm, static_cast<float>(cfg_.rms_norm_eps), x, none);
+    ctx.linear(x, L.wq, L.bq.defined() ? &L.bq : nullptr, q);
+    ctx.linear(x, L.wk, L.bk.defined() ? &L.bk : nullptr, k);
+    ctx.linear(x, L.wv, L.bv.defined() ? &L.bv : nullptr, v);
+    if (cfg_.qk_norm) {
+      Tensor q2 = q.reshape({T * nh, d}), k2 = k.reshape({T * nkv, d});
+      ctx.rmsnorm(q2, L.q_norm, static_cast<float>(cfg_.rms_norm_eps), q2, none);
+      ctx.rmsnorm(k2, L.k_norm, static_cast<float>(cfg_.rms_norm_eps), k2, none);
+    }
+    ctx.rope(q, pos, w_.inv_freq, false);
+    ctx.rope(k, pos, w_.inv_freq, false);
+    if (cache) {
+      ctx.copy(cache->k[l].slice(start, start + T), k);
+      ctx.copy(cache->v[l].slice(start, start + T), v);
+      ctx.attention_causal(q, cache->k[l].slice(0, start + T), cache->v[l].slice(0, start + T), o, start, scale);
+    } else {
+      ctx.attention_causal(q, k, v, o, 0, scale);
+    }
+    ctx.linear(o.reshape({T, nh * d}), L.wo, nullptr, h, 1.0f);  // h += o Wo^T
+    ctx.rmsnorm(h, L.post_norm, static_cast<float>(cfg_.rms_norm_eps), x, none);
+    ctx.linear(x, L.w_gate, nullptr, g);
+    ctx.linear(x, L.w_up, nullptr, u);
+    ctx.silu_mul(g, u, g);
+    ctx.linear(g, L.w_down, nullptr, h, 1.0f);  // h += down(...)
+    for (size_t i = 0; i < layer_ids.size(); ++i)
+      if (layer_ids[i] == l) ctx.copy_columns(out.features, h, static_cast<int64_t>(i) * H);
+  }
+  (void)st;
+  if (cache) cache->len = start + T;
+  if (want_final) {
+    out.final_hidden = ctx.empty(dt, {T, H});
+    ctx.rmsnorm(h, w_.final_norm, static_cast<float>(cfg_.rms_norm_eps), out.final_hidden, none);
+  }
+  return out;
+}
+
+void Target::logits(Context& ctx, const Tensor& hidden, const Tensor& out) const {
+  ctx.linear(hidden, w_.lm_head, nullptr, out);
+}
+
+}  // namespace dflash

@@ -1,0 +1,207 @@
+// Tests of the drafter's forward/backward (fp64 finite differences), recompute, the draft batch rules (C08, C09)
+// and the inference cache path.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "backend/context.h"
+#include "model/drafter.h"
+#include "test_util.h"
+#include "train/draft_batch.h"
+
+using namespace dflash;
+using dflash::test::randn;
+using dflash::test::to_f64;
+
+namespace {
+
+DrafterConfig tiny_config() {
+  DrafterConfig c;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.vocab_size = 40;
+  c.block_size = 4;
+  c.target_layer_ids = {0, 2};
+  c.num_target_layers = 4;
+  c.mask_token_id = 39;
+  c.rope_theta = 100.0;
+  return c;
+}
+
+struct Fixture {
+  std::unique_ptr<Context> ctx;
+  DrafterConfig cfg = tiny_config();
+  std::unique_ptr<Drafter> drafter;
+  Tensor embed, lm_head, features, teacher;
+  DraftBatch batch;
+  DraftInputs in;
+  explicit Fixture(const std::string& device) {
+    ctx = make_context(device, {.threads = 2});
+    const DType dt = ctx->compute_dtype();
+    drafter = std::make_unique<Drafter>(*ctx, cfg, 1234, 0.3);
+    // norms away from 1 so their gradients matter
+    int idx = 0;
+    for (auto& p : drafter->params().all())
+      if (p.shape.size() == 1) {
+        Tensor t = randn(p.shape, 500 + idx++, 0.2, DType::F64);
+        for (double& x : t.span<double>()) x += 1.0;
+        ctx->copy(p.master, ctx->to_device(t, p.master.dtype));
+      }
+    const int64_t S = 21, H = cfg.hidden_size, V = cfg.vocab_size;
+    embed = ctx->to_device(randn({V, H}, 1, 1.0, DType::F64), dt);
+    lm_head = ctx->to_device(randn({V, H}, 2, 0.5, DType::F64), dt);
+    features = ctx->to_device(randn({S, cfg.nf() * H}, 3, 1.0, DType::F64), dt);
+    teacher = ctx->to_device(randn({S, H}, 4, 1.0, DType::F64), dt);
+    std::vector<int32_t> tokens(S);
+    std::vector<uint8_t> mask(S, 0);
+    for (int64_t p = 0; p < S; ++p) tokens[p] = static_cast<int32_t>((p * 7 + 3) % 38);
+    for (int64_t p = 5; p < S; ++p) mask[p] = p == 11 ? 0 : 1;
+    std::vector<int32_t> anchors = {5, 8, 12, 18};  // 18: block runs past S-1; one padding block added
+    batch = make_draft_batch(tokens, mask, anchors, 5, cfg.block_size, cfg.mask_token_id, 7.0);
+    in = upload_draft_batch(*ctx, batch, features, teacher);
+  }
+  double loss(float kl) {
+    drafter->params().sync_compute(*ctx);
+    auto st = drafter->forward_backward(*ctx, in, embed, lm_head, kl, 1.0f, false);
+    return st.loss_sum / batch.sum_w;
+  }
+};
+
+}  // namespace
+
+TEST(Drafter, GradientsMatchFiniteDifferencesInFp64) {
+  Fixture f("cpu64");
+  const float kl = std::getenv("KL") ? std::atof(std::getenv("KL")) : 0.3f;
+  f.drafter->params().zero_grad(*f.ctx);
+  f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, kl, static_cast<float>(1.0 / f.batch.sum_w), true);
+  Rng pick(9, RngPurpose::Test);
+  for (auto& p : f.drafter->params().all()) {
+    std::vector<double> g = to_f64(p.grad);
+    ASSERT_GT(dflash::test::max_abs(g), 1e-8) << p.name << " has an all-zero gradient";
+    double* w = p.master.ptr<double>();
+    const int checks = std::min<int64_t>(p.master.numel(), 12);
+    for (int c = 0; c < checks; ++c) {
+      const int64_t i = static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.master.numel())));
+      const double w0 = w[i], h = 1e-5;
+      w[i] = w0 + h;
+      const double lp = f.loss(kl);
+      w[i] = w0 - h;
+      const double lm = f.loss(kl);
+      w[i] = w0;
+      const double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(g[i], fd, 1e-7 + 1e-5 * std::fabs(fd)) << p.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(Drafter, RecomputeGivesIdenticalGradients) {  // case C06
+  Fixture f("cpu");
+  const float scale = static_cast<float>(1.0 / f.batch.sum_w);
+  f.drafter->params().zero_grad(*f.ctx);
+  auto a = f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, 0.f, scale, true, false);
+  std::vector<std::vector<double>> g1;
+  for (auto& p : f.drafter->params().all()) g1.push_back(to_f64(p.grad));
+  f.drafter->params().zero_grad(*f.ctx);
+  auto b = f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, 0.f, scale, true, true);
+  EXPECT_EQ(a.loss_sum, b.loss_sum);
+  size_t k = 0;
+  for (auto& p : f.drafter->params().all()) EXPECT_EQ(to_f64(p.grad), g1[k++]) << p.name;
+}
+
+TEST(DraftBatch, LabelAlignmentCaseC09) {
+  std::vector<int32_t> x(40);
+  for (int p = 0; p < 40; ++p) x[p] = p;
+  std::vector<uint8_t> m(40, 1);
+  std::vector<int32_t> anchors = {20};
+  DraftBatch b = make_draft_batch(x, m, anchors, 1, 4, 99, 7.0);
+  EXPECT_EQ(b.block_ids, (std::vector<int32_t>{20, 99, 99, 99}));
+  EXPECT_EQ(b.block_pos, (std::vector<int32_t>{20, 21, 22, 23}));
+  EXPECT_EQ(b.rows, (std::vector<int32_t>{1, 2, 3}));  // slot 0 carries no weight
+  EXPECT_EQ(b.labels, (std::vector<int32_t>{21, 22, 23}));
+  EXPECT_EQ(b.teacher_pos, (std::vector<int32_t>{20, 21, 22}));
+  EXPECT_FLOAT_EQ(b.weights[0], 1.0f);
+  EXPECT_FLOAT_EQ(b.weights[1], static_cast<float>(std::exp(-1.0 / 7.0)));
+  EXPECT_FLOAT_EQ(b.weights[2], static_cast<float>(std::exp(-2.0 / 7.0)));
+}
+
+TEST(DraftBatch, CandidatesMaskAndPadding) {
+  // loss mask 0 0 1 1 1 0 1 1 : candidates need m[a] = m[a+1] = 1 and a <= S-2
+  std::vector<uint8_t> m = {0, 0, 1, 1, 1, 0, 1, 1};
+  EXPECT_EQ(candidate_anchors(m), (std::vector<int32_t>{2, 3, 6}));
+  std::vector<int32_t> x = {10, 11, 12, 13, 14, 15, 16, 17};
+  std::vector<int32_t> anchors = {3, 6};
+  DraftBatch b = make_draft_batch(x, m, anchors, 3, 4, 99, 0.0);  // uniform weights, one padding block
+  EXPECT_EQ(b.valid, (std::vector<uint8_t>{1, 1, 0}));
+  // block 0 (a=3): slots 1..3 -> positions 4 (m=1), 5 (m=0), 6 (m=1); block 1 (a=6): slot 1 -> 7, slots 2,3 past S
+  EXPECT_EQ(b.rows, (std::vector<int32_t>{1, 3, 5}));
+  EXPECT_EQ(b.labels, (std::vector<int32_t>{14, 16, 17}));
+  EXPECT_DOUBLE_EQ(b.sum_w, 3.0);
+  Rng rng(1, RngPurpose::Anchors);
+  auto s = sample_anchors(m, 2, rng);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_LT(s[0], s[1]);
+  EXPECT_TRUE(sample_anchors(std::vector<uint8_t>{1, 0, 1, 0}, 4, rng).empty());
+}
+
+TEST(Drafter, NoContextLeakCaseC08) {
+  // B = 4, anchors at 10 and 12, S = 32: block j's output must not depend on any context feature at k >= a_j,
+  // and must depend on the one at a_j - 1.
+  DrafterConfig cfg = tiny_config();
+  auto ctx = make_context("cpu64");
+  Drafter d(*ctx, cfg, 7, 0.3);
+  const int64_t S = 32, H = cfg.hidden_size;
+  std::vector<int32_t> x(S);
+  for (int p = 0; p < S; ++p) x[p] = p % 30;
+  std::vector<uint8_t> m(S, 1);
+  std::vector<int32_t> anchors = {10, 12};
+  DraftBatch b = make_draft_batch(x, m, anchors, 2, 4, cfg.mask_token_id, 7.0);
+  Tensor embed = randn({cfg.vocab_size, H}, 1, 1.0, DType::F64);
+  Tensor F = randn({S, cfg.nf() * H}, 2, 1.0, DType::F64);
+  auto run = [&](const Tensor& feats) { return to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, feats), embed)); };
+  const std::vector<double> base = run(F);
+  auto block_diff = [&](const std::vector<double>& o, int j) {
+    double m2 = 0;
+    for (int64_t r = j * 4; r < (j + 1) * 4; ++r)
+      for (int64_t c = 0; c < H; ++c) m2 = std::max(m2, std::fabs(o[r * H + c] - base[r * H + c]));
+    return m2;
+  };
+  for (int64_t k : {10, 11, 12, 20, 31}) {
+    Tensor G = cpu_clone(F);
+    for (int64_t c = 0; c < cfg.nf() * H; ++c) G.ptr<double>()[k * cfg.nf() * H + c] += 5.0;
+    auto o = run(G);
+    if (k >= 10) EXPECT_EQ(block_diff(o, 0), 0.0) << "block 0 (anchor 10) sees context position " << k;
+    if (k >= 12) EXPECT_EQ(block_diff(o, 1), 0.0) << "block 1 (anchor 12) sees context position " << k;
+    if (k == 11) EXPECT_GT(block_diff(o, 1), 1e-6) << "block 1 must see position 11";
+  }
+  Tensor G = cpu_clone(F);
+  for (int64_t c = 0; c < cfg.nf() * H; ++c) G.ptr<double>()[9 * cfg.nf() * H + c] += 5.0;
+  EXPECT_GT(block_diff(run(G), 0), 1e-6) << "block 0 must see position 9";
+}
+
+TEST(Drafter, CachedDraftEqualsFullForward) {
+  // The inference path (context K/V cached incrementally, one block at anchor p = cache length) must give the
+  // same hidden states as the training forward with anchor p over a context of length p.
+  DrafterConfig cfg = tiny_config();
+  auto ctx = make_context("cpu64");
+  Drafter d(*ctx, cfg, 11, 0.3);
+  const int64_t S = 30, H = cfg.hidden_size, p = 17;
+  Tensor embed = randn({cfg.vocab_size, H}, 1, 1.0, DType::F64);
+  Tensor F = randn({S, cfg.nf() * H}, 2, 1.0, DType::F64);
+  std::vector<int32_t> x(S);
+  for (int i = 0; i < S; ++i) x[i] = (i * 5) % 37;
+  std::vector<uint8_t> m(S, 1);
+  std::vector<int32_t> anchors = {static_cast<int32_t>(p)};
+  DraftBatch b = make_draft_batch(x, m, anchors, 1, cfg.block_size, cfg.mask_token_id, 7.0);
+  auto full = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), embed));
+  auto cache = d.make_cache(*ctx, S);
+  d.extend_cache(*ctx, cache, F.slice(0, 5));
+  d.extend_cache(*ctx, cache, F.slice(5, p));
+  auto inc = to_f64(d.draft_block(*ctx, cache, x[p], embed));
+  ASSERT_EQ(inc.size(), full.size());
+  for (size_t i = 0; i < inc.size(); ++i) EXPECT_NEAR(inc[i], full[i], 1e-12) << i;
+}
