@@ -1,0 +1,95 @@
+// io/dataset.h — the prepared data directory: written once by `dflash prepare` (DatasetWriter), memory-mapped
+// by training (Dataset).
+// defines: SampleView, Dataset, DatasetWriter, kDatasetFormat, kDatasetVersion
+//
+// Layout of <dir> (all integers little-endian, raw arrays without headers so numpy.fromfile / mmap read them):
+//   manifest.json          written last; its presence inside a directory whose name is final means complete
+//   shard-NNNNN.tokens     int32[T_k]      token ids of the shard's samples, concatenated
+//   shard-NNNNN.mask       uint8[T_k]      loss mask (0/1), same positions as .tokens
+//   shard-NNNNN.index      uint64[n_k + 1] token offsets: sample j is [index[j], index[j+1]); index[0] = 0,
+//                                          index[n_k] = T_k; strictly increasing (no empty sample)
+// manifest.json: {"format": "dflash-data", "version": 1, "dtypes": {"tokens": "int32", "loss_mask": "uint8",
+//   "index": "uint64"}, "shards": [{"tokens", "mask", "index" (file names), "samples", "num_tokens",
+//   "sha256": {"tokens", "mask", "index"}}], "counts": {"samples_written", "tokens", "supervised_tokens", ...},
+//   ...whatever the writer's caller adds (prepare: tokenizer sha256, chat template, flags, max_length, inputs,
+//   skipped rows per reason)}.
+//
+// Samples never span shards; sample order is the write order (prepare: input order, any thread count).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace dflash {
+
+inline constexpr const char* kDatasetFormat = "dflash-data";
+inline constexpr int kDatasetVersion = 1;
+
+struct SampleView {
+  std::span<const int32_t> tokens;     // [S]
+  std::span<const uint8_t> loss_mask;  // [S], 0/1
+};
+
+// A read-only, memory-mapped data directory. Thread safe: every method is const after open().
+class Dataset {
+ public:
+  // Opens and validates <dir>: manifest.json (format, version, fields and types), every shard file present with
+  // exactly the size the manifest says, every index starting at 0, strictly increasing and ending at the shard's
+  // token count. A directory named "<x>.tmp-<pid>" (an unfinished prepare) is refused. Throws Error naming the
+  // file and what is wrong.
+  static Dataset open(const std::string& dir);
+  Dataset(Dataset&&) noexcept;
+  Dataset& operator=(Dataset&&) noexcept;
+  ~Dataset();
+
+  size_t size() const;                      // number of samples
+  SampleView get(size_t i) const;           // i < size(), else Error
+  const nlohmann::json& manifest() const;
+  int64_t total_tokens() const;
+  int64_t supervised_tokens() const;        // from the manifest counts
+  const std::string& dir() const;
+  // Re-reads every shard file and checks its SHA-256 against the manifest, and that mask values are 0/1 and
+  // token ids lie in [0, vocab_size) when the manifest records tokenizer.vocab_size. Throws Error on mismatch.
+  void verify() const;
+
+  struct Impl;
+
+ private:
+  Dataset();
+  std::unique_ptr<Impl> impl_;
+};
+
+// Writes a data directory crash-safely: everything goes into "<dir>.tmp-<pid>", and commit() writes
+// manifest.json, fsyncs and renames the directory to <dir>. A writer destroyed without commit() removes its
+// temporary directory; a process killed mid-way leaves only "<dir>.tmp-<pid>", which Dataset::open refuses
+// and the next writer for <dir> removes when that pid is no longer running.
+class DatasetWriter {
+ public:
+  // Fails if <dir> exists, unless overwrite (then <dir> must itself be a data directory: it has manifest.json;
+  // it is replaced at commit()). shard_tokens: a new shard starts once the current one holds this many tokens.
+  DatasetWriter(const std::string& dir, bool overwrite = false, int64_t shard_tokens = int64_t{1} << 28);
+  ~DatasetWriter();
+  DatasetWriter(const DatasetWriter&) = delete;
+  DatasetWriter& operator=(const DatasetWriter&) = delete;
+
+  // Appends one sample. tokens.size() == loss_mask.size() >= 1, mask values 0/1, else Error.
+  void add(std::span<const int32_t> tokens, std::span<const uint8_t> loss_mask);
+  // Writes the manifest: `meta` (an object) plus format/version/dtypes/shards and counts {samples_written,
+  // tokens, supervised_tokens} merged into meta["counts"]; then publishes <dir>. Returns the manifest.
+  nlohmann::json commit(const nlohmann::json& meta);
+
+  int64_t samples() const;
+  int64_t tokens() const;
+  int64_t supervised_tokens() const;
+  const std::string& tmp_dir() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dflash
