@@ -45,3 +45,17 @@ void ParamSet::sync_compute(Context& ctx) {
 }
 
 }  // namespace dflash
+
+#include "io/safetensors.h"
+
+namespace dflash {
+
+void load_params(Context& ctx, ParamSet& ps, const WeightStore& ws) {
+  for (auto& p : ps.all()) {
+    DFLASH_CHECK(ws.has(p.name), ws.source(), ": missing tensor ", p.name);
+    ctx.copy(p.master, ctx.to_device(ws.f32(p.name, p.shape), p.master.dtype));
+  }
+  ps.sync_compute(ctx);
+}
+
+}  // namespace dflash

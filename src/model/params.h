@@ -37,3 +37,10 @@ class ParamSet {
 };
 
 }  // namespace dflash
+
+namespace dflash {
+class WeightStore;
+// Sets every parameter's master weights from `ws` (tensor names = parameter names; shapes must match; any float
+// dtype is converted) and refreshes the compute copies. Error names the missing tensor or the shape mismatch.
+void load_params(Context& ctx, ParamSet& ps, const WeightStore& ws);
+}  // namespace dflash

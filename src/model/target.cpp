@@ -107,9 +107,9 @@ Target::Output Target::forward(Context& ctx, const Tensor& ids_in, std::span<con
   for (int64_t l = 0; l < run_layers; ++l) {
     const TargetLayer& L = w_.layers[l];
     ctx.rmsnorm(h, L.in_norm, static_cast<float>(cfg_.rms_norm_eps), x, none);
-    ctx.linear(x, L.wq, L.bq.defined() ? &L.bq : nullptr, q);
-    ctx.linear(x, L.wk, L.bk.defined() ? &L.bk : nullptr, k);
-    ctx.linear(x, L.wv, L.bv.defined() ? &L.bv : nullptr, v);
+    ctx.linear(x, L.wq, L.bq.defined() ? &L.bq : nullptr, q.reshape({T, nh * d}));
+    ctx.linear(x, L.wk, L.bk.defined() ? &L.bk : nullptr, k.reshape({T, nkv * d}));
+    ctx.linear(x, L.wv, L.bv.defined() ? &L.bv : nullptr, v.reshape({T, nkv * d}));
     if (cfg_.qk_norm) {
       Tensor q2 = q.reshape({T * nh, d}), k2 = k.reshape({T * nkv, d});
       ctx.rmsnorm(q2, L.q_norm, static_cast<float>(cfg_.rms_norm_eps), q2, none);

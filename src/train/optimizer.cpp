@@ -1,0 +1,46 @@
+#include "train/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dflash {
+
+double lr_at(const OptimConfig& c, int64_t step, int64_t total) {
+  total = std::max<int64_t>(total, 1);
+  const int64_t W = static_cast<int64_t>(std::ceil(c.warmup_ratio * static_cast<double>(total)));
+  if (step < W) return c.lr * static_cast<double>(step + 1) / static_cast<double>(W);
+  if (c.schedule == "constant") return c.lr;
+  DFLASH_CHECK(c.schedule == "cosine", "unknown lr schedule '", c.schedule, "' (cosine or constant)");
+  const double progress = static_cast<double>(step - W) / static_cast<double>(std::max<int64_t>(1, total - W));
+  return c.lr * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
+}
+
+double global_grad_sq(Context& ctx, const ParamSet& ps) {
+  double s = 0;
+  for (const auto& p : ps.all()) s += ctx.sum_squares(p.grad);
+  return s;
+}
+
+StepResult optimizer_step(Context& ctx, ParamSet& ps, const OptimConfig& c, double lr, int64_t step_index,
+                          double grad_sq) {
+  StepResult r;
+  r.grad_norm = std::sqrt(grad_sq);
+  DFLASH_CHECK(std::isfinite(r.grad_norm), "gradient norm is ", r.grad_norm, " at step ", step_index,
+               ": the loss diverged (lower the learning rate) or the data has a problem");
+  if (c.max_grad_norm > 0) r.clip_scale = std::min(1.0, c.max_grad_norm / (r.grad_norm + 1e-6));
+  AdamWArgs a;
+  a.lr = static_cast<float>(lr);
+  a.beta1 = static_cast<float>(c.beta1);
+  a.beta2 = static_cast<float>(c.beta2);
+  a.eps = static_cast<float>(c.eps);
+  a.weight_decay = static_cast<float>(c.weight_decay);
+  a.grad_scale = static_cast<float>(r.clip_scale);
+  a.step = step_index;
+  for (auto& p : ps.all()) {
+    ctx.adamw(p.master, p.grad, p.m, p.v, a, p.compute);
+    ctx.zero(p.grad);
+  }
+  return r;
+}
+
+}  // namespace dflash

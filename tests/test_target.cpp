@@ -1,0 +1,127 @@
+// Target forward against Hugging Face transformers (golden files from tools/make_goldens.py, computed in fp64),
+// the KV-cache decode path, and case C10 (layer index of the captured features).
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "backend/context.h"
+#include "io/safetensors.h"
+#include "model/target.h"
+#include "test_util.h"
+
+using namespace dflash;
+using dflash::test::rel_err;
+using dflash::test::to_f64;
+
+namespace {
+
+void check_golden(const std::string& name, const std::string& device) {
+  const std::string dir = test::source_dir() + "/tests/golden/" + name;
+  auto ctx = make_context(device);
+  auto target = Target::load(dir, *ctx);
+  auto g = SafetensorsFile::open(dir + "/golden.safetensors");
+  const ModelConfig& cfg = target->config();
+  const int64_t L = cfg.num_hidden_layers, H = cfg.hidden_size, V = cfg.vocab_size;
+  Tensor ids = g->view("input_ids");
+  const int64_t S = ids.numel();
+  std::vector<int64_t> all(L);
+  std::iota(all.begin(), all.end(), 0);
+  // RoPE frequencies (incl. Llama-3 scaling) as transformers computes them
+  EXPECT_LT(rel_err(to_f64(target->weights().inv_freq), to_f64(g->view("rope_inv_freq"))), 1e-6) << name;
+  auto out = target->forward(*ctx, ids, all, true);
+  Tensor feats = ctx->to_host(out.features, false);
+  const double tol = ctx->compute_dtype() == DType::F64 ? 2e-6 : 2e-5;  // golden angles are fp32 (see metadata)
+  for (int64_t l = 0; l < L; ++l) {
+    Tensor f = cpu_empty(feats.dtype, {S, H});
+    Tensor fl = cpu_empty(feats.dtype, {S, H});
+    auto fv = to_f64(feats);
+    std::vector<double> col(static_cast<size_t>(S * H));
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t c = 0; c < H; ++c) col[t * H + c] = fv[t * L * H + l * H + c];
+    EXPECT_LT(rel_err(col, to_f64(g->view(cat("layer_output.", l)))), tol) << name << " layer " << l;
+    if (l + 1 < L)  // HF hidden_states[l+1] is the same tensor, except the last which HF returns normed
+      EXPECT_LT(rel_err(col, to_f64(g->view(cat("hidden_states.", l + 1)))), tol) << name << " hidden_states " << l + 1;
+  }
+  EXPECT_LT(rel_err(to_f64(ctx->to_host(out.final_hidden, false)), to_f64(g->view("final_hidden"))), tol) << name;
+  Tensor logits = ctx->empty(ctx->compute_dtype(), {S, V});
+  target->logits(*ctx, out.final_hidden, logits);
+  EXPECT_LT(rel_err(to_f64(ctx->to_host(logits, false)), to_f64(g->view("logits"))), tol) << name;
+
+  // KV cache: prefill 36 tokens, then decode 4 one at a time
+  KVCache cache = KVCache::create(*ctx, cfg, S);
+  std::vector<int32_t> idv(ids.ptr<int32_t>(), ids.ptr<int32_t>() + S);
+  std::vector<int64_t> none;
+  target->forward(*ctx, cpu_tensor_i32(std::vector<int32_t>(idv.begin(), idv.begin() + 36), {36}), none, true, &cache);
+  std::vector<double> dec;
+  for (int t = 36; t < 40; ++t) {
+    auto o = target->forward(*ctx, cpu_tensor_i32({idv[t]}, {1}), none, true, &cache);
+    Tensor lg = ctx->empty(ctx->compute_dtype(), {1, V});
+    target->logits(*ctx, o.final_hidden, lg);
+    auto v = to_f64(ctx->to_host(lg, false));
+    dec.insert(dec.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(cache.len, 40);
+  EXPECT_LT(rel_err(dec, to_f64(g->view("kv_decode_logits"))), tol) << name << " KV-cache decode";
+}
+
+}  // namespace
+
+TEST(TargetGolden, Qwen3MatchesTransformers) { check_golden("target_qwen3", "cpu"); }
+TEST(TargetGolden, Llama3WithRopeScalingMatchesTransformers) { check_golden("target_llama3", "cpu"); }
+TEST(TargetGolden, Qwen2WithBiasMatchesTransformers) { check_golden("target_qwen2", "cpu"); }
+TEST(TargetGolden, Qwen3InFp64) { check_golden("target_qwen3", "cpu64"); }
+
+TEST(Target, LayerIndexCaseC10) {
+  // 8-layer toy (Qwen2 layout: q/k/v biases): W_v = 0 and b_v = e_0 make every attention output e_0 whatever the
+  // pattern; W_o maps e_0 to (l+1) * ones; the MLP is zero. So h_after_layer(l) = sum_{m<=l} (m+1) exactly.
+  auto ctx = make_context("cpu");
+  ModelConfig cfg;
+  cfg.arch = Arch::Qwen2;
+  cfg.hidden_size = 8;
+  cfg.intermediate_size = 4;
+  cfg.num_hidden_layers = 8;
+  cfg.num_attention_heads = 2;
+  cfg.num_key_value_heads = 1;
+  cfg.head_dim = 4;
+  cfg.vocab_size = 10;
+  cfg.attention_bias = true;
+  const int64_t H = 8, d = 4;
+  TargetWeights w;
+  w.embed = cpu_zeros(DType::F32, {10, H});
+  w.lm_head = w.embed;
+  w.final_norm = cpu_tensor(std::vector<float>(H, 1.0f), {H});
+  w.inv_freq = rope_inv_freq(d, 10000.0, RopeScaling{});
+  for (int l = 0; l < 8; ++l) {
+    TargetLayer L;
+    L.in_norm = cpu_tensor(std::vector<float>(H, 1.0f), {H});
+    L.post_norm = L.in_norm;
+    L.wq = test::randn({2 * d, H}, 10 + l);
+    L.wk = test::randn({d, H}, 20 + l);
+    L.wv = cpu_zeros(DType::F32, {d, H});
+    L.bq = cpu_zeros(DType::F32, {2 * d});
+    L.bk = cpu_zeros(DType::F32, {d});
+    std::vector<float> bv(d, 0.0f);
+    bv[0] = 1.0f;
+    L.bv = cpu_tensor(bv, {d});
+    L.wo = cpu_zeros(DType::F32, {H, 2 * d});
+    for (int64_t r = 0; r < H; ++r) L.wo.ptr<float>()[r * 2 * d] = static_cast<float>(l + 1);  // head 0, dim 0
+    L.w_gate = cpu_zeros(DType::F32, {4, H});
+    L.w_up = cpu_zeros(DType::F32, {4, H});
+    L.w_down = cpu_zeros(DType::F32, {H, 4});
+    w.layers.push_back(L);
+  }
+  Target t(cfg, w);
+  std::vector<int64_t> ids = {0, 3, 7};
+  auto out = t.forward(*ctx, cpu_tensor_i32({1, 2, 3, 4, 5}, {5}), ids, true);
+  auto f = to_f32_vector(out.features);
+  for (int64_t pos = 0; pos < 5; ++pos)
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int64_t l = ids[i];
+      const float expect = static_cast<float>((l + 1) * (l + 2) / 2);  // sum_{m<=l} (m+1)
+      for (int64_t c = 0; c < H; ++c)
+        ASSERT_EQ(f[pos * 3 * H + i * H + c], expect) << "layer id " << l << " position " << pos;
+    }
+  // the last captured layer (7) is pre-final-norm: 36, while the final-norm output is 1
+  EXPECT_EQ(f[2 * H], 36.0f);
+  EXPECT_NEAR(to_f32_vector(out.final_hidden)[0], 1.0f, 1e-5);
+}
