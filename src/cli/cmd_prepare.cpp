@@ -1,12 +1,40 @@
-// cli/cmd_prepare.cpp — `dflash prepare`.
+// cli/cmd_prepare.cpp — `dflash prepare`: JSONL conversations / pairs / pre-tokenized rows -> a data directory.
+#include <cstdio>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/prepare.h"
 
 namespace dflash::cli {
 
 void register_prepare(CLI::App& app) {
-  auto* sub = app.add_subcommand("prepare", "prepare (not built yet)");
-  sub->callback([] { DFLASH_FAIL("`dflash prepare` is not built yet"); });
+  auto* sub = app.add_subcommand("prepare", "tokenize JSONL data into a training data directory (spec 2.6)");
+  auto o = std::make_shared<PrepareOptions>();
+  sub->add_option("--tokenizer", o->tokenizer, "tokenizer.json or the model directory holding it")->required();
+  sub->add_option("--input", o->inputs, "JSONL input files (plain or .gz); rows: {\"messages\": [...]}, "
+                  "{\"prompt\", \"completion\"} or {\"input_ids\", \"loss_mask\"}")
+      ->required();
+  sub->add_option("--out", o->out, "output data directory (must not exist unless --overwrite)")->required();
+  sub->add_option("--max-length", o->max_length, "tokens per sample; longer samples are cut")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  sub->add_option("--threads", o->threads, "tokenization threads (0 = all cores); output is identical for any N")
+      ->capture_default_str();
+  sub->add_option("--format", o->format, "prompt/completion rows: chat (through the chat template), raw "
+                  "(prompt + completion + eos), auto (chat when there is a chat template)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "chat", "raw"}));
+  sub->add_option("--chat-template", o->chat_template, "chat template: auto (detect from tokenizer_config.json), "
+                  "qwen3, chatml, llama3, llama3.1")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "qwen3", "chatml", "llama3", "llama3.1"}));
+  sub->add_flag("--no-thinking", [o](int64_t) { o->enable_thinking = false; },
+                "render with enable_thinking=false (Qwen3; recorded in the manifest)");
+  sub->add_flag("--overwrite", o->overwrite, "replace an existing data directory");
+  sub->callback([o] {
+    PrepareSummary s = run_prepare(*o);
+    std::printf("%s\n", s.to_string().c_str());
+  });
 }
 
 }  // namespace dflash::cli

