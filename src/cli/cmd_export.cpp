@@ -1,12 +1,47 @@
-// cli/cmd_export.cpp — `dflash export`.
+// cli/cmd_export.cpp — `dflash export`: a training checkpoint -> the z-lab Hugging Face drafter format (spec 3).
+#include <nlohmann/json.hpp>
+
+#include "backend/context.h"
 #include "cli/commands.h"
-#include "core/error.h"
+#include "core/fs.h"
+#include "core/log.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "model/export.h"
+#include "train/checkpoint.h"
 
 namespace dflash::cli {
 
 void register_export(CLI::App& app) {
-  auto* sub = app.add_subcommand("export", "export (not built yet)");
-  sub->callback([] { DFLASH_FAIL("`dflash export` is not built yet"); });
+  auto* sub = app.add_subcommand("export", "export a trained drafter (checkpoint) in the z-lab Hugging Face format");
+  struct Opts {
+    std::string run, checkpoint, out;
+  };
+  auto o = std::make_shared<Opts>();
+  sub->add_option("--run", o->run, "training output directory (uses its checkpoints/LATEST)");
+  sub->add_option("--checkpoint", o->checkpoint, "a checkpoint directory (checkpoints/step-NNNNNNNN)");
+  sub->add_option("--out", o->out, "export directory (config.json + model.safetensors)")->required();
+  sub->callback([o] {
+    std::string ck = o->checkpoint;
+    if (ck.empty()) {
+      DFLASH_CHECK(!o->run.empty(), "export: give --run or --checkpoint");
+      ck = latest_checkpoint(o->run);
+      DFLASH_CHECK(!ck.empty(), o->run, ": no checkpoint (checkpoints/LATEST missing)");
+    }
+    const auto state = nlohmann::json::parse(read_file(path_join(ck, "state.json")));
+    const auto& c = state.at("config");
+    ModelConfig tc = load_model_config(c.at("target_dir").get<std::string>());
+    DrafterConfig dc = DrafterConfig::for_target(tc, c.at("num_layers"), c.at("block_size"),
+                                                 c.at("target_layer_ids").get<std::vector<int64_t>>(),
+                                                 c.at("mask_token_id"));
+    dc.intermediate_size = c.at("intermediate_size");
+    auto ctx = make_context("cpu");
+    Drafter d(*ctx, dc, 0);
+    load_params(*ctx, d.params(), WeightStore::open(path_join(ck, "params.safetensors")));
+    nlohmann::json training = {{"trainer", "dflash"}, {"steps", state.at("step")}, {"config", c}};
+    export_drafter(*ctx, o->out, dc, d.params(), training);
+    log_info("exported ", ck, " -> ", o->out);
+  });
 }
 
 }  // namespace dflash::cli

@@ -1,12 +1,80 @@
-// cli/cmd_train.cpp — `dflash train`.
+// cli/cmd_train.cpp — `dflash train`: every TrainConfig key is an option; `--config FILE` reads the same keys
+// from a TOML/INI file (key = value, names as the long options without dashes, e.g. `block-size = 16`);
+// command-line options override the file.
+#include <csignal>
+
 #include "cli/commands.h"
-#include "core/error.h"
+#include "core/log.h"
+#include "train/trainer.h"
 
 namespace dflash::cli {
 
+namespace {
+std::atomic<bool> g_stop{false};  // set by SIGINT/SIGTERM; the only process-wide state, written by the handler
+extern "C" void on_signal(int) { g_stop.store(true); }
+}  // namespace
+
+void add_train_options(CLI::App* sub, TrainConfig& c) {
+  sub->add_option("--target", c.target_dir, "Hugging Face target model directory")->required();
+  sub->add_option("--data", c.data_dir, "data directory written by `dflash prepare`")->required();
+  sub->add_option("--out", c.out_dir, "output directory (checkpoints/, metrics.jsonl, export/)")->required();
+  sub->add_option("--device", c.device, "cpu, cuda or cuda:N")->capture_default_str();
+  sub->add_option("--threads", c.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  sub->add_option("--num-layers", c.num_layers, "draft layers Ld")->capture_default_str();
+  sub->add_option("--block-size", c.block_size, "block size B (16 for Qwen3 targets, 10 for Llama-3.1)")
+      ->capture_default_str();
+  sub->add_option("--target-layer-ids", c.target_layer_ids,
+                  "target layers whose outputs feed the drafter (default: spec 1 rule for --num-target-features)")
+      ->delimiter(',');
+  sub->add_option("--num-target-features", c.num_target_features, "nf when --target-layer-ids is not given")
+      ->capture_default_str();
+  sub->add_option("--mask-token-id", c.mask_token_id,
+                  "mask token id (an existing embedding row); -1 = the tokenizer's mask token")
+      ->capture_default_str();
+  sub->add_option("--intermediate-size", c.intermediate_size, "drafter MLP width (0 = the target's)")
+      ->capture_default_str();
+  sub->add_option("--init-std", c.init_std, "std of the Linear weights at init")->capture_default_str();
+  sub->add_option("--max-anchors", c.max_anchors, "anchors (blocks) per sequence, N")->capture_default_str();
+  sub->add_option("--gamma", c.gamma, "loss decay gamma (0 = default for B; < 0 = uniform weights)")
+      ->capture_default_str();
+  sub->add_option("--kl-weight", c.kl_weight, "weight of the soft-label KL term (0 = off; e.g. 0.15)")
+      ->capture_default_str();
+  sub->add_option("--max-length", c.max_length, "truncate sequences to this many tokens (0 = as prepared)")
+      ->capture_default_str();
+  sub->add_option("--lr", c.optim.lr, "peak learning rate")->capture_default_str();
+  sub->add_option("--beta1", c.optim.beta1, "AdamW beta1")->capture_default_str();
+  sub->add_option("--beta2", c.optim.beta2, "AdamW beta2")->capture_default_str();
+  sub->add_option("--adam-eps", c.optim.eps, "AdamW epsilon")->capture_default_str();
+  sub->add_option("--weight-decay", c.optim.weight_decay, "AdamW weight decay")->capture_default_str();
+  sub->add_option("--max-grad-norm", c.optim.max_grad_norm, "global grad-norm clip (<= 0: off)")->capture_default_str();
+  sub->add_option("--warmup-ratio", c.optim.warmup_ratio, "fraction of steps with linear warmup")
+      ->capture_default_str();
+  sub->add_option("--schedule", c.optim.schedule, "cosine or constant after warmup")->capture_default_str();
+  sub->add_option("--epochs", c.epochs, "passes over the data (fractional allowed)")->capture_default_str();
+  sub->add_option("--max-steps", c.max_steps, "optimizer steps; > 0 overrides --epochs")->capture_default_str();
+  sub->add_option("--batch-size", c.batch_size, "sequences per optimizer step")->capture_default_str();
+  sub->add_option("--seed", c.seed, "seed of init, data order and anchors")->capture_default_str();
+  sub->add_flag("--recompute", c.recompute, "activation recompute of the draft layers");
+  sub->add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0 = at the end only)")
+      ->capture_default_str();
+  sub->add_option("--keep-checkpoints", c.keep_checkpoints, "checkpoints kept")->capture_default_str();
+  sub->add_flag("--resume", c.resume, "continue from <out>/checkpoints/LATEST if present");
+  sub->add_flag("!--no-export", c.export_at_end, "do not export at the end");
+  sub->add_flag("--quiet", c.quiet, "no progress display");
+}
+
 void register_train(CLI::App& app) {
-  auto* sub = app.add_subcommand("train", "train (not built yet)");
-  sub->callback([] { DFLASH_FAIL("`dflash train` is not built yet"); });
+  auto* sub = app.add_subcommand("train", "train a DFlash drafter for a target on prepared data");
+  sub->set_config("--config", "", "TOML/INI file with any of the options below (key = value)");
+  auto cfg = std::make_shared<TrainConfig>();
+  add_train_options(sub, *cfg);
+  sub->callback([cfg] {
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    TrainSummary s = train(*cfg, &g_stop);
+    if (s.interrupted) throw ExitCode{130};
+    log_info("trained ", s.steps_done, " steps in ", s.seconds, " s; last loss ", s.last_loss, ", EAL ", s.last_eal);
+  });
 }
 
 }  // namespace dflash::cli

@@ -63,6 +63,15 @@ class Target {
   // unless want_final. Throws Error for ids outside the vocabulary or a full cache.
   Output forward(Context& ctx, const Tensor& ids, std::span<const int64_t> layer_ids, bool want_final,
                  KVCache* cache = nullptr) const;
+  // Batched forward of several sequences, each with its own KV cache (generation; defined in
+  // model/target_batch.cpp). Sequence i's ids[i] (host I32 values, T_i >= 1) run at positions
+  // caches[i]->len .. caches[i]->len + T_i - 1 and are appended to caches[i]. The rows of all sequences are stacked
+  // in sequence order ([sum T_i, H]) so every projection and the MLP are one GEMM each; RoPE gets per-row
+  // positions; attention runs per sequence over its own cache. Output rows follow the same stacking. Per
+  // sequence the result equals forward(ctx, ids[i], layer_ids, want_final, caches[i]) up to GEMM rounding.
+  // Throws Error for a size mismatch, an empty sequence, ids outside the vocabulary or a full cache.
+  Output forward_batch(Context& ctx, std::span<const std::vector<int32_t>> ids, std::span<KVCache* const> caches,
+                       std::span<const int64_t> layer_ids, bool want_final) const;
   // logits [R, V] act = hidden [R, H] (final-normed) @ lm_head^T
   void logits(Context& ctx, const Tensor& hidden, const Tensor& out) const;
 

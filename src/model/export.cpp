@@ -1,0 +1,130 @@
+#include "model/export.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "core/fs.h"
+#include "io/safetensors.h"
+
+namespace dflash {
+
+nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& training) {
+  nlohmann::json rope_scaling = nullptr;
+  if (c.rope_scaling.kind == "llama3") {
+    rope_scaling = {{"rope_type", "llama3"},
+                    {"factor", c.rope_scaling.factor},
+                    {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                    {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                    {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  } else if (c.rope_scaling.kind == "linear") {
+    rope_scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+  }
+  nlohmann::json j;
+  j["architectures"] = {"DFlashDraftModel"};
+  j["model_type"] = "qwen3";
+  j["block_size"] = c.block_size;
+  j["num_target_layers"] = c.num_target_layers;
+  j["dflash_config"] = {{"mask_token_id", c.mask_token_id}, {"target_layer_ids", c.target_layer_ids}};
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["rope_scaling"] = rope_scaling;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["attention_bias"] = false;
+  j["layer_types"] = std::vector<std::string>(static_cast<size_t>(c.num_layers), "full_attention");
+  j["tie_word_embeddings"] = false;
+  j["vocab_size"] = c.vocab_size;
+  j["torch_dtype"] = "bfloat16";
+  j["dtype"] = "bfloat16";
+  if (!training.empty()) j["dflash_training"] = training;
+  return j;
+}
+
+void export_drafter(Context& ctx, const std::string& dir, const DrafterConfig& c, const ParamSet& ps,
+                    const nlohmann::json& training) {
+  namespace fs = std::filesystem;
+  const std::string tmp = cat(dir, ".tmp-", getpid());
+  fs::remove_all(tmp);
+  make_dirs(tmp);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& p : ps.all()) tensors.emplace_back(p.name, cpu_to_bf16(ctx.to_host(p.master)));
+  write_safetensors(tmp + "/model.safetensors", tensors, {{"format", "pt"}, {"dflash_training", training.dump()}});
+  write_file_atomic(tmp + "/config.json", drafter_hf_config(c, training).dump(2) + "\n");
+  // replace <dir>: move the old one aside first so a crash never leaves neither
+  std::error_code ec;
+  const std::string old = cat(dir, ".old-", getpid());
+  if (fs::exists(dir)) fs::rename(dir, old, ec);
+  DFLASH_CHECK(!ec, dir, ": cannot move the previous export aside: ", ec.message());
+  fs::rename(tmp, dir, ec);
+  DFLASH_CHECK(!ec, dir, ": cannot rename ", tmp, " into place: ", ec.message());
+  fs::remove_all(old, ec);
+  fsync_dir(fs::path(dir).parent_path().empty() ? "." : fs::path(dir).parent_path().string());
+}
+
+ExportedDrafter read_exported_drafter(const std::string& dir) {
+  const std::string path = path_join(dir, "config.json");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    DFLASH_FAIL(path, ": invalid JSON: ", e.what());
+  }
+  auto need = [&](const char* key) -> const nlohmann::json& {
+    DFLASH_CHECK(j.contains(key) && !j[key].is_null(), path, ": missing ", key);
+    return j[key];
+  };
+  const auto& arch = need("architectures");
+  DFLASH_CHECK(arch.is_array() && !arch.empty() && arch[0] == "DFlashDraftModel", path,
+               ": architectures is not [\"DFlashDraftModel\"]: not a DFlash drafter export");
+  ExportedDrafter e;
+  DrafterConfig& c = e.config;
+  try {
+    c.hidden_size = need("hidden_size").get<int64_t>();
+    c.intermediate_size = need("intermediate_size").get<int64_t>();
+    c.num_layers = need("num_hidden_layers").get<int64_t>();
+    c.num_heads = need("num_attention_heads").get<int64_t>();
+    c.num_kv_heads = j.value("num_key_value_heads", c.num_heads);
+    c.head_dim = j.value("head_dim", c.hidden_size / c.num_heads);
+    c.vocab_size = need("vocab_size").get<int64_t>();
+    c.block_size = need("block_size").get<int64_t>();
+    c.num_target_layers = need("num_target_layers").get<int64_t>();
+    const auto& dc = need("dflash_config");
+    DFLASH_CHECK(dc.contains("mask_token_id") && dc.contains("target_layer_ids"), path,
+                 ": dflash_config needs mask_token_id and target_layer_ids");
+    c.mask_token_id = dc["mask_token_id"].get<int32_t>();
+    c.target_layer_ids = dc["target_layer_ids"].get<std::vector<int64_t>>();
+    c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+    c.rope_theta = j.value("rope_theta", 10000.0);
+    c.max_position_embeddings = j.value("max_position_embeddings", int64_t{0});
+    if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+      const auto& rs = j["rope_scaling"];
+      c.rope_scaling.kind = rs.value("rope_type", rs.value("type", std::string("none")));
+      c.rope_scaling.factor = rs.value("factor", 1.0);
+      c.rope_scaling.low_freq_factor = rs.value("low_freq_factor", 1.0);
+      c.rope_scaling.high_freq_factor = rs.value("high_freq_factor", 4.0);
+      c.rope_scaling.original_max_position_embeddings = rs.value("original_max_position_embeddings", int64_t{8192});
+    }
+  } catch (const nlohmann::json::exception& ex) {
+    DFLASH_FAIL(path, ": ill-typed field: ", ex.what());
+  }
+  c.validate();
+  e.training = j.value("dflash_training", nlohmann::json::object());
+  e.weights_path = path_join(dir, "model.safetensors");
+  return e;
+}
+
+std::unique_ptr<Drafter> load_exported_drafter(Context& ctx, const std::string& dir) {
+  ExportedDrafter e = read_exported_drafter(dir);
+  auto d = std::make_unique<Drafter>(ctx, e.config, 0);
+  load_params(ctx, d->params(), WeightStore::open(e.weights_path));
+  return d;
+}
+
+}  // namespace dflash

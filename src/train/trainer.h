@@ -1,0 +1,65 @@
+// train/trainer.h — the training loop (spec 2): data order, target forward, anchors, drafter forward/backward
+// with global loss normalisation, clip + AdamW, metrics, checkpoints, resume, export.
+// defines: TrainConfig, TrainSummary, train, train_config_to_json
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "train/optimizer.h"
+
+namespace dflash {
+
+struct TrainConfig {
+  // inputs / outputs
+  std::string target_dir;   // Hugging Face target (config.json, safetensors, tokenizer.json)
+  std::string data_dir;     // written by `dflash prepare`
+  std::string out_dir;      // checkpoints/, metrics.jsonl, export/
+  std::string device = "cpu";
+  int threads = 0;          // CPU threads (0 = all cores)
+  // drafter shape (spec 1)
+  int64_t num_layers = 1;
+  int64_t block_size = 16;
+  std::vector<int64_t> target_layer_ids;  // empty = default_target_layer_ids(Lt, num_target_features)
+  int64_t num_target_features = 5;
+  int32_t mask_token_id = -1;             // -1 = the tokenizer's mask token (error if it has none)
+  int64_t intermediate_size = 0;          // 0 = the target's
+  double init_std = 0.02;
+  // objective (spec 2.1-2.4)
+  int64_t max_anchors = 512;
+  double gamma = 0;         // 0 = default for the block size (spec 2.4); < 0 = uniform weights
+  double kl_weight = 0;     // > 0 adds the soft-label KL term
+  int64_t max_length = 0;   // truncate sequences to this many tokens (0 = as prepared)
+  // optimisation (spec 2.5)
+  OptimConfig optim;
+  double epochs = 6;
+  int64_t max_steps = 0;    // > 0 overrides epochs
+  int64_t batch_size = 8;   // sequences per optimizer step
+  uint64_t seed = 0;
+  bool recompute = false;   // activation recompute of the draft layers (case C06)
+  // bookkeeping
+  int64_t checkpoint_every = 200;  // steps; 0 = only at the end / on interruption
+  int64_t keep_checkpoints = 2;
+  bool resume = false;             // continue from <out>/checkpoints/LATEST when it exists
+  bool export_at_end = true;       // <out>/export in the z-lab format
+  bool quiet = false;              // no progress bar
+};
+
+struct TrainSummary {
+  int64_t steps_done = 0, total_steps = 0;
+  bool interrupted = false;
+  double last_loss = 0, last_eal = 0;
+  double seconds = 0;
+  std::string export_dir, checkpoint_dir;
+};
+
+// Runs (or resumes) training. `stop` (may be null) is polled after each step: when set, a checkpoint is written
+// and train() returns with interrupted = true. Throws Error for bad inputs (naming file / field).
+TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop = nullptr);
+
+void to_json(nlohmann::json& j, const TrainConfig& c);
+
+}  // namespace dflash
