@@ -23,9 +23,12 @@ class Tokenizer {
   static std::shared_ptr<const Tokenizer> load(const std::string& path);
 
   // Encodes text. With parse_special, added tokens written in the text (e.g. "<|im_start|>") become their ids;
-  // without, they are encoded as plain text. No BOS is added (callers add it when the template says so).
+  // without, the *special* ones are encoded as plain text (HF `split_special_tokens=True`); non-special added
+  // tokens such as Qwen3's "<think>" still match. No BOS is added, whatever the post-processor says (callers add
+  // it when the template says so). Bytes that are not valid UTF-8 are tokenized as bytes.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
   // Decodes ids to UTF-8 (invalid byte sequences become U+FFFD, as in HF). skip_special drops special tokens.
+  // Unknown ids are skipped (as in HF); no clean_up_tokenization_spaces is applied.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
   std::optional<int32_t> token_to_id(std::string_view token) const;  // vocab or added token
