@@ -102,8 +102,7 @@ std::vector<std::string> sorted_files(const std::string& root, const std::string
     std::error_code ec2;
     if (!e.is_regular_file(ec2) || e.is_symlink(ec2)) return;
     std::string p = e.path().string();
-    if (suffix.empty() || (p.size() >= suffix.size() && p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0))
-      out.push_back(p);
+    if (suffix.empty() || p.ends_with(suffix)) out.push_back(p);
   };
   if (recursive) {
     for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
@@ -249,8 +248,9 @@ std::vector<Doc> synthetic(uint64_t seed, size_t bytes) {
   static const char* const kExtras[] = {"'s", "'S", "'ll", "'LL", "'Re", "'ve", "'d", "'M", "'t", "n't",
                                         "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>",
                                         "<|eot_id|>", "<think>", "</think>", "<|im_", "<|eot_id", "<<|im_end|>>",
-                                        "<|start_header_id|>", "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D"
-                                        "\xF0\x9F\x91\xA7", "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
+                                        "<|start_header_id|>",
+                                        "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7",
+                                        "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
                                         "\xF0\x9F\x87\xAB\xF0\x9F\x87\xB7", "\xE2\x9D\xA4\xEF\xB8\x8F"};
   Rng rng{seed};
   std::vector<Doc> out;

@@ -29,9 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 bool valid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
@@ -214,7 +212,8 @@ void bench_tokenizer(const TokenizerBenchOptions& o) {
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&] {
         int64_t local = 0;
-        for (size_t i; (i = next.fetch_add(1)) < docs.size();) local += static_cast<int64_t>(tok->encode(docs[i]).size());
+        for (size_t i; (i = next.fetch_add(1)) < docs.size();)
+          local += static_cast<int64_t>(tok->encode(docs[i]).size());
         n += local;
       });
     }

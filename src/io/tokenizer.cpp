@@ -261,7 +261,8 @@ class FlatStrMap {
     for (size_t i = h & mask_;; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (s.val < 0) {
-        s = Slot{static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(k.size()), v, static_cast<uint32_t>(h >> 32)};
+        s = Slot{static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(k.size()), v,
+                 static_cast<uint32_t>(h >> 32)};
         arena_.append(k);
         ++count_;
         return;
@@ -606,7 +607,8 @@ class TokenizerJsonReader : public nlohmann::json_sax<json> {
   bool binary(binary_t&) override { return fail("unexpected binary value"); }
   bool start_object(std::size_t) override {
     if (mode_ == kVocab) return vocab_id(-1);
-    if (mode_ == kMerges) return fail(cat("model.merges[", merges.size(), "]: expected \"left right\" or [left, right]"));
+    if (mode_ == kMerges)
+      return fail(cat("model.merges[", merges.size(), "]: expected \"left right\" or [left, right]"));
     if (in_model() && key_ == "vocab") {
       mode_ = kVocab;
       have_vocab = true;
@@ -667,7 +669,7 @@ class TokenizerJsonReader : public nlohmann::json_sax<json> {
 
  private:
   enum Mode { kDom, kVocab, kMerges } mode_ = kDom;
-  std::vector<json*> stack_;      // open containers (pointers stay valid: a container only grows when closed)
+  std::vector<json*> stack_;       // open containers (pointers stay valid: a container only grows when closed)
   std::vector<std::string> path_;  // the key each open container sits under ("" for the root / array items)
   std::string key_, vocab_key_;
   std::vector<std::string> parts_;
@@ -679,7 +681,8 @@ class TokenizerJsonReader : public nlohmann::json_sax<json> {
     return false;
   }
   bool vocab_id(int64_t v) {
-    if (v < 0 || v >= INT32_MAX) return fail(cat("model.vocab[\"", vocab_key_, "\"]: expected a non-negative integer id"));
+    if (v < 0 || v >= INT32_MAX)
+      return fail(cat("model.vocab[\"", vocab_key_, "\"]: expected a non-negative integer id"));
     vocab.emplace_back(std::move(vocab_key_), v);
     return true;
   }
@@ -698,7 +701,8 @@ class TokenizerJsonReader : public nlohmann::json_sax<json> {
     return &slot;
   }
   bool value(json&& v) {
-    if (mode_ == kMerges) return fail(cat("model.merges[", merges.size(), "]: expected \"left right\" or [left, right]"));
+    if (mode_ == kMerges)
+      return fail(cat("model.merges[", merges.size(), "]: expected \"left right\" or [left, right]"));
     add(std::move(v));
     return true;
   }
@@ -823,7 +827,9 @@ void Tokenizer::Impl::bpe_long(std::string_view w, std::vector<int32_t>& out, Th
   const int32_t n = static_cast<int32_t>(w.size());
   auto& sy = ts.syms;
   sy.resize(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) sy[static_cast<size_t>(i)] = {byte_id[static_cast<unsigned char>(w[static_cast<size_t>(i)])], i - 1, i + 1 < n ? i + 1 : -1, 1};
+  for (int32_t i = 0; i < n; ++i)
+    sy[static_cast<size_t>(i)] = {byte_id[static_cast<unsigned char>(w[static_cast<size_t>(i)])], i - 1,
+                                  i + 1 < n ? i + 1 : -1, 1};
   struct Cand {
     int32_t rank, pos, id;
     bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
@@ -1045,8 +1051,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& path) {
   const std::string MW = W + ": model";
   DFLASH_CHECK(model.is_object(), MW, ": expected an object");
   if (auto t = model.find("type"); t != model.end()) {
-    DFLASH_CHECK(t->is_string() && t->get<std::string>() == "BPE", MW,
-                 ".type: only \"BPE\" models are supported, got ", t->dump());
+    DFLASH_CHECK(t->is_string() && t->get<std::string>() == "BPE", MW, ".type: only \"BPE\" models are supported, got ",
+                 t->dump());
   }
   DFLASH_CHECK(!opt_bool(model, "byte_fallback", false, MW), MW, ".byte_fallback: true is not supported");
   if (auto d = model.find("dropout"); d != model.end() && !d->is_null()) {
@@ -1054,8 +1060,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& path) {
   }
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     auto it = model.find(k);
-    DFLASH_CHECK(it == model.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty()), MW,
-                 ".", k, ": only empty / null is supported, got ", it->dump());
+    DFLASH_CHECK(it == model.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty()), MW, ".", k,
+                 ": only empty / null is supported, got ", it->dump());
   }
   im.ignore_merges = opt_bool(model, "ignore_merges", false, MW);
   DFLASH_CHECK(rd.have_vocab, MW, ": missing field \"vocab\" (an object of token -> id)");
@@ -1196,8 +1202,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& path) {
         DFLASH_CHECK(pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string(), PIW,
                      ".pattern: only {\"Regex\": ...} patterns are supported, got ", pat.dump());
         std::string behavior = p.value("behavior", std::string("Isolated"));
-        DFLASH_CHECK(behavior == "Isolated", PIW, ".behavior: only \"Isolated\" is supported, got \"", behavior,
-                     "\"");
+        DFLASH_CHECK(behavior == "Isolated", PIW, ".behavior: only \"Isolated\" is supported, got \"", behavior, "\"");
         DFLASH_CHECK(!opt_bool(p, "invert", false, PIW), PIW, ".invert: true is not supported");
         st.kind = PreStep::kSplit;
         st.re = std::make_unique<Regex>(pat["Regex"].get<std::string>(), PIW);
