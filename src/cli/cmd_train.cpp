@@ -59,6 +59,9 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
       ->capture_default_str();
   sub->add_option("--keep-checkpoints", c.keep_checkpoints, "checkpoints kept")->capture_default_str();
   sub->add_flag("--resume", c.resume, "continue from <out>/checkpoints/LATEST if present");
+  sub->add_option("--stop-after", c.stop_after,
+                  "checkpoint and stop after this many steps (the schedule still spans all steps; then --resume)")
+      ->capture_default_str();
   sub->add_flag("!--no-export", c.export_at_end, "do not export at the end");
   sub->add_flag("--quiet", c.quiet, "no progress display");
 }
@@ -72,7 +75,7 @@ void register_train(CLI::App& app) {
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     TrainSummary s = train(*cfg, &g_stop);
-    if (s.interrupted) throw ExitCode{130};
+    if (s.interrupted && g_stop.load()) throw ExitCode{130};
     log_info("trained ", s.steps_done, " steps in ", s.seconds, " s; last loss ", s.last_loss, ", EAL ", s.last_eal);
   });
 }

@@ -293,7 +293,7 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
                     B > 1 ? acc[1] : 0.0, lr, fmt_tokens(draft_tokens / dt).c_str());
       progress->update(step + 1, buf);
     }
-    const bool interrupt = stop && stop->load();
+    const bool interrupt = (stop && stop->load()) || (cfg.stop_after > 0 && step + 1 >= cfg.stop_after);
     if ((cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) || interrupt) {
       sum.checkpoint_dir = save_checkpoint(*ctx, cfg.out_dir, drafter.params(), {step + 1, {{"config", cfg_json}}});
       prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);

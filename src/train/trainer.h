@@ -44,6 +44,8 @@ struct TrainConfig {
   int64_t checkpoint_every = 200;  // steps; 0 = only at the end / on interruption
   int64_t keep_checkpoints = 2;
   bool resume = false;             // continue from <out>/checkpoints/LATEST when it exists
+  int64_t stop_after = 0;          // > 0: checkpoint and stop once this many steps are done (a time slice of a
+                                   // longer run: the schedule still spans all steps; continue with resume)
   bool export_at_end = true;       // <out>/export in the z-lab format
   bool quiet = false;              // no progress bar
 };

@@ -1,0 +1,269 @@
+// The training loop end to end on a tiny target: loss falls and EAL rises; resume is exact (case C12);
+// SIGINT writes a checkpoint; export (case C11) round-trips.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/context.h"
+#include "core/fs.h"
+#include "io/dataset.h"
+#include "io/safetensors.h"
+#include "model/export.h"
+#include "model/target.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/draft_batch.h"
+#include "train/trainer.h"
+
+using namespace dflash;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string tmpdir(const std::string& name) {
+  auto d = fs::temp_directory_path() / ("dflash_test_train_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+// A learnable toy data set for the tiny Qwen3 golden target: arithmetic progressions mod 64, x[p+1] = x[p] + k
+// (k in 1..3 per sample), a 6-token prompt (mask 0) then the response (mask 1).
+std::string make_data(const std::string& root, int samples = 24, int len = 40) {
+  const std::string dir = root + "/data";
+  DatasetWriter w(dir);
+  Rng rng(5, RngPurpose::Test);
+  for (int s = 0; s < samples; ++s) {
+    const int k = 1 + static_cast<int>(rng.below(3));
+    int x = static_cast<int>(rng.below(64));
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> mask;
+    for (int p = 0; p < len; ++p) {
+      ids.push_back(x % 64);
+      mask.push_back(p >= 6);
+      x += k;
+    }
+    w.add(ids, mask);
+  }
+  w.commit(nlohmann::json::object());
+  return dir;
+}
+
+TrainConfig tiny_config(const std::string& root, const std::string& data) {
+  TrainConfig c;
+  c.target_dir = test::source_dir() + "/tests/golden/target_qwen3";
+  c.data_dir = data;
+  c.out_dir = root + "/run";
+  c.threads = 2;
+  c.num_layers = 1;
+  c.block_size = 4;
+  c.target_layer_ids = {1, 2};
+  c.mask_token_id = 511;
+  c.max_anchors = 8;
+  c.batch_size = 2;
+  c.optim.lr = 3e-3;
+  c.seed = 3;
+  c.quiet = true;
+  c.export_at_end = false;
+  c.checkpoint_every = 0;
+  return c;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& out_dir) {
+  std::ifstream in(out_dir + "/metrics.jsonl");
+  std::vector<nlohmann::json> v;
+  std::string line;
+  while (std::getline(in, line)) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+}  // namespace
+
+TEST(TrainLoop, LossFallsAndEalRises) {
+  const std::string root = tmpdir("learn");
+  TrainConfig c = tiny_config(root, make_data(root));
+  c.max_steps = 300;
+  c.optim.lr = 1e-2;
+  c.optim.warmup_ratio = 0.02;
+  TrainSummary s = train(c);
+  EXPECT_EQ(s.steps_done, 300);
+  auto m = read_metrics(c.out_dir);
+  ASSERT_EQ(m.size(), 300u);
+  auto mean = [&](size_t b, size_t e, const char* key) {
+    double t = 0;
+    for (size_t i = b; i < e; ++i) t += m[i][key].get<double>();
+    return t / static_cast<double>(e - b);
+  };
+  const double loss0 = mean(0, 20, "loss"), loss1 = mean(280, 300, "loss");
+  const double eal0 = mean(0, 20, "eal"), eal1 = mean(280, 300, "eal");
+  EXPECT_LT(loss1, 0.75 * loss0) << "loss " << loss0 << " -> " << loss1;
+  EXPECT_GT(eal1, eal0 + 0.3) << "EAL " << eal0 << " -> " << eal1;
+  fs::remove_all(root);
+}
+
+TEST(TrainLoop, ResumeIsExactCaseC12) {
+  const std::string root = tmpdir("resume");
+  const std::string data = make_data(root);
+  TrainConfig a = tiny_config(root, data);
+  a.max_steps = 150;
+  a.out_dir = root + "/straight";
+  train(a);
+  TrainConfig b = a;
+  b.out_dir = root + "/split";
+  b.stop_after = 100;
+  TrainSummary s1 = train(b);
+  EXPECT_TRUE(s1.interrupted);
+  EXPECT_EQ(s1.steps_done, 100);
+  b.stop_after = 0;
+  b.resume = true;
+  TrainSummary s2 = train(b);
+  EXPECT_EQ(s2.steps_done, 150);
+  // loss curves equal step for step (and the lr schedule)
+  auto ma = read_metrics(a.out_dir), mb = read_metrics(b.out_dir);
+  ASSERT_EQ(ma.size(), 150u);
+  ASSERT_EQ(mb.size(), 150u);
+  for (size_t i = 0; i < 150; ++i) {
+    EXPECT_EQ(ma[i]["step"], mb[i]["step"]);
+    EXPECT_EQ(ma[i]["loss"], mb[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(ma[i]["lr"], mb[i]["lr"]) << "step " << i + 1;
+    EXPECT_EQ(ma[i]["grad_norm"], mb[i]["grad_norm"]) << "step " << i + 1;
+  }
+  // parameters and optimizer moments equal bit for bit
+  auto pa = WeightStore::open(latest_checkpoint(a.out_dir) + "/params.safetensors");
+  auto pb = WeightStore::open(latest_checkpoint(b.out_dir) + "/params.safetensors");
+  auto oa = WeightStore::open(latest_checkpoint(a.out_dir) + "/optim.safetensors");
+  auto ob = WeightStore::open(latest_checkpoint(b.out_dir) + "/optim.safetensors");
+  for (const auto& n : pa.names()) EXPECT_EQ(to_f32_vector(pa.view(n)), to_f32_vector(pb.view(n))) << n;
+  for (const auto& n : oa.names()) EXPECT_EQ(to_f32_vector(oa.view(n)), to_f32_vector(ob.view(n))) << n;
+  auto sa = nlohmann::json::parse(read_file(latest_checkpoint(a.out_dir) + "/state.json"));
+  auto sb = nlohmann::json::parse(read_file(latest_checkpoint(b.out_dir) + "/state.json"));
+  EXPECT_EQ(sa["step"], 150);
+  EXPECT_EQ(sa["step"], sb["step"]);
+  fs::remove_all(root);
+}
+
+TEST(TrainLoop, ResumeRefusesAChangedSetting) {
+  const std::string root = tmpdir("refuse");
+  TrainConfig c = tiny_config(root, make_data(root, 4));
+  c.max_steps = 4;
+  c.stop_after = 2;
+  train(c);
+  c.stop_after = 0;
+  c.resume = true;
+  c.optim.lr = 1e-3;
+  try {
+    train(c);
+    FAIL() << "resume with another lr must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lr"), std::string::npos) << e.what();
+  }
+  fs::remove_all(root);
+}
+
+TEST(TrainLoop, SigintWritesACheckpointAndResumeFinishes) {
+  const std::string root = tmpdir("sigint");
+  const std::string data = make_data(root);
+  const std::string out = root + "/run";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string target = test::source_dir() + "/tests/golden/target_qwen3";
+    execl(DFLASH_BINARY, DFLASH_BINARY, "train", "--target", target.c_str(), "--data", data.c_str(), "--out",
+          out.c_str(), "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,2", "--mask-token-id",
+          "511", "--max-steps", "100000", "--batch-size", "2", "--quiet", "--threads", "1", nullptr);
+    _exit(127);
+  }
+  // wait until training is under way (metrics appear), then interrupt
+  for (int i = 0; i < 300; ++i) {
+    usleep(100000);
+    std::ifstream m(out + "/metrics.jsonl");
+    std::string l1, l2;
+    if (std::getline(m, l1) && std::getline(m, l2)) break;
+  }
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const std::string ck = latest_checkpoint(out);
+  ASSERT_FALSE(ck.empty());
+  const auto st = nlohmann::json::parse(read_file(ck + "/state.json"));
+  EXPECT_GE(st["step"].get<int64_t>(), 2);
+  EXPECT_EQ(read_metrics(out).size(), st["step"].get<size_t>());
+  fs::remove_all(root);
+}
+
+TEST(Export, ConfigKeysExactlyAsSpecCaseC11) {
+  DrafterConfig c;
+  c.hidden_size = 6144;
+  c.intermediate_size = 16384;
+  c.num_layers = 5;
+  c.num_heads = 48;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.vocab_size = 151936;
+  c.block_size = 16;
+  c.target_layer_ids = {1, 12, 23, 34, 45};
+  c.num_target_layers = 48;
+  c.mask_token_id = 151669;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 40960;
+  auto j = drafter_hf_config(c);
+  std::set<std::string> keys;
+  for (auto& [k, v] : j.items()) keys.insert(k);
+  const std::set<std::string> want = {"architectures", "model_type", "block_size", "num_target_layers",
+                                      "dflash_config", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                      "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+                                      "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings",
+                                      "attention_bias", "layer_types", "tie_word_embeddings", "vocab_size",
+                                      "torch_dtype", "dtype"};
+  EXPECT_EQ(keys, want);
+  EXPECT_EQ(j["architectures"], nlohmann::json::array({"DFlashDraftModel"}));
+  EXPECT_EQ(j["model_type"], "qwen3");
+  EXPECT_EQ(j["dflash_config"]["mask_token_id"], 151669);
+  EXPECT_EQ(j["dflash_config"]["target_layer_ids"], nlohmann::json::array({1, 12, 23, 34, 45}));
+  EXPECT_EQ(j["layer_types"].size(), 5u);
+  EXPECT_EQ(j["hidden_act"], "silu");
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["attention_bias"], false);
+  EXPECT_TRUE(j["rope_scaling"].is_null());
+  EXPECT_EQ(j["torch_dtype"], "bfloat16");
+}
+
+TEST(Export, RoundTripGivesTheSameDrafter) {
+  const std::string root = tmpdir("export");
+  auto ctx = make_context("cpu");
+  auto target = Target::load(test::source_dir() + "/tests/golden/target_qwen3", *ctx);
+  DrafterConfig c = DrafterConfig::for_target(target->config(), 2, 4, {1, 2}, 511);
+  Drafter d(*ctx, c, 9, 0.1);
+  export_drafter(*ctx, root + "/export", c, d.params(), {{"note", "test"}});
+  // tensor names and shapes of spec 3; bf16; no embedding / lm_head
+  auto ws = WeightStore::open(root + "/export");
+  EXPECT_EQ(ws.info("fc.weight").shape, (Shape{64, 128}));
+  EXPECT_EQ(ws.info("fc.weight").dtype, DType::BF16);
+  EXPECT_EQ(ws.info("layers.1.self_attn.q_norm.weight").shape, (Shape{32}));
+  EXPECT_EQ(ws.names().size(), 3u + 11u * 2);
+  for (const auto& n : ws.names()) EXPECT_EQ(n.find("embed"), std::string::npos) << n;
+  auto back = load_exported_drafter(*ctx, root + "/export");
+  EXPECT_EQ(nlohmann::json(back->config()).dump(), nlohmann::json(c).dump());
+  // same hidden states up to the bf16 rounding of the weights
+  std::vector<int32_t> x(30);
+  for (int i = 0; i < 30; ++i) x[i] = (i * 11) % 500;
+  std::vector<uint8_t> m(30, 1);
+  std::vector<int32_t> anchors = {3, 17};
+  DraftBatch b = make_draft_batch(x, m, anchors, 2, 4, 511, 7.0);
+  auto F = target->forward(*ctx, cpu_tensor_i32(x, {30}), std::vector<int64_t>{1, 2}, false).features;
+  auto h1 = test::to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), target->weights().embed));
+  auto h2 = test::to_f64(back->forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), target->weights().embed));
+  EXPECT_LT(test::rel_err(h2, h1), 2e-2);
+  EXPECT_GT(test::rel_err(h2, h1), 0.0);  // bf16 really rounded
+  fs::remove_all(root);
+}
