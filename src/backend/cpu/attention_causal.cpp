@@ -1,5 +1,7 @@
 // cpu/attention_causal.cpp — the target's causal GQA attention (prefill and KV-cache decode).
 // out[t, h] = softmax_{k <= q_offset+t} (q[t,h] . k[k, g] * scale) v[k, g],  g = h / (nh / nkv).
+// Per (kv head, query tile of kTile rows): S = Q K^T and O = P V through ?gemm on a [kTile, keys] buffer, so
+// memory stays linear in the sequence length (no T x T buffer).
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -7,6 +9,10 @@
 #include "backend/cpu/ops.h"
 
 namespace dflash::cpu {
+
+namespace {
+constexpr int64_t kTile = 64;
+}
 
 void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                       int64_t q_offset, float scale) {
@@ -23,37 +29,38 @@ void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Te
                  "attention_causal: q ", shape_str(q.shape), " k ", shape_str(k.shape), " v ", shape_str(v.shape));
     DFLASH_CHECK(q_offset >= 0 && q_offset + Tq <= Tk, "attention_causal: queries at ", q_offset, "..",
                  q_offset + Tq - 1, " need keys up to there, have ", Tk);
-    const int64_t rep = nh / nkv;
+    const int64_t rep = nh / nkv, tiles = (Tq + kTile - 1) / kTile;
     const T* qp = q.ptr<T>();
     const T* kp = k.ptr<T>();
     const T* vp = v.ptr<T>();
     T* op = out.ptr<T>();
     const T sc = static_cast<T>(scale);
-    tp.parallel_for(Tq * nh, 1, [&](int64_t b, int64_t e) {
-      std::vector<T> s(static_cast<size_t>(Tk));
-      std::vector<double> acc(static_cast<size_t>(d));
-      for (int64_t th = b; th < e; ++th) {
-        const int64_t t = th / nh, h = th % nh, g = h / rep;
-        const T* qr = qp + (t * nh + h) * d;
-        const int64_t nk = q_offset + t + 1;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < nk; ++j) {
-          const T* kr = kp + (j * nkv + g) * d;
-          T dot = 0;
-          for (int64_t i = 0; i < d; ++i) dot += qr[i] * kr[i];
-          s[j] = dot * sc;
-          mx = std::max(mx, s[j]);
+    // task = (query head, query tile); rows of one head are strided by nh*d in q/out, keys by nkv*d.
+    tp.parallel_for(nh * tiles, 1, [&](int64_t b, int64_t e) {
+      std::vector<T> s, o;
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t h = task / tiles, t0 = (task % tiles) * kTile, g = h / rep;
+        const int64_t rows = std::min(kTile, Tq - t0);
+        const int64_t nk = q_offset + t0 + rows;  // keys visible to the tile's last row
+        s.resize(static_cast<size_t>(rows * nk));
+        o.resize(static_cast<size_t>(rows * d));
+        // S[rows, nk] = Q_tile K^T
+        gemm(false, true, rows, nk, d, qp + (t0 * nh + h) * d, nh * d, kp + g * d, nkv * d, T(0), s.data(), nk);
+        for (int64_t r = 0; r < rows; ++r) {
+          T* sr = s.data() + r * nk;
+          const int64_t vis = q_offset + t0 + r + 1;
+          T mx = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < vis; ++j) mx = std::max(mx, sr[j] * sc);
+          T l = 0;
+          for (int64_t j = 0; j < vis; ++j) l += sr[j] = std::exp(sr[j] * sc - mx);
+          const T inv = T(1) / l;
+          for (int64_t j = 0; j < vis; ++j) sr[j] *= inv;
+          for (int64_t j = vis; j < nk; ++j) sr[j] = 0;
         }
-        double l = 0;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j < nk; ++j) {
-          const double p = std::exp(static_cast<double>(s[j] - mx));
-          l += p;
-          const T* vr = vp + (j * nkv + g) * d;
-          for (int64_t i = 0; i < d; ++i) acc[i] += p * vr[i];
-        }
-        T* orow = op + (t * nh + h) * d;
-        for (int64_t i = 0; i < d; ++i) orow[i] = static_cast<T>(acc[i] / l);
+        // O[rows, d] = P V
+        gemm(false, false, rows, d, nk, s.data(), nk, vp + g * d, nkv * d, T(0), o.data(), d);
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy_n(o.data() + r * d, d, op + ((t0 + r) * nh + h) * d);
       }
     });
   });
