@@ -66,35 +66,36 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
         int64_t am = 0;
         for (int64_t v = 1; v < V; ++v)
           if (zr[v] > zr[am]) am = v;
-        const double mx = zr[am];
+        const T mx = zr[am];
         double se = 0;
-        for (int64_t v = 0; v < V; ++v) se += std::exp(zr[v] - mx);
-        const double lse = mx + std::log(se);
-        st.ce[gr] = lse - zr[y];
+        for (int64_t v = 0; v < V; ++v) se += std::exp(zr[v] - mx);  // exp in T, sum in double
+        const T lse = mx + static_cast<T>(std::log(se));
+        st.ce[gr] = static_cast<double>(lse) - zr[y];
         st.correct[gr] = am == y;
         T* ztr = teacher ? zt.data() + r * V : nullptr;
         if (teacher) {
-          double tmx = ztr[0];
-          for (int64_t v = 1; v < V; ++v) tmx = std::max<double>(tmx, ztr[v]);
+          T tmx = ztr[0];
+          for (int64_t v = 1; v < V; ++v) tmx = std::max(tmx, ztr[v]);
           double tse = 0;
           for (int64_t v = 0; v < V; ++v) tse += std::exp(ztr[v] - tmx);
-          const double tlse = tmx + std::log(tse);
+          const T tlse = tmx + static_cast<T>(std::log(tse));
           double kl = 0;
           for (int64_t v = 0; v < V; ++v) {
-            const double lp = ztr[v] - tlse;
-            const double p = std::exp(lp);
-            kl += p * (lp - (zr[v] - lse));
-            ztr[v] = static_cast<T>(p);  // keep p for the gradient
+            const T lp = ztr[v] - tlse;
+            const T p = std::exp(lp);
+            kl += static_cast<double>(p) * (lp - (zr[v] - lse));
+            ztr[v] = p;  // keep p for the gradient
           }
           st.kl[gr] = kl;
         }
         if (grad) {
-          const double coef = static_cast<double>(w[gr]) * a.grad_scale;
+          const T coef = static_cast<T>(static_cast<double>(w[gr]) * a.grad_scale);
+          const T klw = static_cast<T>(a.kl_weight);
           for (int64_t v = 0; v < V; ++v) {
-            const double q = std::exp(zr[v] - lse);
-            double gv = q - (v == y ? 1.0 : 0.0);
-            if (teacher) gv += a.kl_weight * (q - ztr[v]);
-            zr[v] = static_cast<T>(coef * gv);
+            const T q = std::exp(zr[v] - lse);
+            T gv = q - (v == y ? T(1) : T(0));
+            if (teacher) gv += klw * (q - ztr[v]);
+            zr[v] = coef * gv;
           }
         }
       }
