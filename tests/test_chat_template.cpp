@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -437,4 +438,35 @@ TEST(ChatTemplate, MaskRuleIsTokenStartOffset) {
   std::string all;
   for (int32_t id : e.ids) all += enc.token_bytes(id);
   EXPECT_EQ(all, render_chat(enc.chat_template(), ms, {}).text);
+}
+
+// `dflash tokenize --chat`: the same ids and mask as the library (case C14's conversation).
+TEST(ChatTemplate, TokenizeChatCli) {
+  const std::string dir = cat("/tmp/dflash_tokenize_chat_", getpid());
+  fs::create_directories(dir);
+  const json conv = {{"messages", to_json({M("system", "You are terse."), M("user", "What is 2+2?"),
+                                           M("assistant", "The answer is 4."), M("user", "And 3+3?"),
+                                           M("assistant", "It is 6.")})}};
+  {
+    std::ofstream f(dir + "/in.json");
+    f << conv.dump();
+  }
+  const std::string cmd = cat(DFLASH_BINARY, " tokenize --chat --tokenizer '", kQwen3Dir, "' < '", dir,
+                              "/in.json' > '", dir, "/out.json' 2> '", dir, "/err.txt'");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(dir + "/err.txt");
+  const json out = json::parse(read_file(dir + "/out.json"));
+  ChatEncoder enc(qwen3_tok(), ChatTemplate::detect(qwen3_tok()->chat_template(), ""));
+  ChatEncoding e = enc.encode(parse_messages(conv["messages"]), {});
+  EXPECT_EQ(out["ids"].get<std::vector<int32_t>>(), e.ids);
+  EXPECT_EQ(out["loss_mask"].get<std::vector<uint8_t>>(), e.loss_mask);
+  EXPECT_EQ(std::count(e.loss_mask.begin(), e.loss_mask.end(), 1), 13);
+
+  // A conversation prepare would skip still renders, with a warning naming the reason.
+  {
+    std::ofstream f(dir + "/in.json");
+    f << R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])";
+  }
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(dir + "/err.txt");
+  EXPECT_NE(read_file(dir + "/err.txt").find("not_alternating"), std::string::npos);
+  fs::remove_all(dir);
 }

@@ -1,7 +1,8 @@
 // cli/cmd_tokenize.cpp — `dflash tokenize --tokenizer DIR`: text on stdin -> its token ids as one JSON array
 // (no BOS added); `--no-special` encodes special added tokens written in the text as plain text; `--decode` reads
-// a JSON array of ids and prints the text (`--skip-special` drops special tokens). `--chat` (one conversation JSON
-// -> ids and loss mask, through the chat-template module) is reserved for the chat-template work.
+// a JSON array of ids and prints the text (`--skip-special` drops special tokens). `--chat` reads one conversation
+// ({"messages": [...]} or the bare array) and prints {"ids": [...], "loss_mask": [...]} exactly as `dflash prepare`
+// renders it (chat template auto-detected or --chat-template; --no-thinking), to debug a chat template.
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -11,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/chat_template.h"
 #include "io/tokenizer.h"
 
 namespace dflash::cli {
@@ -23,6 +25,8 @@ struct TokenizeOptions {
   bool decode = false;
   bool skip_special = false;
   bool chat = false;
+  bool no_thinking = false;
+  std::string chat_template = "auto";
 };
 
 std::string read_stdin() {
@@ -38,9 +42,37 @@ void run_tokenize(const TokenizeOptions& o) {
   auto tok = Tokenizer::load(o.tokenizer);
   const std::string input = read_stdin();
   if (o.chat) {
-    // Chat mode: one conversation JSON -> {"input_ids": [...], "loss_mask": [...]}, rendered with the target's chat
-    // template. Added by the chat-template module.
-    DFLASH_FAIL("`dflash tokenize --chat` is not built yet");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(input);
+    } catch (const nlohmann::json::exception& e) {
+      DFLASH_FAIL("tokenize --chat: standard input is not JSON: ", e.what());
+    }
+    const nlohmann::json& msgs = j.is_object() && j.contains("messages") ? j["messages"] : j;
+    std::vector<ChatMessage> ms;
+    try {
+      ms = parse_messages(msgs);
+    } catch (const BadRow& e) {
+      DFLASH_FAIL("tokenize --chat: ", e.what(), " (", e.reason(), ")");
+    }
+    try {
+      validate_conversation(ms);
+    } catch (const BadRow& e) {
+      std::fprintf(stderr, "warning: `dflash prepare` would skip this conversation (%s): %s\n", e.reason().c_str(),
+                   e.what());
+    }
+    const std::string bos = tok->bos_id() ? tok->id_to_token(*tok->bos_id()) : std::string();
+    ChatEncoder enc(tok, ChatTemplate::select(o.chat_template, tok->chat_template(), bos));
+    ChatOptions co;
+    co.enable_thinking = !o.no_thinking;
+    ChatEncoding e = enc.encode(ms, co);
+    std::string out = "{\"ids\": [";
+    for (size_t i = 0; i < e.ids.size(); ++i) out += (i ? "," : "") + std::to_string(e.ids[i]);
+    out += "], \"loss_mask\": [";
+    for (size_t i = 0; i < e.loss_mask.size(); ++i) out += (i ? "," : "") + std::to_string(int(e.loss_mask[i]));
+    out += "]}\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return;
   }
   if (o.decode) {
     nlohmann::json j;
@@ -83,7 +115,11 @@ void register_tokenize(CLI::App& app) {
   sub->add_flag("--no-special", o.no_special, "encode special tokens written in the text as plain text");
   sub->add_flag("--decode", o.decode, "read a JSON array of ids on stdin and print the text");
   sub->add_flag("--skip-special", o.skip_special, "with --decode: leave out special tokens");
-  sub->add_flag("--chat", o.chat, "one conversation JSON -> ids and loss mask (not built yet)");
+  sub->add_flag("--chat", o.chat, "one conversation JSON ({\"messages\": [...]}) -> {\"ids\", \"loss_mask\"}");
+  sub->add_flag("--no-thinking", o.no_thinking, "with --chat: render with enable_thinking=false (Qwen3)");
+  sub->add_option("--chat-template", o.chat_template, "with --chat: auto, qwen3, chatml, llama3, llama3.1")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "qwen3", "chatml", "llama3", "llama3.1"}));
   sub->callback([] { run_tokenize(o); });
 }
 
