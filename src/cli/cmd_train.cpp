@@ -52,6 +52,9 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--schedule", c.optim.schedule, "cosine or constant after warmup")->capture_default_str();
   sub->add_option("--epochs", c.epochs, "passes over the data (fractional allowed)")->capture_default_str();
   sub->add_option("--max-steps", c.max_steps, "optimizer steps; > 0 overrides --epochs")->capture_default_str();
+  sub->add_option("--time-budget", c.time_budget_s,
+                  "seconds of training: the step count is planned from two timed calibration steps (0 = off)")
+      ->capture_default_str();
   sub->add_option("--batch-size", c.batch_size, "sequences per optimizer step")->capture_default_str();
   sub->add_option("--seed", c.seed, "seed of init, data order and anchors")->capture_default_str();
   sub->add_flag("--recompute", c.recompute, "activation recompute of the draft layers");

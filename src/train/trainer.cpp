@@ -158,9 +158,68 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   const int64_t B = dc.block_size;
   const double gamma = cfg.gamma == 0 ? default_gamma(B) : (cfg.gamma < 0 ? 0.0 : cfg.gamma);
   const bool soft = cfg.kl_weight > 0;
-
   const int64_t n = static_cast<int64_t>(data.size());
-  const int64_t total_steps =
+  SampleOrder order(data.size(), cfg.seed);
+
+  // Gradients of optimizer step `step` (data order, anchors and loss of spec 2), accumulated into the drafter's
+  // grads, globally normalised by the step's total weight.
+  struct StepAcc {
+    int64_t seqs = 0, skipped = 0, draft_tokens = 0, target_tokens = 0;
+    double sum_w = 0, loss_sum = 0, ce_sum = 0, kl_sum = 0;
+    std::vector<double> correct, count;
+  };
+  auto accumulate = [&](int64_t step) {
+    StepAcc acc;
+    acc.correct.assign(static_cast<size_t>(B), 0.0);
+    acc.count.assign(static_cast<size_t>(B), 0.0);
+    struct Seq {
+      std::span<const int32_t> tokens;
+      DraftBatch batch;
+    };
+    std::vector<Seq> seqs;
+    for (int64_t k = 0; k < cfg.batch_size; ++k) {
+      SampleView s = data.get(order.at(step * cfg.batch_size + k));
+      std::span<const int32_t> toks = s.tokens;
+      std::span<const uint8_t> mask = s.loss_mask;
+      if (cfg.max_length > 0 && static_cast<int64_t>(toks.size()) > cfg.max_length) {
+        toks = toks.subspan(0, static_cast<size_t>(cfg.max_length));
+        mask = mask.subspan(0, static_cast<size_t>(cfg.max_length));
+      }
+      Rng rng(cfg.seed, RngPurpose::Anchors, static_cast<uint64_t>(step), static_cast<uint64_t>(k));
+      std::vector<int32_t> anchors = sample_anchors(mask, cfg.max_anchors, rng);
+      if (anchors.empty()) {  // spec 2.1.3: skipped and counted, never silently
+        ++acc.skipped;
+        continue;
+      }
+      DraftBatch b = make_draft_batch(toks, mask, anchors, static_cast<int64_t>(anchors.size()), B, mask_id, gamma);
+      acc.sum_w += b.sum_w;
+      seqs.push_back({toks, std::move(b)});
+    }
+    acc.seqs = static_cast<int64_t>(seqs.size());
+    if (acc.sum_w == 0) return acc;
+    for (auto& sq : seqs) {
+      const int64_t S = static_cast<int64_t>(sq.tokens.size());
+      Tensor ids = cpu_tensor_i32(std::vector<int32_t>(sq.tokens.begin(), sq.tokens.end()), {S});
+      Target::Output out = target->forward(*ctx, ids, layer_ids, soft);
+      DraftInputs in = upload_draft_batch(*ctx, sq.batch, out.features, soft ? out.final_hidden : Tensor{});
+      out = Target::Output{};
+      DraftStepStats st = drafter.forward_backward(*ctx, in, target->weights().embed, target->weights().lm_head,
+                                                   static_cast<float>(cfg.kl_weight),
+                                                   static_cast<float>(1.0 / acc.sum_w), true, cfg.recompute);
+      acc.loss_sum += st.loss_sum;
+      acc.ce_sum += st.ce_sum;
+      acc.kl_sum += st.kl_sum;
+      for (size_t r = 0; r < st.correct.size(); ++r) {
+        acc.correct[sq.batch.slots[r]] += st.correct[r];
+        acc.count[sq.batch.slots[r]] += 1;
+      }
+      acc.draft_tokens += sq.batch.N * B;
+      acc.target_tokens += S;
+    }
+    return acc;
+  };
+
+  int64_t total_steps =
       cfg.max_steps > 0 ? cfg.max_steps
                         : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cfg.epochs * n / cfg.batch_size)));
   nlohmann::json cfg_json = cfg;
@@ -180,11 +239,24 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
                    " = ", old.contains(k) ? old[k].dump() : "(absent)", ", this run has ", cfg_json[k].dump(),
                    "; resume needs the same setting");
     start = st.step;
+    total_steps = st.info.value("total_steps", total_steps);
     truncate_metrics(metrics_path, start);
     log_info("resumed from ", latest, " at step ", start, " of ", total_steps);
   } else {
     if (cfg.resume) log_info("no checkpoint in ", cfg.out_dir, "/checkpoints: starting from step 0");
     write_file_atomic(metrics_path, "");
+    if (cfg.time_budget_s > 0 && cfg.max_steps <= 0) {
+      // Fit the run into the budget: time two steps' gradients (then discard them) and plan the schedule on that.
+      const auto c0 = clock::now();
+      for (int64_t s = 0; s < 2; ++s) accumulate(s);
+      ctx->synchronize();
+      drafter.params().zero_grad(*ctx);
+      const double per_step = std::chrono::duration<double>(clock::now() - c0).count() / 2 * 1.05;
+      const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(cfg.time_budget_s / per_step));
+      log_info("time budget ", cfg.time_budget_s, " s at ~", per_step, " s/step: ", std::min(fit, total_steps),
+               " steps (", total_steps, " for ", cfg.epochs, " epochs)");
+      total_steps = std::min(fit, total_steps);
+    }
   }
   log_info("device ", ctx->describe(), "; target ", arch_name(tc.arch), " ", tc.num_hidden_layers, " layers, H ",
            tc.hidden_size, "; drafter ", dc.num_layers, " layers, B ", B, ", layer ids ",
@@ -194,7 +266,6 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
 
   std::ofstream metrics(metrics_path, std::ios::app);
   DFLASH_CHECK(metrics.good(), metrics_path, ": cannot open for appending");
-  SampleOrder order(data.size(), cfg.seed);
   TrainSummary sum;
   sum.total_steps = total_steps;
   std::unique_ptr<Progress> progress;
@@ -205,66 +276,23 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   for (; step < total_steps; ++step) {
     const auto t0 = clock::now();
     const double lr = lr_at(cfg.optim, step, total_steps);
-    struct Seq {
-      std::span<const int32_t> tokens;
-      DraftBatch batch;
-    };
-    std::vector<Seq> seqs;
-    double sum_w = 0;
-    int64_t skipped = 0;
-    for (int64_t k = 0; k < cfg.batch_size; ++k) {
-      SampleView s = data.get(order.at(step * cfg.batch_size + k));
-      std::span<const int32_t> toks = s.tokens;
-      std::span<const uint8_t> mask = s.loss_mask;
-      if (cfg.max_length > 0 && static_cast<int64_t>(toks.size()) > cfg.max_length) {
-        toks = toks.subspan(0, static_cast<size_t>(cfg.max_length));
-        mask = mask.subspan(0, static_cast<size_t>(cfg.max_length));
-      }
-      Rng rng(cfg.seed, RngPurpose::Anchors, static_cast<uint64_t>(step), static_cast<uint64_t>(k));
-      std::vector<int32_t> anchors = sample_anchors(mask, cfg.max_anchors, rng);
-      if (anchors.empty()) {  // spec 2.1.3: skipped and counted, never silently
-        ++skipped;
-        continue;
-      }
-      DraftBatch b = make_draft_batch(toks, mask, anchors, static_cast<int64_t>(anchors.size()), B, mask_id, gamma);
-      sum_w += b.sum_w;
-      seqs.push_back({toks, std::move(b)});
-    }
+    ctx->reset_peak_memory();
+    const StepAcc sa = accumulate(step);
     nlohmann::json rec;
     rec["step"] = step + 1;
     rec["epoch"] = static_cast<double>((step + 1) * cfg.batch_size) / static_cast<double>(n);
     rec["lr"] = lr;
-    rec["seqs"] = seqs.size();
-    rec["skipped_no_anchor"] = skipped;
-    if (sum_w == 0) {
+    rec["seqs"] = sa.seqs;
+    rec["skipped_no_anchor"] = sa.skipped;
+    if (sa.sum_w == 0) {
       log_warn("step ", step + 1, ": none of the ", cfg.batch_size, " sequences has a supervised pair; no update");
       rec["loss"] = nullptr;
       metrics << rec.dump() << "\n" << std::flush;
       continue;
     }
-    double loss_sum = 0, ce_sum = 0, kl_sum = 0;
-    std::vector<double> correct(static_cast<size_t>(B), 0), count(static_cast<size_t>(B), 0);
-    int64_t draft_tokens = 0, target_tokens = 0;
-    ctx->reset_peak_memory();
-    for (auto& sq : seqs) {
-      const int64_t S = static_cast<int64_t>(sq.tokens.size());
-      Tensor ids = cpu_tensor_i32(std::vector<int32_t>(sq.tokens.begin(), sq.tokens.end()), {S});
-      Target::Output out = target->forward(*ctx, ids, layer_ids, soft);
-      DraftInputs in = upload_draft_batch(*ctx, sq.batch, out.features, soft ? out.final_hidden : Tensor{});
-      out = Target::Output{};
-      DraftStepStats st = drafter.forward_backward(*ctx, in, target->weights().embed, target->weights().lm_head,
-                                                   static_cast<float>(cfg.kl_weight),
-                                                   static_cast<float>(1.0 / sum_w), true, cfg.recompute);
-      loss_sum += st.loss_sum;
-      ce_sum += st.ce_sum;
-      kl_sum += st.kl_sum;
-      for (size_t r = 0; r < st.correct.size(); ++r) {
-        correct[sq.batch.slots[r]] += st.correct[r];
-        count[sq.batch.slots[r]] += 1;
-      }
-      draft_tokens += sq.batch.N * B;
-      target_tokens += S;
-    }
+    const double sum_w = sa.sum_w, loss_sum = sa.loss_sum, ce_sum = sa.ce_sum, kl_sum = sa.kl_sum;
+    const std::vector<double>&correct = sa.correct, &count = sa.count;
+    const int64_t draft_tokens = sa.draft_tokens, target_tokens = sa.target_tokens;
     const double grad_sq = global_grad_sq(*ctx, drafter.params());
     StepResult res = optimizer_step(*ctx, drafter.params(), cfg.optim, lr, step + 1, grad_sq);
     ctx->synchronize();
@@ -295,7 +323,7 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
     }
     const bool interrupt = (stop && stop->load()) || (cfg.stop_after > 0 && step + 1 >= cfg.stop_after);
     if ((cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) || interrupt) {
-      sum.checkpoint_dir = save_checkpoint(*ctx, cfg.out_dir, drafter.params(), {step + 1, {{"config", cfg_json}}});
+      sum.checkpoint_dir = save_checkpoint(*ctx, cfg.out_dir, drafter.params(), {step + 1, {{"config", cfg_json}, {"total_steps", total_steps}}});
       prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
       last_saved = step + 1;
     }
@@ -308,7 +336,7 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   if (progress) progress->finish();
   sum.steps_done = step;
   if (last_saved != step || (sum.checkpoint_dir.empty() && latest.empty())) {
-    sum.checkpoint_dir = save_checkpoint(*ctx, cfg.out_dir, drafter.params(), {step, {{"config", cfg_json}}});
+    sum.checkpoint_dir = save_checkpoint(*ctx, cfg.out_dir, drafter.params(), {step, {{"config", cfg_json}, {"total_steps", total_steps}}});
     prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
   }
   if (sum.interrupted) {

@@ -37,6 +37,8 @@ struct TrainConfig {
   OptimConfig optim;
   double epochs = 6;
   int64_t max_steps = 0;    // > 0 overrides epochs
+  double time_budget_s = 0; // > 0 (and no max_steps): plan the step count to fit this many seconds of training,
+                            // measured on two calibration steps; never more than `epochs` allow
   int64_t batch_size = 8;   // sequences per optimizer step
   uint64_t seed = 0;
   bool recompute = false;   // activation recompute of the draft layers (case C06)
