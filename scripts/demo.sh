@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job: builds dflash (if needed) and runs `dflash demo` on the bundled demo target.
+# Usage: scripts/demo.sh [dflash demo options, e.g. --device cuda]      env: BUILD_DIR (default build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target dflash
+exec "$BUILD_DIR/dflash" demo "$@"
