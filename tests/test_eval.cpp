@@ -194,7 +194,7 @@ TEST(EvalTau, ResponseSpanIsTheLastRunOfOnes) {
   EXPECT_EQ(response_span(o).E, 3);
 }
 
-TEST(EvalTau, DataIsTheTargetsGreedyContinuation) {
+TEST(EvalTau, GreedySamplesAreBuilt) {
   Demo& d = demo();
   ASSERT_EQ(d.samples.size(), 6u);
   for (const Sample& s : d.samples) {
