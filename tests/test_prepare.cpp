@@ -568,3 +568,36 @@ TEST(Dataset, OpenRejectsDamagedDirectoriesNamingTheFile) {
     EXPECT_NE(std::string(e.what()).find("shard-00000.mask: SHA-256"), std::string::npos) << e.what();
   }
 }
+
+// Rows from `dflash generate --write-ids`: the exact ids are used even where re-encoding the text would differ.
+TEST(Prepare, RawPairsWithExactIds) {
+  TempDir t;
+  auto tok = qwen3_tok();
+  const std::string prompt = "def add(a, b):", completion = "\n    return a + b";
+  std::vector<int32_t> pids = tok->encode(prompt), cids;
+  for (char ch : completion) {  // one token per character: decodes to the text, is not the canonical encoding
+    auto id = tok->encode(std::string(1, ch));
+    ASSERT_EQ(id.size(), 1u);
+    cids.push_back(id[0]);
+  }
+  ASSERT_NE(cids, tok->encode(completion));
+  json good = {{"prompt", prompt}, {"completion", completion}, {"prompt_ids", pids}, {"completion_ids", cids}};
+  json bad_prompt = good, bad_completion = good;
+  bad_prompt["prompt_ids"] = cids;
+  bad_completion["completion_ids"] = pids;
+  write_text(t / "in.jsonl", lines({good.dump(), bad_prompt.dump(), bad_completion.dump()}));
+  PrepareOptions o = opts(t, {t / "in.jsonl"});
+  o.format = "raw";
+  PrepareSummary s = run_prepare(o);
+  EXPECT_EQ(s.samples, 1);
+  EXPECT_EQ(skipped_lines(s), (std::vector<std::pair<int64_t, std::string>>{{2, "ids_text_mismatch"},
+                                                                           {3, "ids_text_mismatch"}}));
+  Dataset d = Dataset::open(o.out);
+  std::vector<int32_t> want = pids;
+  want.insert(want.end(), cids.begin(), cids.end());
+  want.push_back(*tok->eos_id());
+  EXPECT_EQ(vec(d.get(0).tokens), want);
+  std::vector<uint8_t> mask(pids.size(), 0);
+  mask.insert(mask.end(), cids.size() + 1, 1);
+  EXPECT_EQ(vec(d.get(0).loss_mask), mask);
+}

@@ -197,6 +197,35 @@ PreparedRow RowConverter::convert(std::string_view line) const {
       return finish(std::move(r));
     }
     if (py_strip(completion, std::nullopt).empty()) throw BadRow("empty_content", "the completion is empty");
+    if (j.contains("prompt_ids") && j.contains("completion_ids")) {
+      // exact ids as `dflash generate --write-ids` wrote them (the prompt's bos included): re-encoding the text
+      // could tokenize the target's own output differently, and the data must be the target's tokens
+      auto ids_of = [&](const char* key) {
+        const json& a = j[key];
+        if (!a.is_array()) throw BadRow("bad_pair", cat("\"", key, "\" is not an array"));
+        std::vector<int32_t> v;
+        for (const json& x : a) {
+          if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= tok_->vocab_size())
+            throw BadRow("bad_pair", cat("\"", key, "\" holds ", x.dump(), ", not a token id"));
+          v.push_back(static_cast<int32_t>(x.get<int64_t>()));
+        }
+        return v;
+      };
+      // the prompt ids are the encoder's (generate encoded the prompt text); the completion ids decode to the text
+      std::vector<int32_t> a = ids_of("prompt_ids"), b = ids_of("completion_ids");
+      std::vector<int32_t> want = tok_->encode(prompt, true);
+      if (bos_) want.insert(want.begin(), *bos_);
+      if (a != want) throw BadRow("ids_text_mismatch", "\"prompt_ids\" is not the encoding of \"prompt\"");
+      if (tok_->decode(b) != completion)
+        throw BadRow("ids_text_mismatch", "\"completion_ids\" does not decode to \"completion\"");
+      r.ids = a;
+      r.loss_mask.assign(a.size(), 0);
+      r.ids.insert(r.ids.end(), b.begin(), b.end());
+      r.loss_mask.insert(r.loss_mask.end(), b.size(), 1);
+      r.ids.push_back(*eos_);
+      r.loss_mask.push_back(1);
+      return finish(std::move(r));
+    }
     if (bos_) {
       r.ids.push_back(*bos_);
       r.loss_mask.push_back(0);

@@ -6,7 +6,9 @@
 //   {"messages": [{"role", "content", "reasoning_content"?}, ...]}   chat template + assistant loss mask
 //   {"prompt": "...", "completion": "..."}                            --format chat: user prompt + assistant
 //        completion through the template; --format raw: [bos] tokens(prompt) + tokens(completion) + eos, mask 1 on
-//        completion + eos (bos only when the tokenizer defines one, as HF's add_special_tokens does)
+//        completion + eos (bos only when the tokenizer defines one, as HF's add_special_tokens does); in raw
+//        form, rows that also carry "prompt_ids" and "completion_ids" (dflash generate --write-ids) use those exact
+//        ids (checked to decode to the text, else skipped as "ids_text_mismatch")
 //   {"input_ids": [...], "loss_mask": [...]}                          taken as is (validated)
 // Every sample is cut to max_length tokens. A row is skipped, with its file, line number and a reason key, when it
 // is not valid JSON ("invalid_json"), not an object ("not_object"), none of the three kinds ("unrecognized_row"),

@@ -84,7 +84,9 @@ Target::Output Target::forward(Context& ctx, const Tensor& ids_in, std::span<con
     DFLASH_CHECK(l >= 0 && l < Lt, "target layer id ", l, " outside [0, ", Lt, ")");
     last = std::max(last, l);
   }
-  const int64_t run_layers = want_final ? Lt : last + 1;
+  // Later layers can be skipped only when nothing needs them: not the final hidden, and not a KV cache (whose
+  // every layer must hold the new positions).
+  const int64_t run_layers = (want_final || cache) ? Lt : last + 1;
 
   Tensor ids = ctx.to_device(ids_in);
   std::vector<int32_t> pos_host(static_cast<size_t>(T));

@@ -59,8 +59,8 @@ class Target {
     Tensor final_hidden;  // [T, H] act (final-norm output), defined when want_final
   };
   // Runs token ids [T] (I32, on ctx's device or host) at positions start..start+T-1, where start = cache->len
-  // (the tokens are appended to the cache) or 0 without a cache. Layers after max(layer_ids) are skipped
-  // unless want_final. Throws Error for ids outside the vocabulary or a full cache.
+  // (the tokens are appended to the cache) or 0 without a cache. Without a cache, layers after max(layer_ids) are
+  // skipped unless want_final. Throws Error for ids outside the vocabulary or a full cache.
   Output forward(Context& ctx, const Tensor& ids, std::span<const int64_t> layer_ids, bool want_final,
                  KVCache* cache = nullptr) const;
   // Batched forward of several sequences, each with its own KV cache (generation; defined in
