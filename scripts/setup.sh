@@ -8,10 +8,9 @@ PKGS=(
   cmake g++ make pkg-config
   nlohmann-json3-dev   # JSON (config.json, tokenizer.json, safetensors headers, JSONL)
   libpcre2-dev         # pre-tokenizer split regex (UTF + JIT)
-  libcli11-dev         # command line
+  libcli11-dev         # command line (and `dflash train --config` TOML/INI files)
   libopenblas-dev      # CPU GEMMs
   libgtest-dev libgmock-dev  # tests
-  libtomlplusplus-dev  # train config files
   zlib1g-dev           # reading .jsonl.gz
   libssl-dev           # SHA-256 of tokenizer / data files (libcrypto)
 )
