@@ -267,3 +267,20 @@ TEST(Export, RoundTripGivesTheSameDrafter) {
   EXPECT_GT(test::rel_err(h2, h1), 0.0);  // bf16 really rounded
   fs::remove_all(root);
 }
+
+TEST(TrainCli, ConfigFileSectionAndCommandLineOverride) {
+  const std::string root = tmpdir("cli");
+  const std::string data = make_data(root, 4);
+  const std::string cfg = root + "/run.toml";
+  std::ofstream(cfg) << "# a run\n[train]\ntarget = \"" << test::source_dir() << "/tests/golden/target_qwen3\"\n"
+                     << "data = \"" << data << "\"\nout = \"" << root << "/run\"\nmax-steps = 3\nblock-size = 4\n"
+                     << "target-layer-ids = [1, 2]\nmask-token-id = 511\nbatch-size = 2\nlr = 0.5\nquiet = true\n";
+  const std::string cmd = std::string(DFLASH_BINARY) + " train --config " + cfg + " --lr 0.002 --threads 1 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto st = nlohmann::json::parse(read_file(latest_checkpoint(root + "/run") + "/state.json"));
+  EXPECT_EQ(st["step"], 3);
+  EXPECT_EQ(st["config"]["block_size"], 4);
+  EXPECT_EQ(st["config"]["target_layer_ids"], nlohmann::json::array({1, 2}));
+  EXPECT_EQ(st["config"]["lr"], 0.002);  // the command line wins over the file
+  fs::remove_all(root);
+}

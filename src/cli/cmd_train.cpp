@@ -1,6 +1,6 @@
 // cli/cmd_train.cpp — `dflash train`: every TrainConfig key is an option; `--config FILE` reads the same keys
-// from a TOML/INI file (key = value, names as the long options without dashes, e.g. `block-size = 16`);
-// command-line options override the file.
+// from the [train] section of a TOML/INI file (names as the long options without dashes, e.g. `block-size = 16`,
+// `target-layer-ids = [1, 9, 17, 25, 33]`); command-line options override the file.
 #include <csignal>
 
 #include "cli/commands.h"
@@ -71,7 +71,6 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
 
 void register_train(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "train a DFlash drafter for a target on prepared data");
-  sub->set_config("--config", "", "TOML/INI file with any of the options below (key = value)");
   auto cfg = std::make_shared<TrainConfig>();
   add_train_options(sub, *cfg);
   sub->callback([cfg] {

@@ -9,6 +9,10 @@ int main(int argc, char** argv) {
   CLI::App app{"dflash: train DFlash block-diffusion drafters for speculative decoding"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "dflash 0.1.0");
+  // Options of any subcommand can come from a TOML/INI file, in a section named after it ([train] ...); options
+  // on the command line win. `--config` may be written after the subcommand (fallthrough).
+  app.set_config("--config", "", "TOML/INI file of options, one [section] per subcommand, e.g. [train]");
+  app.fallthrough();
   dflash::cli::register_prepare(app);
   dflash::cli::register_train(app);
   dflash::cli::register_eval(app);
