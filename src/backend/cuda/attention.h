@@ -1,0 +1,65 @@
+// backend/cuda/attention.h — the shared forward attention kernel's parameters and launcher (attention_fwd.cu),
+// used by attention_causal.cu and dflash_attention.cu, and the tile-size rules of every attention kernel.
+// defines: AttnFwdParams, launch_attention_forward, head_dim_bucket, attn_rows_per_cta, smem sizes
+//
+// The forward kernel computes, for each query row (query t, head h, kv head g = h / (nh/nkv)), the softmax
+// attention over at most two key segments held in separate tensors:
+//   segment 1: keys k1/v1 rows [0, hi1(row))                    (causal keys / DFlash context prefix)
+//   segment 2: keys k2/v2 rows [lo2(row), hi2(row))             (DFlash: the B keys of the query's own block)
+// with FlashAttention-2's online softmax (Dao 2023) over key tiles staged in shared memory: never a Tq x Tk
+// buffer. A row that sees no key outputs zeros and lse = -inf. Rows of one CTA are (query, head) pairs of one kv
+// head, so GQA heads share each K/V tile.
+#pragma once
+#include <string>
+
+#include "backend/cuda/ops.h"
+
+namespace dflash::cuda {
+
+enum AttnMode : int { kAttnCausal = 0, kAttnDFlash = 1 };
+
+struct AttnFwdParams {
+  const void* q;   // [Tq, nh, d] BF16
+  const void* k1;  // [T1, nkv, d] BF16
+  const void* v1;
+  const void* k2;  // [T2, nkv, d] BF16 or null (no segment 2)
+  const void* v2;
+  void* out;       // [Tq, nh, d] BF16
+  float* lse;      // [Tq, nh] F32 or null
+  int Tq, nh, nkv, d, T1, T2;
+  int hc;          // query heads per CTA (a divisor of nh / nkv)
+  int mq;          // queries per CTA (rows per CTA = mq * hc <= attn_rows_per_cta(D))
+  int nk;          // keys per shared-memory tile
+  float scale;
+  int mode;        // AttnMode
+  int q_offset;    // causal: query t sees keys [0, q_offset + t]
+  const int* anchors;      // DFlash [N] (device)
+  const unsigned char* valid;  // DFlash [N] (device)
+  int B, N;                // DFlash block size and number of blocks (S = T1)
+  int* err;
+};
+
+// Head-dim bucket D (64, 128 or 256) the kernels are compiled for; any d <= D runs in bucket D. 0 if d > 256.
+inline int head_dim_bucket(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : (d <= 256 ? 256 : 0)); }
+// Query rows per CTA in the forward and dQ kernels: 32 fp32 accumulators per thread of 128 threads.
+inline int attn_rows_per_cta(int D) { return 4096 / D; }
+// Keys per CTA in the dK/dV kernel: 32 accumulators each for dK and dV per thread.
+inline int attn_keys_per_cta(int D) { return 4096 / D; }
+constexpr int kAttnThreads = 128;
+
+size_t attn_fwd_smem(int D, int nk);
+size_t attn_dq_smem(int D, int nk);
+size_t attn_dkv_smem(int D, int mc);
+// Largest key tile nk in {64, 32, 16} whose forward (dq) kernel fits smem_limit; 0 if none.
+int choose_fwd_nk(int D, int smem_limit);
+int choose_dq_nk(int D, int smem_limit);
+// Largest query chunk mc in {64, 32, 16, 8} whose dK/dV kernel fits smem_limit; 0 if none.
+int choose_dkv_mc(int D, int smem_limit);
+
+// Picks hc / mq for the problem (p.nh, p.nkv) and head-dim bucket, chooses nk from e.smem_limit and launches.
+// p.hc, p.mq, p.nk are filled in here.
+void launch_attention_forward(Env& e, AttnFwdParams p);
+// Sets the dynamic-shared-memory attribute of the backward kernels (dflash_attention.cu).
+void dflash_backward_init_attributes(int smem_optin);
+
+}  // namespace dflash::cuda

@@ -1,0 +1,81 @@
+// backend/cuda/common.cuh — what every CUDA op file shares.
+// defines: check_launch, DFLASH_LAUNCH, DFLASH_DYN_SMEM, DFLASH_UNROLL,
+//          bf16 <-> float helpers, warp / block reductions, grid sizing
+//
+// The kernels are written in a small subset of CUDA C++ (no <<< >>> outside DFLASH_LAUNCH, shared memory only via
+// __shared__ arrays of plain types or DFLASH_DYN_SMEM, full-warp shuffles) so that the same files also compile as
+// plain C++ against tests/cuda/emu/cuda_emu.h (DFLASH_CUDA_EMU), which runs them on the CPU with one fiber per
+// CUDA thread. That is how they were first validated against the CPU ops on a machine without a GPU.
+#pragma once
+#include <cstdint>
+
+#ifdef DFLASH_CUDA_EMU
+#include "cuda_emu.h"
+#else
+#include <cublasLt.h>      // defines: cuBLASLt
+#include <cuda_bf16.h>     // defines: __nv_bfloat16, __float2bfloat16, __bfloat162float
+#include <cuda_runtime.h>  // defines: the runtime API, dim3, threadIdx...
+#define DFLASH_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<(grid), (block), (smem), (stream)>>>
+#define DFLASH_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#define DFLASH_UNROLL _Pragma("unroll")
+#endif
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
+
+namespace dflash::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Throws if the last launch failed (bad configuration, too much shared memory, ...).
+inline void check_launch(const char* kernel) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail(cat("CUDA kernel ", kernel, " failed to launch: ", cudaGetErrorString(e)));
+}
+
+// Blocks for a grid-stride loop over n items with `threads` per block: enough to fill the device, never more
+// than needed.
+inline unsigned grid_for(int64_t n, int threads, int num_sms) {
+  const int64_t need = (n + threads - 1) / threads;
+  const int64_t cap = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * 32;
+  const int64_t g = need < cap ? need : cap;
+  return static_cast<unsigned>(g > 0 ? g : 1);
+}
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+template <class T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float x) {
+  return __float2bfloat16(x);  // round to nearest even
+}
+
+template <class V>
+__device__ __forceinline__ V warp_sum(V v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the whole block; every thread gets the result. blockDim.x must be a multiple of 32; every thread of
+// the block must call it (it holds __syncthreads). scratch: 32 entries of shared memory.
+template <class V>
+__device__ __forceinline__ V block_sum(V v, V* scratch) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[w] = v;
+  __syncthreads();
+  V t = lane < nw ? scratch[lane] : V(0);
+  return warp_sum(t);
+}
+
+}  // namespace dflash::cuda

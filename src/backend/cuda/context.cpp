@@ -1,0 +1,373 @@
+// backend/cuda/context.cpp — CudaContext: the CUDA Context and its single dispatch point to the op files
+// (src/backend/cuda/<op>.cu, declared in ops.h).
+//
+// Everything mutable lives in the context (case C01: no process-global mutable state):
+//  * its own non-blocking stream; every op is enqueued on it;
+//  * a stream-ordered memory pool (cudaMemPoolCreate) for its device: tensors are cudaMallocFromPoolAsync'ed on
+//    the stream and their owner's deleter cudaFreeAsync's them on the same stream. Bytes in use and the peak are
+//    counted; memory_limit_bytes (> 0) makes an allocation past the limit throw an Error naming the size asked
+//    for and the current use (case C03). The stream and the pool live in a DeviceState shared with every tensor
+//    allocated from it, so a tensor that outlives its context is still freed correctly;
+//  * a cuBLASLt handle and its 32 MiB workspace, the device error word of the index checks (ops.h), all created in
+//    the constructor (nothing is created lazily). The kernels' shared-memory attribute is set there too, to the
+//    device's opt-in maximum (an idempotent per-function setting, identical from every context).
+// Methods returning host values synchronise the stream and turn device error bits into an Error.
+#include <atomic>
+#include <cstring>
+#include <memory>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
+
+namespace dflash {
+
+namespace {
+
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+// The stream and the memory pool, shared by the context and the deleters of the tensors it allocated.
+struct DeviceState {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cudaMemPool_t pool = nullptr;
+  std::atomic<int64_t> in_use{0}, peak{0};
+  int64_t limit = 0;
+  ~DeviceState() {
+    int old = -1;
+    cudaGetDevice(&old);
+    cudaSetDevice(device);
+    if (stream) cudaStreamSynchronize(stream);
+    if (pool) cudaMemPoolDestroy(pool);
+    if (stream) cudaStreamDestroy(stream);
+    if (old >= 0 && old != device) cudaSetDevice(old);
+  }
+};
+
+struct LtDeleter {
+  void operator()(cublasLtHandle_t h) const {
+    if (h) cublasLtDestroy(h);
+  }
+};
+
+class CudaContext final : public Context {
+ public:
+  CudaContext(const ContextOptions& o, int smem_cap) : dev_(o.device_index) {
+    int n = 0;
+    const cudaError_t ce = cudaGetDeviceCount(&n);
+    DFLASH_CHECK(ce == cudaSuccess && n > 0, "cuda:", dev_, ": no usable CUDA device (",
+                 ce == cudaSuccess ? "device count 0" : cudaGetErrorString(ce), ")");
+    DFLASH_CHECK(dev_ >= 0 && dev_ < n, "cuda:", dev_, ": device index out of range (", n, " devices)");
+    DFLASH_CUDA_CHECK(cudaSetDevice(dev_));
+    cudaDeviceProp prop{};
+    DFLASH_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev_));
+    name_ = prop.name;
+    DFLASH_CHECK(prop.major == 9 && prop.minor == 0, "cuda:", dev_, " (", name_, ", compute capability ", prop.major,
+                 ".", prop.minor, "): this dflash build contains kernels for sm_90a (Hopper, e.g. H100/H200) only");
+    int optin = 0;
+    DFLASH_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev_));
+    st_ = std::make_shared<DeviceState>();
+    st_->device = dev_;
+    st_->limit = o.memory_limit_bytes;
+    DFLASH_CUDA_CHECK(cudaStreamCreateWithFlags(&st_->stream, cudaStreamNonBlocking));
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev_;
+    DFLASH_CUDA_CHECK(cudaMemPoolCreate(&st_->pool, &props));
+    uint64_t keep = UINT64_MAX;  // keep freed memory in the pool (no release at each synchronisation)
+    DFLASH_CUDA_CHECK(cudaMemPoolSetAttribute(st_->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    cublasLtHandle_t h = nullptr;
+    DFLASH_CUBLAS_CHECK(cublasLtCreate(&h));
+    lt_.reset(h);
+    workspace_ = empty(DType::U8, {static_cast<int64_t>(kLtWorkspaceBytes)});
+    err_ = empty(DType::I32, {1});
+    DFLASH_CUDA_CHECK(cudaMemsetAsync(err_.data, 0, sizeof(int), st_->stream));
+    cuda::attention_init_attributes(optin);
+    env_.stream = st_->stream;
+    env_.device = dev_;
+    env_.lt = lt_.get();
+    env_.lt_workspace = workspace_.data;
+    env_.lt_workspace_bytes = kLtWorkspaceBytes;
+    env_.err_flag = err_.ptr<int>();
+    env_.smem_limit = smem_cap > 0 ? std::min(smem_cap, optin) : optin;
+    env_.num_sms = prop.multiProcessorCount;
+    env_.alloc = [this](DType t, Shape s) { return empty(t, std::move(s)); };
+    DFLASH_CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+  }
+
+  ~CudaContext() override {
+    cudaSetDevice(dev_);
+    cudaStreamSynchronize(st_->stream);
+    workspace_ = Tensor{};
+    err_ = Tensor{};
+    lt_.reset();
+  }
+
+  Device device() const override { return Device::CUDA; }
+  DType compute_dtype() const override { return DType::BF16; }
+  DType param_dtype() const override { return DType::F32; }
+  std::string describe() const override { return cat("cuda:", dev_, " ", name_); }
+
+  // ---- memory -------------------------------------------------------------------------------------------------
+  Tensor empty(DType t, Shape s) override {
+    use();
+    Tensor x;
+    x.dtype = t;
+    x.device = Device::CUDA;
+    x.shape = std::move(s);
+    for (int64_t d : x.shape) DFLASH_CHECK(d >= 0, "cuda: negative dimension in shape ", shape_str(x.shape));
+    const int64_t bytes = std::max<int64_t>(256, (static_cast<int64_t>(x.nbytes()) + 255) / 256 * 256);
+    const int64_t now = st_->in_use.load();
+    if (st_->limit > 0 && now + bytes > st_->limit)
+      DFLASH_FAIL("cuda:", dev_, ": allocating ", bytes, " bytes for ", dtype_name(t), " ", shape_str(x.shape),
+                  " would exceed the memory limit of ", st_->limit, " bytes (", now, " bytes in use, peak ",
+                  st_->peak.load(), ")");
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocFromPoolAsync(&p, static_cast<size_t>(bytes), st_->pool, st_->stream);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear the (non-sticky) allocation error
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      DFLASH_FAIL("cuda:", dev_, ": out of device memory allocating ", bytes, " bytes for ", dtype_name(t), " ",
+                  shape_str(x.shape), " (", now, " bytes in use by this context, ", free_b, " of ", total_b,
+                  " bytes free on the device): ", cudaGetErrorString(e));
+    }
+    const int64_t after = st_->in_use.fetch_add(bytes) + bytes;
+    int64_t pk = st_->peak.load();
+    while (after > pk && !st_->peak.compare_exchange_weak(pk, after)) {
+    }
+    std::shared_ptr<DeviceState> keep = st_;
+    x.owner = std::shared_ptr<void>(p, [keep, bytes](void* q) {
+      int old = -1;
+      cudaGetDevice(&old);
+      if (old != keep->device) cudaSetDevice(keep->device);
+      cudaFreeAsync(q, keep->stream);
+      if (old >= 0 && old != keep->device) cudaSetDevice(old);
+      keep->in_use.fetch_sub(bytes);
+    });
+    x.data = p;
+    return x;
+  }
+
+  void zero(const Tensor& t) override {
+    use();
+    DFLASH_CHECK(t.device == Device::CUDA, "cuda context: zero() of a ", device_name(t.device), " tensor");
+    if (t.nbytes()) DFLASH_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), st_->stream));
+  }
+
+  void copy(const Tensor& dst, const Tensor& src) override {
+    use();
+    DFLASH_CHECK(dst.numel() == src.numel(), "copy: ", shape_str(src.shape), " -> ", shape_str(dst.shape));
+    if (src.numel() == 0) return;
+    const bool dd = dst.device == Device::CUDA, sd = src.device == Device::CUDA;
+    cudaStream_t s = st_->stream;
+    if (!dd && !sd) {
+      host_copy(dst, src);
+    } else if (dd && sd) {
+      cuda::convert(env_, dst, src);
+    } else if (dd) {  // host -> device
+      if (src.dtype == dst.dtype) {
+        // from pageable memory the call returns once the source has been staged: src may be freed after it
+        DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyHostToDevice, s));
+        return;
+      }
+      DFLASH_CHECK(dst.dtype == DType::F32 || dst.dtype == DType::BF16, "copy to cuda: unsupported conversion ",
+                   dtype_name(src.dtype), " -> ", dtype_name(dst.dtype));
+      const Tensor h32 = src.dtype == DType::F32 ? src : cpu_to_f32(src);  // F64/F16/BF16 -> F32 on the host
+      if (dst.dtype == DType::F32) {
+        DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst.data, h32.data, h32.nbytes(), cudaMemcpyHostToDevice, s));
+      } else {
+        Tensor tmp = empty(DType::F32, src.shape);
+        DFLASH_CUDA_CHECK(cudaMemcpyAsync(tmp.data, h32.data, h32.nbytes(), cudaMemcpyHostToDevice, s));
+        cuda::convert(env_, dst, tmp);
+      }
+    } else {  // device -> host
+      if (src.dtype == dst.dtype) {
+        DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToHost, s));
+        DFLASH_CUDA_CHECK(cudaStreamSynchronize(s));
+        return;
+      }
+      if (dst.dtype == DType::F32 || dst.dtype == DType::BF16) {
+        Tensor tmp = empty(dst.dtype, src.shape);
+        cuda::convert(env_, tmp, src);
+        DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst.data, tmp.data, tmp.nbytes(), cudaMemcpyDeviceToHost, s));
+        DFLASH_CUDA_CHECK(cudaStreamSynchronize(s));
+      } else if (dst.dtype == DType::F64 && (src.dtype == DType::F32 || src.dtype == DType::BF16)) {
+        Tensor h = cpu_empty(DType::F32, src.shape);
+        copy(h, src);
+        host_copy(dst, h);
+      } else {
+        DFLASH_FAIL("copy from cuda: unsupported conversion ", dtype_name(src.dtype), " -> ", dtype_name(dst.dtype));
+      }
+    }
+  }
+
+  void synchronize() override {
+    use();
+    DFLASH_CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+    check_device_errors();
+  }
+  MemoryStats memory() const override { return {st_->in_use.load(), st_->peak.load(), st_->limit}; }
+  void reset_peak_memory() override { st_->peak.store(st_->in_use.load()); }
+
+  // ---- ops: the dispatch point ----------------------------------------------------------------------------------
+  void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta) override {
+    use();
+    cuda::linear(env_, x, w, b, y, beta);
+  }
+  void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
+    use();
+    cuda::linear_dx(env_, dy, w, dx, beta);
+  }
+  void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) override {
+    use();
+    cuda::linear_dw(env_, dy, x, dw, db);
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
+    use();
+    cuda::rmsnorm(env_, x, w, eps, y, rstd);
+  }
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                        const Tensor& dw, float beta) override {
+    use();
+    cuda::rmsnorm_backward(env_, dy, x, w, rstd, dx, dw, beta);
+  }
+  void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
+    use();
+    cuda::rope(env_, x, on_device(pos), on_device(inv_freq), inverse);
+  }
+  void silu_mul(const Tensor& g, const Tensor& u, const Tensor& out) override {
+    use();
+    cuda::silu_mul(env_, g, u, out);
+  }
+  void silu_mul_backward(const Tensor& dout, const Tensor& g, const Tensor& u, const Tensor& dg,
+                         const Tensor& du) override {
+    use();
+    cuda::silu_mul_backward(env_, dout, g, u, dg, du);
+  }
+  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+    use();
+    cuda::embedding(env_, table, on_device(ids), out);
+  }
+  void add(const Tensor& y, const Tensor& x, float alpha) override {
+    use();
+    cuda::add(env_, y, x, alpha);
+  }
+  void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
+    use();
+    cuda::copy_columns(env_, dst, src, col0);
+  }
+  void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
+    use();
+    cuda::gather_columns(env_, dst, src, col0);
+  }
+  void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) override {
+    use();
+    cuda::gather_rows(env_, dst, src, on_device(rows));
+  }
+  void argmax(const Tensor& x, const Tensor& out) override {
+    use();
+    cuda::argmax(env_, x, out);
+  }
+  void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
+                        float scale) override {
+    use();
+    cuda::attention_causal(env_, q, k, v, out, q_offset, scale);
+  }
+  void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
+    use();
+    cuda::dflash_attention(env_, on_device(a), out, lse);
+  }
+  void dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                 const Tensor& dq, const Tensor& dkc, const Tensor& dvc, const Tensor& dkb,
+                                 const Tensor& dvb) override {
+    use();
+    cuda::dflash_attention_backward(env_, on_device(a), out, lse, dout, dq, dkc, dvc, dkb, dvb);
+  }
+  LossStats lm_head_loss(const LossArgs& a) override {
+    use();
+    LossArgs d = a;
+    d.rows = on_device(a.rows);
+    d.labels = on_device(a.labels);
+    d.weights = on_device(a.weights);
+    LossStats st = cuda::lm_head_loss(env_, d);
+    check_device_errors();
+    return st;
+  }
+  void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
+             const Tensor& pc) override {
+    use();
+    cuda::adamw(env_, p, g, m, v, a, pc);
+  }
+  double sum_squares(const Tensor& x) override {
+    use();
+    const double s = cuda::sum_squares(env_, x);
+    check_device_errors();
+    return s;
+  }
+
+ private:
+  void use() const { DFLASH_CUDA_CHECK(cudaSetDevice(dev_)); }
+
+  // Index / small host tensors passed to an op are uploaded first (ops read them on the device).
+  Tensor on_device(const Tensor& t) {
+    if (!t.defined() || t.device == Device::CUDA) return t;
+    return to_device(t);
+  }
+  DFlashAttnArgs on_device(const DFlashAttnArgs& a) {
+    DFlashAttnArgs d = a;
+    d.anchors = on_device(a.anchors);
+    d.valid = on_device(a.valid);
+    return d;
+  }
+
+  void check_device_errors() {
+    int h = 0;
+    DFLASH_CUDA_CHECK(cudaMemcpyAsync(&h, err_.data, sizeof(int), cudaMemcpyDeviceToHost, st_->stream));
+    DFLASH_CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+    if (h != 0) {
+      DFLASH_CUDA_CHECK(cudaMemsetAsync(err_.data, 0, sizeof(int), st_->stream));
+      DFLASH_CUDA_CHECK(cudaStreamSynchronize(st_->stream));
+      DFLASH_FAIL("cuda:", dev_, ": invalid input found on the device: ", cuda::describe_error_bits(h));
+    }
+  }
+
+  static void host_copy(const Tensor& dst, const Tensor& src) {
+    if (dst.dtype == src.dtype) {
+      if (dst.data != src.data) std::memmove(dst.data, src.data, src.nbytes());
+      return;
+    }
+    const std::vector<float> v = to_f32_vector(src);  // F32 / BF16 / F16 / F64 sources
+    if (dst.dtype == DType::F32) {
+      std::memcpy(dst.data, v.data(), v.size() * sizeof(float));
+    } else if (dst.dtype == DType::F64) {
+      double* d = dst.ptr<double>();
+      for (size_t i = 0; i < v.size(); ++i) d[i] = v[i];
+    } else if (dst.dtype == DType::BF16) {
+      uint16_t* d = dst.ptr<uint16_t>();
+      for (size_t i = 0; i < v.size(); ++i) d[i] = f32_to_bf16(v[i]);
+    } else {
+      DFLASH_FAIL("copy: unsupported conversion ", dtype_name(src.dtype), " -> ", dtype_name(dst.dtype));
+    }
+  }
+
+  int dev_;
+  std::string name_;
+  std::shared_ptr<DeviceState> st_;
+  std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, LtDeleter> lt_;
+  Tensor workspace_, err_;
+  cuda::Env env_;
+};
+
+}  // namespace
+
+std::unique_ptr<Context> make_cuda_context(const ContextOptions& o) { return std::make_unique<CudaContext>(o, 0); }
+
+namespace cuda {
+std::unique_ptr<Context> make_cuda_context_for_test(const ContextOptions& o, int smem_cap_bytes) {
+  return std::make_unique<CudaContext>(o, smem_cap_bytes);
+}
+}  // namespace cuda
+
+}  // namespace dflash

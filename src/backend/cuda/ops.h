@@ -1,0 +1,111 @@
+// backend/cuda/ops.h — the CUDA implementations of the Context ops (one .cu file per op) and the Env they run in.
+// defines: dflash::cuda::Env, the op functions, error bits of device-side checks, attention configuration
+//          queries, make_cuda_context_for_test
+//
+// Every op takes an Env (what it needs from its CudaContext: the stream, the cuBLASLt handle and workspace, the
+// device error word, the shared-memory budget and a stream-ordered allocator) and Tensors on the device. The
+// CudaContext methods in context.cpp are the one dispatch point: they move host index tensors to the device and
+// call these. Shapes and semantics are those documented on Context in backend/context.h; activations are BF16,
+// parameter gradients / saved statistics F32.
+//
+// Index checks that would need a device->host copy (token ids, row indices, labels, anchors) are done on the
+// device: a kernel that meets a bad index writes zeros in its place and sets a bit in *Env::err_flag; the
+// context turns the bits into an Error at its next synchronising call (synchronize, to_host, lm_head_loss,
+// sum_squares).
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#ifdef DFLASH_CUDA_EMU
+#include "cuda_emu.h"  // tests/cuda/emu: runs the kernels on the CPU (see tests/cuda/emu/README.md)
+#else
+#include <cublasLt.h>          // defines: cublasLtHandle_t
+#include <cuda_runtime_api.h>  // defines: cudaStream_t
+#endif
+
+#include "backend/context.h"
+
+namespace dflash::cuda {
+
+enum ErrBits : int {
+  kErrEmbeddingId = 1,   // embedding: token id outside [0, V)
+  kErrGatherRow = 2,     // gather_rows / lm_head_loss: row index outside the source
+  kErrLossLabel = 4,     // lm_head_loss: label outside [0, V)
+  kErrAnchor = 8,        // dflash_attention: a valid block's anchor outside [0, S]
+};
+// "embedding: token id outside [0, V); ..." for the bits set.
+std::string describe_error_bits(int bits);
+
+struct Env {
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;
+  size_t lt_workspace_bytes = 0;
+  int* err_flag = nullptr;         // device int, see ErrBits
+  int smem_limit = 48 * 1024;      // dynamic shared memory one block may use (device opt-in maximum, or lower)
+  int num_sms = 1;
+  std::function<Tensor(DType, Shape)> alloc;  // stream-ordered device allocation (freed on the stream)
+};
+
+// Checks that t is a CUDA tensor of dtype dt (Error naming op and tensor otherwise).
+void check_dev(const char* op, const Tensor& t, const char* name, DType dt);
+void check_on_dev(const char* op, const Tensor& t, const char* name);
+
+// ---- conversions and copies (elementwise.cu) ----------------------------------------------------------------
+void convert(Env& e, const Tensor& dst, const Tensor& src);  // device F32 <-> BF16 (or same dtype: copy)
+
+// ---- dense algebra (linear.cu) ------------------------------------------------------------------------------
+// Row-major C[M,N] = op(A)[M,K] op(B)[K,N] + beta C through cuBLASLt, A and B BF16, fp32 accumulation, C BF16 or
+// F32. op(A) = A^T when ta (A stored [K,M]), likewise B.
+void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+          int64_t ldb, float beta, void* C, DType c_type, int64_t ldc);
+void linear(Env& e, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta);
+void linear_dx(Env& e, const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
+void linear_dw(Env& e, const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
+
+// ---- normalisation, activations, elementwise ----------------------------------------------------------------
+void rmsnorm(Env& e, const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
+void rmsnorm_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw, float beta);
+void rope(Env& e, const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse);
+void silu_mul(Env& e, const Tensor& gate, const Tensor& up, const Tensor& out);
+void silu_mul_backward(Env& e, const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                       const Tensor& dup);
+void embedding(Env& e, const Tensor& table, const Tensor& ids, const Tensor& out);
+void add(Env& e, const Tensor& y, const Tensor& x, float alpha);
+void copy_columns(Env& e, const Tensor& dst, const Tensor& src, int64_t col0);
+void gather_columns(Env& e, const Tensor& dst, const Tensor& src, int64_t col0);
+void gather_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& rows);
+// dst[rows[r], :] = src[r, :]  (the inverse of gather_rows; used by lm_head_loss)
+void scatter_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& rows);
+void argmax(Env& e, const Tensor& x, const Tensor& out);
+double sum_squares(Env& e, const Tensor& x);  // synchronises
+
+// ---- attention ----------------------------------------------------------------------------------------------
+void attention_causal(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      int64_t q_offset, float scale);
+void dflash_attention(Env& e, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse);
+void dflash_attention_backward(Env& e, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
+                               const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
+                               const Tensor& dk_blk, const Tensor& dv_blk);
+// The largest head_dim the attention kernels support, and whether head_dim d can run within smem_limit bytes of
+// shared memory per block (false: `why` says what is missing).
+constexpr int kMaxHeadDim = 256;
+bool attention_supported(int d, int smem_limit, std::string* why);
+// Human-readable tile configuration chosen for head_dim d under smem_limit, e.g. "fwd D128 M32 nk64 (50 KB) ...".
+std::string attention_config(int d, int smem_limit);
+// Sets the kernels' dynamic-shared-memory attribute to smem_optin (called once per context at construction).
+void attention_init_attributes(int smem_optin);
+
+// ---- loss and optimizer -------------------------------------------------------------------------------------
+LossStats lm_head_loss(Env& e, const LossArgs& a);  // synchronises (the stats are host vectors)
+void adamw(Env& e, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a,
+           const Tensor& param_compute);
+
+// A CUDA context whose shared-memory budget is capped at smem_cap_bytes (> 0) instead of the device's opt-in
+// limit: case C07 tests that a valid smaller configuration is chosen.
+std::unique_ptr<Context> make_cuda_context_for_test(const ContextOptions& o, int smem_cap_bytes);
+
+}  // namespace dflash::cuda

@@ -1,0 +1,166 @@
+// cuda/rmsnorm.cu — RMSNorm (Zhang & Sennrich 2019) as in HF Llama/Qwen, over the last dim D of x [R, D]:
+//   forward:  r = 1 / sqrt(mean(x^2) + eps),  y = x r w  (rstd [R] F32 saved when defined; y may alias x)
+//   backward: u = x r,  dw += sum_rows dy * u,  dx = r (dy w - u mean(dy w u)) (+ beta dx)
+// One warp per row (fp32 accumulation). dw uses a deterministic two-stage column reduction (fixed row
+// partitions -> F32 partials -> one ordered sum per column), no float atomics. dw is computed before dx, so dx may
+// alias dy.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+
+namespace dflash::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;  // rows per block in the row kernels
+
+template <class T>
+__global__ void k_rmsnorm(const T* x, const T* __restrict__ w, T* y, float* __restrict__ rstd, int64_t R, int D,
+                          float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= R) return;  // whole warp leaves together; no block barrier below
+  const T* xr = x + row * D;
+  float ss = 0.f;
+  for (int i = lane; i < D; i += 32) {
+    const float v = to_f(xr[i]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  if (rstd != nullptr && lane == 0) rstd[row] = inv;
+  T* yr = y + row * D;
+  for (int i = lane; i < D; i += 32) yr[i] = from_f<T>(to_f(xr[i]) * inv * to_f(w[i]));
+}
+
+template <class T>
+__global__ void k_rmsnorm_dx(const T* dy, const T* __restrict__ x, const T* __restrict__ w,
+                             const float* __restrict__ rstd, T* dx, int64_t R, int D, float beta) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= R) return;
+  const T* g = dy + row * D;
+  const T* xr = x + row * D;
+  const float inv = rstd[row];
+  float dot = 0.f;
+  for (int i = lane; i < D; i += 32) dot += to_f(g[i]) * to_f(w[i]) * to_f(xr[i]) * inv;
+  dot = warp_sum(dot);
+  const float mean = dot / static_cast<float>(D);
+  T* o = dx + row * D;
+  for (int i = lane; i < D; i += 32) {
+    const float v = inv * (to_f(g[i]) * to_f(w[i]) - to_f(xr[i]) * inv * mean);
+    o[i] = from_f<T>(beta == 0.f ? v : v + beta * to_f(o[i]));
+  }
+}
+
+// Stage 1: partial[p, i] = sum over rows r of partition p of dy[r, i] * x[r, i] * rstd[r].
+// grid (ceil(D/32), P), block (32, 8).
+template <class T>
+__global__ void k_rmsnorm_dw_partial(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ rstd,
+                                     int64_t R, int D, int64_t rows_per_part, float* __restrict__ partial) {
+  __shared__ float red[8][33];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_part;
+  const int64_t r1 = r0 + rows_per_part < R ? r0 + rows_per_part : R;
+  float acc = 0.f;
+  if (col < D)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += to_f(dy[r * D + col]) * to_f(x[r * D + col]) * rstd[r];
+  red[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < D) {
+    float s = 0.f;
+    for (int k = 0; k < 8; ++k) s += red[k][threadIdx.x];
+    partial[static_cast<int64_t>(blockIdx.y) * D + col] = s;
+  }
+}
+
+// Stage 2: dw[i] += sum_p partial[p, i] (in order of p).
+__global__ void k_colsum_final(const float* __restrict__ partial, int P, int D, float* __restrict__ dw) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= D) return;
+  float s = 0.f;
+  for (int p = 0; p < P; ++p) s += partial[static_cast<int64_t>(p) * D + col];
+  dw[col] += s;
+}
+
+template <class T>
+void launch_forward(Env& e, const Tensor& x, const Tensor& w, const Tensor& y, float* rs, int64_t R, int D, float eps) {
+  const unsigned g = static_cast<unsigned>((R + kWarps - 1) / kWarps);
+  DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm<T>)(static_cast<const T*>(x.data), static_cast<const T*>(w.data),
+                                                            static_cast<T*>(y.data), rs, R, D, eps);
+  check_launch("rmsnorm");
+}
+
+template <class T>
+void launch_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                     const Tensor& dw, float beta, int64_t R, int D) {
+  const T* dyp = static_cast<const T*>(dy.data);
+  const T* xp = static_cast<const T*>(x.data);
+  if (dw.defined()) {
+    const int64_t P = std::max<int64_t>(1, std::min<int64_t>(512, (R + 63) / 64));
+    const int64_t rpp = (R + P - 1) / P;
+    Tensor partial = e.alloc(DType::F32, {P, D});
+    const dim3 grid(static_cast<unsigned>((D + 31) / 32), static_cast<unsigned>(P));
+    DFLASH_LAUNCH(grid, dim3(32, 8), 0, e.stream, k_rmsnorm_dw_partial<T>)(dyp, xp, rstd.ptr<float>(), R, D, rpp,
+                                                                           partial.ptr<float>());
+    check_launch("rmsnorm_dw_partial");
+    DFLASH_LAUNCH((D + 255) / 256, 256, 0, e.stream, k_colsum_final)(partial.ptr<float>(), static_cast<int>(P), D,
+                                                                     dw.ptr<float>());
+    check_launch("rmsnorm_dw_final");
+  }
+  const unsigned g = static_cast<unsigned>((R + kWarps - 1) / kWarps);
+  DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm_dx<T>)(dyp, xp, static_cast<const T*>(w.data), rstd.ptr<float>(),
+                                                               static_cast<T*>(dx.data), R, D, beta);
+  check_launch("rmsnorm_dx");
+}
+
+}  // namespace
+
+void rmsnorm(Env& e, const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
+  check_on_dev("rmsnorm", x, "x");
+  check_dev("rmsnorm", w, "w", x.dtype);
+  check_dev("rmsnorm", y, "y", x.dtype);
+  const int64_t D = x.dim(-1), R = x.rows();
+  DFLASH_CHECK(w.numel() == D && y.numel() == x.numel(), "rmsnorm: x ", shape_str(x.shape), " w ", shape_str(w.shape),
+               " y ", shape_str(y.shape));
+  float* rs = nullptr;
+  if (rstd.defined()) {
+    check_dev("rmsnorm", rstd, "rstd", DType::F32);
+    DFLASH_CHECK(rstd.numel() == R, "rmsnorm: rstd ", shape_str(rstd.shape), " for ", R, " rows");
+    rs = rstd.ptr<float>();
+  }
+  if (R == 0 || D == 0) return;
+  if (x.dtype == DType::BF16)
+    launch_forward<bf16>(e, x, w, y, rs, R, static_cast<int>(D), eps);
+  else if (x.dtype == DType::F32)
+    launch_forward<float>(e, x, w, y, rs, R, static_cast<int>(D), eps);
+  else
+    DFLASH_FAIL("rmsnorm (cuda): dtype ", dtype_name(x.dtype), " (BF16 or F32)");
+}
+
+void rmsnorm_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dw, float beta) {
+  const char* op = "rmsnorm_backward";
+  check_on_dev(op, x, "x");
+  check_dev(op, dy, "dy", x.dtype);
+  check_dev(op, w, "w", x.dtype);
+  check_dev(op, dx, "dx", x.dtype);
+  check_dev(op, rstd, "rstd", DType::F32);
+  const int64_t D = x.dim(-1), R = x.rows();
+  DFLASH_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && rstd.numel() == R && w.numel() == D, op,
+               ": shapes dy ", shape_str(dy.shape), " x ", shape_str(x.shape), " dx ", shape_str(dx.shape), " rstd ",
+               shape_str(rstd.shape));
+  if (dw.defined()) {
+    check_dev(op, dw, "dw", DType::F32);
+    DFLASH_CHECK(dw.numel() == D, op, ": dw ", shape_str(dw.shape));
+  }
+  if (R == 0 || D == 0) return;
+  if (x.dtype == DType::BF16)
+    launch_backward<bf16>(e, dy, x, w, rstd, dx, dw, beta, R, static_cast<int>(D));
+  else if (x.dtype == DType::F32)
+    launch_backward<float>(e, dy, x, w, rstd, dx, dw, beta, R, static_cast<int>(D));
+  else
+    DFLASH_FAIL("rmsnorm_backward (cuda): dtype ", dtype_name(x.dtype), " (BF16 or F32)");
+}
+
+}  // namespace dflash::cuda

@@ -1,0 +1,57 @@
+// cuda/rope.cu — rotate-half RoPE (Su et al. 2021; HF Llama/Qwen layout), in place on x [T, heads, d]:
+//   for i < d/2, t = pos * inv_freq[i] (formed in fp32, as transformers does):
+//   (x_i, x_{i+d/2}) -> (x_i cos t - x_{i+d/2} sin t, x_{i+d/2} cos t + x_i sin t);  inverse: rotate by -t.
+// One thread per (token, head, i); cos/sin are the accurate cosf/sinf (full range reduction: positions reach
+// thousands of radians). Math in fp32, stored in x's dtype (BF16 or F32).
+#include "backend/cuda/common.cuh"
+
+namespace dflash::cuda {
+
+namespace {
+
+template <class T>
+__global__ void k_rope(T* __restrict__ x, const int* __restrict__ pos, const float* __restrict__ inv_freq, int64_t Tn,
+                       int heads, int half, float sgn) {
+  const int64_t n = Tn * heads * half;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const int64_t th = idx / half;  // token * heads + head
+    const int64_t t = th / heads;
+    const float ang = static_cast<float>(pos[t]) * inv_freq[i];
+    const float c = cosf(ang), s = sgn * sinf(ang);
+    T* v = x + th * (2 * half);
+    const float a = to_f(v[i]), b = to_f(v[i + half]);
+    v[i] = from_f<T>(a * c - b * s);
+    v[i + half] = from_f<T>(b * c + a * s);
+  }
+}
+
+}  // namespace
+
+void rope(Env& e, const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) {
+  check_on_dev("rope", x, "x");
+  check_dev("rope", pos, "pos", DType::I32);
+  check_dev("rope", inv_freq, "inv_freq", DType::F32);
+  DFLASH_CHECK(x.ndim() == 3, "rope: x must be [T, heads, d], got ", shape_str(x.shape));
+  const int64_t Tn = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
+  DFLASH_CHECK(d % 2 == 0, "rope: head_dim ", d, " is odd");
+  DFLASH_CHECK(pos.numel() == Tn, "rope: pos must be I32 [", Tn, "], got ", shape_str(pos.shape));
+  DFLASH_CHECK(inv_freq.numel() == half, "rope: inv_freq has ", inv_freq.numel(), " entries, head_dim ", d);
+  const int64_t n = Tn * heads * half;
+  if (n == 0) return;
+  const float sgn = inverse ? -1.f : 1.f;
+  const unsigned g = grid_for(n, 256, e.num_sms);
+  if (x.dtype == DType::BF16) {
+    DFLASH_LAUNCH(g, 256, 0, e.stream, k_rope<bf16>)(static_cast<bf16*>(x.data), pos.ptr<int>(), inv_freq.ptr<float>(),
+                                                     Tn, static_cast<int>(heads), static_cast<int>(half), sgn);
+  } else if (x.dtype == DType::F32) {
+    DFLASH_LAUNCH(g, 256, 0, e.stream, k_rope<float>)(x.ptr<float>(), pos.ptr<int>(), inv_freq.ptr<float>(), Tn,
+                                                      static_cast<int>(heads), static_cast<int>(half), sgn);
+  } else {
+    DFLASH_FAIL("rope (cuda): dtype ", dtype_name(x.dtype), " (BF16 or F32)");
+  }
+  check_launch("rope");
+}
+
+}  // namespace dflash::cuda

@@ -1,0 +1,819 @@
+// tests/cuda/test_ops.cpp — the CUDA backend against the CPU backend (built only with CUDA: dflash_cuda_tests).
+//  * a table of op cases (ggml test-backend-ops style): each case builds random inputs (rounded to bf16 so every
+//    backend sees the same values; never zeros), poisons the outputs with NaN, runs the op on "cpu64" (fp64: the
+//    reference), "cpu" (fp32) and CUDA (bf16 activations), and compares:
+//      2x   : max_i (|cuda_i - ref_i| - r |ref_i|) <= 2 max_i |cpu_i - ref_i| + 8 2^-24 sqrt(n) max|ref|
+//             (FlashAttention's rule: at most twice the error of a plain fp32 implementation; r = 2^-8 is the bf16
+//             output rounding for BF16 outputs, 0 for F32 outputs; the last term is an fp32 accumulation floor over
+//             the n terms reduced, since the CPU op accumulates in double and its own error underestimates fp32's)
+//      exact: GEMM-like ops on small integers (exact in bf16 and in fp32 accumulation): equal to the CPU's result
+//             rounded to the output dtype (CUTLASS's rule);
+//      nmse : normalized MSE sum (cuda - ref)^2 / sum ref^2 <= 2 nmse(cpu) + tol, for reductions through a BF16
+//             intermediate (ggml's rule), tol stated per case.
+//  * the whole tiny drafter of tests/test_drafter.cpp on CPU and CUDA: loss, every gradient, a 20-step training run;
+//  * case C01 (4 contexts on 4 threads at once = the same steps one at a time, bitwise), C03 (memory limit, linear
+//    attention workspace), C05 (one-tile problems), C07 (a capped shared-memory budget), device-side index errors.
+// A compact table of every comparison is printed at the end. Built with -DDFLASH_CUDA_EMU (tests/cuda/emu/run.sh)
+// the same tests run on the CPU kernel emulator with smaller shapes.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include "backend/context.h"
+#include "backend/cuda/ops.h"
+#include "core/rng.h"
+#include "model/drafter.h"
+#include "train/draft_batch.h"
+#include "train/optimizer.h"
+
+using namespace dflash;
+
+namespace {
+
+#ifdef DFLASH_CUDA_EMU
+constexpr bool kEmu = true;  // the CPU kernel emulator: same cases, smaller shapes
+#else
+constexpr bool kEmu = false;
+#endif
+
+// ---- the result table ---------------------------------------------------------------------------------------------
+struct Row {
+  std::string name;
+  double err, tol;
+  bool pass;
+};
+std::mutex g_rows_mu;
+std::vector<Row> g_rows;
+
+bool record(const std::string& name, double err, double tol, bool pass) {
+  std::lock_guard<std::mutex> lk(g_rows_mu);
+  g_rows.push_back({name, err, tol, pass});
+  return pass;
+}
+
+class TablePrinter : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    int fails = 0;
+    std::printf("\n==== CUDA backend checks (%zu) ====\n", g_rows.size());
+    std::printf("%-74s %-11s %-11s %s\n", "case", "max error", "tolerance", "result");
+    for (const Row& r : g_rows) {
+      std::printf("%-74s %-11.3e %-11.3e %s\n", r.name.substr(0, 74).c_str(), r.err, r.tol, r.pass ? "PASS" : "FAIL");
+      fails += !r.pass;
+    }
+    std::printf("==== %d of %zu checks failed ====\n", fails, g_rows.size());
+  }
+};
+[[maybe_unused]] ::testing::Environment* const g_env = ::testing::AddGlobalTestEnvironment(new TablePrinter);
+
+// ---- contexts -----------------------------------------------------------------------------------------------------
+std::unique_ptr<Context> gpu_context(int smem_cap = 0, int64_t limit = 0) {
+  ContextOptions o;
+  o.memory_limit_bytes = limit;
+  return cuda::make_cuda_context_for_test(o, smem_cap);
+}
+struct Backends {
+  std::unique_ptr<Context> c64 = make_context("cpu64"), c32 = make_context("cpu"), gpu = gpu_context();
+  static Backends& get() {
+    static Backends b;
+    return b;
+  }
+};
+
+// ---- inputs and outputs -------------------------------------------------------------------------------------------
+// Host F32 tensor of N(mean, sd) values rounded to bf16 (exactly representable on every backend).
+Tensor rnd(Shape s, uint64_t seed, double sd = 1.0, double mean = 0.0) {
+  Rng r(seed, RngPurpose::Test);
+  Tensor t = cpu_empty(DType::F32, std::move(s));
+  for (float& x : t.span<float>()) x = round_bf16(static_cast<float>(mean + r.normal() * sd));
+  return t;
+}
+// Host F32 tensor of integers in [lo, hi], never all zero.
+Tensor rint(Shape s, uint64_t seed, int lo, int hi) {
+  Rng r(seed, RngPurpose::Test);
+  Tensor t = cpu_empty(DType::F32, std::move(s));
+  for (float& x : t.span<float>()) x = static_cast<float>(lo + static_cast<int>(r.below(static_cast<uint64_t>(hi - lo + 1))));
+  if (t.numel()) t.ptr<float>()[0] = static_cast<float>(hi);
+  return t;
+}
+// A copy of host tensor h on c in c's activation dtype (act) or parameter dtype.
+Tensor put(Context& c, const Tensor& h, bool act = true) {
+  return c.to_device(cpu_clone(h), act ? c.compute_dtype() : c.param_dtype());
+}
+Tensor put_raw(Context& c, const Tensor& h) { return c.to_device(cpu_clone(h)); }  // I32 / U8 / F32 as they are
+Tensor put_i32(Context& c, const std::vector<int32_t>& v) {
+  return c.to_device(cpu_tensor_i32(v, {static_cast<int64_t>(v.size())}));
+}
+Tensor put_u8(Context& c, const std::vector<uint8_t>& v) {
+  Tensor t = cpu_empty(DType::U8, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.ptr<uint8_t>());
+  return c.to_device(t);
+}
+// An output tensor on c filled with NaN (so an element the op forgets to write is caught).
+Tensor nan_out(Context& c, Shape s, bool act = true) {
+  Tensor h = cpu_empty(DType::F32, s);
+  for (float& x : h.span<float>()) x = std::numeric_limits<float>::quiet_NaN();
+  return c.to_device(h, act ? c.compute_dtype() : c.param_dtype());
+}
+std::vector<double> get(Context& c, const Tensor& t) {
+  Tensor h = c.to_host(t);
+  std::vector<double> v(static_cast<size_t>(h.numel()));
+  if (h.dtype == DType::F64) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = h.ptr<double>()[i];
+  } else if (h.dtype == DType::I32) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = h.ptr<int32_t>()[i];
+  } else {
+    const auto f = to_f32_vector(h);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = f[i];
+  }
+  return v;
+}
+double max_abs(const std::vector<double>& a) {
+  double m = 0;
+  for (double x : a)
+    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  return m;
+}
+double round_bf16d(double x) { return round_bf16(static_cast<float>(x)); }
+
+// ---- comparisons --------------------------------------------------------------------------------------------------
+enum class Kind { TwoX, Exact, Nmse };
+struct Out {
+  std::string name;
+  Kind kind = Kind::TwoX;
+  bool act = true;      // BF16 output on CUDA
+  double n = 1;         // terms reduced per output element (fp32 accumulation floor)
+  double nmse_tol = 0;  // Kind::Nmse
+};
+
+// Compares output o of the three runs; records and returns pass.
+bool compare(const std::string& cname, const Out& o, const std::vector<double>& gpu, const std::vector<double>& c32,
+             const std::vector<double>& ref) {
+  const std::string name = cname + " " + o.name;
+  if (gpu.size() != ref.size() || c32.size() != ref.size()) return record(name + " (size)", 1, 0, false);
+  bool finite_ok = true;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(gpu[i]) && !std::isnan(ref[i])) finite_ok = false;
+    if (std::isinf(ref[i]) || std::isinf(gpu[i]))
+      if (gpu[i] != ref[i]) finite_ok = false;  // -inf lse of a row that sees nothing must be exactly -inf
+  }
+  const double mref = max_abs(ref);
+  if (o.kind == Kind::Exact) {
+    double err = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double want = o.act ? round_bf16d(c32[i]) : c32[i];
+      if (std::isfinite(want)) err = std::max(err, std::fabs(gpu[i] - want));
+    }
+    const bool ok = finite_ok && err == 0;
+    EXPECT_TRUE(ok) << name << ": max |cuda - cpu| = " << err;
+    return record(name, finite_ok ? err : INFINITY, 0, ok);
+  }
+  if (o.kind == Kind::Nmse) {
+    double num_g = 0, num_c = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      if (!std::isfinite(ref[i])) continue;
+      num_g += (gpu[i] - ref[i]) * (gpu[i] - ref[i]);
+      num_c += (c32[i] - ref[i]) * (c32[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    den = std::max(den, 1e-300);
+    const double err = num_g / den, tol = 2 * num_c / den + o.nmse_tol;
+    const bool ok = finite_ok && err <= tol;
+    EXPECT_TRUE(ok) << name << ": nmse " << err << " > " << tol;
+    return record(name + " [nmse]", finite_ok ? err : INFINITY, tol, ok);
+  }
+  const double r = o.act ? std::ldexp(1.0, -8) : 0.0;
+  double base = 0, err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(ref[i])) continue;
+    base = std::max(base, std::fabs(c32[i] - ref[i]));
+    err = std::max(err, std::fabs(gpu[i] - ref[i]) - r * std::fabs(ref[i]));
+  }
+  const double tol = 2 * base + 8 * std::ldexp(1.0, -24) * std::sqrt(std::max(1.0, o.n)) * mref + 1e-30;
+  const bool ok = finite_ok && err <= tol;
+  EXPECT_TRUE(ok) << name << ": error " << err << " > tolerance " << tol;
+  return record(name, finite_ok ? err : INFINITY, tol, ok);
+}
+
+// Runs `run` on cpu64, cpu and CUDA; each returns its outputs (as doubles) in the order of `outs`.
+using Outs = std::vector<std::vector<double>>;
+using RunFn = std::function<Outs(Context&)>;
+void check_case(const std::string& cname, const std::vector<Out>& outs, const RunFn& run) {
+  Backends& b = Backends::get();
+  const auto ref = run(*b.c64), c32 = run(*b.c32), gpu = run(*b.gpu);
+  ASSERT_EQ(ref.size(), outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) compare(cname, outs[i], gpu[i], c32[i], ref[i]);
+}
+
+// ---- op cases -----------------------------------------------------------------------------------------------------
+TEST(CudaOps, Linear) {
+  struct S {
+    int64_t M, N, K;
+  };
+  const std::vector<S> shapes = kEmu ? std::vector<S>{{7, 5, 3}, {40, 24, 64}}
+                                     : std::vector<S>{{1, 7, 5}, {7, 5, 3}, {300, 384, 200}, {1000, 96, 512}};
+  for (const S& s : shapes) {
+    const std::string nm = cat("linear M", s.M, " N", s.N, " K", s.K);
+    const Tensor x = rint({s.M, s.K}, 1, -2, 2), w = rint({s.N, s.K}, 2, -2, 2), y0 = rint({s.M, s.N}, 3, -4, 4);
+    const Tensor dy = rint({s.M, s.N}, 4, -2, 2), dx0 = rint({s.M, s.K}, 5, -4, 4), dw0 = rint({s.N, s.K}, 6, -9, 9);
+    const Tensor db0 = rint({s.N}, 7, -9, 9);
+    check_case(nm, {{"y beta0", Kind::Exact}, {"y beta1", Kind::Exact}, {"y F32 out", Kind::Exact, false},
+                    {"dx beta1", Kind::Exact}, {"dw", Kind::Exact, false}, {"db", Kind::Exact, false}},
+               [&](Context& c) {
+                 Tensor xd = put(c, x), wd = put(c, w), dyd = put(c, dy);
+                 Tensor y = nan_out(c, {s.M, s.N});
+                 c.linear(xd, wd, nullptr, y);
+                 Tensor y1 = put(c, y0);
+                 c.linear(xd, wd, nullptr, y1, 1.0f);
+                 Tensor yf = nan_out(c, {s.M, s.N}, false);
+                 c.linear(xd, wd, nullptr, yf);
+                 Tensor dx = put(c, dx0);
+                 c.linear_dx(dyd, wd, dx, 1.0f);
+                 Tensor dw = put(c, dw0, false), db = put(c, db0, false);
+                 c.linear_dw(dyd, xd, dw, &db);
+                 return Outs{get(c, y), get(c, y1), get(c, yf), get(c, dx), get(c, dw), get(c, db)};
+               });
+  }
+  // bias: small values so that the GEMM result and the bias sum stay exact in bf16
+  const Tensor x = rint({33, 16}, 8, -2, 2), w = rint({20, 16}, 9, -2, 2), b = rint({20}, 10, -3, 3);
+  check_case("linear+bias M33 N20 K16", {{"y", Kind::Exact}}, [&](Context& c) {
+    Tensor y = nan_out(c, {33, 20}), bd = put(c, b);
+    c.linear(put(c, x), put(c, w), &bd, y);
+    return Outs{get(c, y)};
+  });
+}
+
+TEST(CudaOps, RmsNorm) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      kEmu ? std::vector<std::pair<int64_t, int64_t>>{{9, 16}, {33, 128}}
+           : std::vector<std::pair<int64_t, int64_t>>{{9, 16}, {1024, 128}, {300, 4096}, {4, 5000}};
+  for (auto [R, D] : shapes) {
+    const Tensor x = rnd({R, D}, 11, 2.0), w = rnd({D}, 12, 0.3, 1.0), dy = rnd({R, D}, 13), dx0 = rnd({R, D}, 14);
+    const Tensor dw0 = rnd({D}, 15);
+    check_case(cat("rmsnorm R", R, " D", D),
+               {{"y", Kind::TwoX, true, double(D)}, {"rstd", Kind::TwoX, false, double(D)},
+                {"dx beta1", Kind::TwoX, true, double(D)}, {"dw", Kind::TwoX, false, double(R)},
+                {"y in place", Kind::TwoX, true, double(D)}},
+               [&](Context& c) {
+                 Tensor xd = put(c, x), wd = put(c, w);
+                 Tensor y = nan_out(c, {R, D}), rstd = nan_out(c, {R}, false);
+                 c.rmsnorm(xd, wd, 1e-6f, y, rstd);
+                 Tensor dx = put(c, dx0), dw = put(c, dw0, false);
+                 c.rmsnorm_backward(put(c, dy), xd, wd, rstd, dx, dw, 1.0f);
+                 Tensor xi = put(c, x), none;
+                 c.rmsnorm(xi, wd, 1e-6f, xi, none);
+                 return Outs{get(c, y), get(c, rstd), get(c, dx), get(c, dw), get(c, xi)};
+               });
+  }
+}
+
+TEST(CudaOps, Elementwise) {
+  const int64_t T = kEmu ? 9 : 700, Hh = 8, d = 128;
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 37) % 4096);
+  Tensor inv = cpu_empty(DType::F32, {d / 2});
+  for (int64_t i = 0; i < d / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(1e6f, static_cast<float>(2 * i) / d);
+  const Tensor x = rnd({T, Hh, d}, 20);
+  check_case(cat("rope T", T, " heads", Hh, " d", d, " pos<4096"), {{"forward"}, {"inverse"}}, [&](Context& c) {
+    Tensor xd = put(c, x), xi = put(c, x), p = put_i32(c, pos), f = put_raw(c, inv);
+    c.rope(xd, p, f, false);
+    c.rope(xi, p, f, true);
+    return Outs{get(c, xd), get(c, xi)};
+  });
+  const int64_t R = kEmu ? 7 : 300, I = kEmu ? 40 : 1000;
+  const Tensor g = rnd({R, I}, 21, 3.0), u = rnd({R, I}, 22), dout = rnd({R, I}, 23);
+  check_case(cat("silu_mul R", R, " I", I), {{"out"}, {"dgate"}, {"dup"}, {"out in place"}}, [&](Context& c) {
+    Tensor gd = put(c, g), ud = put(c, u), o = nan_out(c, {R, I}), dg = nan_out(c, {R, I}), du = nan_out(c, {R, I});
+    c.silu_mul(gd, ud, o);
+    c.silu_mul_backward(put(c, dout), gd, ud, dg, du);
+    Tensor gi = put(c, g);
+    c.silu_mul(gi, ud, gi);
+    return Outs{get(c, o), get(c, dg), get(c, du), get(c, gi)};
+  });
+  const Tensor table = rnd({500, 64}, 24), y = rnd({R, I}, 25), xa = rnd({R, I}, 26);
+  std::vector<int32_t> ids = {499, 0, 7, 7, 250, 3};
+  check_case("embedding / add", {{"embedding", Kind::Exact}, {"add a=-0.5"}, {"add F32", Kind::TwoX, false}},
+             [&](Context& c) {
+               Tensor o = nan_out(c, {6, 64});
+               c.embedding(put(c, table), put_i32(c, ids), o);
+               Tensor yd = put(c, y);
+               c.add(yd, put(c, xa), -0.5f);
+               Tensor yf = put(c, y, false);
+               c.add(yf, put(c, xa, false), 3.0f);
+               return Outs{get(c, o), get(c, yd), get(c, yf)};
+             });
+  const Tensor wide = rnd({R, 40}, 27), part = rnd({R, 8}, 28);
+  std::vector<int32_t> rows = {static_cast<int32_t>(R - 1), 0, 3, 3, 1};
+  check_case("copy_columns / gather_columns / gather_rows",
+             {{"copy_columns", Kind::Exact}, {"gather_columns", Kind::Exact}, {"gather_rows", Kind::Exact},
+              {"gather_rows F32", Kind::Exact, false}},
+             [&](Context& c) {
+               Tensor w = put(c, wide);
+               c.copy_columns(w, put(c, part), 24);
+               Tensor gc = nan_out(c, {R, 8});
+               c.gather_columns(gc, put(c, wide), 5);
+               Tensor gr = nan_out(c, {5, 40});
+               c.gather_rows(gr, put(c, wide), put_i32(c, rows));
+               Tensor grf = nan_out(c, {5, 40}, false);
+               c.gather_rows(grf, put(c, wide, false), put_i32(c, rows));
+               return Outs{get(c, w), get(c, gc), get(c, gr), get(c, grf)};
+             });
+  const int64_t V = kEmu ? 300 : 50000;
+  Tensor logits = rnd({5, V}, 29, 2.0);
+  logits.ptr<float>()[V + 17] = 100.f;
+  logits.ptr<float>()[V + V - 3] = 100.f;  // a tie: the first index wins
+  check_case(cat("argmax R5 V", V, " (tie in row 1)"), {{"index", Kind::Exact, false}}, [&](Context& c) {
+    Tensor o = c.empty(DType::I32, {5});
+    c.argmax(put(c, logits), o);
+    return Outs{get(c, o)};
+  });
+  const Tensor big = rnd({kEmu ? 5000 : 3000001}, 30);
+  check_case("sum_squares", {{"F32", Kind::TwoX, false, 1.0}, {"act", Kind::TwoX, false, 1.0}}, [&](Context& c) {
+    return Outs{std::vector<double>{c.sum_squares(put(c, big, false))},
+                       std::vector<double>{c.sum_squares(put(c, big))}};
+  });
+  // AdamW: the CUDA kernel uses explicitly rounded fp32 ops in the CPU op's order: equal to the CPU bit for bit
+  const int64_t n = kEmu ? 1000 : 1000003;
+  const Tensor p = rnd({n}, 31), gr = rnd({n}, 32), m = rnd({n}, 33, 0.1);
+  Tensor v = rnd({n}, 34, 0.1);
+  for (float& e : v.span<float>()) e = std::fabs(e);
+  AdamWArgs a;
+  a.lr = 1e-3f;
+  a.weight_decay = 0.1f;
+  a.grad_scale = 0.7f;
+  a.step = 5;
+  check_case("adamw (= the CPU's F32 result)",
+             {{"param", Kind::Exact, false}, {"m", Kind::Exact, false}, {"v", Kind::Exact, false},
+              {"compute copy", Kind::Exact, true}},
+             [&](Context& c) {
+               Tensor pd = put(c, p, false), md = put(c, m, false), vd = put(c, v, false);
+               Tensor pc = c.compute_dtype() == c.param_dtype() ? Tensor{} : nan_out(c, {n});
+               c.adamw(pd, put(c, gr, false), md, vd, a, pc);
+               auto pv = get(c, pd);
+               return Outs{pv, get(c, md), get(c, vd), pc.defined() ? get(c, pc) : pv};
+             });
+}
+
+// Causal attention of the target: prefill (q_offset 0) and decode (queries at the end of a cache).
+void causal_case(int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t d) {
+  const Tensor q = rnd({Tq, nh, d}, 40), k = rnd({Tk, nkv, d}, 41), v = rnd({Tk, nkv, d}, 42);
+  const int64_t off = Tk - Tq;
+  check_case(cat("attention_causal Tq", Tq, " Tk", Tk, " q_offset", off, " nh/nkv ", nh, "/", nkv, " d", d),
+             {{"out", Kind::TwoX, true, double(Tk + d)}}, [&](Context& c) {
+               Tensor o = nan_out(c, {Tq, nh, d});
+               c.attention_causal(put(c, q), put(c, k), put(c, v), o, off, 1.0f / std::sqrt(static_cast<float>(d)));
+               return Outs{get(c, o)};
+             });
+}
+
+TEST(CudaOps, AttentionCausal) {
+  causal_case(17, 17, 4, 2, 64);
+  causal_case(1, 40, 4, 1, 128);
+  causal_case(16, 17, 2, 2, 64);
+  causal_case(kEmu ? 40 : 127, kEmu ? 41 : 128, 4, 2, 128);
+  if (!kEmu) {
+    causal_case(128, 128, 32, 8, 128);
+    causal_case(129, 130, 4, 2, 64);
+    causal_case(128, 4096, 8, 2, 128);
+    causal_case(700, 700, 16, 4, 128);
+    causal_case(16, 3000, 32, 8, 128);
+    causal_case(100, 100, 4, 2, 256);
+  }
+}
+
+// DFlash attention forward + backward. Backward inputs (out rounded to bf16, lse in F32) come from the fp64
+// forward so that every backend differentiates at the same point.
+void dflash_case(const std::string& label, int64_t S, int64_t B, int64_t nh, int64_t nkv, int64_t d,
+                 std::vector<int32_t> anchors, std::vector<uint8_t> valid, Context* gpu_override = nullptr) {
+  const int64_t N = static_cast<int64_t>(anchors.size()), NB = N * B;
+  const Tensor q = rnd({NB, nh, d}, 50), kc = rnd({S, nkv, d}, 51), vc = rnd({S, nkv, d}, 52);
+  const Tensor kb = rnd({NB, nkv, d}, 53), vb = rnd({NB, nkv, d}, 54), dout = rnd({NB, nh, d}, 55);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  Backends& bk = Backends::get();
+  // the backward's inputs from the fp64 forward
+  Tensor o_ref, lse_ref;
+  {
+    Context& c = *bk.c64;
+    DFlashAttnArgs a{put(c, q), put(c, kc), put(c, vc), put(c, kb), put(c, vb), put_i32(c, anchors), put_u8(c, valid),
+                     static_cast<int>(B), scale, 0};
+    Tensor o = nan_out(c, {NB, nh, d}), l = nan_out(c, {NB, nh}, false);
+    c.dflash_attention(a, o, l);
+    o_ref = cpu_to_f32(cpu_to_bf16(cpu_to_f32(c.to_host(o))));  // F64 -> F32 -> bf16 values
+    lse_ref = cpu_to_f32(c.to_host(l));
+  }
+  int64_t max_keys = 0;
+  for (int32_t a : anchors) max_keys = std::max<int64_t>(max_keys, a);
+  const double nred = static_cast<double>(max_keys + B + d);
+  const double nred_kv = static_cast<double>(NB * (nh / nkv) + d);
+  const std::string nm = cat("dflash ", label, " S", S, " N", N, " B", B, " nh/nkv ", nh, "/", nkv, " d", d);
+  const std::vector<Out> outs = {{"out", Kind::TwoX, true, nred},     {"lse", Kind::TwoX, false, nred},
+                                 {"dq", Kind::TwoX, true, nred},      {"dk_ctx", Kind::TwoX, true, nred_kv},
+                                 {"dv_ctx", Kind::TwoX, true, nred_kv}, {"dk_blk", Kind::TwoX, true, nred_kv},
+                                 {"dv_blk", Kind::TwoX, true, nred_kv}};
+  auto run = [&](Context& c) {
+    DFlashAttnArgs a{put(c, q), put(c, kc), put(c, vc), put(c, kb), put(c, vb), put_i32(c, anchors), put_u8(c, valid),
+                     static_cast<int>(B), scale, 0};
+    Tensor o = nan_out(c, {NB, nh, d}), l = nan_out(c, {NB, nh}, false);
+    c.dflash_attention(a, o, l);
+    Tensor dq = nan_out(c, {NB, nh, d}), dkc = nan_out(c, {S, nkv, d}), dvc = nan_out(c, {S, nkv, d});
+    Tensor dkb = nan_out(c, {NB, nkv, d}), dvb = nan_out(c, {NB, nkv, d});
+    c.dflash_attention_backward(a, put(c, o_ref), put(c, lse_ref, false), put(c, dout), dq, dkc, dvc, dkb, dvb);
+    return Outs{get(c, o), get(c, l), get(c, dq), get(c, dkc), get(c, dvc), get(c, dkb), get(c, dvb)};
+  };
+  const auto ref = run(*bk.c64), c32 = run(*bk.c32), gpu = run(gpu_override ? *gpu_override : *bk.gpu);
+  for (size_t i = 0; i < outs.size(); ++i) compare(nm, outs[i], gpu[i], c32[i], ref[i]);
+  // padding blocks: zeros and lse = -inf, never NaN
+  bool pad_ok = true;
+  for (int64_t j = 0; j < N; ++j)
+    if (!valid[j])
+      for (int64_t r = j * B; r < (j + 1) * B; ++r)
+        for (int64_t h = 0; h < nh; ++h) {
+          pad_ok &= gpu[1][r * nh + h] == -std::numeric_limits<double>::infinity();
+          for (int64_t c = 0; c < d; ++c) pad_ok &= gpu[0][(r * nh + h) * d + c] == 0.0 && gpu[2][(r * nh + h) * d + c] == 0.0;
+        }
+  EXPECT_TRUE(pad_ok) << nm;
+  record(nm + " padding rows: 0, lse -inf", pad_ok ? 0 : 1, 0, pad_ok);
+}
+
+std::vector<int32_t> sorted_anchors(int64_t S, int64_t n, uint64_t seed) {
+  Rng r(seed, RngPurpose::Test);
+  std::vector<int32_t> all;
+  for (int32_t a = 0; a <= S - 2; ++a) all.push_back(a);
+  for (int64_t i = 0; i < n; ++i) std::swap(all[i], all[i + r.below(all.size() - i)]);
+  all.resize(static_cast<size_t>(n));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+TEST(CudaOps, DFlashAttentionSmall) {
+  dflash_case("tiny+padding", 21, 4, 4, 2, 8, {5, 8, 12, 18, 0}, {1, 1, 1, 1, 0});
+  dflash_case("anchors 0,S-2", 40, 4, 4, 2, 64, {0, 20, 38}, {1, 1, 1});
+  dflash_case("padding in the middle", 90, 16, 8, 2, 128, {0, 45, 88}, {1, 0, 1});
+  // case C05: one-tile problems (Q = N*B, KV = S context keys), anchors at 0 and S-2
+  dflash_case("C05 (16,1)", 1, 16, 4, 2, 64, {0}, {1});
+  dflash_case("C05 (16,1) anchor=S", 1, 16, 4, 2, 64, {1}, {1});
+  dflash_case("C05 (16,17)", 17, 16, 4, 2, 64, {15}, {1});
+  dflash_case("C05 (127,128) B127", 128, 127, 2, 1, 64, {126}, {1});
+  dflash_case("C05 (128,128)", 128, 16, 4, 2, 128, {0, 10, 40, 60, 80, 100, 120, 126}, {1, 1, 1, 1, 1, 1, 1, 1});
+  dflash_case("C05 (129,130) B43", 130, 43, 2, 2, 64, {0, 64, 128}, {1, 1, 1});
+  dflash_case("all padding", 12, 4, 2, 1, 8, {0, 0}, {0, 0});
+  dflash_case("head_dim 256", 40, 4, 2, 1, 256, {7, 30}, {1, 1});
+  dflash_case("head_dim 96 (bucket 128), rep 3", 70, 16, 3, 1, 96, {64, 68}, {1, 1});
+}
+
+TEST(CudaOps, DFlashAttentionLarge) {
+  if (kEmu) {
+    dflash_case("random anchors", 300, 16, 8, 2, 128, sorted_anchors(300, 6, 1), std::vector<uint8_t>(6, 1));
+    return;
+  }
+  dflash_case("C05 (128,4096)", 4096, 16, 4, 2, 128, {0, 1000, 2000, 3000, 4000, 4093, 4094, 4094}, std::vector<uint8_t>(8, 1));
+  for (int64_t d : {64, 128}) {
+    std::vector<int32_t> a = sorted_anchors(1000, 40, 2 + d);
+    std::vector<uint8_t> v(40, 1);
+    for (int i = 0; i < 4; ++i) {  // four padding blocks at the end (anchor 0, as make_draft_batch pads)
+      a.push_back(0);
+      v.push_back(0);
+    }
+    dflash_case("random anchors + padding", 1000, 16, 4, 2, d, a, v);
+  }
+  dflash_case("random anchors", 3072, 16, 32, 8, 128, sorted_anchors(3072, 64, 7), std::vector<uint8_t>(64, 1));
+  dflash_case("random anchors", 2048, 16, 32, 8, 64, sorted_anchors(2048, 32, 8), std::vector<uint8_t>(32, 1));
+  dflash_case("random anchors B10", 3000, 10, 4, 2, 128, sorted_anchors(3000, 64, 9), std::vector<uint8_t>(64, 1));
+}
+
+// case C07: a device whose per-block shared memory is capped lower than the kernels' first choice
+TEST(CudaOps, SharedMemoryCapC07) {
+  for (int cap : {48 * 1024, 32 * 1024}) {
+    auto g = gpu_context(cap);
+    for (int64_t d : {64, 128}) {
+      record(cat("C07 cap ", cap / 1024, "K d", d, ": ", cuda::attention_config(static_cast<int>(d), cap)), 0, 0, true);
+      dflash_case(cat("C07 cap ", cap / 1024, "K"), 300, 16, 8, 2, d, {3, 150, 298}, {1, 1, 1}, g.get());
+    }
+  }
+  auto g = gpu_context(40 * 1024);
+  dflash_case("C07 cap 40K", 100, 4, 2, 1, 256, {7, 60, 98}, {1, 1, 1}, g.get());
+  // an unsupported head_dim is refused with a clear message
+  Context& c = *Backends::get().gpu;
+  const int64_t d = 320;
+  DFlashAttnArgs a{c.empty(DType::BF16, {4, 2, d}), c.empty(DType::BF16, {8, 1, d}), c.empty(DType::BF16, {8, 1, d}),
+                   c.empty(DType::BF16, {4, 1, d}), c.empty(DType::BF16, {4, 1, d}), put_i32(c, {3}), put_u8(c, {1}), 4,
+                   0.1f, 0};
+  std::string msg;
+  try {
+    c.dflash_attention(a, c.empty(DType::BF16, {4, 2, d}), c.empty(DType::F32, {4, 2}));
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  const bool ok = msg.find("head_dim 320") != std::string::npos;
+  EXPECT_TRUE(ok) << msg;
+  record("C07 head_dim 320 refused: " + msg.substr(0, 40), ok ? 0 : 1, 0, ok);
+  std::string why;
+  EXPECT_FALSE(cuda::attention_supported(128, 4 * 1024, &why));
+  record("C07 4 KB cap refused: " + why.substr(0, 44), 0, 0, !why.empty());
+}
+
+TEST(CudaOps, LmHeadLoss) {
+  struct S {
+    int64_t R, H, V;
+  };
+  const std::vector<S> shapes = kEmu ? std::vector<S>{{12, 16, 301}} : std::vector<S>{{40, 64, 1000}, {96, 128, 32000}};
+  for (const S& s : shapes) {
+    const Tensor h = rnd({s.R, s.H}, 60), W = rnd({s.V, s.H}, 61, 0.5);
+    std::vector<int32_t> rows, labels;
+    std::vector<float> w;
+    Rng r(62, RngPurpose::Test);
+    for (int64_t i = 0; i < s.R; ++i)
+      if (i % 3 != 1) {  // a subset of the rows
+        rows.push_back(static_cast<int32_t>(i));
+        labels.push_back(static_cast<int32_t>(r.below(static_cast<uint64_t>(s.V))));
+        w.push_back(static_cast<float>(0.1 + r.uniform()));
+      }
+    labels[0] = static_cast<int32_t>(s.V - 1);
+    // every other row's label is its fp64 argmax when the top-2 gap is clear of rounding, so that `correct` is
+    // exercised both ways
+    for (size_t i = 0; i < rows.size(); i += 2) {
+      double best = -1e300, second = -1e300;
+      int32_t arg = 0;
+      for (int64_t v = 0; v < s.V; ++v) {
+        double z = 0;
+        for (int64_t k = 0; k < s.H; ++k) z += double(h.ptr<float>()[rows[i] * s.H + k]) * W.ptr<float>()[v * s.H + k];
+        if (z > best) {
+          second = best;
+          best = z;
+          arg = static_cast<int32_t>(v);
+        } else if (z > second) {
+          second = z;
+        }
+      }
+      if (best - second > 1e-2) labels[i] = arg;
+    }
+    const int64_t Rs = static_cast<int64_t>(rows.size());
+    const Tensor th = rnd({Rs, s.H}, 63);
+    for (bool teacher : {false, true})
+      for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{1024}}) {
+        if (chunk == 1 && s.V > 1000) continue;
+        const std::string nm = cat("lm_head_loss R", s.R, " rows ", Rs, " H", s.H, " V", s.V, teacher ? " +KL" : "",
+                                   " chunk ", chunk);
+        check_case(nm,
+                   {{"ce", Kind::TwoX, false, double(s.V + s.H)}, {"kl", Kind::TwoX, false, double(s.V + s.H)},
+                    {"dh", Kind::Nmse, true, 1, 2 * std::ldexp(1.0, -16)}, {"correct", Kind::Exact, false}},
+                   [&](Context& c) {
+                     LossArgs a;
+                     a.h = put(c, h);
+                     a.lm_head = put(c, W);
+                     a.rows = put_i32(c, rows);
+                     a.labels = put_i32(c, labels);
+                     a.weights = c.to_device(cpu_tensor(w, {Rs}));
+                     a.teacher_h = teacher ? put(c, th) : Tensor{};
+                     a.kl_weight = 0.3f;
+                     a.grad_scale = 0.05f;
+                     a.chunk_rows = chunk;
+                     a.dh = c.zeros(c.compute_dtype(), {s.R, s.H});
+                     LossStats st = c.lm_head_loss(a);
+                     std::vector<double> cor(st.correct.begin(), st.correct.end());
+                     return Outs{st.ce, st.kl, get(c, a.dh), cor};
+                   });
+      }
+  }
+}
+
+// ---- the whole drafter -----------------------------------------------------------------------------------------
+DrafterConfig tiny_config() {  // the drafter of tests/test_drafter.cpp
+  DrafterConfig c;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.vocab_size = 40;
+  c.block_size = 4;
+  c.target_layer_ids = {0, 2};
+  c.num_target_layers = 4;
+  c.mask_token_id = 39;
+  c.rope_theta = 100.0;
+  return c;
+}
+
+// One drafter on one context with inputs identical on every backend (all values bf16-representable).
+struct DrafterRun {
+  std::unique_ptr<Context> ctx;
+  DrafterConfig cfg;
+  std::unique_ptr<Drafter> drafter;
+  Tensor embed, lm_head, features, teacher;
+  DraftBatch batch;
+  DraftInputs in;
+  DrafterRun(std::unique_ptr<Context> c, int64_t S, DrafterConfig config = tiny_config(), uint64_t seed = 5)
+      : ctx(std::move(c)), cfg(std::move(config)) {
+    Context& x = *ctx;
+    drafter = std::make_unique<Drafter>(x, cfg, 1234, 0.3);
+    int idx = 0;
+    for (auto& p : drafter->params().all()) {  // bf16-representable masters; norms away from 1
+      Tensor h = x.to_host(p.master);
+      Tensor r = p.shape.size() == 1 ? rnd(p.shape, 500 + idx++, 0.2, 1.0) : h;
+      for (float& v : r.span<float>()) v = round_bf16(v);
+      x.copy(p.master, r);
+    }
+    drafter->params().sync_compute(x);
+    const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+    embed = put(x, rnd({V, H}, seed + 1));
+    lm_head = put(x, rnd({V, H}, seed + 2, 0.5));
+    features = put(x, rnd({S, cfg.nf() * H}, seed + 3));
+    teacher = put(x, rnd({S, H}, seed + 4));
+    std::vector<int32_t> tokens(static_cast<size_t>(S));
+    std::vector<uint8_t> mask(static_cast<size_t>(S), 0);
+    for (int64_t p = 0; p < S; ++p) tokens[p] = static_cast<int32_t>((p * 7 + 3) % (V - 2));
+    for (int64_t p = 5; p < S; ++p) mask[p] = p == 11 ? 0 : 1;
+    Rng rng(seed, RngPurpose::Anchors);
+    std::vector<int32_t> anchors = sample_anchors(mask, std::max<int64_t>(1, S / 5), rng);
+    batch = make_draft_batch(tokens, mask, anchors, static_cast<int64_t>(anchors.size()) + 1, cfg.block_size,
+                             cfg.mask_token_id, 7.0);
+    in = upload_draft_batch(x, batch, features, teacher);
+  }
+  DraftStepStats step(float kl, bool backward = true) {
+    drafter->params().zero_grad(*ctx);
+    return drafter->forward_backward(*ctx, in, embed, lm_head, kl, static_cast<float>(1.0 / batch.sum_w), backward);
+  }
+  std::vector<std::vector<double>> grads() {
+    std::vector<std::vector<double>> g;
+    for (auto& p : drafter->params().all()) g.push_back(get(*ctx, p.grad));
+    return g;
+  }
+};
+
+double rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+TEST(CudaDrafter, StepMatchesCpu) {
+  for (float kl : {0.0f, 0.3f}) {
+    DrafterRun cpu(make_context("cpu"), 21), gpu(gpu_context(), 21);
+    const auto sc = cpu.step(kl), sg = gpu.step(kl);
+    const double lc = sc.loss_sum / cpu.batch.sum_w, lg = sg.loss_sum / gpu.batch.sum_w;
+    const std::string nm = cat("drafter step (tiny, S21) kl ", kl);
+    const double le = std::fabs(lg - lc) / std::fabs(lc);
+    EXPECT_LT(le, 2e-2) << nm << " loss cpu " << lc << " cuda " << lg;
+    record(nm + " loss rel err", le, 2e-2, le < 2e-2);
+    const auto gc = cpu.grads(), gg = gpu.grads();
+    std::vector<double> all_c, all_g;
+    double worst = 0;
+    std::string worst_name;
+    size_t k = 0;
+    for (auto& p : cpu.drafter->params().all()) {
+      const double e = rel(gg[k], gc[k]);
+      if (e > worst) {
+        worst = e;
+        worst_name = p.name;
+      }
+      EXPECT_LT(e, 1e-1) << nm << " grad " << p.name;
+      all_c.insert(all_c.end(), gc[k].begin(), gc[k].end());
+      all_g.insert(all_g.end(), gg[k].begin(), gg[k].end());
+      ++k;
+    }
+    const double ge = rel(all_g, all_c);
+    EXPECT_LT(ge, 3e-2) << nm;
+    record(nm + " all grads rel err", ge, 3e-2, ge < 3e-2);
+    record(nm + " worst grad " + worst_name, worst, 1e-1, worst < 1e-1);
+  }
+}
+
+TEST(CudaDrafter, TrainingLossFallsLikeCpu) {
+  const int steps = kEmu ? 8 : 20;
+  DrafterRun cpu(make_context("cpu"), 40), gpu(gpu_context(), 40);
+  OptimConfig oc;
+  oc.lr = 1e-2;
+  oc.warmup_ratio = 0;
+  oc.schedule = "constant";
+  std::vector<double> lc, lg;
+  for (int s = 0; s < steps; ++s)
+    for (DrafterRun* r : {&cpu, &gpu}) {
+      const auto st = r->step(0.f);
+      (r == &cpu ? lc : lg).push_back(st.loss_sum / r->batch.sum_w);
+      optimizer_step(*r->ctx, r->drafter->params(), oc, oc.lr, s + 1, global_grad_sq(*r->ctx, r->drafter->params()));
+    }
+  double worst = 0;  // the gap between the two curves, relative to the initial loss
+  for (int s = 0; s < steps; ++s) worst = std::max(worst, std::fabs(lg[s] - lc[s]) / lc.front());
+  const std::string nm = cat("drafter ", steps, "-step training: loss ", lc.front(), " -> cpu ", lc.back(), " cuda ", lg.back());
+  const bool falls = lc.back() < 0.8 * lc.front() && lg.back() < 0.8 * lg.front();
+  EXPECT_TRUE(falls) << nm;
+  EXPECT_LT(worst, 0.05) << nm;
+  record(nm + " (both fall)", lg.back() / lg.front(), 0.8, falls);
+  record(cat("drafter ", steps, "-step training: max |loss gap| / initial loss"), worst, 0.05, worst < 0.05);
+}
+
+// case C01: four contexts on four threads start at the same moment, each with another sequence length; the results
+// equal the same steps run one thread at a time (bitwise: the kernels are deterministic, no atomics on floats)
+TEST(CudaThreads, FourContextsAtOnceC01) {
+  const std::vector<int64_t> lengths = kEmu ? std::vector<int64_t>{21, 30, 26, 40} : std::vector<int64_t>{21, 64, 150, 400};
+  struct Result {
+    double loss = 0;
+    std::vector<std::vector<double>> grads;
+    std::string error;
+  };
+  auto work = [&](int64_t S) {
+    Result r;
+    try {
+      DrafterRun run(gpu_context(), S);
+      r.loss = run.step(0.3f).loss_sum;
+      r.grads = run.grads();
+    } catch (const std::exception& e) {
+      r.error = e.what();
+    }
+    return r;
+  };
+  std::vector<Result> seq;
+  for (int64_t S : lengths) seq.push_back(work(S));
+  std::vector<Result> par(lengths.size());
+  std::barrier start(static_cast<std::ptrdiff_t>(lengths.size()));
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < lengths.size(); ++i)
+    th.emplace_back([&, i] {
+      start.arrive_and_wait();
+      par[i] = work(lengths[i]);
+    });
+  for (auto& t : th) t.join();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    EXPECT_EQ(par[i].error, "") << "S " << lengths[i];
+    EXPECT_EQ(seq[i].error, "") << "S " << lengths[i];
+    const bool same = par[i].error.empty() && par[i].loss == seq[i].loss && par[i].grads == seq[i].grads;
+    EXPECT_TRUE(same) << "S " << lengths[i] << " loss " << par[i].loss << " vs " << seq[i].loss;
+    record(cat("C01 4 threads, S ", lengths[i], ": equal to sequential (bitwise)"), same ? 0 : 1, 0, same);
+  }
+}
+
+// case C03: an allocation past the memory limit fails with the size asked for; the attention's workspace does not
+// grow with S (no Q x KV buffer)
+TEST(CudaMemory, LimitAndLinearWorkspaceC03) {
+  auto c = gpu_context(0, int64_t{256} << 20);
+  std::string msg;
+  try {
+    c->empty(DType::F32, {int64_t{1} << 28});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  const bool named = msg.find("1073741824") != std::string::npos && msg.find("in use") != std::string::npos;
+  EXPECT_TRUE(named) << msg;
+  record("C03 over the limit: " + msg.substr(0, 52), named ? 0 : 1, 0, named);
+  const auto m = c->memory();
+  EXPECT_GT(m.in_use_bytes, 0);
+  EXPECT_EQ(m.limit_bytes, int64_t{256} << 20);
+
+  auto g = gpu_context();
+  const int64_t N = kEmu ? 2 : 64, B = 16, nh = 4, nkv = 2, d = 128, NB = N * B;
+  std::vector<int64_t> extra;
+  for (int64_t S : kEmu ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{4096, 16384}) {
+    std::vector<int32_t> anchors;
+    for (int64_t j = 0; j < N; ++j) anchors.push_back(static_cast<int32_t>(S - 2 - (N - 1 - j) * (S / (2 * N))));
+    DFlashAttnArgs a{g->empty(DType::BF16, {NB, nh, d}), g->zeros(DType::BF16, {S, nkv, d}),
+                     g->zeros(DType::BF16, {S, nkv, d}), g->zeros(DType::BF16, {NB, nkv, d}),
+                     g->zeros(DType::BF16, {NB, nkv, d}), put_i32(*g, anchors), put_u8(*g, std::vector<uint8_t>(N, 1)),
+                     static_cast<int>(B), 0.08f, 0};
+    g->zero(a.q);
+    Tensor o = g->empty(DType::BF16, {NB, nh, d}), l = g->empty(DType::F32, {NB, nh});
+    Tensor dq = g->empty(DType::BF16, {NB, nh, d}), dkc = g->empty(DType::BF16, {S, nkv, d});
+    Tensor dvc = g->empty(DType::BF16, {S, nkv, d}), dkb = g->empty(DType::BF16, {NB, nkv, d});
+    Tensor dvb = g->empty(DType::BF16, {NB, nkv, d});
+    g->synchronize();
+    g->reset_peak_memory();
+    const int64_t base = g->memory().in_use_bytes;
+    g->dflash_attention(a, o, l);
+    g->dflash_attention_backward(a, o, l, a.q, dq, dkc, dvc, dkb, dvb);
+    g->synchronize();
+    extra.push_back(g->memory().peak_bytes - base);
+  }
+  const bool flat = extra[1] <= extra[0] + (1 << 20) && extra[1] < (64 << 20);
+  EXPECT_TRUE(flat) << extra[0] << " " << extra[1];
+  record(cat("C03 attention workspace bytes at S x4: ", extra[0], " -> ", extra[1]), static_cast<double>(extra[1]),
+         static_cast<double>(extra[0] + (1 << 20)), flat);
+}
+
+// Index errors found on the device are raised at the next synchronising call, naming the op.
+TEST(CudaErrors, BadTokenIdIsReported) {
+  auto g = gpu_context();
+  Tensor table = put(*g, rnd({10, 8}, 70)), out = g->empty(DType::BF16, {2, 8});
+  g->embedding(table, put_i32(*g, {3, 10}), out);
+  std::string msg;
+  try {
+    g->synchronize();
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  const bool ok = msg.find("token id") != std::string::npos;
+  EXPECT_TRUE(ok) << msg;
+  record("device index check: " + msg.substr(0, 54), ok ? 0 : 1, 0, ok);
+  g->synchronize();  // the error word was reset
+  record("context: " + g->describe(), 0, 0, true);
+}
+
+}  // namespace
