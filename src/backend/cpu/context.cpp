@@ -9,7 +9,9 @@ namespace {
 
 class CpuContext final : public Context {
  public:
-  CpuContext(const ContextOptions& o, DType dt) : pool_(o.threads), limit_(o.memory_limit_bytes), dt_(dt) {}
+  CpuContext(const ContextOptions& o, DType dt) : pool_(o.threads), limit_(o.memory_limit_bytes), dt_(dt) {
+    cpu::init_cpu_backend();
+  }
   Device device() const override { return Device::CPU; }
   DType compute_dtype() const override { return dt_; }
   DType param_dtype() const override { return dt_; }
@@ -45,13 +47,13 @@ class CpuContext final : public Context {
   void reset_peak_memory() override {}
 
   void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta) override {
-    cpu::linear(x, w, b, y, beta);
+    cpu::linear(pool_, x, w, b, y, beta);
   }
   void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
-    cpu::linear_dx(dy, w, dx, beta);
+    cpu::linear_dx(pool_, dy, w, dx, beta);
   }
   void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) override {
-    cpu::linear_dw(dy, x, dw, db);
+    cpu::linear_dw(pool_, dy, x, dw, db);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
     cpu::rmsnorm(pool_, x, w, eps, y, rstd);

@@ -53,10 +53,10 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
     hx.resize(static_cast<size_t>(c * H));
     for (int64_t r = 0; r < c; ++r) std::copy_n(a.h.ptr<T>() + rows[c0 + r] * H, H, hx.data() + r * H);
     z.resize(static_cast<size_t>(c * V));
-    gemm(false, true, c, V, H, hx.data(), H, W, H, T(0), z.data(), V);
+    pgemm(tp, false, true, c, V, H, hx.data(), H, W, H, T(0), z.data(), V);
     if (teacher) {
       zt.resize(static_cast<size_t>(c * V));
-      gemm(false, true, c, V, H, a.teacher_h.ptr<T>() + c0 * H, H, W, H, T(0), zt.data(), V);
+      pgemm(tp, false, true, c, V, H, a.teacher_h.ptr<T>() + c0 * H, H, W, H, T(0), zt.data(), V);
     }
     tp.parallel_for(c, 1, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
@@ -102,7 +102,7 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
     });
     if (grad) {
       dh.resize(static_cast<size_t>(c * H));
-      gemm(false, false, c, H, V, z.data(), V, W, H, T(0), dh.data(), H);
+      pgemm(tp, false, false, c, H, V, z.data(), V, W, H, T(0), dh.data(), H);
       for (int64_t r = 0; r < c; ++r) std::copy_n(dh.data() + r * H, H, a.dh.ptr<T>() + rows[c0 + r] * H);
     }
   }

@@ -8,9 +8,9 @@
 
 namespace dflash::cpu {
 
-void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta);
-void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
-void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
+void linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta);
+void linear_dx(ThreadPool& tp, const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
+void linear_dw(ThreadPool& tp, const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
 
 void rmsnorm(ThreadPool& tp, const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
 void rmsnorm_backward(ThreadPool& tp, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
@@ -67,6 +67,16 @@ inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double
                  int64_t ldb, double beta, double* C, int64_t ldc) {
   gemm_f64(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
+
+// The same product split over the pool's threads (each calling single-threaded BLAS): along M (rows of C) when
+// M >= N, else along N. Small products run on the caller. OpenBLAS's own threads are off (init_cpu_backend), so
+// the pool is the only source of parallelism and nothing spins.
+void pgemm(ThreadPool& tp, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void pgemm(ThreadPool& tp, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
+           const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+// Once per process, before any CPU op: OpenBLAS single-threaded (thread-safe, idempotent).
+void init_cpu_backend();
 
 template <class T>
 constexpr DType float_dtype() {
