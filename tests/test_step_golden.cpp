@@ -3,13 +3,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "backend/context.h"
+#include "core/fs.h"
 #include "io/safetensors.h"
 #include "model/drafter.h"
+#include "model/export.h"
 #include "model/target.h"
 #include "test_util.h"
 #include "train/draft_batch.h"
@@ -157,3 +162,30 @@ void run_step(const std::string& expected_file, float kl_weight) {
 
 TEST(StepGolden, CrossEntropyStepMatchesReference) { run_step("expected_ce.safetensors", 0.0f); }
 TEST(StepGolden, SoftLabelStepMatchesReference) { run_step("expected_kl.safetensors", 0.15f); }
+
+// Case C11: the export of the step golden's initial drafter (tests/golden/export_qwen3, committed) is what
+// export_drafter writes today, byte for byte; tools/check_export.py (run where PyTorch exists) loads that directory
+// with the independent reference implementation and checks it gives the reference logits.
+// DFLASH_UPDATE_GOLDEN=1 rewrites the committed directory.
+TEST(StepGolden, ExportOfTheInitialDrafterIsReproduced) {
+  StepGolden g;
+  auto ctx = make_context("cpu");
+  ModelConfig tc = load_model_config(g.dir + "/" + g.cfg["target_dir"].get<std::string>());
+  DrafterConfig dc = g.drafter_config(tc);
+  Drafter drafter(*ctx, dc, 1);
+  load_params(*ctx, drafter.params(), WeightStore::open(g.dir + "/init.safetensors"));
+  const std::string golden = test::source_dir() + "/tests/golden/export_qwen3";
+  const nlohmann::json training = {{"source", "tests/golden/step_qwen3/init.safetensors"}};
+  if (std::getenv("DFLASH_UPDATE_GOLDEN")) export_drafter(*ctx, golden, dc, drafter.params(), training);
+  const std::string tmp = cat("/tmp/dflash_export_", getpid());
+  export_drafter(*ctx, tmp, dc, drafter.params(), training);
+  EXPECT_EQ(read_file(tmp + "/config.json"), read_file(golden + "/config.json"));
+  auto a = WeightStore::open(tmp), b = WeightStore::open(golden);
+  EXPECT_EQ(a.names(), b.names());
+  for (const auto& n : a.names()) {
+    Tensor x = a.view(n), y = b.view(n);
+    ASSERT_EQ(x.nbytes(), y.nbytes()) << n;
+    EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0) << n;
+  }
+  std::filesystem::remove_all(tmp);
+}
