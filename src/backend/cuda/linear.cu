@@ -23,10 +23,12 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-uint32_t alignment_of(const void* p) {
+// The alignment (power of two, <= 256 bytes) every row of a matrix at p with leading dimension ld has.
+uint32_t alignment_of(const void* p, int64_t ld, size_t elem) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint64_t row = static_cast<uint64_t>(ld) * elem;
   uint32_t al = 256;
-  while (al > 1 && (a % al) != 0) al >>= 1;
+  while (al > 1 && ((a % al) != 0 || (row % al) != 0)) al >>= 1;
   return al;
 }
 
@@ -115,7 +117,8 @@ void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void*
   const size_t ws = e.lt_workspace_bytes;
   DFLASH_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const uint32_t al_a = alignment_of(B), al_b = alignment_of(A), al_c = alignment_of(C);
+  const uint32_t al_a = alignment_of(B, ldb, 2), al_b = alignment_of(A, lda, 2);
+  const uint32_t al_c = alignment_of(C, ldc, dtype_size(c_type));
   DFLASH_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
   DFLASH_CUBLAS_CHECK(
