@@ -34,7 +34,7 @@ say "built dflash_cuda_tests"
 BIN=build-cuda/dflash_cuda_tests
 FILTER_ARGS=()
 [ -n "${GTEST_FILTER:-}" ] && FILTER_ARGS=(--gtest_filter="$GTEST_FILTER")
-timeout "${TEST_TIMEOUT_S:-300}" "$BIN" ${FILTER_ARGS[@]+"${FILTER_ARGS[@]}"} >"$OUT/tests.log" 2>timeout "${TEST_TIMEOUT_S:-300}" "$BIN" "${FILTER_ARGS[@]}" >"$OUT/tests.log" 2>&11
+timeout "${TEST_TIMEOUT_S:-300}" "$BIN" ${FILTER_ARGS[@]+"${FILTER_ARGS[@]}"} >"$OUT/tests.log" 2>&1
 RC=$?
 say "dflash_cuda_tests rc=$RC"
 
