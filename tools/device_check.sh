@@ -18,8 +18,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 cmake -S . -B build-cuda -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 || { say "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
 cmake --build build-cuda -j 16 --target dflash_cuda_tests dflash >"$OUT/build.log" 2>&1 || { say "build FAILED"; grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 say "built"
-timeout 240 build-cuda/dflash_cuda_tests >"$OUT/cuda_tests.log" 2>&1
+timeout 150 build-cuda/dflash_cuda_tests >"$OUT/cuda_tests.log" 2>&1
 say "dflash_cuda_tests rc=$?  $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/cuda_tests.log" | tr '\n' ' ')"
+cp "$OUT/cuda_tests.log" "$RES/"
 
 # 2. C11: the committed export loads in the independent PyTorch reference
 timeout 60 python3 tools/check_export.py >"$OUT/check_export.log" 2>&1
