@@ -32,15 +32,14 @@ void check_golden(const std::string& name, const std::string& device) {
   Tensor feats = ctx->to_host(out.features, false);
   const double tol = ctx->compute_dtype() == DType::F64 ? 2e-6 : 2e-5;  // golden angles are fp32 (see metadata)
   for (int64_t l = 0; l < L; ++l) {
-    Tensor f = cpu_empty(feats.dtype, {S, H});
-    Tensor fl = cpu_empty(feats.dtype, {S, H});
     auto fv = to_f64(feats);
     std::vector<double> col(static_cast<size_t>(S * H));
     for (int64_t t = 0; t < S; ++t)
       for (int64_t c = 0; c < H; ++c) col[t * H + c] = fv[t * L * H + l * H + c];
     EXPECT_LT(rel_err(col, to_f64(g->view(cat("layer_output.", l)))), tol) << name << " layer " << l;
-    if (l + 1 < L)  // HF hidden_states[l+1] is the same tensor, except the last which HF returns normed
+    if (l + 1 < L) {  // HF hidden_states[l+1] is the same tensor, except the last which HF returns normed
       EXPECT_LT(rel_err(col, to_f64(g->view(cat("hidden_states.", l + 1)))), tol) << name << " hidden_states " << l + 1;
+    }
   }
   EXPECT_LT(rel_err(to_f64(ctx->to_host(out.final_hidden, false)), to_f64(g->view("final_hidden"))), tol) << name;
   Tensor logits = ctx->empty(ctx->compute_dtype(), {S, V});

@@ -72,9 +72,7 @@ Target::Target(ModelConfig cfg, TargetWeights w) : cfg_(std::move(cfg)), w_(std:
 
 Target::Output Target::forward(Context& ctx, const Tensor& ids_in, std::span<const int64_t> layer_ids,
                                bool want_final, KVCache* cache) const {
-  const int64_t T = ids_in.numel(), H = cfg_.hidden_size, d = cfg_.head_dim, I = cfg_.intermediate_size;
-  const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, Lt = cfg_.num_hidden_layers;
-  const DType dt = ctx.compute_dtype(), st = ctx.param_dtype();
+  const int64_t T = ids_in.numel(), Lt = cfg_.num_hidden_layers;
   const int64_t start = cache ? cache->len : 0;
   if (cache)
     DFLASH_CHECK(start + T <= cache->capacity, "target: KV cache of ", cache->capacity, " positions cannot take ",
@@ -87,59 +85,72 @@ Target::Output Target::forward(Context& ctx, const Tensor& ids_in, std::span<con
   // Later layers can be skipped only when nothing needs them: not the final hidden, and not a KV cache (whose
   // every layer must hold the new positions).
   const int64_t run_layers = (want_final || cache) ? Lt : last + 1;
-
-  Tensor ids = ctx.to_device(ids_in);
   std::vector<int32_t> pos_host(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) pos_host[t] = static_cast<int32_t>(start + t);
-  Tensor pos = ctx.to_device(cpu_tensor_i32(pos_host, {T}));
+  const Segment seg{0, T, start, cache};
+  Output out = run(ctx, ctx.to_device(ids_in), ctx.to_device(cpu_tensor_i32(pos_host, {T})), {&seg, 1}, layer_ids,
+                   run_layers, want_final);
+  if (cache) cache->len = start + T;
+  return out;
+}
 
-  Output out;
-  out.features = ctx.empty(dt, {T, static_cast<int64_t>(layer_ids.size()) * H});
-  Tensor h = ctx.empty(dt, {T, H});
-  ctx.embedding(w_.embed, ids, h);
-  Tensor x = ctx.empty(dt, {T, H});
-  Tensor q = ctx.empty(dt, {T, nh, d});
-  Tensor k = ctx.empty(dt, {T, nkv, d});
-  Tensor v = ctx.empty(dt, {T, nkv, d});
-  Tensor o = ctx.empty(dt, {T, nh, d});
-  Tensor g = ctx.empty(dt, {T, I});
-  Tensor u = ctx.empty(dt, {T, I});
-  Tensor none;
+Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const Segment> segs,
+                           std::span<const int64_t> layer_ids, int64_t run_layers, bool want_final) const {
+  const int64_t R = ids.numel(), H = cfg_.hidden_size, d = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
+  const DType dt = ctx.compute_dtype();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  Output out;
+  out.features = ctx.empty(dt, {R, static_cast<int64_t>(layer_ids.size()) * H});
+  Tensor h = ctx.empty(dt, {R, H});
+  ctx.embedding(w_.embed, ids, h);
+  Tensor x = ctx.empty(dt, {R, H});
+  Tensor q = ctx.empty(dt, {R, nh, d});
+  Tensor k = ctx.empty(dt, {R, nkv, d});
+  Tensor v = ctx.empty(dt, {R, nkv, d});
+  Tensor o = ctx.empty(dt, {R, nh, d});
+  Tensor g = ctx.empty(dt, {R, I});
+  Tensor u = ctx.empty(dt, {R, I});
+  Tensor none;
   for (int64_t l = 0; l < run_layers; ++l) {
     const TargetLayer& L = w_.layers[l];
-    ctx.rmsnorm(h, L.in_norm, static_cast<float>(cfg_.rms_norm_eps), x, none);
-    ctx.linear(x, L.wq, L.bq.defined() ? &L.bq : nullptr, q.reshape({T, nh * d}));
-    ctx.linear(x, L.wk, L.bk.defined() ? &L.bk : nullptr, k.reshape({T, nkv * d}));
-    ctx.linear(x, L.wv, L.bv.defined() ? &L.bv : nullptr, v.reshape({T, nkv * d}));
+    ctx.rmsnorm(h, L.in_norm, eps, x, none);
+    ctx.linear(x, L.wq, L.bq.defined() ? &L.bq : nullptr, q.reshape({R, nh * d}));
+    ctx.linear(x, L.wk, L.bk.defined() ? &L.bk : nullptr, k.reshape({R, nkv * d}));
+    ctx.linear(x, L.wv, L.bv.defined() ? &L.bv : nullptr, v.reshape({R, nkv * d}));
     if (cfg_.qk_norm) {
-      Tensor q2 = q.reshape({T * nh, d}), k2 = k.reshape({T * nkv, d});
-      ctx.rmsnorm(q2, L.q_norm, static_cast<float>(cfg_.rms_norm_eps), q2, none);
-      ctx.rmsnorm(k2, L.k_norm, static_cast<float>(cfg_.rms_norm_eps), k2, none);
+      Tensor q2 = q.reshape({R * nh, d}), k2 = k.reshape({R * nkv, d});
+      ctx.rmsnorm(q2, L.q_norm, eps, q2, none);
+      ctx.rmsnorm(k2, L.k_norm, eps, k2, none);
     }
     ctx.rope(q, pos, w_.inv_freq, false);
     ctx.rope(k, pos, w_.inv_freq, false);
-    if (cache) {
-      ctx.copy(cache->k[l].slice(start, start + T), k);
-      ctx.copy(cache->v[l].slice(start, start + T), v);
-      ctx.attention_causal(q, cache->k[l].slice(0, start + T), cache->v[l].slice(0, start + T), o, start, scale);
-    } else {
-      ctx.attention_causal(q, k, v, o, 0, scale);
+    for (const Segment& s : segs) {  // attention per sequence: over its cache, or causally among its own rows
+      const int64_t T = s.end - s.begin;
+      if (s.cache) {
+        KVCache& c = *s.cache;
+        ctx.copy(c.k[l].slice(s.start, s.start + T), k.slice(s.begin, s.end));
+        ctx.copy(c.v[l].slice(s.start, s.start + T), v.slice(s.begin, s.end));
+        ctx.attention_causal(q.slice(s.begin, s.end), c.k[l].slice(0, s.start + T), c.v[l].slice(0, s.start + T),
+                             o.slice(s.begin, s.end), s.start, scale);
+      } else {
+        ctx.attention_causal(q.slice(s.begin, s.end), k.slice(s.begin, s.end), v.slice(s.begin, s.end),
+                             o.slice(s.begin, s.end), 0, scale);
+      }
     }
-    ctx.linear(o.reshape({T, nh * d}), L.wo, nullptr, h, 1.0f);  // h += o Wo^T
-    ctx.rmsnorm(h, L.post_norm, static_cast<float>(cfg_.rms_norm_eps), x, none);
+    ctx.linear(o.reshape({R, nh * d}), L.wo, nullptr, h, 1.0f);  // h += o Wo^T
+    ctx.rmsnorm(h, L.post_norm, eps, x, none);
     ctx.linear(x, L.w_gate, nullptr, g);
     ctx.linear(x, L.w_up, nullptr, u);
     ctx.silu_mul(g, u, g);
     ctx.linear(g, L.w_down, nullptr, h, 1.0f);  // h += down(...)
-    for (size_t i = 0; i < layer_ids.size(); ++i)
-      if (layer_ids[i] == l) ctx.copy_columns(out.features, h, static_cast<int64_t>(i) * H);
+    for (size_t f = 0; f < layer_ids.size(); ++f)
+      if (layer_ids[f] == l) ctx.copy_columns(out.features, h, static_cast<int64_t>(f) * H);
   }
-  (void)st;
-  if (cache) cache->len = start + T;
   if (want_final) {
-    out.final_hidden = ctx.empty(dt, {T, H});
-    ctx.rmsnorm(h, w_.final_norm, static_cast<float>(cfg_.rms_norm_eps), out.final_hidden, none);
+    out.final_hidden = ctx.empty(dt, {R, H});
+    ctx.rmsnorm(h, w_.final_norm, eps, out.final_hidden, none);
   }
   return out;
 }

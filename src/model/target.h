@@ -76,6 +76,16 @@ class Target {
   void logits(Context& ctx, const Tensor& hidden, const Tensor& out) const;
 
  private:
+  // Rows [begin, end) of the stacked input are one sequence at positions start.. : with a cache they are appended
+  // to it and attend to its prefix; without one they attend causally among themselves (start = 0).
+  struct Segment {
+    int64_t begin, end, start;
+    KVCache* cache;
+  };
+  // The decoder over stacked rows (ids, pos on the device): the one layer loop behind forward and forward_batch.
+  Output run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const Segment> segs,
+             std::span<const int64_t> layer_ids, int64_t run_layers, bool want_final) const;
+
   ModelConfig cfg_;
   TargetWeights w_;
 };
