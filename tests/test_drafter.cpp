@@ -174,9 +174,15 @@ TEST(Drafter, NoContextLeakCaseC08) {
     Tensor G = cpu_clone(F);
     for (int64_t c = 0; c < cfg.nf() * H; ++c) G.ptr<double>()[k * cfg.nf() * H + c] += 5.0;
     auto o = run(G);
-    if (k >= 10) EXPECT_EQ(block_diff(o, 0), 0.0) << "block 0 (anchor 10) sees context position " << k;
-    if (k >= 12) EXPECT_EQ(block_diff(o, 1), 0.0) << "block 1 (anchor 12) sees context position " << k;
-    if (k == 11) EXPECT_GT(block_diff(o, 1), 1e-6) << "block 1 must see position 11";
+    if (k >= 10) {
+      EXPECT_EQ(block_diff(o, 0), 0.0) << "block 0 (anchor 10) sees context position " << k;
+    }
+    if (k >= 12) {
+      EXPECT_EQ(block_diff(o, 1), 0.0) << "block 1 (anchor 12) sees context position " << k;
+    }
+    if (k == 11) {
+      EXPECT_GT(block_diff(o, 1), 1e-6) << "block 1 must see position 11";
+    }
   }
   Tensor G = cpu_clone(F);
   for (int64_t c = 0; c < cfg.nf() * H; ++c) G.ptr<double>()[9 * cfg.nf() * H + c] += 5.0;
