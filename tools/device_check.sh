@@ -69,6 +69,18 @@ if c and g:
     print("tiny peak memory (cuda)", max(r.get("peak_mem_bytes", 0) for r in g))
 PY
 
+# 3b. eval of one drafter on both devices: the same tau up to bf16 near-ties (EVAL_EXPORT: an exported drafter
+#     for the demo target, e.g. the CPU demo's run/export carried in .deps)
+if [ -n "${EVAL_EXPORT:-}" ] && [ -d "$EVAL_EXPORT" ]; then
+  $B prepare --tokenizer assets/demo/target --input assets/demo/eval.jsonl.gz --out "$OUT/eval_data" --format raw \
+    --max-length 1024 >"$OUT/eval_prepare.log" 2>&1
+  for dev in cpu cuda; do
+    timeout 200 $B eval --target assets/demo/target --drafter "$EVAL_EXPORT" --data "$OUT/eval_data" --device $dev \
+      --mode both --max-samples 100 --no-progress --json "$OUT/eval_$dev.json" >"$OUT/eval_$dev.log" 2>&1
+    say "eval $dev rc=$? $(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('teacher tau', j['teacher_forced']['tau'], 'generated tau', j['generated']['tau'], 'cycle mismatches', j.get('cycle_mismatches'))" "$OUT/eval_$dev.json" 2>&1 | tail -1)"
+  done
+fi
+
 # 4. the GPU demo (larger drafter, longer) with the same command as the CPU one
 if [ "${SKIP_DEMO:-0}" != 1 ]; then
   timeout $(( ${DEMO_BUDGET:-150} + 200 )) $B demo --device cuda --out "$OUT/demo" --budget "${DEMO_BUDGET:-150}" \
