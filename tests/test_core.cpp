@@ -98,6 +98,23 @@ TEST(Rng, StreamsAreIndependentAndResumable) {
   EXPECT_NEAR(s2 / n, 1.0, 5.0 * std::sqrt(2.0 / n));
 }
 
+TEST(Rng, FillNormalIndependentOfThreadsWithUnitMoments) {
+  const int64_t n = 300000;  // several chunks, the last partial
+  std::vector<float> a(n), b(n);
+  fill_normal(a.data(), n, 2.0, 11, RngPurpose::Init, 4, 1);
+  fill_normal(b.data(), n, 2.0, 11, RngPurpose::Init, 4, 3);
+  EXPECT_EQ(a, b);
+  double s = 0, s2 = 0;
+  for (float x : a) {
+    s += x;
+    s2 += static_cast<double>(x) * x;
+  }
+  EXPECT_NEAR(s / n, 0.0, 5 * 2.0 / std::sqrt(n));
+  EXPECT_NEAR(s2 / n, 4.0, 5 * 4.0 * std::sqrt(2.0 / n));
+  fill_normal(b.data(), n, 2.0, 11, RngPurpose::Init, 5, 2);
+  EXPECT_NE(a, b);  // another stream
+}
+
 TEST(Files, AtomicWriteReplacesWholeFileOnlyOnCommit) {
   auto dir = std::filesystem::temp_directory_path() / "dflash_test_atomic";
   std::filesystem::create_directories(dir);

@@ -78,9 +78,12 @@ void check_forward(const AttnCase& c, uint64_t seed) {
     ASSERT_FALSE(std::isnan(got[i])) << "unwritten or NaN output at " << i;
     ASSERT_NEAR(got[i], ref[i], 2e-5) << "S " << c.S << " N " << c.N << " at " << i;
   }
-  for (int64_t j = 0; j < c.N; ++j)
-    if (!c.valid[j])
-      for (int64_t r = j * c.B; r < (j + 1) * c.B; ++r) EXPECT_EQ(lse.ptr<float>()[r * c.nh], -INFINITY);
+  for (int64_t j = 0; j < c.N; ++j) {
+    if (c.valid[j]) continue;
+    for (int64_t r = j * c.B; r < (j + 1) * c.B; ++r) {
+      EXPECT_EQ(lse.ptr<float>()[r * c.nh], -INFINITY);
+    }
+  }
 }
 
 }  // namespace

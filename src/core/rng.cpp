@@ -1,6 +1,9 @@
 #include "core/rng.h"
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 namespace dflash {
 
@@ -63,6 +66,29 @@ double Rng::normal() {
   const double u2 = uniform_double();
   if (u1 < 1e-300) u1 = 1e-300;
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+void fill_normal(float* out, int64_t n, double std, uint64_t seed, RngPurpose purpose, uint64_t stream,
+                 int threads) {
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int64_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t nt = std::min<int64_t>(threads > 0 ? threads : hw, chunks);
+  auto work = [&](int64_t t) {
+    for (int64_t c = t; c < chunks; c += nt) {
+      Rng rng(seed, purpose, stream, static_cast<uint64_t>(c));
+      const int64_t e = std::min(n, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < e; ++i) out[i] = static_cast<float>(rng.normal() * std);
+    }
+  };
+  if (nt <= 1) {
+    if (chunks > 0) work(0);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < nt; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
 }
 
 }  // namespace dflash

@@ -36,4 +36,9 @@ class Rng {
   uint64_t pos_ = 0;
 };
 
+// out[i] = std * N(0,1), filled in chunks of 2^16 values, chunk c from Rng(seed, purpose, stream, c), on up to
+// `threads` threads (0 = hardware concurrency). The values do not depend on the thread count.
+void fill_normal(float* out, int64_t n, double std, uint64_t seed, RngPurpose purpose, uint64_t stream,
+                 int threads = 0);
+
 }  // namespace dflash

@@ -135,17 +135,14 @@ Drafter::Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, d = cfg_.head_dim;
   const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, nf = cfg_.nf();
   uint64_t index = 0;
-  auto linear = [&](const std::string& name, Shape s) {
-    Rng rng(seed, RngPurpose::Init, index++);
-    Tensor t = cpu_empty(DType::F64, s);
-    for (double& x : t.span<double>()) x = rng.normal() * init_std;
+  auto linear = [&](const std::string& name, Shape s) {  // values depend on (seed, parameter index) only
+    Tensor t = cpu_empty(DType::F32, s);
+    fill_normal(t.ptr<float>(), t.numel(), init_std, seed, RngPurpose::Init, index++);
     params_.add(ctx, name, t);
   };
   auto norm = [&](const std::string& name, int64_t n) {
     ++index;
-    Tensor t = cpu_empty(DType::F64, {n});
-    for (double& x : t.span<double>()) x = 1.0;
-    params_.add(ctx, name, t);
+    params_.add(ctx, name, cpu_tensor(std::vector<float>(static_cast<size_t>(n), 1.0f), {n}));
   };
   linear("fc.weight", {H, nf * H});
   norm("hidden_norm.weight", H);

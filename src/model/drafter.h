@@ -66,7 +66,8 @@ struct DraftStepStats {
 
 class Drafter {
  public:
-  // Random init (spec 1): Linear ~ N(0, 0.02), RMSNorm weights 1; counter-based RNG (seed, Init, param index).
+  // Random init (spec 1): Linear ~ N(0, init_std = 0.02), RMSNorm weights 1; values from fill_normal(seed, Init,
+  // parameter index), generated on all host cores (a 1B-parameter drafter in seconds, not minutes).
   Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std = 0.02);
   const DrafterConfig& config() const { return cfg_; }
   ParamSet& params() { return params_; }
