@@ -25,7 +25,9 @@
 // parameters and optimizer state (bench's device fill), the draft batches and the first step.
 //
 //   bench_step [--modes normal,recompute | --recompute] [--seqs 4] [--S 3072] [--N 512] [--layers 5]
-//              [--budget-s 15] [--max-reps 5] [--max-seconds 100] [--gemm-n 8192] [--seed 1]
+//              [--budget-s 15] [--max-reps 5] [--max-seconds 100] [--gemm-n 8192] [--seed 1] [--profile]
+// --profile: after each mode's timed steps, one more step with the per-op profile (Context::op_profile) printed
+// as a table: where the step's device time goes, op by op.
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -85,7 +87,8 @@ int main(int argc, char** argv) {
     const double t_ctx0 = now_s();
     const std::string device = args.s("device", "cuda");
     if (!device_available(device, "bench_step")) return 0;
-    auto ctx = make_context(device);
+    const bool profile = args.flag("profile");
+    auto ctx = make_context(device, {.profile_ops = profile});
     const DType act = ctx->compute_dtype();
     ctx->synchronize();
     const double t_ctx = now_s() - t_ctx0;
@@ -257,6 +260,14 @@ int main(int argc, char** argv) {
              "opt_ms=%.1f reps=%d loss=%.4f seqs=%lld draft_tokens=%.0f layout=per_sequence",
              rc ? "step_recompute" : "step", ts * 1e3, draft_tokens / ts, tflops, tflops / kPeakTflops, gib(peak),
              median(tfb) * 1e3, median(topt) * 1e3, reps, loss, (long long)seqs, draft_tokens);
+      if (profile) {  // one more step, op by op (backend/op_profile.h); the timed steps above include the events
+        ctx->reset_op_profile();
+        const StepTimes pt = step(rc);
+        const std::vector<OpProfileRow> rows = ctx->op_profile();
+        std::printf("PROFILE mode=%s step_ms=%.1f (one step; device time per op, GEMMs as M x N x K)\n%s",
+                    mode.c_str(), pt.total * 1e3, format_op_profile(rows).c_str());
+        std::fflush(stdout);
+      }
     }
 
     // ---- cuBLAS ceiling through Context::linear (same run) --------------------------------------------------

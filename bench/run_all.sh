@@ -9,7 +9,8 @@
 #   2. builds bench_attention bench_step bench_prefill (build-cuda, the flags of tools/device_check.sh) meanwhile;
 #   3. once the PyTorch side is done, runs the three C++ benches one after another;
 #   4. prints the table ours vs theirs with the ratios and issue 6's goals.
-# Files back in $OUT: summary.txt (the table), results.txt (every RESULT line), bench_step.log, torch_attnstep.log,
+# Files back in $OUT: summary.txt (the table), results.txt (every RESULT line), profile.txt (bench_step's per-op
+# profile of one step per mode), bench_step.log, torch_attnstep.log,
 # logs.tgz (every log, the build's included).
 # Note: the PyTorch first-call (compile) times are measured while the C++ build runs on the other cores.
 set -u
@@ -78,7 +79,7 @@ fi
 if [ "$BUILD_OK" = 1 ]; then
   timeout -k 5 "$(cap 45 95)" build-cuda/bench_attention --budget-s 4 >"$W/bench_attention.log" 2>&1
   say "bench_attention rc=$?"
-  timeout -k 5 "$(cap 90 35)" build-cuda/bench_step --budget-s 10 --max-seconds 65 >"$W/bench_step.log" 2>&1
+  timeout -k 5 "$(cap 90 35)" build-cuda/bench_step --budget-s 10 --max-seconds 65 --profile >"$W/bench_step.log" 2>&1
   say "bench_step rc=$?"
   timeout -k 5 "$(cap 40 3)" build-cuda/bench_prefill --budget-s 4 >"$W/bench_prefill.log" 2>&1
   say "bench_prefill rc=$?"
@@ -171,7 +172,9 @@ for (n, i), kv in sorted(R.items(), key=lambda x: (str(x[0][0]), str(x[0][1]))):
         print("ERROR %s %s: %s" % (i, n, " ".join("%s=%s" % kv_ for kv_ in kv.items() if kv_[0] not in ("name", "impl"))))
 PY
 
-cp "$W/summary.txt" "$W/results.txt" "$RES/" 2>/dev/null
+# the per-op profile of one step of each mode (bench_step --profile), evidence for where the step's time goes
+sed -n '/^PROFILE/,/^total/p' "$W/bench_step.log" 2>/dev/null | tee "$W/profile.txt"
+cp "$W/summary.txt" "$W/results.txt" "$W/profile.txt" "$RES/" 2>/dev/null
 cp "$W/bench_step.log" "$W/torch_attnstep.log" "$RES/" 2>/dev/null
 (cd "$W" && tar -czf "$RES/logs.tgz" . 2>/dev/null)
 echo; cat "$W/status.txt" | tail -12

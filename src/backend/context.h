@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/op_profile.h"
 #include "core/tensor.h"
 
 namespace dflash {
@@ -157,12 +158,31 @@ class Context {
                      const AdamWArgs& a, const Tensor& param_compute) = 0;
   // sum of squares of an F32 tensor, accumulated in double. Synchronises.
   virtual double sum_squares(const Tensor& x) = 0;
+
+  // ---- profiling (backend/op_profile.h) ------------------------------------------------------------------
+  // Time and FLOPs per op since the last reset, longest first; empty unless the context was made with
+  // ContextOptions::profile_ops. Synchronises.
+  std::vector<OpProfileRow> op_profile() {
+    synchronize();
+    flush_op_profile();
+    return profile_.rows();
+  }
+  void reset_op_profile() {
+    synchronize();
+    flush_op_profile();
+    profile_.clear();
+  }
+
+ protected:
+  virtual void flush_op_profile() {}  // moves timings still pending on the device into profile_
+  OpProfile profile_;
 };
 
 struct ContextOptions {
   int threads = 0;        // CPU: worker threads for elementwise ops (0 = hardware concurrency)
   int device_index = 0;   // CUDA device ordinal
   int64_t memory_limit_bytes = 0;  // 0 = no limit beyond the device
+  bool profile_ops = false;        // time every op (Context::op_profile); off: nothing is recorded
 };
 
 // Creates a Context for "cpu", "cpu64" (everything in fp64: the gradient-check oracle) or "cuda[:N]". Throws Error if the device is unknown or CUDA was not built in.

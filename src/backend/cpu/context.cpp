@@ -1,4 +1,5 @@
 // backend/cpu/context.cpp — CpuContext: the CPU Context and its single dispatch point to the op files.
+#include <chrono>
 #include <cstring>
 
 #include "backend/cpu/ops.h"
@@ -9,7 +10,8 @@ namespace {
 
 class CpuContext final : public Context {
  public:
-  CpuContext(const ContextOptions& o, DType dt) : pool_(o.threads), limit_(o.memory_limit_bytes), dt_(dt) {
+  CpuContext(const ContextOptions& o, DType dt)
+      : profile_ops_(o.profile_ops), pool_(o.threads), limit_(o.memory_limit_bytes), dt_(dt) {
     cpu::init_cpu_backend();
   }
   Device device() const override { return Device::CPU; }
@@ -46,64 +48,126 @@ class CpuContext final : public Context {
   MemoryStats memory() const override { return {0, 0, limit_}; }
   void reset_peak_memory() override {}
 
+  // ---- ops: the dispatch point (each timed when profiling) -------------------------------------------------
   void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta) override {
+    const OpScope scope = op_gemm("linear", x.numel() / w.shape.back(), w.shape[0], w.shape.back());
     cpu::linear(pool_, x, w, b, y, beta);
   }
   void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
+    const OpScope scope = op_gemm("linear_dx", dy.numel() / w.shape[0], w.shape[0], w.shape.back());
     cpu::linear_dx(pool_, dy, w, dx, beta);
   }
   void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) override {
+    const OpScope scope = op_gemm("linear_dw", dy.numel() / dw.shape[0], dw.shape[0], dw.shape.back());
     cpu::linear_dw(pool_, dy, x, dw, db);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
+    const OpScope scope = op("rmsnorm");
     cpu::rmsnorm(pool_, x, w, eps, y, rstd);
   }
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw, float beta) override {
+    const OpScope scope = op("rmsnorm_backward");
     cpu::rmsnorm_backward(pool_, dy, x, w, rstd, dx, dw, beta);
   }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
+    const OpScope scope = op("rope");
     cpu::rope(pool_, x, pos, inv_freq, inverse);
   }
-  void silu_mul(const Tensor& g, const Tensor& u, const Tensor& out) override { cpu::silu_mul(pool_, g, u, out); }
+  void silu_mul(const Tensor& g, const Tensor& u, const Tensor& out) override {
+    const OpScope scope = op("silu_mul");
+    cpu::silu_mul(pool_, g, u, out);
+  }
   void silu_mul_backward(const Tensor& dout, const Tensor& g, const Tensor& u, const Tensor& dg,
                          const Tensor& du) override {
+    const OpScope scope = op("silu_mul_backward");
     cpu::silu_mul_backward(pool_, dout, g, u, dg, du);
   }
   void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+    const OpScope scope = op("embedding");
     cpu::embedding(pool_, table, ids, out);
   }
-  void add(const Tensor& y, const Tensor& x, float alpha) override { cpu::add(pool_, y, x, alpha); }
+  void add(const Tensor& y, const Tensor& x, float alpha) override {
+    const OpScope scope = op("add");
+    cpu::add(pool_, y, x, alpha);
+  }
   void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
+    const OpScope scope = op("copy_columns");
     cpu::copy_columns(dst, src, col0);
   }
   void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
+    const OpScope scope = op("gather_columns");
     cpu::gather_columns(dst, src, col0);
   }
   void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) override {
+    const OpScope scope = op("gather_rows");
     cpu::gather_rows(dst, src, rows);
   }
-  void argmax(const Tensor& x, const Tensor& out) override { cpu::argmax(pool_, x, out); }
+  void argmax(const Tensor& x, const Tensor& out) override {
+    const OpScope scope = op("argmax");
+    cpu::argmax(pool_, x, out);
+  }
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
                         float scale) override {
+    const OpScope scope = op("attention_causal");
     cpu::attention_causal(pool_, q, k, v, out, q_offset, scale);
   }
   void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
+    const OpScope scope =
+        op("dflash_attention", profile_ops_ ? dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
     cpu::dflash_attention(pool_, a, out, lse);
   }
   void dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                  const Tensor& dq, const Tensor& dkc, const Tensor& dvc, const Tensor& dkb,
                                  const Tensor& dvb) override {
+    const OpScope scope =
+        op("dflash_attention_backward", profile_ops_ ? 2.5 * dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
     cpu::dflash_attention_backward(pool_, a, out, lse, dout, dq, dkc, dvc, dkb, dvb);
   }
-  LossStats lm_head_loss(const LossArgs& a) override { return cpu::lm_head_loss(pool_, a); }
+  LossStats lm_head_loss(const LossArgs& a) override {
+    const double passes = 1.0 + (a.dh.defined() ? 1.0 : 0.0) + (a.teacher_h.defined() ? 1.0 : 0.0);
+    const OpScope scope = op("lm_head_loss", 2.0 * passes * double(a.rows.numel()) * double(a.lm_head.numel()));
+    return cpu::lm_head_loss(pool_, a);
+  }
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
              const Tensor& pc) override {
+    const OpScope scope = op("adamw");
     cpu::adamw(pool_, p, g, m, v, a, pc);
   }
-  double sum_squares(const Tensor& x) override { return cpu::sum_squares(x); }
+  double sum_squares(const Tensor& x) override {
+    const OpScope scope = op("sum_squares");
+    return cpu::sum_squares(x);
+  }
 
  private:
+  // ---- per-op profile (ContextOptions::profile_ops, backend/op_profile.h): wall time of each synchronous op --
+  class OpScope {
+   public:
+    OpScope(OpProfile* prof, std::string key, double flop)
+        : prof_(prof), key_(std::move(key)), flop_(flop), t0_(std::chrono::steady_clock::now()) {}
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+    ~OpScope() {
+      if (prof_)
+        prof_->add(key_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count(),
+                   flop_);
+    }
+
+   private:
+    OpProfile* prof_;
+    std::string key_;
+    double flop_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+  OpScope op(const char* name, double flop = 0) {
+    return profile_ops_ ? OpScope(&profile_, name, flop) : OpScope(nullptr, {}, 0);
+  }
+  OpScope op_gemm(const char* name, int64_t M, int64_t N, int64_t K) {
+    return profile_ops_ ? OpScope(&profile_, gemm_key(name, M, N, K), 2.0 * double(M) * double(N) * double(K))
+                        : OpScope(nullptr, {}, 0);
+  }
+
+  bool profile_ops_;
   ThreadPool pool_;
   int64_t limit_;
   DType dt_;

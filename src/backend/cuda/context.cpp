@@ -51,7 +51,7 @@ struct LtDeleter {
 
 class CudaContext final : public Context {
  public:
-  CudaContext(const ContextOptions& o, int smem_cap) : dev_(o.device_index) {
+  CudaContext(const ContextOptions& o, int smem_cap) : dev_(o.device_index), profile_ops_(o.profile_ops) {
     int n = 0;
     const cudaError_t ce = cudaGetDeviceCount(&n);
     DFLASH_CHECK(ce == cudaSuccess && n > 0, "cuda:", dev_, ": no usable CUDA device (",
@@ -99,6 +99,11 @@ class CudaContext final : public Context {
   ~CudaContext() override {
     cudaSetDevice(dev_);
     cudaStreamSynchronize(st_->stream);
+    for (const Pending& p : pending_) {
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.stop);
+    }
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     workspace_ = Tensor{};
     err_ = Tensor{};
     lt_.reset();
@@ -151,13 +156,14 @@ class CudaContext final : public Context {
   }
 
   void zero(const Tensor& t) override {
-    use();
+    const OpScope scope = op("zero");
     DFLASH_CHECK(t.device == Device::CUDA, "cuda context: zero() of a ", device_name(t.device), " tensor");
     if (t.nbytes()) DFLASH_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), st_->stream));
   }
 
   void copy(const Tensor& dst, const Tensor& src) override {
-    use();
+    const OpScope scope =
+        op(dst.device == src.device ? "copy" : dst.device == Device::CUDA ? "copy h2d" : "copy d2h");
     DFLASH_CHECK(dst.numel() == src.numel(), "copy: ", shape_str(src.shape), " -> ", shape_str(dst.shape));
     if (src.numel() == 0) return;
     const bool dd = dst.device == Device::CUDA, sd = src.device == Device::CUDA;
@@ -213,80 +219,83 @@ class CudaContext final : public Context {
 
   // ---- ops: the dispatch point ----------------------------------------------------------------------------------
   void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta) override {
-    use();
+    const OpScope scope = op_gemm("linear", x.numel() / w.shape.back(), w.shape[0], w.shape.back());
     cuda::linear(env_, x, w, b, y, beta);
   }
   void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
-    use();
+    const OpScope scope = op_gemm("linear_dx", dy.numel() / w.shape[0], w.shape[0], w.shape.back());
     cuda::linear_dx(env_, dy, w, dx, beta);
   }
   void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) override {
-    use();
+    const OpScope scope = op_gemm("linear_dw", dy.numel() / dw.shape[0], dw.shape[0], dw.shape.back());
     cuda::linear_dw(env_, dy, x, dw, db);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
-    use();
+    const OpScope scope = op("rmsnorm");
     cuda::rmsnorm(env_, x, w, eps, y, rstd);
   }
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw, float beta) override {
-    use();
+    const OpScope scope = op("rmsnorm_backward");
     cuda::rmsnorm_backward(env_, dy, x, w, rstd, dx, dw, beta);
   }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
-    use();
+    const OpScope scope = op("rope");
     cuda::rope(env_, x, on_device(pos), on_device(inv_freq), inverse);
   }
   void silu_mul(const Tensor& g, const Tensor& u, const Tensor& out) override {
-    use();
+    const OpScope scope = op("silu_mul");
     cuda::silu_mul(env_, g, u, out);
   }
   void silu_mul_backward(const Tensor& dout, const Tensor& g, const Tensor& u, const Tensor& dg,
                          const Tensor& du) override {
-    use();
+    const OpScope scope = op("silu_mul_backward");
     cuda::silu_mul_backward(env_, dout, g, u, dg, du);
   }
   void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
-    use();
+    const OpScope scope = op("embedding");
     cuda::embedding(env_, table, on_device(ids), out);
   }
   void add(const Tensor& y, const Tensor& x, float alpha) override {
-    use();
+    const OpScope scope = op("add");
     cuda::add(env_, y, x, alpha);
   }
   void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
-    use();
+    const OpScope scope = op("copy_columns");
     cuda::copy_columns(env_, dst, src, col0);
   }
   void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
-    use();
+    const OpScope scope = op("gather_columns");
     cuda::gather_columns(env_, dst, src, col0);
   }
   void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) override {
-    use();
+    const OpScope scope = op("gather_rows");
     cuda::gather_rows(env_, dst, src, on_device(rows));
   }
   void argmax(const Tensor& x, const Tensor& out) override {
-    use();
+    const OpScope scope = op("argmax");
     cuda::argmax(env_, x, out);
   }
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
                         float scale) override {
-    use();
+    const OpScope scope = op("attention_causal");
     cuda::attention_causal(env_, q, k, v, out, q_offset, scale);
   }
   void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
-    use();
+    const OpScope scope =
+        op("dflash_attention", profiling() ? dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
     cuda::dflash_attention(env_, on_device(a), out, lse);
   }
   void dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                  const Tensor& dq, const Tensor& dkc, const Tensor& dvc, const Tensor& dkb,
                                  const Tensor& dvb) override {
-    use();
+    const OpScope scope =
+        op("dflash_attention_backward", profiling() ? 2.5 * dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
     cuda::dflash_attention_backward(env_, on_device(a), out, lse, dout, dq, dkc, dvc, dkb, dvb);
   }
   LossStats lm_head_loss(const LossArgs& a) override {
-    use();
+    const double passes = 1.0 + (a.dh.defined() ? 1.0 : 0.0) + (a.teacher_h.defined() ? 1.0 : 0.0);
+    const OpScope scope = op("lm_head_loss", 2.0 * passes * double(a.rows.numel()) * double(a.lm_head.numel()));
     LossArgs d = a;
     d.rows = on_device(a.rows);
     d.labels = on_device(a.labels);
@@ -297,11 +306,11 @@ class CudaContext final : public Context {
   }
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
              const Tensor& pc) override {
-    use();
+    const OpScope scope = op("adamw");
     cuda::adamw(env_, p, g, m, v, a, pc);
   }
   double sum_squares(const Tensor& x) override {
-    use();
+    const OpScope scope = op("sum_squares");
     const double s = cuda::sum_squares(env_, x);
     check_device_errors();
     return s;
@@ -309,6 +318,71 @@ class CudaContext final : public Context {
 
  private:
   void use() const { DFLASH_CUDA_CHECK(cudaSetDevice(dev_)); }
+
+  // ---- per-op profile (ContextOptions::profile_ops, backend/op_profile.h) ---------------------------------------
+  // An op's scope records an event before and after its kernels on the stream; the pairs are resolved into
+  // milliseconds when the profile is read (or every kMaxPending ops, which synchronises).
+  struct Pending {
+    std::string op;
+    cudaEvent_t start, stop;
+    double flop;
+  };
+  static constexpr size_t kMaxPending = 4096;
+  class OpScope {
+   public:
+    OpScope(CudaContext* c, const char* name, std::string key, double flop) : c_(c), flop_(flop) {
+      if (!c_) return;
+      key_ = key.empty() ? std::string(name) : std::move(key);
+      start_ = c_->take_event();
+      cudaEventRecord(start_, c_->st_->stream);
+    }
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+    ~OpScope() {
+      if (!c_) return;
+      cudaEvent_t stop = c_->take_event();
+      cudaEventRecord(stop, c_->st_->stream);
+      c_->pending_.push_back({std::move(key_), start_, stop, flop_});
+      if (c_->pending_.size() >= kMaxPending && cudaStreamSynchronize(c_->st_->stream) == cudaSuccess)
+        c_->flush_op_profile();
+    }
+
+   private:
+    CudaContext* c_;
+    std::string key_;
+    cudaEvent_t start_ = nullptr;
+    double flop_;
+  };
+  bool profiling() const { return profile_ops_; }
+  OpScope op(const char* name, double flop = 0) {
+    use();
+    return OpScope(profile_ops_ ? this : nullptr, name, {}, flop);
+  }
+  OpScope op_gemm(const char* name, int64_t M, int64_t N, int64_t K) {
+    use();
+    if (!profile_ops_) return OpScope(nullptr, name, {}, 0);
+    return OpScope(this, name, gemm_key(name, M, N, K), 2.0 * double(M) * double(N) * double(K));
+  }
+  cudaEvent_t take_event() {
+    if (events_.empty()) {
+      cudaEvent_t e = nullptr;
+      DFLASH_CUDA_CHECK(cudaEventCreate(&e));
+      return e;
+    }
+    cudaEvent_t e = events_.back();
+    events_.pop_back();
+    return e;
+  }
+  // The stream has been synchronised: every pending pair has completed.
+  void flush_op_profile() override {
+    for (Pending& p : pending_) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, p.start, p.stop) == cudaSuccess) profile_.add(p.op, ms, p.flop);
+      events_.push_back(p.start);
+      events_.push_back(p.stop);
+    }
+    pending_.clear();
+  }
 
   // Index / small host tensors passed to an op are uploaded first (ops read them on the device).
   Tensor on_device(const Tensor& t) {
@@ -358,6 +432,9 @@ class CudaContext final : public Context {
   std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, LtDeleter> lt_;
   Tensor workspace_, err_;
   cuda::Env env_;
+  bool profile_ops_ = false;
+  std::vector<Pending> pending_;
+  std::vector<cudaEvent_t> events_;
 };
 
 }  // namespace
