@@ -12,6 +12,7 @@
 #pragma once
 #include <string>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/ops.h"
 
 namespace dflash::cuda {
@@ -39,6 +40,22 @@ struct AttnFwdParams {
   int* err;
 };
 
+// DFlash attention backward (dflash_attention.cu, attention_tc.cu): inputs, the forward's lse, D = rowsum(dO * O)
+// and the five gradients, all device pointers.
+struct AttnBwdParams {
+  const bf16 *q, *k1, *v1, *k2, *v2, *dout;
+  const float* lse;  // [Tq, nh]
+  const float* Dr;   // [Tq, nh]
+  bf16 *dq, *dk1, *dv1, *dk2, *dv2;
+  int Tq, nh, nkv, d, T1, T2;
+  int hc, mq, nk;  // dQ kernel tiling
+  int mc;          // dK/dV kernel: query rows per chunk
+  float scale;
+  const int* anchors;
+  const unsigned char* valid;
+  int B, N;
+};
+
 // Head-dim bucket D (64, 128 or 256) the kernels are compiled for; any d <= D runs in bucket D. 0 if d > 256.
 inline int head_dim_bucket(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : (d <= 256 ? 256 : 0)); }
 // Query rows per CTA in the forward and dQ kernels: 32 fp32 accumulators per thread of 128 threads.
@@ -61,5 +78,16 @@ int choose_dkv_mc(int D, int smem_limit);
 void launch_attention_forward(Env& e, AttnFwdParams p);
 // Sets the dynamic-shared-memory attribute of the backward kernels (dflash_attention.cu).
 void dflash_backward_init_attributes(int smem_optin);
+
+// Tensor-core versions (attention_tc.cu): run the op and return true when they apply (head dim exactly 64 or 128,
+// 16-byte aligned tensors, enough shared memory under e.smem_limit); return false, launching nothing, otherwise, and
+// the CUDA-core kernels above run instead (also in the CPU emulator, which has no tensor cores).
+bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p);
+bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p);
+void attention_tc_init_attributes(int smem_optin);
+// Shared memory of the tensor-core kernels for head dim D (64 or 128).
+size_t attn_tc_fwd_smem(int D);
+size_t attn_tc_dq_smem(int D);
+size_t attn_tc_dkv_smem(int D);
 
 }  // namespace dflash::cuda

@@ -26,20 +26,6 @@ namespace {
 
 constexpr size_t align16(size_t b) { return (b + 15) / 16 * 16; }
 
-struct AttnBwdParams {
-  const bf16 *q, *k1, *v1, *k2, *v2, *dout;
-  const float* lse;  // [Tq, nh]
-  const float* Dr;   // [Tq, nh]
-  bf16 *dq, *dk1, *dv1, *dk2, *dv2;
-  int Tq, nh, nkv, d, T1, T2;
-  int hc, mq, nk;  // dQ kernel tiling
-  int mc;          // dK/dV kernel: query rows per chunk
-  float scale;
-  const int* anchors;
-  const unsigned char* valid;
-  int B, N;
-};
-
 // D[row] = sum_c dO[row, c] * O[row, c], one warp per (query, head) row.
 __global__ void k_rowdot(const bf16* __restrict__ o, const bf16* __restrict__ dout, float* __restrict__ Dr,
                          int64_t rows, int d) {
@@ -457,6 +443,7 @@ void dflash_attention_backward(Env& e, const DFlashAttnArgs& a, const Tensor& ou
   p.valid = a.valid.ptr<uint8_t>();
   p.B = static_cast<int>(g.B);
   p.N = static_cast<int>(g.N);
+  if (launch_dflash_backward_tc(e, p)) return;  // tensor cores (attention_tc.cu) where the head dim allows
 
   // dQ: query-major, the forward's tiling
   const int M = attn_rows_per_cta(D), rep = p.nh / p.nkv;

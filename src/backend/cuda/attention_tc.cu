@@ -1,0 +1,681 @@
+// cuda/attention_tc.cu — the attention kernels on tensor cores (mma.sync m16n8k16: bf16 operands, fp32
+// accumulation) for head dims 64 and 128: the forward shared by attention_causal and dflash_attention (the
+// two-segment visibility rule of attention.h), and DFlash attention's backward. Same math, masks and outputs as the
+// CUDA-core kernels of attention_fwd.cu / dflash_attention.cu, which still run for other head dims, under a
+// shared-memory cap too small for these tiles (case C07) and in the CPU emulator (no tensor cores there).
+//
+// FlashAttention-2 (Dao 2023) structure, written for this project's masks:
+//  * forward (k_fwd_tc): a CTA = 4 warps = 64 query rows ((query, head) pairs of one kv head, as attention_fwd.cu);
+//    a warp owns 16 rows, holds Q as mma A-fragments in registers, and walks 64-key tiles staged in shared memory
+//    by cp.async (double buffered: tile t+1 loads while tile t is computed). S = Q K^T, online softmax in the
+//    log2 domain (exp2), O += P V with P rounded to bf16 as the mma's A operand. A warp skips the math of a tile
+//    none of its rows can see.
+//  * dQ (k_dq_tc): the forward's tiling with 32-key tiles; P = exp(S - lse) from the saved lse, dP = dO V^T,
+//    dS = P (dP - D), dQ += dS K (dS rounded to bf16), dQ *= scale at the end.
+//  * dK/dV (k_dkv_tc): a CTA owns 64 keys of one kv head (a warp 16 of them), context tiles then block-key tiles,
+//    and walks chunks of 32 queries x each head of the group that can see them (a context tile: the queries
+//    whose valid block has a_j > the tile's first key; a block-key tile: the queries of the blocks owning those
+//    keys). S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q; dK *= scale.
+//    Deterministic: every gradient element is written once, by one thread, no atomics.
+// Fragment layouts are PTX ISA's for mma.m16n8k16 (.row.col) and ldmatrix (.x4, .trans): lane l holds, of an
+// accumulator tile, rows l/4 and l/4 + 8 and columns 2 (l%4) + {0, 1}.
+// Error of the bf16 rounding of P and dS (what flex_attention and FlashAttention do too): a relative 2^-9 per term
+// of the second product; tests/cuda compares these outputs by normalised mean square error for that reason.
+#include <algorithm>
+#include <climits>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/common.cuh"
+
+namespace dflash::cuda {
+
+#ifndef DFLASH_CUDA_EMU
+
+namespace {
+
+constexpr int kTcThreads = 128;  // 4 warps
+constexpr int kTcRows = 64;      // query rows per CTA (forward, dQ)
+constexpr int kFwdKeys = 64;     // keys per tile (forward)
+constexpr int kDqKeys = 32;      // keys per tile (dQ: more accumulators live)
+constexpr int kDkvKeys = 64;     // keys per CTA (dK/dV)
+constexpr int kDkvQ = 32;        // query rows per chunk (dK/dV)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// c += a (16x16, row) * b (16x8, col)
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+// 16 bytes global -> shared, asynchronously; zero-filled when !pred (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool pred) {
+  const int n = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// A fragments of 16 rows x 16 columns (columns c0..c0+15) of a row-major bf16 tile in shared memory.
+template <int LDS>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int row0, int c0, int lane) {
+  ldsm_x4(a, smem_u32(tile + (row0 + (lane & 15)) * LDS + c0 + (lane >> 4) * 8));
+}
+// B fragments (k = columns c0..c0+15, n = rows n0..n0+15 as two 8-wide n tiles) of B = tile^T: for S = Q K^T with
+// K row-major [key][d]. r[0], r[1]: n tile n0; r[2], r[3]: n tile n0 + 8.
+template <int LDS>
+__device__ __forceinline__ void load_bt(uint32_t (&r)[4], const bf16* tile, int n0, int c0, int lane) {
+  ldsm_x4(r, smem_u32(tile + (n0 + (lane & 7) + (lane >> 4) * 8) * LDS + c0 + ((lane >> 3) & 1) * 8));
+}
+// B fragments (k = rows k0..k0+15, n = columns n0..n0+15 as two 8-wide n tiles) of B = tile: for O = P V with V
+// row-major [key][d]. r[0], r[1]: n tile n0; r[2], r[3]: n tile n0 + 8.
+template <int LDS>
+__device__ __forceinline__ void load_b(uint32_t (&r)[4], const bf16* tile, int k0, int n0, int lane) {
+  ldsm_x4_t(r, smem_u32(tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8));
+}
+
+// Visibility of a query row (attention.h): segment 1 keys [0, hi1), segment 2 keys [lo2, hi2).
+__device__ __forceinline__ void row_bounds(int mode, int qi, int q_offset, int T1, int B, const int* anchors,
+                                           const unsigned char* valid, int* err, int& hi1, int& lo2, int& hi2) {
+  hi1 = lo2 = hi2 = 0;
+  if (mode == kAttnCausal) {
+    hi1 = min(q_offset + qi + 1, T1);
+    return;
+  }
+  const int j = qi / B;
+  if (!valid[j]) return;
+  int a = anchors[j];
+  if (a < 0 || a > T1) {
+    if (err) atomicOr(err, kErrAnchor);
+    a = a < 0 ? 0 : T1;
+  }
+  hi1 = a;
+  lo2 = j * B;
+  hi2 = lo2 + B;
+}
+
+// Copies rows [0, nrows) x D of a tile whose row r lives at src + off(r) (or is zero when off(r) < 0).
+template <int D, int LDS, class Off>
+__device__ __forceinline__ void stage_rows(bf16* dst, const bf16* src, int nrows, Off off) {
+  constexpr int CH = D / 8;
+  for (int c = threadIdx.x; c < nrows * CH; c += kTcThreads) {
+    const int r = c / CH, col = (c % CH) * 8;
+    const int64_t o = off(r);
+    cp_async16(smem_u32(dst + r * LDS + col), o >= 0 ? src + o + col : src, o >= 0);
+  }
+}
+
+// ---- forward ---------------------------------------------------------------------------------------------------
+template <int D>
+__global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
+  constexpr int LDS = D + 8, KT = kFwdKeys, NT = KT / 8, DT = D / 8;
+  DFLASH_DYN_SMEM(smem);
+  __shared__ int sExt[3];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [64][LDS]
+  bf16* sK = sQ + kTcRows * LDS;              // [2][KT][LDS]
+  bf16* sV = sK + 2 * KT * LDS;               // [2][KT][LDS]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t4 = lane & 3;
+  const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
+  const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = blockIdx.x * mq;
+  const bf16* Q = static_cast<const bf16*>(p.q);
+
+  int hi1[2], lo2[2], hi2[2];
+  bool rok[2];
+  int64_t orow[2];
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int r = warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
+    rok[i] = hh < hc && qi < p.Tq;
+    orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
+    if (rok[i])
+      row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, p.anchors, p.valid, p.err, hi1[i], lo2[i], hi2[i]);
+    else
+      hi1[i] = lo2[i] = hi2[i] = 0;
+  }
+  if (tid == 0) {
+    sExt[0] = 0;
+    sExt[1] = INT_MAX;
+    sExt[2] = 0;
+  }
+  stage_rows<D, LDS>(sQ, Q, kTcRows, [&](int r) -> int64_t {
+    const int hh = r / mq, qi = q0 + r % mq;
+    return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
+  });
+  cp_async_commit();
+  __syncthreads();
+  if (t4 == 0)
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      atomicMax(&sExt[0], hi1[i]);
+      if (hi2[i] > lo2[i]) {
+        atomicMin(&sExt[1], lo2[i]);
+        atomicMax(&sExt[2], hi2[i]);
+      }
+    }
+  __syncthreads();
+  const int ext1 = sExt[0], ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
+  const int nt1 = (ext1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+  auto load_tile = [&](int t, int buf) {
+    const bool s1 = t < nt1;
+    const int kt = s1 ? t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
+    const bf16* Kp = static_cast<const bf16*>(s1 ? p.k1 : p.k2);
+    const bf16* Vp = static_cast<const bf16*>(s1 ? p.v1 : p.v2);
+    auto off = [&](int r) -> int64_t {
+      return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
+    };
+    stage_rows<D, LDS>(sK + buf * KT * LDS, Kp, KT, off);
+    stage_rows<D, LDS>(sV + buf * KT * LDS, Vp, KT, off);
+  };
+  if (nt > 0) load_tile(0, 0);
+  cp_async_commit();
+  cp_async_wait<1>();  // Q
+  __syncthreads();
+  uint32_t qf[D / 16][4];
+  DFLASH_UNROLL
+  for (int kk = 0; kk < D / 16; ++kk) load_a<LDS>(qf[kk], sQ, warp * 16, kk * 16, lane);
+
+  float o[DT][4];
+  DFLASH_UNROLL
+  for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float sl2 = p.scale * kLog2e;
+
+  for (int t = 0; t < nt; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < nt) load_tile(t + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bool s1 = t < nt1;
+    const int kt = s1 ? t * KT : elo + (t - nt1) * KT;
+    bool mine = false;
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i) mine |= s1 ? hi1[i] > kt : (hi2[i] > lo2[i] && lo2[i] < kt + KT && hi2[i] > kt);
+    if (__any_sync(0xffffffffu, mine)) {
+      const bf16* tK = sK + buf * KT * LDS;
+      const bf16* tV = sV + buf * KT * LDS;
+      float s[NT][4];
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      DFLASH_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk)
+        DFLASH_UNROLL
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t b[4];
+          load_bt<LDS>(b, tK, np * 16, kk * 16, lane);
+          mma16816(s[2 * np], qf[kk], b[0], b[1]);
+          mma16816(s[2 * np + 1], qf[kk], b[2], b[3]);
+        }
+      float mx[2] = {-INFINITY, -INFINITY};
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
+          const bool vis = s1 ? key < hi1[i] : (key >= lo2[i] && key < hi2[i]);
+          const float v = vis ? s[n][e] * sl2 : -INFINITY;
+          s[n][e] = v;
+          mx[i] = fmaxf(mx[i], v);
+        }
+      float alpha[2], mref[2], rs[2] = {0.f, 0.f};
+      DFLASH_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float mn = fmaxf(m[i], mx[i]);
+        mref[i] = mn == -INFINITY ? 0.f : mn;  // no -inf - -inf while a row has seen nothing
+        alpha[i] = exp2f(m[i] - mref[i]);
+        m[i] = mn;
+      }
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const float pv = exp2f(s[n][e] - mref[e >> 1]);
+          s[n][e] = pv;
+          rs[e >> 1] += pv;
+        }
+      l[0] = l[0] * alpha[0] + rs[0];
+      l[1] = l[1] * alpha[1] + rs[1];
+      DFLASH_UNROLL
+      for (int n = 0; n < DT; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
+      DFLASH_UNROLL
+      for (int kc = 0; kc < KT / 16; ++kc) {
+        const uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                               pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                               pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+        DFLASH_UNROLL
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          load_b<LDS>(b, tV, kc * 16, dp * 16, lane);
+          mma16816(o[2 * dp], a, b[0], b[1]);
+          mma16816(o[2 * dp + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+  }
+  bf16* O = static_cast<bf16*>(p.out);
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    if (!rok[i]) continue;
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    DFLASH_UNROLL
+    for (int n = 0; n < DT; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(O + orow[i] + n * 8 + 2 * t4) =
+          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (p.lse != nullptr && t4 == 0)
+      p.lse[orow[i] / D] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2 : -INFINITY;
+  }
+}
+
+// ---- backward: dQ ----------------------------------------------------------------------------------------------
+template <int D>
+__global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
+  constexpr int LDS = D + 8, KT = kDqKeys, NT = KT / 8, DT = D / 8;
+  DFLASH_DYN_SMEM(smem);
+  __shared__ int sExt[3];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [64][LDS]
+  bf16* sdO = sQ + kTcRows * LDS;             // [64][LDS]
+  bf16* sK = sdO + kTcRows * LDS;             // [2][KT][LDS]
+  bf16* sV = sK + 2 * KT * LDS;               // [2][KT][LDS]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t4 = lane & 3;
+  const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
+  const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = blockIdx.x * mq;
+
+  int hi1[2], lo2[2], hi2[2];
+  bool rok[2];
+  int64_t orow[2];
+  float lse2[2], Dr[2];
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int r = warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
+    rok[i] = hh < hc && qi < p.Tq;
+    orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
+    hi1[i] = lo2[i] = hi2[i] = 0;
+    lse2[i] = Dr[i] = 0.f;
+    if (rok[i]) {
+      row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, p.anchors, p.valid, nullptr, hi1[i], lo2[i], hi2[i]);
+      lse2[i] = p.lse[orow[i] / D] * kLog2e;
+      Dr[i] = p.Dr[orow[i] / D];
+    }
+  }
+  if (tid == 0) {
+    sExt[0] = 0;
+    sExt[1] = INT_MAX;
+    sExt[2] = 0;
+  }
+  auto qoff = [&](int r) -> int64_t {
+    const int hh = r / mq, qi = q0 + r % mq;
+    return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
+  };
+  stage_rows<D, LDS>(sQ, p.q, kTcRows, qoff);
+  stage_rows<D, LDS>(sdO, p.dout, kTcRows, qoff);
+  cp_async_commit();
+  __syncthreads();
+  if (t4 == 0)
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      atomicMax(&sExt[0], hi1[i]);
+      if (hi2[i] > lo2[i]) {
+        atomicMin(&sExt[1], lo2[i]);
+        atomicMax(&sExt[2], hi2[i]);
+      }
+    }
+  __syncthreads();
+  const int ext1 = sExt[0], ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
+  const int nt1 = (ext1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+  auto load_tile = [&](int t, int buf) {
+    const bool s1 = t < nt1;
+    const int kt = s1 ? t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
+    auto off = [&](int r) -> int64_t {
+      return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
+    };
+    stage_rows<D, LDS>(sK + buf * KT * LDS, s1 ? p.k1 : p.k2, KT, off);
+    stage_rows<D, LDS>(sV + buf * KT * LDS, s1 ? p.v1 : p.v2, KT, off);
+  };
+  if (nt > 0) load_tile(0, 0);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+  uint32_t qf[D / 16][4], of[D / 16][4];
+  DFLASH_UNROLL
+  for (int kk = 0; kk < D / 16; ++kk) {
+    load_a<LDS>(qf[kk], sQ, warp * 16, kk * 16, lane);
+    load_a<LDS>(of[kk], sdO, warp * 16, kk * 16, lane);
+  }
+  float dq[DT][4];
+  DFLASH_UNROLL
+  for (int n = 0; n < DT; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+  const float sl2 = p.scale * kLog2e;
+
+  for (int t = 0; t < nt; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < nt) load_tile(t + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bool s1 = t < nt1;
+    const int kt = s1 ? t * KT : elo + (t - nt1) * KT;
+    bool mine = false;
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i) mine |= s1 ? hi1[i] > kt : (hi2[i] > lo2[i] && lo2[i] < kt + KT && hi2[i] > kt);
+    if (__any_sync(0xffffffffu, mine)) {
+      const bf16* tK = sK + buf * KT * LDS;
+      const bf16* tV = sV + buf * KT * LDS;
+      float s[NT][4], dp[NT][4];
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+      DFLASH_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk)
+        DFLASH_UNROLL
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t b[4];
+          load_bt<LDS>(b, tK, np * 16, kk * 16, lane);
+          mma16816(s[2 * np], qf[kk], b[0], b[1]);
+          mma16816(s[2 * np + 1], qf[kk], b[2], b[3]);
+          load_bt<LDS>(b, tV, np * 16, kk * 16, lane);
+          mma16816(dp[2 * np], of[kk], b[0], b[1]);
+          mma16816(dp[2 * np + 1], of[kk], b[2], b[3]);
+        }
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
+          const bool vis = s1 ? key < hi1[i] : (key >= lo2[i] && key < hi2[i]);
+          const float pv = vis ? exp2f(s[n][e] * sl2 - lse2[i]) : 0.f;
+          s[n][e] = pv * (dp[n][e] - Dr[i]);  // dS
+        }
+      DFLASH_UNROLL
+      for (int kc = 0; kc < KT / 16; ++kc) {
+        const uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                               pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                               pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+        DFLASH_UNROLL
+        for (int dn = 0; dn < D / 16; ++dn) {
+          uint32_t b[4];
+          load_b<LDS>(b, tK, kc * 16, dn * 16, lane);
+          mma16816(dq[2 * dn], a, b[0], b[1]);
+          mma16816(dq[2 * dn + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    if (!rok[i]) continue;
+    DFLASH_UNROLL
+    for (int n = 0; n < DT; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(p.dq + orow[i] + n * 8 + 2 * t4) =
+          __floats2bfloat162_rn(dq[n][2 * i] * p.scale, dq[n][2 * i + 1] * p.scale);
+  }
+}
+
+// ---- backward: dK, dV ------------------------------------------------------------------------------------------
+template <int D>
+__global__ void __launch_bounds__(kTcThreads) k_dkv_tc(AttnBwdParams p) {
+  constexpr int LDS = D + 8, QC = kDkvQ, NT = QC / 8, DT = D / 8;
+  DFLASH_DYN_SMEM(smem);
+  __shared__ float sL[QC], sD[QC];
+  __shared__ int sVis[QC];
+  bf16* sK = reinterpret_cast<bf16*>(smem);  // [64][LDS]
+  bf16* sV = sK + kDkvKeys * LDS;             // [64][LDS]
+  bf16* sQ = sV + kDkvKeys * LDS;             // [QC][LDS]
+  bf16* sdO = sQ + QC * LDS;                  // [QC][LDS]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t4 = lane & 3;
+  const int nh = p.nh, nkv = p.nkv, rep = nh / nkv, g = blockIdx.y, B = p.B;
+  const int nt1 = (p.T1 + kDkvKeys - 1) / kDkvKeys;
+  const bool s1 = static_cast<int>(blockIdx.x) < nt1;
+  const int k0 = s1 ? blockIdx.x * kDkvKeys : (blockIdx.x - nt1) * kDkvKeys, klim = s1 ? p.T1 : p.T2;
+  const bf16* Kp = s1 ? p.k1 : p.k2;
+  const bf16* Vp = s1 ? p.v1 : p.v2;
+  bf16* dK = s1 ? p.dk1 : p.dk2;
+  bf16* dV = s1 ? p.dv1 : p.dv2;
+  auto koff = [&](int r) -> int64_t {
+    return k0 + r < klim ? (static_cast<int64_t>(k0 + r) * nkv + g) * D : -1;
+  };
+  stage_rows<D, LDS>(sK, Kp, kDkvKeys, koff);
+  stage_rows<D, LDS>(sV, Vp, kDkvKeys, koff);
+  cp_async_commit();
+
+  // queries that may see this tile: context keys -> every query (chunks are skipped below); block keys -> the
+  // queries of the blocks owning keys k0 .. min(k0 + 64, klim) - 1
+  int q_lo = 0, q_hi = p.Tq;
+  if (!s1) {
+    q_lo = (k0 / B) * B;
+    q_hi = min(p.Tq, ((min(k0 + kDkvKeys, klim) - 1) / B + 1) * B);
+  }
+  float dk[DT][4], dv[DT][4];
+  DFLASH_UNROLL
+  for (int n = 0; n < DT; ++n)
+    DFLASH_UNROLL
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+  const float sl2 = p.scale * kLog2e;
+  const int krow0 = k0 + warp * 16 + (lane >> 2);  // this thread's keys: krow0 and krow0 + 8
+
+  for (int c0 = q_lo; c0 < q_hi; c0 += QC) {
+    int vis_code = -1;  // context tile: a_j of the query's valid block; block tile: its block index
+    bool any = false;
+    if (tid < QC) {
+      const int q = c0 + tid;
+      if (q < q_hi) {
+        const int j = q / B;
+        if (p.valid[j]) {
+          int a = p.anchors[j];
+          a = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
+          vis_code = s1 ? a : j;
+          any = s1 ? a > k0 : true;
+        }
+      }
+      sVis[tid] = vis_code;
+    }
+    if (!__syncthreads_or(any)) continue;
+    for (int hh = 0; hh < rep; ++hh) {
+      const int h = g * rep + hh;
+      auto qoff = [&](int r) -> int64_t {
+        const int q = c0 + r;
+        return q < q_hi ? (static_cast<int64_t>(q) * nh + h) * D : -1;
+      };
+      stage_rows<D, LDS>(sQ, p.q, QC, qoff);
+      stage_rows<D, LDS>(sdO, p.dout, QC, qoff);
+      cp_async_commit();
+      if (tid < QC) {
+        const int q = c0 + tid;
+        const bool ok = q < q_hi && sVis[tid] >= 0;
+        sL[tid] = ok ? p.lse[static_cast<int64_t>(q) * nh + h] * kLog2e : 0.f;
+        sD[tid] = ok ? p.Dr[static_cast<int64_t>(q) * nh + h] : 0.f;
+      }
+      cp_async_wait<0>();
+      __syncthreads();
+      float s[NT][4], dp[NT][4];
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+      DFLASH_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ka[4], va[4];
+        load_a<LDS>(ka, sK, warp * 16, kk * 16, lane);
+        load_a<LDS>(va, sV, warp * 16, kk * 16, lane);
+        DFLASH_UNROLL
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t b[4];
+          load_bt<LDS>(b, sQ, np * 16, kk * 16, lane);
+          mma16816(s[2 * np], ka, b[0], b[1]);
+          mma16816(s[2 * np + 1], ka, b[2], b[3]);
+          load_bt<LDS>(b, sdO, np * 16, kk * 16, lane);
+          mma16816(dp[2 * np], va, b[0], b[1]);
+          mma16816(dp[2 * np + 1], va, b[2], b[3]);
+        }
+      }
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int key = krow0 + 8 * (e >> 1), qc = n * 8 + 2 * t4 + (e & 1), code = sVis[qc];
+          const bool vis = key < klim && (s1 ? key < code : (code >= 0 && key / B == code));
+          const float pv = vis ? exp2f(s[n][e] * sl2 - sL[qc]) : 0.f;
+          s[n][e] = pv;                    // P^T
+          dp[n][e] = pv * (dp[n][e] - sD[qc]);  // dS^T
+        }
+      DFLASH_UNROLL
+      for (int kc = 0; kc < QC / 16; ++kc) {
+        const uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+        const uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                                pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+        DFLASH_UNROLL
+        for (int dn = 0; dn < D / 16; ++dn) {
+          uint32_t b[4];
+          load_b<LDS>(b, sdO, kc * 16, dn * 16, lane);
+          mma16816(dv[2 * dn], pa, b[0], b[1]);
+          mma16816(dv[2 * dn + 1], pa, b[2], b[3]);
+          load_b<LDS>(b, sQ, kc * 16, dn * 16, lane);
+          mma16816(dk[2 * dn], da, b[0], b[1]);
+          mma16816(dk[2 * dn + 1], da, b[2], b[3]);
+        }
+      }
+      __syncthreads();  // sQ / sdO / sL / sD are restaged for the next head
+    }
+  }
+  cp_async_wait<0>();  // (a tile no query sees never waited for its K/V)
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int key = krow0 + 8 * i;
+    if (key >= klim) continue;
+    const int64_t off = (static_cast<int64_t>(key) * nkv + g) * D;
+    DFLASH_UNROLL
+    for (int n = 0; n < DT; ++n) {
+      *reinterpret_cast<__nv_bfloat162*>(dK + off + n * 8 + 2 * t4) =
+          __floats2bfloat162_rn(dk[n][2 * i] * p.scale, dk[n][2 * i + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dV + off + n * 8 + 2 * t4) =
+          __floats2bfloat162_rn(dv[n][2 * i], dv[n][2 * i + 1]);
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// hc / mq of a 64-row CTA: as many heads of a kv group as divide it (as attention_fwd.cu).
+void rows_tiling(int nh, int nkv, int& hc, int& mq) {
+  const int rep = nh / nkv;
+  hc = 1;
+  for (int c = 1; c <= rep && c <= kTcRows; ++c)
+    if (rep % c == 0) hc = c;
+  mq = kTcRows / hc;
+}
+
+}  // namespace
+
+size_t attn_tc_fwd_smem(int D) { return static_cast<size_t>(kTcRows + 4 * kFwdKeys) * (D + 8) * 2; }
+size_t attn_tc_dq_smem(int D) { return static_cast<size_t>(2 * kTcRows + 4 * kDqKeys) * (D + 8) * 2; }
+size_t attn_tc_dkv_smem(int D) { return static_cast<size_t>(2 * kDkvKeys + 2 * kDkvQ) * (D + 8) * 2; }
+
+void attention_tc_init_attributes(int smem_optin) {
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_fwd_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_fwd_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_dq_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_dq_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_dkv_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_dkv_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+}
+
+bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
+  if (p0.d != 64 && p0.d != 128) return false;
+  const size_t smem = attn_tc_fwd_smem(p0.d);
+  if (smem > static_cast<size_t>(e.smem_limit)) return false;
+  if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
+  if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
+  AttnFwdParams p = p0;
+  rows_tiling(p.nh, p.nkv, p.hc, p.mq);
+  p.nk = kFwdKeys;
+  const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
+  DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
+  const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
+  if (p.d == 64)
+    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<64>)(p);
+  else
+    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<128>)(p);
+  check_launch("attention_forward_tc");
+  return true;
+}
+
+bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
+  if (p0.d != 64 && p0.d != 128) return false;
+  const size_t smem_q = attn_tc_dq_smem(p0.d), smem_kv = attn_tc_dkv_smem(p0.d);
+  if (std::max(smem_q, smem_kv) > static_cast<size_t>(e.smem_limit)) return false;
+  for (const void* ptr : {static_cast<const void*>(p0.q), static_cast<const void*>(p0.k1),
+                          static_cast<const void*>(p0.v1), static_cast<const void*>(p0.k2),
+                          static_cast<const void*>(p0.v2), static_cast<const void*>(p0.dout),
+                          static_cast<const void*>(p0.dq), static_cast<const void*>(p0.dk1),
+                          static_cast<const void*>(p0.dv1), static_cast<const void*>(p0.dk2),
+                          static_cast<const void*>(p0.dv2)})
+    if (!aligned16(ptr)) return false;
+  AttnBwdParams p = p0;
+  rows_tiling(p.nh, p.nkv, p.hc, p.mq);
+  p.nk = kDqKeys;
+  const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
+  DFLASH_CHECK(gy <= 65535 && p.nkv <= 65535, "dflash_attention_backward (cuda): too many heads (", p.nh, ")");
+  const dim3 grid_q(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
+  const int64_t tiles = (p.T1 + kDkvKeys - 1) / kDkvKeys + (p.T2 + kDkvKeys - 1) / kDkvKeys;
+  const dim3 grid_kv(static_cast<unsigned>(tiles), static_cast<unsigned>(p.nkv));
+  if (p.d == 64) {
+    DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, k_dq_tc<64>)(p);
+    check_launch("dflash_attention_dq_tc");
+    if (tiles > 0) DFLASH_LAUNCH(grid_kv, kTcThreads, smem_kv, e.stream, k_dkv_tc<64>)(p);
+  } else {
+    DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, k_dq_tc<128>)(p);
+    check_launch("dflash_attention_dq_tc");
+    if (tiles > 0) DFLASH_LAUNCH(grid_kv, kTcThreads, smem_kv, e.stream, k_dkv_tc<128>)(p);
+  }
+  check_launch("dflash_attention_dkv_tc");
+  return true;
+}
+
+#else  // DFLASH_CUDA_EMU: no tensor cores in the emulator; the CUDA-core kernels run
+
+void attention_tc_init_attributes(int) {}
+bool launch_attention_forward_tc(Env&, const AttnFwdParams&) { return false; }
+bool launch_dflash_backward_tc(Env&, const AttnBwdParams&) { return false; }
+size_t attn_tc_fwd_smem(int D) { return static_cast<size_t>(64 + 4 * 64) * (D + 8) * 2; }
+size_t attn_tc_dq_smem(int D) { return static_cast<size_t>(2 * 64 + 4 * 32) * (D + 8) * 2; }
+size_t attn_tc_dkv_smem(int D) { return static_cast<size_t>(2 * 64 + 2 * 32) * (D + 8) * 2; }
+
+#endif
+
+}  // namespace dflash::cuda
