@@ -39,6 +39,7 @@ constexpr int kFwdKeys = 64;     // keys per tile (forward)
 constexpr int kDqKeys = 32;      // keys per tile (dQ: more accumulators live)
 constexpr int kDkvKeys = 64;     // keys per CTA (dK/dV)
 constexpr int kDkvQ = 32;        // query rows per chunk (dK/dV)
+constexpr size_t kStaticSmemSlack = 1024;  // bytes of static __shared__ per kernel, at most
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -606,19 +607,28 @@ size_t attn_tc_fwd_smem(int D) { return static_cast<size_t>(kTcRows + 4 * kFwdKe
 size_t attn_tc_dq_smem(int D) { return static_cast<size_t>(2 * kTcRows + 4 * kDqKeys) * (D + 8) * 2; }
 size_t attn_tc_dkv_smem(int D) { return static_cast<size_t>(2 * kDkvKeys + 2 * kDkvQ) * (D + 8) * 2; }
 
+// The kernels' static shared memory (a few ints) counts against the opt-in limit too.
+template <class K>
+void allow_dynamic_smem(K kernel, int smem_optin) {
+  cudaFuncAttributes fa{};
+  DFLASH_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         smem_optin - static_cast<int>(fa.sharedSizeBytes)));
+}
+
 void attention_tc_init_attributes(int smem_optin) {
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_fwd_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_fwd_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_dq_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_dq_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_dkv_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_dkv_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  allow_dynamic_smem(k_fwd_tc<64>, smem_optin);
+  allow_dynamic_smem(k_fwd_tc<128>, smem_optin);
+  allow_dynamic_smem(k_dq_tc<64>, smem_optin);
+  allow_dynamic_smem(k_dq_tc<128>, smem_optin);
+  allow_dynamic_smem(k_dkv_tc<64>, smem_optin);
+  allow_dynamic_smem(k_dkv_tc<128>, smem_optin);
 }
 
 bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
   if (p0.d != 64 && p0.d != 128) return false;
   const size_t smem = attn_tc_fwd_smem(p0.d);
-  if (smem > static_cast<size_t>(e.smem_limit)) return false;
+  if (smem + kStaticSmemSlack > static_cast<size_t>(e.smem_limit)) return false;
   if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
   if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
   AttnFwdParams p = p0;
@@ -638,7 +648,7 @@ bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
 bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
   if (p0.d != 64 && p0.d != 128) return false;
   const size_t smem_q = attn_tc_dq_smem(p0.d), smem_kv = attn_tc_dkv_smem(p0.d);
-  if (std::max(smem_q, smem_kv) > static_cast<size_t>(e.smem_limit)) return false;
+  if (std::max(smem_q, smem_kv) + kStaticSmemSlack > static_cast<size_t>(e.smem_limit)) return false;
   for (const void* ptr : {static_cast<const void*>(p0.q), static_cast<const void*>(p0.k1),
                           static_cast<const void*>(p0.v1), static_cast<const void*>(p0.k2),
                           static_cast<const void*>(p0.v2), static_cast<const void*>(p0.dout),
