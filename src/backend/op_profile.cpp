@@ -28,6 +28,10 @@ std::string gemm_key(const char* op, int64_t M, int64_t N, int64_t K) {
   return std::string(op) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
 }
 
+std::string rows_key(const char* op, int64_t R, int64_t D) {
+  return std::string(op) + " " + std::to_string(R) + "x" + std::to_string(D);
+}
+
 double dflash_attn_fwd_flop(const DFlashAttnArgs& a, int64_t nh, int64_t d) {
   if (!a.anchors.defined() || a.anchors.device != Device::CPU) return 0.0;
   if (a.valid.defined() && a.valid.device != Device::CPU) return 0.0;

@@ -37,6 +37,8 @@ class OpProfile {
 
 // "op MxNxK" for a GEMM of M rows, N outputs, K inputs (2*M*N*K flop).
 std::string gemm_key(const char* op, int64_t M, int64_t N, int64_t K);
+// "op RxD" for a row-wise op over R rows of D elements (RMSNorm: one call per norm and shape).
+std::string rows_key(const char* op, int64_t R, int64_t D);
 
 // Forward FLOPs of DFlash attention counted on the unmasked work: 4 * d * nh * sum over valid blocks of
 // B * (a_j + B) (QK^T and PV; issue 6's convention; the backward is counted as 2.5x this). Needs the anchors and

@@ -1,4 +1,5 @@
 // backend/cpu/context.cpp — CpuContext: the CPU Context and its single dispatch point to the op files.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -62,12 +63,13 @@ class CpuContext final : public Context {
     cpu::linear_dw(pool_, dy, x, dw, db);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
-    const OpScope scope = op("rmsnorm");
+    const OpScope scope = op_rows("rmsnorm", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
     cpu::rmsnorm(pool_, x, w, eps, y, rstd);
   }
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw, float beta) override {
-    const OpScope scope = op("rmsnorm_backward");
+    const OpScope scope =
+        op_rows("rmsnorm_backward", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
     cpu::rmsnorm_backward(pool_, dy, x, w, rstd, dx, dw, beta);
   }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
@@ -165,6 +167,10 @@ class CpuContext final : public Context {
   OpScope op_gemm(const char* name, int64_t M, int64_t N, int64_t K) {
     return profile_ops_ ? OpScope(&profile_, gemm_key(name, M, N, K), 2.0 * double(M) * double(N) * double(K))
                         : OpScope(nullptr, {}, 0);
+  }
+
+  OpScope op_rows(const char* name, int64_t R, int64_t D) {
+    return profile_ops_ ? OpScope(&profile_, rows_key(name, R, D), 0) : OpScope(nullptr, {}, 0);
   }
 
   bool profile_ops_;

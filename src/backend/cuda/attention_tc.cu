@@ -457,10 +457,12 @@ __global__ void __launch_bounds__(kTcThreads) k_dkv_tc(AttnBwdParams p) {
   bf16* sQ = sV + kDkvKeys * LDS;             // [QC][LDS]
   bf16* sdO = sQ + QC * LDS;                  // [QC][LDS]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t4 = lane & 3;
-  const int nh = p.nh, nkv = p.nkv, rep = nh / nkv, g = blockIdx.y, B = p.B;
+  // grid (kv heads, tiles): consecutive CTAs are the kv heads of one tile, and the first tiles (context keys near
+  // 0, seen by nearly every query: the longest CTAs) are scheduled first
+  const int nh = p.nh, nkv = p.nkv, rep = nh / nkv, g = blockIdx.x, tile = blockIdx.y, B = p.B;
   const int nt1 = (p.T1 + kDkvKeys - 1) / kDkvKeys;
-  const bool s1 = static_cast<int>(blockIdx.x) < nt1;
-  const int k0 = s1 ? blockIdx.x * kDkvKeys : (blockIdx.x - nt1) * kDkvKeys, klim = s1 ? p.T1 : p.T2;
+  const bool s1 = tile < nt1;
+  const int k0 = s1 ? tile * kDkvKeys : (tile - nt1) * kDkvKeys, klim = s1 ? p.T1 : p.T2;
   const bf16* Kp = s1 ? p.k1 : p.k2;
   const bf16* Vp = s1 ? p.v1 : p.v2;
   bf16* dK = s1 ? p.dk1 : p.dk2;
@@ -660,10 +662,11 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
   rows_tiling(p.nh, p.nkv, p.hc, p.mq);
   p.nk = kDqKeys;
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
-  DFLASH_CHECK(gy <= 65535 && p.nkv <= 65535, "dflash_attention_backward (cuda): too many heads (", p.nh, ")");
+  DFLASH_CHECK(gy <= 65535, "dflash_attention_backward (cuda): too many heads (", p.nh, ")");
   const dim3 grid_q(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
   const int64_t tiles = (p.T1 + kDkvKeys - 1) / kDkvKeys + (p.T2 + kDkvKeys - 1) / kDkvKeys;
-  const dim3 grid_kv(static_cast<unsigned>(tiles), static_cast<unsigned>(p.nkv));
+  DFLASH_CHECK(tiles <= 65535, "dflash_attention_backward (cuda): too many keys (", p.T1, " + ", p.T2, ")");
+  const dim3 grid_kv(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles));
   if (p.d == 64) {
     DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, k_dq_tc<64>)(p);
     check_launch("dflash_attention_dq_tc");

@@ -12,6 +12,7 @@
 //    the constructor (nothing is created lazily). The kernels' shared-memory attribute is set there too, to the
 //    device's opt-in maximum (an idempotent per-function setting, identical from every context).
 // Methods returning host values synchronise the stream and turn device error bits into an Error.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -231,12 +232,13 @@ class CudaContext final : public Context {
     cuda::linear_dw(env_, dy, x, dw, db);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
-    const OpScope scope = op("rmsnorm");
+    const OpScope scope = op_rows("rmsnorm", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
     cuda::rmsnorm(env_, x, w, eps, y, rstd);
   }
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw, float beta) override {
-    const OpScope scope = op("rmsnorm_backward");
+    const OpScope scope =
+        op_rows("rmsnorm_backward", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
     cuda::rmsnorm_backward(env_, dy, x, w, rstd, dx, dw, beta);
   }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
@@ -362,6 +364,11 @@ class CudaContext final : public Context {
     use();
     if (!profile_ops_) return OpScope(nullptr, name, {}, 0);
     return OpScope(this, name, gemm_key(name, M, N, K), 2.0 * double(M) * double(N) * double(K));
+  }
+  OpScope op_rows(const char* name, int64_t R, int64_t D) {
+    use();
+    if (!profile_ops_) return OpScope(nullptr, name, {}, 0);
+    return OpScope(this, name, rows_key(name, R, D), 0);
   }
   cudaEvent_t take_event() {
     if (events_.empty()) {

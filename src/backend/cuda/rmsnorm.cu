@@ -74,13 +74,21 @@ __global__ void k_rmsnorm_dw_partial(const T* __restrict__ dy, const T* __restri
   }
 }
 
-// Stage 2: dw[i] += sum_p partial[p, i] (in order of p).
+// Stage 2: dw[i] += sum_p partial[p, i]. block (32, 8): thread (x, y) sums the partitions p = y (mod 8) in order,
+// then row y = 0 adds the 8 sums in order (a fixed order: deterministic). grid ceil(D/32).
 __global__ void k_colsum_final(const float* __restrict__ partial, int P, int D, float* __restrict__ dw) {
-  const int col = blockIdx.x * blockDim.x + threadIdx.x;
-  if (col >= D) return;
+  __shared__ float red[8][33];
+  const int col = blockIdx.x * 32 + threadIdx.x;
   float s = 0.f;
-  for (int p = 0; p < P; ++p) s += partial[static_cast<int64_t>(p) * D + col];
-  dw[col] += s;
+  if (col < D)
+    for (int p = threadIdx.y; p < P; p += 8) s += partial[static_cast<int64_t>(p) * D + col];
+  red[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < D) {
+    float t = 0.f;
+    for (int k = 0; k < 8; ++k) t += red[k][threadIdx.x];
+    dw[col] += t;
+  }
 }
 
 template <class T>
@@ -104,8 +112,8 @@ void launch_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w,
     DFLASH_LAUNCH(grid, dim3(32, 8), 0, e.stream, k_rmsnorm_dw_partial<T>)(dyp, xp, rstd.ptr<float>(), R, D, rpp,
                                                                            partial.ptr<float>());
     check_launch("rmsnorm_dw_partial");
-    DFLASH_LAUNCH((D + 255) / 256, 256, 0, e.stream, k_colsum_final)(partial.ptr<float>(), static_cast<int>(P), D,
-                                                                     dw.ptr<float>());
+    DFLASH_LAUNCH((D + 31) / 32, dim3(32, 8), 0, e.stream, k_colsum_final)(partial.ptr<float>(), static_cast<int>(P),
+                                                                            D, dw.ptr<float>());
     check_launch("rmsnorm_dw_final");
   }
   const unsigned g = static_cast<unsigned>((R + kWarps - 1) / kWarps);
