@@ -5,6 +5,7 @@
 // partitions -> F32 partials -> one ordered sum per column), no float atomics. dw is computed before dx, so dx may
 // alias dy.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 
@@ -52,6 +53,63 @@ __global__ void k_rmsnorm_dx(const T* dy, const T* __restrict__ x, const T* __re
     o[i] = from_f<T>(beta == 0.f ? v : v + beta * to_f(o[i]));
   }
 }
+
+#ifndef DFLASH_CUDA_EMU  // (vector types are not emulated; the emulator runs k_rmsnorm_dx)
+// The same for BF16 rows with D % 8 == 0 (16-byte aligned): each lane moves 8 values per load (one uint4), and
+// nothing aliases (dx == dy is read before it is written, element by element within the lane).
+__device__ __forceinline__ void bf16x8_to_f(const uint4& v, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  DFLASH_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    const float2 t = __bfloat1622float2(h[k]);
+    f[2 * k] = t.x;
+    f[2 * k + 1] = t.y;
+  }
+}
+__global__ void k_rmsnorm_dx_bf16x8(const bf16* dy, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                    const float* __restrict__ rstd, bf16* dx, int64_t R, int D, float beta) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= R) return;
+  const uint4* g = reinterpret_cast<const uint4*>(dy + row * D);
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * D);
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  const int C = D / 8;
+  const float inv = rstd[row];
+  float dot = 0.f;
+  for (int c = lane; c < C; c += 32) {
+    float gf[8], xf[8], wf[8];
+    bf16x8_to_f(g[c], gf);
+    bf16x8_to_f(xr[c], xf);
+    bf16x8_to_f(wr[c], wf);
+    DFLASH_UNROLL
+    for (int k = 0; k < 8; ++k) dot += gf[k] * wf[k] * xf[k];
+  }
+  dot = warp_sum(dot) * inv;
+  const float mean = dot / static_cast<float>(D);
+  uint4* o = reinterpret_cast<uint4*>(dx + row * D);
+  for (int c = lane; c < C; c += 32) {
+    float gf[8], xf[8], wf[8], of[8];
+    bf16x8_to_f(g[c], gf);
+    bf16x8_to_f(xr[c], xf);
+    bf16x8_to_f(wr[c], wf);
+    if (beta != 0.f) bf16x8_to_f(o[c], of);
+    uint4 out;
+    __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&out);
+    DFLASH_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      float v0 = inv * (gf[2 * k] * wf[2 * k] - xf[2 * k] * inv * mean);
+      float v1 = inv * (gf[2 * k + 1] * wf[2 * k + 1] - xf[2 * k + 1] * inv * mean);
+      if (beta != 0.f) {
+        v0 += beta * of[2 * k];
+        v1 += beta * of[2 * k + 1];
+      }
+      oh[k] = __floats2bfloat162_rn(v0, v1);
+    }
+    o[c] = out;
+  }
+}
+#endif
 
 // Stage 1: partial[p, i] = sum over rows r of partition p of dy[r, i] * x[r, i] * rstd[r].
 // grid (ceil(D/32), P), block (32, 8).
@@ -117,6 +175,18 @@ void launch_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w,
     check_launch("rmsnorm_dw_final");
   }
   const unsigned g = static_cast<unsigned>((R + kWarps - 1) / kWarps);
+#ifndef DFLASH_CUDA_EMU
+  const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (D % 8 == 0 && a16(dy.data) && a16(x.data) && a16(w.data) && a16(dx.data)) {
+      DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm_dx_bf16x8)(dyp, xp, static_cast<const bf16*>(w.data),
+                                                                     rstd.ptr<float>(), static_cast<bf16*>(dx.data),
+                                                                     R, D, beta);
+      check_launch("rmsnorm_dx_bf16x8");
+      return;
+    }
+  }
+#endif
   DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm_dx<T>)(dyp, xp, static_cast<const T*>(w.data), rstd.ptr<float>(),
                                                                static_cast<T*>(dx.data), R, D, beta);
   check_launch("rmsnorm_dx");
