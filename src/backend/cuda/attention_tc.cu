@@ -12,8 +12,8 @@
 //    none of its rows can see.
 //  * dQ (k_dq_tc): the forward's tiling with 32-key tiles; P = exp(S - lse) from the saved lse, dP = dO V^T,
 //    dS = P (dP - D), dQ += dS K (dS rounded to bf16), dQ *= scale at the end.
-//  * dK/dV (k_dkv_tc): a CTA owns 64 keys of one kv head (a warp 16 of them), context tiles then block-key tiles,
-//    and walks chunks of 32 queries x each head of the group that can see them (a context tile: the queries
+//  * dK/dV (k_dkv_tc): a CTA owns 64 keys of one kv head (a warp 16 of them, two groups of 4 warps splitting the
+//    heads of the kv group), context tiles then block-key tiles, and walks chunks of 32 queries x head that can see them (a context tile: the queries
 //    whose valid block has a_j > the tile's first key; a block-key tile: the queries of the blocks owning those
 //    keys). S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q; dK *= scale.
 //    Deterministic: every gradient element is written once, by one thread, no atomics.
@@ -118,10 +118,12 @@ __device__ __forceinline__ void row_bounds(int mode, int qi, int q_offset, int T
 }
 
 // Copies rows [0, nrows) x D of a tile whose row r lives at src + off(r) (or is zero when off(r) < 0).
+// t / nthreads: this thread's index among the threads sharing the copy.
 template <int D, int LDS, class Off>
-__device__ __forceinline__ void stage_rows(bf16* dst, const bf16* src, int nrows, Off off) {
+__device__ __forceinline__ void stage_rows(bf16* dst, const bf16* src, int nrows, Off off, int t = threadIdx.x,
+                                           int nthreads = kTcThreads) {
   constexpr int CH = D / 8;
-  for (int c = threadIdx.x; c < nrows * CH; c += kTcThreads) {
+  for (int c = t; c < nrows * CH; c += nthreads) {
     const int r = c / CH, col = (c % CH) * 8;
     const int64_t o = off(r);
     cp_async16(smem_u32(dst + r * LDS + col), o >= 0 ? src + o + col : src, o >= 0);
@@ -446,17 +448,26 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
 }
 
 // ---- backward: dK, dV ------------------------------------------------------------------------------------------
+// 256 threads = two groups of 4 warps over the same 64 keys: group w takes the heads h = w, w + 2, ... of the kv
+// group, each with its own Q / dO staging and group-local barriers (bar.sync 1 + w), so one group computes while
+// the other waits for its loads; at the end group 1 hands its dK / dV to group 0 through shared memory, which adds
+// them in a fixed order (deterministic) and writes.
+constexpr int kDkvThreads = 256;
+__device__ __forceinline__ void group_sync(int group) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(kTcThreads));
+}
+
 template <int D>
-__global__ void __launch_bounds__(kTcThreads) k_dkv_tc(AttnBwdParams p) {
+__global__ void __launch_bounds__(kDkvThreads) k_dkv_tc(AttnBwdParams p) {
   constexpr int LDS = D + 8, QC = kDkvQ, NT = QC / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem);
-  __shared__ float sL[QC], sD[QC];
-  __shared__ int sVis[QC];
+  __shared__ float sL[2][QC], sD[2][QC];
+  __shared__ int sVis[2][QC], sAny[2];
   bf16* sK = reinterpret_cast<bf16*>(smem);  // [64][LDS]
   bf16* sV = sK + kDkvKeys * LDS;             // [64][LDS]
-  bf16* sQ = sV + kDkvKeys * LDS;             // [QC][LDS]
-  bf16* sdO = sQ + QC * LDS;                  // [QC][LDS]
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t4 = lane & 3;
+  const int tid = threadIdx.x, grp = tid >> 7, gt = tid & 127, warp = gt >> 5, lane = tid & 31, t4 = lane & 3;
+  bf16* sQ = sV + kDkvKeys * LDS + grp * 2 * QC * LDS;  // [QC][LDS] per group
+  bf16* sdO = sQ + QC * LDS;                             // [QC][LDS] per group
   // grid (kv heads, tiles): consecutive CTAs are the kv heads of one tile, and the first tiles (context keys near
   // 0, seen by nearly every query: the longest CTAs) are scheduled first
   const int nh = p.nh, nkv = p.nkv, rep = nh / nkv, g = blockIdx.x, tile = blockIdx.y, B = p.B;
@@ -470,9 +481,11 @@ __global__ void __launch_bounds__(kTcThreads) k_dkv_tc(AttnBwdParams p) {
   auto koff = [&](int r) -> int64_t {
     return k0 + r < klim ? (static_cast<int64_t>(k0 + r) * nkv + g) * D : -1;
   };
-  stage_rows<D, LDS>(sK, Kp, kDkvKeys, koff);
-  stage_rows<D, LDS>(sV, Vp, kDkvKeys, koff);
+  stage_rows<D, LDS>(sK, Kp, kDkvKeys, koff, tid, kDkvThreads);
+  stage_rows<D, LDS>(sV, Vp, kDkvKeys, koff, tid, kDkvThreads);
   cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
 
   // queries that may see this tile: context keys -> every query (chunks are skipped below); block keys -> the
   // queries of the blocks owning keys k0 .. min(k0 + 64, klim) - 1
@@ -489,105 +502,132 @@ __global__ void __launch_bounds__(kTcThreads) k_dkv_tc(AttnBwdParams p) {
   const float sl2 = p.scale * kLog2e;
   const int krow0 = k0 + warp * 16 + (lane >> 2);  // this thread's keys: krow0 and krow0 + 8
 
-  for (int c0 = q_lo; c0 < q_hi; c0 += QC) {
-    int vis_code = -1;  // context tile: a_j of the query's valid block; block tile: its block index
-    bool any = false;
-    if (tid < QC) {
-      const int q = c0 + tid;
-      if (q < q_hi) {
-        const int j = q / B;
-        if (p.valid[j]) {
-          int a = p.anchors[j];
-          a = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
-          vis_code = s1 ? a : j;
-          any = s1 ? a > k0 : true;
+  if (grp < rep) {  // (a group with no head left idles until the final exchange)
+    for (int c0 = q_lo; c0 < q_hi; c0 += QC) {
+      if (warp == 0) {  // QC == 32: one lane per query of the chunk
+        int vis_code = -1;  // context tile: a_j of the query's valid block; block tile: its block index
+        bool any = false;
+        const int q = c0 + lane;
+        if (q < q_hi) {
+          const int j = q / B;
+          if (p.valid[j]) {
+            int a = p.anchors[j];
+            a = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
+            vis_code = s1 ? a : j;
+            any = s1 ? a > k0 : true;
+          }
         }
+        sVis[grp][lane] = vis_code;
+        any = __any_sync(0xffffffffu, any);
+        if (lane == 0) sAny[grp] = any;
       }
-      sVis[tid] = vis_code;
-    }
-    if (!__syncthreads_or(any)) continue;
-    for (int hh = 0; hh < rep; ++hh) {
-      const int h = g * rep + hh;
-      auto qoff = [&](int r) -> int64_t {
-        const int q = c0 + r;
-        return q < q_hi ? (static_cast<int64_t>(q) * nh + h) * D : -1;
-      };
-      stage_rows<D, LDS>(sQ, p.q, QC, qoff);
-      stage_rows<D, LDS>(sdO, p.dout, QC, qoff);
-      cp_async_commit();
-      if (tid < QC) {
-        const int q = c0 + tid;
-        const bool ok = q < q_hi && sVis[tid] >= 0;
-        sL[tid] = ok ? p.lse[static_cast<int64_t>(q) * nh + h] * kLog2e : 0.f;
-        sD[tid] = ok ? p.Dr[static_cast<int64_t>(q) * nh + h] : 0.f;
-      }
-      cp_async_wait<0>();
-      __syncthreads();
-      float s[NT][4], dp[NT][4];
-      DFLASH_UNROLL
-      for (int n = 0; n < NT; ++n)
-        DFLASH_UNROLL
-        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
-      DFLASH_UNROLL
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t ka[4], va[4];
-        load_a<LDS>(ka, sK, warp * 16, kk * 16, lane);
-        load_a<LDS>(va, sV, warp * 16, kk * 16, lane);
-        DFLASH_UNROLL
-        for (int np = 0; np < NT / 2; ++np) {
-          uint32_t b[4];
-          load_bt<LDS>(b, sQ, np * 16, kk * 16, lane);
-          mma16816(s[2 * np], ka, b[0], b[1]);
-          mma16816(s[2 * np + 1], ka, b[2], b[3]);
-          load_bt<LDS>(b, sdO, np * 16, kk * 16, lane);
-          mma16816(dp[2 * np], va, b[0], b[1]);
-          mma16816(dp[2 * np + 1], va, b[2], b[3]);
+      group_sync(grp);
+      const bool skip = !sAny[grp];
+      group_sync(grp);  // sAny is rewritten by the next chunk
+      if (skip) continue;
+      for (int hh = grp; hh < rep; hh += 2) {
+        const int h = g * rep + hh;
+        auto qoff = [&](int r) -> int64_t {
+          const int q = c0 + r;
+          return q < q_hi ? (static_cast<int64_t>(q) * nh + h) * D : -1;
+        };
+        stage_rows<D, LDS>(sQ, p.q, QC, qoff, gt, kTcThreads);
+        stage_rows<D, LDS>(sdO, p.dout, QC, qoff, gt, kTcThreads);
+        cp_async_commit();
+        if (gt < QC) {
+          const int q = c0 + gt;
+          const bool ok = q < q_hi && sVis[grp][gt] >= 0;
+          sL[grp][gt] = ok ? p.lse[static_cast<int64_t>(q) * nh + h] * kLog2e : 0.f;
+          sD[grp][gt] = ok ? p.Dr[static_cast<int64_t>(q) * nh + h] : 0.f;
         }
-      }
-      DFLASH_UNROLL
-      for (int n = 0; n < NT; ++n)
+        cp_async_wait<0>();
+        group_sync(grp);
+        float s[NT][4], dp[NT][4];
         DFLASH_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int key = krow0 + 8 * (e >> 1), qc = n * 8 + 2 * t4 + (e & 1), code = sVis[qc];
-          const bool vis = key < klim && (s1 ? key < code : (code >= 0 && key / B == code));
-          const float pv = vis ? exp2f(s[n][e] * sl2 - sL[qc]) : 0.f;
-          s[n][e] = pv;                    // P^T
-          dp[n][e] = pv * (dp[n][e] - sD[qc]);  // dS^T
-        }
-      DFLASH_UNROLL
-      for (int kc = 0; kc < QC / 16; ++kc) {
-        const uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                                pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-        const uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-                                pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+        for (int n = 0; n < NT; ++n)
+          DFLASH_UNROLL
+          for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
         DFLASH_UNROLL
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t b[4];
-          load_b<LDS>(b, sdO, kc * 16, dn * 16, lane);
-          mma16816(dv[2 * dn], pa, b[0], b[1]);
-          mma16816(dv[2 * dn + 1], pa, b[2], b[3]);
-          load_b<LDS>(b, sQ, kc * 16, dn * 16, lane);
-          mma16816(dk[2 * dn], da, b[0], b[1]);
-          mma16816(dk[2 * dn + 1], da, b[2], b[3]);
+        for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t ka[4], va[4];
+          load_a<LDS>(ka, sK, warp * 16, kk * 16, lane);
+          load_a<LDS>(va, sV, warp * 16, kk * 16, lane);
+          DFLASH_UNROLL
+          for (int np = 0; np < NT / 2; ++np) {
+            uint32_t b[4];
+            load_bt<LDS>(b, sQ, np * 16, kk * 16, lane);
+            mma16816(s[2 * np], ka, b[0], b[1]);
+            mma16816(s[2 * np + 1], ka, b[2], b[3]);
+            load_bt<LDS>(b, sdO, np * 16, kk * 16, lane);
+            mma16816(dp[2 * np], va, b[0], b[1]);
+            mma16816(dp[2 * np + 1], va, b[2], b[3]);
+          }
         }
+        DFLASH_UNROLL
+        for (int n = 0; n < NT; ++n)
+          DFLASH_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int key = krow0 + 8 * (e >> 1), qc = n * 8 + 2 * t4 + (e & 1), code = sVis[grp][qc];
+            const bool vis = key < klim && (s1 ? key < code : (code >= 0 && key / B == code));
+            const float pv = vis ? exp2f(s[n][e] * sl2 - sL[grp][qc]) : 0.f;
+            s[n][e] = pv;                                // P^T
+            dp[n][e] = pv * (dp[n][e] - sD[grp][qc]);  // dS^T
+          }
+        DFLASH_UNROLL
+        for (int kc = 0; kc < QC / 16; ++kc) {
+          const uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                  pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                  pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+          const uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                                  pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                  pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+          DFLASH_UNROLL
+          for (int dn = 0; dn < D / 16; ++dn) {
+            uint32_t b[4];
+            load_b<LDS>(b, sdO, kc * 16, dn * 16, lane);
+            mma16816(dv[2 * dn], pa, b[0], b[1]);
+            mma16816(dv[2 * dn + 1], pa, b[2], b[3]);
+            load_b<LDS>(b, sQ, kc * 16, dn * 16, lane);
+            mma16816(dk[2 * dn], da, b[0], b[1]);
+            mma16816(dk[2 * dn + 1], da, b[2], b[3]);
+          }
+        }
+        group_sync(grp);  // this group's sQ / sdO / sL / sD are restaged for its next head
       }
-      __syncthreads();  // sQ / sdO / sL / sD are restaged for the next head
     }
   }
-  cp_async_wait<0>();  // (a tile no query sees never waited for its K/V)
-  DFLASH_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    const int key = krow0 + 8 * i;
-    if (key >= klim) continue;
-    const int64_t off = (static_cast<int64_t>(key) * nkv + g) * D;
+  // group 1 -> shared memory (fp32, [64 keys][D] for dK then dV, over the K/V/Q staging) -> group 0 adds and writes
+  __syncthreads();
+  float* xk = reinterpret_cast<float*>(smem);
+  float* xv = xk + kDkvKeys * D;
+  if (grp == 1) {
     DFLASH_UNROLL
-    for (int n = 0; n < DT; ++n) {
-      *reinterpret_cast<__nv_bfloat162*>(dK + off + n * 8 + 2 * t4) =
-          __floats2bfloat162_rn(dk[n][2 * i] * p.scale, dk[n][2 * i + 1] * p.scale);
-      *reinterpret_cast<__nv_bfloat162*>(dV + off + n * 8 + 2 * t4) =
-          __floats2bfloat162_rn(dv[n][2 * i], dv[n][2 * i + 1]);
+    for (int i = 0; i < 2; ++i) {
+      const int kr = warp * 16 + (lane >> 2) + 8 * i;
+      DFLASH_UNROLL
+      for (int n = 0; n < DT; ++n) {
+        xk[kr * D + n * 8 + 2 * t4] = dk[n][2 * i];
+        xk[kr * D + n * 8 + 2 * t4 + 1] = dk[n][2 * i + 1];
+        xv[kr * D + n * 8 + 2 * t4] = dv[n][2 * i];
+        xv[kr * D + n * 8 + 2 * t4 + 1] = dv[n][2 * i + 1];
+      }
+    }
+  }
+  __syncthreads();
+  if (grp == 0) {
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int kr = warp * 16 + (lane >> 2) + 8 * i, key = k0 + kr;
+      if (key >= klim) continue;
+      const int64_t off = (static_cast<int64_t>(key) * nkv + g) * D;
+      DFLASH_UNROLL
+      for (int n = 0; n < DT; ++n) {
+        const int c = n * 8 + 2 * t4;
+        *reinterpret_cast<__nv_bfloat162*>(dK + off + c) = __floats2bfloat162_rn(
+            (dk[n][2 * i] + xk[kr * D + c]) * p.scale, (dk[n][2 * i + 1] + xk[kr * D + c + 1]) * p.scale);
+        *reinterpret_cast<__nv_bfloat162*>(dV + off + c) =
+            __floats2bfloat162_rn(dv[n][2 * i] + xv[kr * D + c], dv[n][2 * i + 1] + xv[kr * D + c + 1]);
+      }
     }
   }
 }
@@ -607,7 +647,9 @@ void rows_tiling(int nh, int nkv, int& hc, int& mq) {
 
 size_t attn_tc_fwd_smem(int D) { return static_cast<size_t>(kTcRows + 4 * kFwdKeys) * (D + 8) * 2; }
 size_t attn_tc_dq_smem(int D) { return static_cast<size_t>(2 * kTcRows + 4 * kDqKeys) * (D + 8) * 2; }
-size_t attn_tc_dkv_smem(int D) { return static_cast<size_t>(2 * kDkvKeys + 2 * kDkvQ) * (D + 8) * 2; }
+size_t attn_tc_dkv_smem(int D) {  // K, V and two groups' Q, dO; also holds the final fp32 exchange (2 x 64 x D)
+  return std::max(static_cast<size_t>(2 * kDkvKeys + 4 * kDkvQ) * (D + 8) * 2, size_t{2} * kDkvKeys * D * 4);
+}
 
 // The kernels' static shared memory (a few ints) counts against the opt-in limit too.
 template <class K>
@@ -670,11 +712,11 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
   if (p.d == 64) {
     DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, k_dq_tc<64>)(p);
     check_launch("dflash_attention_dq_tc");
-    if (tiles > 0) DFLASH_LAUNCH(grid_kv, kTcThreads, smem_kv, e.stream, k_dkv_tc<64>)(p);
+    if (tiles > 0) DFLASH_LAUNCH(grid_kv, kDkvThreads, smem_kv, e.stream, k_dkv_tc<64>)(p);
   } else {
     DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, k_dq_tc<128>)(p);
     check_launch("dflash_attention_dq_tc");
-    if (tiles > 0) DFLASH_LAUNCH(grid_kv, kTcThreads, smem_kv, e.stream, k_dkv_tc<128>)(p);
+    if (tiles > 0) DFLASH_LAUNCH(grid_kv, kDkvThreads, smem_kv, e.stream, k_dkv_tc<128>)(p);
   }
   check_launch("dflash_attention_dkv_tc");
   return true;
@@ -687,7 +729,7 @@ bool launch_attention_forward_tc(Env&, const AttnFwdParams&) { return false; }
 bool launch_dflash_backward_tc(Env&, const AttnBwdParams&) { return false; }
 size_t attn_tc_fwd_smem(int D) { return static_cast<size_t>(64 + 4 * 64) * (D + 8) * 2; }
 size_t attn_tc_dq_smem(int D) { return static_cast<size_t>(2 * 64 + 4 * 32) * (D + 8) * 2; }
-size_t attn_tc_dkv_smem(int D) { return static_cast<size_t>(2 * 64 + 2 * 32) * (D + 8) * 2; }
+size_t attn_tc_dkv_smem(int D) { return std::max(static_cast<size_t>(2 * 64 + 4 * 32) * (D + 8) * 2, size_t{2} * 64 * D * 4); }
 
 #endif
 
