@@ -26,8 +26,11 @@
 //
 //   bench_step [--modes normal,recompute | --recompute] [--seqs 4] [--S 3072] [--N 512] [--layers 5]
 //              [--budget-s 15] [--max-reps 5] [--max-seconds 100] [--gemm-n 8192] [--seed 1] [--profile]
+//              [--c02-steps 50]
+// --c02-steps: case C02, steps whose sequences have random lengths (RESULT name=c02; 0 skips it).
 // --profile: after each mode's timed steps, one more step with the per-op profile (Context::op_profile) printed
 // as a table: where the step's device time goes, op by op.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -166,6 +169,16 @@ int main(int argc, char** argv) {
     std::vector<SeqData> sd(static_cast<size_t>(seqs));
     double flops = 0, flops_attn = 0;
     int64_t scored_rows = 0;
+    // model FLOPs of one sequence (the formula at the top of this file)
+    auto seq_flops = [&](double Sq, double NBq, double Rs, const std::vector<int32_t>& anchors) {
+      const double fa = dflash_attn_fwd_flops(anchors, B, nh, d);
+      double f = 2.0 * 2.0 * Sq * double(nf * H) * H;                                             // fc
+      f += L * 3.0 * 2.0 * NBq * double(H * nh * d + 2 * H * nkv * d + nh * d * H + 3 * H * I);   // block GEMMs
+      f += L * 3.0 * 2.0 * Sq * double(H) * double(2 * nkv * d);                                  // context K/V
+      f += 3.5 * fa * L;                                                                           // attention
+      f += 4.0 * double(V) * double(H) * Rs;                                                       // lm_head
+      return f;
+    };
     {
       Rng trng(seed, RngPurpose::Test, 6);
       for (int64_t s = 0; s < seqs; ++s) {
@@ -175,15 +188,9 @@ int main(int argc, char** argv) {
         q.mask.assign(static_cast<size_t>(S), 1);
         q.anchors = make_anchors(seed, static_cast<uint64_t>(s), S, N);
         const DraftBatch b = make_draft_batch(q.tokens, q.mask, q.anchors, N, B, mask_id, default_gamma(B));
-        const double Rs = double(b.rows.size());
         scored_rows += static_cast<int64_t>(b.rows.size());
-        const double fa = dflash_attn_fwd_flops(q.anchors, B, nh, d);
-        flops_attn += 3.5 * fa * L;
-        flops += 2.0 * 2.0 * S * double(nf * H) * H;                                                   // fc
-        flops += L * 3.0 * 2.0 * NB * double(H * nh * d + 2 * H * nkv * d + nh * d * H + 3 * H * I);   // block GEMMs
-        flops += L * 3.0 * 2.0 * S * double(H) * double(2 * nkv * d);                                  // context K/V
-        flops += 3.5 * fa * L;                                                                          // attention
-        flops += 4.0 * double(V) * double(H) * Rs;                                                      // lm_head
+        flops_attn += 3.5 * dflash_attn_fwd_flops(q.anchors, B, nh, d) * L;
+        flops += seq_flops(S, NB, double(b.rows.size()), q.anchors);
       }
     }
     note("model FLOPs per step: %.2f TFLOP (attention %.2f), %lld scored rows, %lld draft tokens", flops / 1e12,
@@ -270,6 +277,56 @@ int main(int argc, char** argv) {
       }
     }
 
+    // ---- case C02: steps with random sequence lengths (every one a shape not seen before) ----------------------
+    // Each sequence of each step gets S_i uniform in [256, S] and N_i = min(N, S_i - 1) anchors. Nothing is compiled
+    // or tuned per shape, so the step time should follow the step's FLOPs: reported are the per-step ms per model
+    // TFLOP (median, max) and the first step's ratio to the median (a first-seen-shape outlier would show there).
+    const int c02_steps = static_cast<int>(args.i("c02-steps", 50));
+    if (c02_steps > 0 && !modes.empty() && now_s() - t_main < max_seconds) {
+      const bool rc = modes.front() == "recompute";
+      Rng lr(seed, RngPurpose::Test, 9);
+      std::vector<double> ratio, tms;
+      double fsum = 0;
+      for (int st = 0; st < c02_steps; ++st) {
+        const double t0 = now_s();
+        std::vector<DraftBatch> bs;
+        std::vector<int64_t> Ss;
+        double sum_w = 0, fl = 0;
+        for (int64_t s = 0; s < seqs; ++s) {
+          const int64_t Si = 256 + static_cast<int64_t>(lr.below(static_cast<uint64_t>(S - 256 + 1)));
+          const int64_t Ni = std::min<int64_t>(N, Si - 1);
+          const SeqData& q = sd[static_cast<size_t>(s)];
+          const std::vector<int32_t> toks(q.tokens.begin(), q.tokens.begin() + Si);
+          const std::vector<uint8_t> msk(q.mask.begin(), q.mask.begin() + Si);
+          const std::vector<int32_t> an = make_anchors(seed + 1000 + static_cast<uint64_t>(st), static_cast<uint64_t>(s),
+                                                       Si, Ni);
+          bs.push_back(make_draft_batch(toks, msk, an, Ni, B, mask_id, default_gamma(B)));
+          sum_w += bs.back().sum_w;
+          fl += seq_flops(double(Si), double(Ni * B), double(bs.back().rows.size()), an);
+          Ss.push_back(Si);
+        }
+        for (int64_t s = 0; s < seqs; ++s) {
+          const Tensor feat = features[static_cast<size_t>(s)].slice(0, Ss[static_cast<size_t>(s)]);
+          DraftInputs in = upload_draft_batch(*ctx, bs[static_cast<size_t>(s)], feat);
+          drafter.forward_backward(*ctx, in, embed, lm_head, 0.0f, static_cast<float>(1.0 / sum_w), true, rc);
+        }
+        optimizer_step(*ctx, ps, oc, oc.lr, ++step_index, global_grad_sq(*ctx, ps));
+        ctx->synchronize();
+        const double ms = (now_s() - t0) * 1e3;
+        tms.push_back(ms);
+        ratio.push_back(ms / (fl / 1e12));
+        fsum += fl;
+        if (now_s() - t_main > max_seconds + 60) break;  // a slow device: report what ran
+      }
+      std::vector<double> sorted = ratio;
+      std::sort(sorted.begin(), sorted.end());
+      const double med = sorted[sorted.size() / 2], mx = sorted.back();
+      result("name=c02 impl=dflash steps=%zu ms_min=%.1f ms_max=%.1f ms_per_tflop_p50=%.3f ms_per_tflop_max=%.3f "
+             "max_over_p50=%.3f first_over_p50=%.3f mode=%s",
+             ratio.size(), *std::min_element(tms.begin(), tms.end()), *std::max_element(tms.begin(), tms.end()), med,
+             mx, mx / med, ratio.front() / med, rc ? "recompute" : "normal");
+    }
+
     // ---- cuBLAS ceiling through Context::linear (same run) --------------------------------------------------
     if (gemm_n > 0) {
       const double ceil = gemm_ceiling_tflops(*ctx, wpool, gemm_n);
@@ -278,16 +335,16 @@ int main(int argc, char** argv) {
     result("name=step_flops impl=dflash tflop=%.6g attn_tflop=%.6g scored_rows=%lld", flops / 1e12, flops_attn / 1e12,
            (long long)scored_rows);
 
-    // ---- what the library's Drafter constructor would cost here (host RNG loop over every parameter) ---------
+    // ---- what the library's Drafter constructor would cost here: its init draws every weight with fill_normal
+    //      (core/rng.h: counter-based, chunked over all host threads), timed on 2^24 values and scaled -------------
     {
-      const int64_t n = 1 << 21;
-      Rng r(seed, RngPurpose::Init, 0);
-      double acc = 0;
+      const int64_t n = int64_t{1} << 24;
+      std::vector<float> buf(static_cast<size_t>(n));
       const double t0 = now_s();
-      for (int64_t i = 0; i < n; ++i) acc += r.normal();
+      fill_normal(buf.data(), n, 0.02, seed, RngPurpose::Init, 0);
       const double per = (now_s() - t0) / double(n);
-      result("name=drafter_init_library_est impl=dflash s=%.1f ns_per_param=%.1f params=%lld chk=%.3f",
-             per * double(ps.numel()), per * 1e9, (long long)ps.numel(), acc / double(n));
+      result("name=drafter_init_library_est impl=dflash s=%.1f ns_per_param=%.2f params=%lld chk=%.4f",
+             per * double(ps.numel()), per * 1e9, (long long)ps.numel(), double(buf[static_cast<size_t>(n / 2)]));
     }
     return 0;
   } catch (const std::exception& e) {
