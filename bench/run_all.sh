@@ -155,8 +155,8 @@ oo = o - so / 1e3 if (o is not None and so) else None
 to = t - st / 1e3 if (t is not None and st) else None
 row("  start-up minus 1 steady step", f(oo, "%.2f s"), f(to, "%.2f s"), "", f(oo and to and to / oo, "%.2fx"),
     "(overhead)", "-")
-o = g("drafter_init_library_est", "dflash", "s")
-row("  library Drafter init (est.)", f(o, "%.1f s"), "-", "", "-", "(fill_normal, all cores)", "-")
+o = g("startup", "dflash", "drafter_init_s")
+row("  of which drafter init", f(o, "%.2f s"), "-", "", "-", "(1.05e9 weights drawn on the device)", "-")
 o, fo = g("c02", "dflash", "max_over_p50"), g("c02", "dflash", "first_over_p50")
 n_, lo_, hi_ = g("c02", "dflash", "steps"), g("c02", "dflash", "ms_min"), g("c02", "dflash", "ms_max")
 row("C02 random lengths (ms/TFLOP)", "max/median %s, 1st/median %s" % (f(o, "%.2f"), f(fo, "%.2f")), "-", "",

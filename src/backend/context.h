@@ -20,6 +20,7 @@
 #include <string>
 
 #include "backend/op_profile.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace dflash {
@@ -158,6 +159,13 @@ class Context {
                      const AdamWArgs& a, const Tensor& param_compute) = 0;
   // sum of squares of an F32 tensor, accumulated in double. Synchronises.
   virtual double sum_squares(const Tensor& x) = 0;
+
+  // ---- initialisation ------------------------------------------------------------------------------------
+  // out[i] = std * N(0,1) (param dtype, on this context's device): the values of core/rng.h fill_normal(seed,
+  // purpose, stream), i.e. value i is Box-Muller of Philox block i mod 2^16 of Rng(seed, purpose, stream, i / 2^16),
+  // rounded to F32 (also in an F64 tensor). Independent of threads and devices up to the last ulp of log / cos in
+  // double precision on the device. (Drafter init: 1e9 values in milliseconds on a GPU, seconds on the host.)
+  virtual void fill_normal(const Tensor& out, double std, uint64_t seed, RngPurpose purpose, uint64_t stream) = 0;
 
   // ---- profiling (backend/op_profile.h) ------------------------------------------------------------------
   // Time and FLOPs per op since the last reset, longest first; empty unless the context was made with

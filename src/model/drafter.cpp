@@ -135,10 +135,11 @@ Drafter::Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, d = cfg_.head_dim;
   const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, nf = cfg_.nf();
   uint64_t index = 0;
-  auto linear = [&](const std::string& name, Shape s) {  // values depend on (seed, parameter index) only
-    Tensor t = cpu_empty(DType::F32, s);
-    fill_normal(t.ptr<float>(), t.numel(), init_std, seed, RngPurpose::Init, index++);
-    params_.add(ctx, name, t);
+  // values depend on (seed, parameter index) only, drawn where the parameter lives (Context::fill_normal)
+  auto linear = [&](const std::string& name, Shape s) {
+    Tensor t = ctx.empty(ctx.param_dtype(), std::move(s));
+    ctx.fill_normal(t, init_std, seed, RngPurpose::Init, index++);
+    params_.adopt(ctx, name, std::move(t));
   };
   auto norm = [&](const std::string& name, int64_t n) {
     ++index;

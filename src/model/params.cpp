@@ -3,12 +3,19 @@
 namespace dflash {
 
 Param& ParamSet::add(Context& ctx, const std::string& name, const Tensor& init) {
+  Tensor master = ctx.to_device(init, ctx.param_dtype());
+  if (master.data == init.data) master = ctx.to_device(cpu_clone(init), ctx.param_dtype());
+  return adopt(ctx, name, std::move(master));
+}
+
+Param& ParamSet::adopt(Context& ctx, const std::string& name, Tensor master) {
+  DFLASH_CHECK(master.device == ctx.device() && master.dtype == ctx.param_dtype(), "parameter ", name,
+               ": master tensor must be on the context's device in its parameter dtype");
   for (const auto& p : params_) DFLASH_CHECK(p.name != name, "parameter ", name, " added twice");
   Param p;
   p.name = name;
-  p.shape = init.shape;
-  p.master = ctx.to_device(init, ctx.param_dtype());
-  if (p.master.data == init.data) p.master = ctx.to_device(cpu_clone(init), ctx.param_dtype());
+  p.shape = master.shape;
+  p.master = std::move(master);
   p.compute = ctx.compute_dtype() == ctx.param_dtype() ? p.master : ctx.to_device(p.master, ctx.compute_dtype());
   p.grad = ctx.zeros(ctx.param_dtype(), p.shape);
   p.m = ctx.zeros(ctx.param_dtype(), p.shape);

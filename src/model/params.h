@@ -23,6 +23,9 @@ class ParamSet {
  public:
   // Adds a parameter with master weights copied from `init` (a host tensor of the given shape, any float dtype).
   Param& add(Context& ctx, const std::string& name, const Tensor& init);
+  // The same for a master tensor already on ctx's device in ctx.param_dtype() (e.g. filled by ctx.fill_normal),
+  // which the parameter takes over without a copy.
+  Param& adopt(Context& ctx, const std::string& name, Tensor master);
   std::vector<Param>& all() { return params_; }
   const std::vector<Param>& all() const { return params_; }
   Param& get(const std::string& name);

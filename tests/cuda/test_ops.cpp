@@ -360,6 +360,29 @@ TEST(CudaOps, Elementwise) {
              });
 }
 
+// Context::fill_normal: the device draws the same values as core/rng.h fill_normal (integer Philox, double
+// Box-Muller; the device's log / cos may differ by an ulp of a double, far below the float rounding).
+TEST(CudaOps, FillNormal) {
+  for (int64_t n : {int64_t{1}, int64_t{1000}, (int64_t{1} << 16) + 17, int64_t{3} << 17}) {
+    check_case(cat("fill_normal n", n), {{"out", Kind::TwoX, false, 1.0}}, [&](Context& c) {
+      Tensor t = nan_out(c, {n}, false);
+      c.fill_normal(t, 0.02, 1234, RngPurpose::Init, 7);
+      return Outs{get(c, t)};
+    });
+  }
+  // and they are those of the host function
+  Context& g = *Backends::get().gpu;
+  Tensor t = g.empty(DType::F32, {70000});
+  g.fill_normal(t, 1.0, 99, RngPurpose::Init, 3);
+  const std::vector<double> v = get(g, t);
+  std::vector<float> h(70000);
+  fill_normal(h.data(), 70000, 1.0, 99, RngPurpose::Init, 3, 2);
+  double err = 0;
+  for (size_t i = 0; i < h.size(); ++i) err = std::max(err, std::fabs(v[i] - h[i]) / std::max(1.0, std::fabs(double(h[i]))));
+  EXPECT_LE(err, 1e-6);
+  record("fill_normal cuda vs core fill_normal (70000 values, max rel. diff)", err, 1e-6, err <= 1e-6);
+}
+
 // Attention outputs are compared by normalised mean square error: the tensor-core kernels (attention_tc.cu) round
 // the operand P (and dS in the backward) of the second product to bf16, as flex_attention and FlashAttention do, a
 // relative error of up to 2^-9 per term on top of the output's own bf16 rounding (relative RMS ~2^-9.8). Allowed:

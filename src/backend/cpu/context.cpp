@@ -140,6 +140,19 @@ class CpuContext final : public Context {
     const OpScope scope = op("sum_squares");
     return cpu::sum_squares(x);
   }
+  void fill_normal(const Tensor& out, double std, uint64_t seed, RngPurpose purpose, uint64_t stream) override {
+    const OpScope scope = op("fill_normal");
+    DFLASH_CHECK(out.device == Device::CPU && (out.dtype == DType::F32 || out.dtype == DType::F64),
+                 "fill_normal: out must be an F32 or F64 cpu tensor");
+    if (out.dtype == DType::F32) {
+      dflash::fill_normal(out.ptr<float>(), out.numel(), std, seed, purpose, stream, static_cast<int>(pool_.size()));
+      return;
+    }
+    std::vector<float> v(static_cast<size_t>(out.numel()));
+    dflash::fill_normal(v.data(), out.numel(), std, seed, purpose, stream, static_cast<int>(pool_.size()));
+    double* o = out.ptr<double>();
+    for (size_t i = 0; i < v.size(); ++i) o[i] = v[i];
+  }
 
  private:
   // ---- per-op profile (ContextOptions::profile_ops, backend/op_profile.h): wall time of each synchronous op --

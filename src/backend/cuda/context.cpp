@@ -311,6 +311,10 @@ class CudaContext final : public Context {
     const OpScope scope = op("adamw");
     cuda::adamw(env_, p, g, m, v, a, pc);
   }
+  void fill_normal(const Tensor& out, double std, uint64_t seed, RngPurpose purpose, uint64_t stream) override {
+    const OpScope scope = op("fill_normal");
+    cuda::fill_normal(env_, out, std, seed, purpose, stream);
+  }
   double sum_squares(const Tensor& x) override {
     const OpScope scope = op("sum_squares");
     const double s = cuda::sum_squares(env_, x);

@@ -82,6 +82,7 @@ void gather_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& row
 void scatter_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& rows);
 void argmax(Env& e, const Tensor& x, const Tensor& out);
 double sum_squares(Env& e, const Tensor& x);  // synchronises
+void fill_normal(Env& e, const Tensor& out, double stdev, uint64_t seed, RngPurpose purpose, uint64_t stream);
 
 // ---- attention ----------------------------------------------------------------------------------------------
 void attention_causal(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
