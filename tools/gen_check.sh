@@ -17,8 +17,8 @@ cmake -S . -B build-cuda -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/conf
 zcat assets/demo/prompts_eval.jsonl.gz | head -"$N" >"$OUT/prompts.jsonl"
 G=(build-cuda/dflash generate --target assets/demo/target --prompts "$OUT/prompts.jsonl" --format raw
    --max-new-tokens 64 --write-ids --no-progress)
-run() { local name=$1; shift; local t0=$(date +%s.%N); "${G[@]}" "$@" --out "$OUT/$name.jsonl" >"$OUT/$name.log" 2>&1;
-        echo "$name rc=$? $(echo "$(date +%s.%N) - $t0" | bc) s"; }
+run() { local name=$1; shift; local t0=$(date +%s%N); "${G[@]}" "$@" --out "$OUT/$name.jsonl" >"$OUT/$name.log" 2>&1;
+        echo "$name rc=$? $(( ($(date +%s%N) - t0) / 1000000 )) ms"; }
 run cuda_b16 --device cuda --batch-size 16
 run cuda_b5 --device cuda --batch-size 5
 run cpu_b16 --device cpu --batch-size 16
