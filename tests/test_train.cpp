@@ -109,6 +109,19 @@ TEST(TrainLoop, LossFallsAndEalRises) {
   fs::remove_all(root);
 }
 
+// --profile: the per-op table of the whole run, with the ops a step is made of.
+TEST(TrainLoop, ProfileWritesThePerOpTable) {
+  const std::string root = tmpdir("profile");
+  TrainConfig c = tiny_config(root, make_data(root, 4));
+  c.max_steps = 3;
+  c.profile = true;
+  train(c);
+  const std::string text = read_file(path_join(c.out_dir, "profile.txt"));
+  for (const char* op : {"over 3 steps", "linear_dw ", "dflash_attention_backward", "lm_head_loss", "adamw", "total"})
+    EXPECT_NE(text.find(op), std::string::npos) << op << " missing from\n" << text;
+  fs::remove_all(root);
+}
+
 TEST(TrainLoop, ResumeIsExactCaseC12) {
   const std::string root = tmpdir("resume");
   const std::string data = make_data(root);

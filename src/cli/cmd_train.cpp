@@ -67,6 +67,7 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
       ->capture_default_str();
   sub->add_flag("!--no-export", c.export_at_end, "do not export at the end");
   sub->add_flag("--quiet", c.quiet, "no progress display");
+  sub->add_flag("--profile", c.profile, "time every op and write the table to <out>/profile.txt at the end");
 }
 
 void register_train(CLI::App& app) {

@@ -130,7 +130,7 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   DFLASH_CHECK(cfg.batch_size > 0, "train: batch_size must be > 0");
   make_dirs(cfg.out_dir);
 
-  auto ctx = make_context(cfg.device, {.threads = cfg.threads});
+  auto ctx = make_context(cfg.device, {.threads = cfg.threads, .profile_ops = cfg.profile});
   Dataset data = Dataset::open(cfg.data_dir);
   DFLASH_CHECK(data.size() > 0, cfg.data_dir, ": no samples");
   auto target = Target::load(cfg.target_dir, *ctx);
@@ -352,6 +352,13 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
     log_info("exported the drafter to ", sum.export_dir);
   }
   sum.seconds = std::chrono::duration<double>(clock::now() - t_start).count();
+  if (cfg.profile) {
+    const std::string path = path_join(cfg.out_dir, "profile.txt");
+    write_file_atomic(path, cat("# dflash train: time per op over ", step, " steps on ", ctx->describe(),
+                                " (every op of the run: target forward, drafter steps, optimizer; GEMMs as M x N x K)\n",
+                                format_op_profile(ctx->op_profile())));
+    log_info("per-op profile: ", path);
+  }
   return sum;
 }
 

@@ -50,6 +50,8 @@ struct TrainConfig {
                                    // longer run: the schedule still spans all steps; continue with resume)
   bool export_at_end = true;       // <out>/export in the z-lab format
   bool quiet = false;              // no progress bar
+  bool profile = false;            // time every op of the run (Context::op_profile) and write the table to
+                                   // <out>/profile.txt at the end: where the device time went, op by op
 };
 
 struct TrainSummary {
