@@ -53,7 +53,10 @@ std::string format_op_profile(const std::vector<OpProfileRow>& rows) {
   s += line;
   for (const auto& r : rows) {
     char tf[32] = "-";
-    if (r.flop > 0 && r.ms > 0) std::snprintf(tf, sizeof tf, "%.1f", r.flop / (r.ms * 1e-3) / 1e12);
+    if (r.flop > 0 && r.ms > 0) {  // 3 significant digits (CPU rates are a few hundredths of a TFLOP/s)
+      const double t = r.flop / (r.ms * 1e-3) / 1e12;
+      std::snprintf(tf, sizeof tf, t >= 100 ? "%.0f" : "%.3g", t);
+    }
     std::snprintf(line, sizeof line, "%-44s %7lld %11.3f %6.1f%% %9s\n", r.op.c_str(), static_cast<long long>(r.calls),
                   r.ms, total > 0 ? 100.0 * r.ms / total : 0.0, tf);
     s += line;
