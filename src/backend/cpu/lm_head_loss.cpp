@@ -46,7 +46,7 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
   st.ce.assign(static_cast<size_t>(Rs), 0.0);
   st.kl.assign(static_cast<size_t>(Rs), 0.0);
   st.correct.assign(static_cast<size_t>(Rs), 0);
-  const int64_t C = std::max<int64_t>(1, a.chunk_rows);
+  const int64_t C = std::min<int64_t>(64, std::max<int64_t>(1, a.chunk_rows));
   std::vector<T> hx, z, zt, dh;
   for (int64_t c0 = 0; c0 < Rs; c0 += C) {
     const int64_t c = std::min(C, Rs - c0);
@@ -66,12 +66,28 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
         int64_t am = 0;
         for (int64_t v = 1; v < V; ++v)
           if (zr[v] > zr[am]) am = v;
-        const T mx = zr[am];
+        const T mx = zr[am], zy = zr[y];
+        st.correct[gr] = am == y;
+        if (!teacher) {  // one exp per logit: e = exp(z - max) kept in z, q = e / sum(e)
+          double se = 0;
+          for (int64_t v = 0; v < V; ++v) {
+            const T ev = std::exp(zr[v] - mx);  // exp in T, sum in double
+            se += ev;
+            zr[v] = ev;
+          }
+          st.ce[gr] = static_cast<double>(mx) + std::log(se) - zy;
+          if (grad) {
+            const double coef = static_cast<double>(w[gr]) * a.grad_scale, inv = 1.0 / se;
+            const T cq = static_cast<T>(coef * inv), cy = static_cast<T>(coef);
+            for (int64_t v = 0; v < V; ++v) zr[v] = cq * zr[v];
+            zr[y] -= cy;
+          }
+          continue;
+        }
         double se = 0;
         for (int64_t v = 0; v < V; ++v) se += std::exp(zr[v] - mx);  // exp in T, sum in double
         const T lse = mx + static_cast<T>(std::log(se));
-        st.ce[gr] = static_cast<double>(lse) - zr[y];
-        st.correct[gr] = am == y;
+        st.ce[gr] = static_cast<double>(lse) - zy;
         T* ztr = teacher ? zt.data() + r * V : nullptr;
         if (teacher) {
           T tmx = ztr[0];
