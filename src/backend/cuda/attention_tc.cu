@@ -12,11 +12,12 @@
 //    none of its rows can see.
 //  * dQ (k_dq_tc): the forward's tiling with 32-key tiles; P = exp(S - lse) from the saved lse, dP = dO V^T,
 //    dS = P (dP - D), dQ += dS K (dS rounded to bf16), dQ *= scale at the end.
-//  * dK/dV (k_dkv_tc): a CTA owns 64 keys of one kv head (a warp 16 of them, two groups of 4 warps splitting the
-//    heads of the kv group), context tiles then block-key tiles, and walks chunks of 32 queries x head that can see them (a context tile: the queries
-//    whose valid block has a_j > the tile's first key; a block-key tile: the queries of the blocks owning those
-//    keys). S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q; dK *= scale.
-//    Deterministic: every gradient element is written once, by one thread, no atomics.
+//  * dK/dV (k_dkv_tc): a CTA of 8 warps owns 64 keys of one kv head (context tiles, then block-key tiles); two
+//    groups of 4 warps (16 keys per warp) split the heads of the kv group and walk the chunks of 32 queries that
+//    can see the tile (a context tile: the queries whose valid block has a_j > the tile's first key; a block-key
+//    tile: the queries of the blocks owning those keys). S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T,
+//    dS^T = P^T (dP^T - D), dK += dS^T Q; the groups' sums are added in a fixed order and dK *= scale.
+//    Deterministic: no atomics; every gradient element is written once.
 // Fragment layouts are PTX ISA's for mma.m16n8k16 (.row.col) and ldmatrix (.x4, .trans): lane l holds, of an
 // accumulator tile, rows l/4 and l/4 + 8 and columns 2 (l%4) + {0, 1}.
 // Error of the bf16 rounding of P and dS (what flex_attention and FlashAttention do too): a relative 2^-9 per term
