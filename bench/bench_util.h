@@ -76,25 +76,25 @@ class Args {
   std::map<std::string, std::string> kv_;
 };
 
-// printf-style RESULT line, flushed at once (the logs are read even when a later step is killed).
-inline void result(const char* fmt, ...) {
-  std::printf("RESULT ");
-  va_list ap;
-  va_start(ap, fmt);
+// One printf-style line after `prefix`, flushed at once (the logs are read even when a later step is killed).
+inline void print_line(const char* prefix, const char* fmt, va_list ap) {
+  std::printf("%s", prefix);
   std::vfprintf(stdout, fmt, ap);
-  va_end(ap);
   std::printf("\n");
   std::fflush(stdout);
 }
-
-inline void note(const char* fmt, ...) {
-  std::printf("# ");
+// A RESULT line (what run_all.sh's table reads) and a "# " note.
+inline void result(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  std::vfprintf(stdout, fmt, ap);
+  print_line("RESULT ", fmt, ap);
   va_end(ap);
-  std::printf("\n");
-  std::fflush(stdout);
+}
+inline void note(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  print_line("# ", fmt, ap);
+  va_end(ap);
 }
 
 // ---- anchors shared with bench/torch_ref.py ---------------------------------------------------------------

@@ -28,14 +28,8 @@ say() { echo "[+$(el)s] $*" | tee -a "$W/status.txt"; }
 cap() { local c=$1 l=$(( DEADLINE - $(el) - $2 )); [ "$l" -lt "$c" ] && c=$l; [ "$c" -lt 15 ] && c=15; echo "$c"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee -a "$W/status.txt"
 
-# 0. the GPU machine's image lacks PCRE2's development files: use the Debian ones carried in .deps/pcre2
-#    (as tools/device_check.sh step 0)
-if ! pkg-config --exists libpcre2-8 && [ -d .deps/pcre2 ]; then
-  D=$PWD/.deps/pcre2/usr
-  sed -i "s|^prefix=.*|prefix=$D|" "$D"/lib/x86_64-linux-gnu/pkgconfig/*.pc
-  export PKG_CONFIG_PATH=$D/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export LD_LIBRARY_PATH=$D/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
+# 0. PCRE2 development files from .deps when the GPU machine's image lacks them
+. tools/device_env.sh
 
 # 1. the PyTorch side, in the background (GPU), one process per part
 PY_END=$(( DEADLINE - CXX_RESERVE ))

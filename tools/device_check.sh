@@ -14,14 +14,8 @@ SUM="$RES/summary.txt"
 say() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a "$SUM"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$SUM"
 
-# 0. the GPU machine's image lacks PCRE2's development files: use the Debian ones carried in .deps/pcre2
-#    (here: apt-get download libpcre2-dev libpcre2-8-0; dpkg -x each into .deps/pcre2; carry .deps)
-if ! pkg-config --exists libpcre2-8 && [ -d .deps/pcre2 ]; then
-  D=$PWD/.deps/pcre2/usr
-  sed -i "s|^prefix=.*|prefix=$D|" "$D"/lib/x86_64-linux-gnu/pkgconfig/*.pc
-  export PKG_CONFIG_PATH=$D/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export LD_LIBRARY_PATH=$D/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
+# 0. PCRE2 development files from .deps when the GPU machine's image lacks them (tools/device_env.sh)
+. tools/device_env.sh
 
 # 1. build (tests + binary) and the CUDA op table
 cmake -S . -B build-cuda -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 || { say "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }

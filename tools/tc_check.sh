@@ -5,12 +5,7 @@ set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.." || exit 1
 T0=$(date +%s)
-if ! pkg-config --exists libpcre2-8 && [ -d .deps/pcre2 ]; then
-  D=$PWD/.deps/pcre2/usr
-  sed -i "s|^prefix=.*|prefix=$D|" "$D"/lib/x86_64-linux-gnu/pkgconfig/*.pc
-  export PKG_CONFIG_PATH=$D/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export LD_LIBRARY_PATH=$D/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
+. tools/device_env.sh  # PCRE2 development files from .deps when the image lacks them
 cmake -S . -B build-cuda -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
 cmake --build build-cuda -j 16 --target dflash_cuda_tests bench_attention bench_step bench_prefill >"$OUT/build.log" 2>&1 ||
   { grep -E "error" "$OUT/build.log" | head -30; exit 1; }

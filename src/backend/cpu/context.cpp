@@ -158,8 +158,9 @@ class CpuContext final : public Context {
   // ---- per-op profile (ContextOptions::profile_ops, backend/op_profile.h): wall time of each synchronous op --
   class OpScope {
    public:
-    OpScope(OpProfile* prof, std::string key, double flop)
-        : prof_(prof), key_(std::move(key)), flop_(flop), t0_(std::chrono::steady_clock::now()) {}
+    OpScope(OpProfile* prof, std::string key, double flop) : prof_(prof), key_(std::move(key)), flop_(flop) {
+      if (prof_) t0_ = std::chrono::steady_clock::now();  // no clock read when not profiling
+    }
     OpScope(const OpScope&) = delete;
     OpScope& operator=(const OpScope&) = delete;
     ~OpScope() {

@@ -10,7 +10,8 @@ namespace dflash::cuda {
 
 namespace {
 
-__device__ __forceinline__ uint64_t splitmix64_dev(uint64_t x) {
+// splitmix64 of core/rng.cpp (the stream derivation of Rng), on both sides
+__host__ __device__ inline uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
@@ -23,7 +24,7 @@ __global__ void k_fill_normal(T* __restrict__ out, int64_t n, double stdev, uint
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t chunk = static_cast<uint64_t>(i) >> 16, k = static_cast<uint64_t>(i) & 0xFFFFu;
-    const uint64_t stream = splitmix64_dev(base ^ chunk);
+    const uint64_t stream = splitmix64(base ^ chunk);
     uint32_t c0 = static_cast<uint32_t>(k), c1 = static_cast<uint32_t>(k >> 32);
     uint32_t c2 = static_cast<uint32_t>(stream), c3 = static_cast<uint32_t>(stream >> 32);
     uint32_t k0 = key0, k1 = key1;
@@ -50,13 +51,6 @@ __global__ void k_fill_normal(T* __restrict__ out, int64_t n, double stdev, uint
   }
 }
 
-uint64_t splitmix64_host(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 }  // namespace
 
 void fill_normal(Env& e, const Tensor& out, double stdev, uint64_t seed, RngPurpose purpose, uint64_t stream) {
@@ -65,7 +59,7 @@ void fill_normal(Env& e, const Tensor& out, double stdev, uint64_t seed, RngPurp
   const int64_t n = out.numel();
   if (n == 0) return;
   // Rng(seed, purpose, stream, c): stream_c = splitmix64(splitmix64(splitmix64(purpose) ^ stream) ^ c)
-  const uint64_t base = splitmix64_host(splitmix64_host(static_cast<uint64_t>(purpose)) ^ stream);
+  const uint64_t base = splitmix64(splitmix64(static_cast<uint64_t>(purpose)) ^ stream);
   const unsigned g = grid_for(n, 256, e.num_sms);
   DFLASH_LAUNCH(g, 256, 0, e.stream, k_fill_normal<float>)(out.ptr<float>(), n, stdev, static_cast<uint32_t>(seed),
                                                            static_cast<uint32_t>(seed >> 32), base);
