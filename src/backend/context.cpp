@@ -1,7 +1,9 @@
 // backend/context.cpp — device selection, the helpers shared by every Context, and RoPE frequencies.
 #include "backend/context.h"
 
+#include <atomic>
 #include <cmath>
+#include <mutex>
 
 #include "io/hf_config.h"
 
@@ -12,7 +14,25 @@ std::unique_ptr<Context> make_cpu_context(const ContextOptions& o, DType dt);
 std::unique_ptr<Context> make_cuda_context(const ContextOptions& o);
 #endif
 
+namespace {
+std::atomic<int64_t> g_lazy_inits{0};  // diagnostics only: a count and the last name, never read by an op
+std::mutex g_lazy_mu;
+std::string g_lazy_last;
+}  // namespace
+
+int64_t lazy_init_count() { return g_lazy_inits.load(); }
+std::string last_lazy_init() {
+  std::lock_guard<std::mutex> lk(g_lazy_mu);
+  return g_lazy_last;
+}
+void note_lazy_init(const char* what) {
+  g_lazy_inits.fetch_add(1);
+  std::lock_guard<std::mutex> lk(g_lazy_mu);
+  g_lazy_last = what;
+}
+
 std::unique_ptr<Context> make_context(const std::string& device, const ContextOptions& opts) {
+  note_lazy_init("context creation");
   if (device == "cpu") return make_cpu_context(opts, DType::F32);
   if (device == "cpu64") return make_cpu_context(opts, DType::F64);
   if (device == "cuda" || device.rfind("cuda:", 0) == 0) {

@@ -1,5 +1,6 @@
 // backend/context.h — the per-device, per-worker execution context and the op interface.
-// defines: Context (abstract), DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, make_context, ContextOptions
+// defines: Context (abstract), Event, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, make_context, ContextOptions,
+//          lazy_init_count, note_lazy_init
 //
 // One Context per device per worker thread. It owns everything mutable that executing ops needs: on the CPU a
 // thread pool; on CUDA the stream, the cuBLASLt handle, its workspace and a stream-ordered memory pool. There is
@@ -74,6 +75,14 @@ struct AdamWArgs {
   int64_t step = 1;         // 1-based, for bias correction
 };
 
+// A point in one context's stream of ops (CUDA: a cudaEvent_t). Another context, on the same or another device, can
+// order its later ops after that point without blocking the host (the transport between training workers). On
+// the CPU every op has finished when it returns, so an event is complete as soon as it is recorded.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
 struct MemoryStats {
   int64_t in_use_bytes = 0, peak_bytes = 0, limit_bytes = 0;
 };
@@ -99,6 +108,22 @@ class Context {
   // A host copy (F32 for float tensors if as_f32, else same dtype). Synchronises.
   Tensor to_host(const Tensor& t, bool as_f32 = true);
   virtual void synchronize() = 0;
+  // ---- ordering between contexts ------------------------------------------------------------------------
+  // create_event() belongs to this context (make events in the warm-up: creating one counts as a lazy init
+  // after it). record(e): e (created by THIS context) marks everything enqueued so far. wait(e): ops enqueued on
+  // this context from now on run after e's point; e may come from any context; an event never recorded is
+  // complete. host_wait(e): blocks the calling thread until e's point has run. copy() between two device tensors
+  // of the same dtype also works across devices (peer copy, on this context's stream).
+  virtual std::unique_ptr<Event> create_event() = 0;
+  virtual void record(Event& e) = 0;
+  virtual void wait(const Event& e) = 0;
+  virtual void host_wait(const Event& e) = 0;
+  // Lets this context's device read and write `other`'s device memory directly (CUDA peer access; a no-op on the
+  // CPU, on the same device, or where the hardware has no peer path: copies then go through the host).
+  virtual void enable_peer_access(const Context& other) {}
+  // The device ordinal (CUDA) or 0, and the native stream (cudaStream_t) or nullptr on the CPU.
+  virtual int device_index() const { return 0; }
+  virtual void* native_stream() const { return nullptr; }
   virtual MemoryStats memory() const = 0;
   virtual void reset_peak_memory() = 0;
 
@@ -192,6 +217,14 @@ struct ContextOptions {
   int64_t memory_limit_bytes = 0;  // 0 = no limit beyond the device
   bool profile_ops = false;        // time every op (Context::op_profile); off: nothing is recorded
 };
+
+// Lazy initialisations in this process: every Context creation, every first-use set-up of a backend (OpenBLAS
+// threading, kernel attributes) and every event or handle made on demand adds one. The trainer creates everything
+// in a single-threaded warm-up and asserts that the count does not move while its worker threads run (case C01).
+// `what` is kept for the error message (the last one noted).
+int64_t lazy_init_count();
+std::string last_lazy_init();
+void note_lazy_init(const char* what);
 
 // Creates a Context for "cpu", "cpu64" (everything in fp64: the gradient-check oracle) or "cuda[:N]". Throws Error if the device is unknown or CUDA was not built in.
 std::unique_ptr<Context> make_context(const std::string& device, const ContextOptions& opts = {});

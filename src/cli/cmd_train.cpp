@@ -19,7 +19,25 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--data", c.data_dir, "data directory written by `dflash prepare`")->required();
   sub->add_option("--out", c.out_dir, "output directory (checkpoints/, metrics.jsonl, export/)")->required();
   sub->add_option("--device", c.device, "cpu, cuda or cuda:N")->capture_default_str();
-  sub->add_option("--threads", c.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  sub->add_option("--threads", c.threads, "CPU threads per worker (0 = all cores)")->capture_default_str();
+  sub->add_option("--targets", c.targets,
+                  "target workers: CUDA device indices (e.g. 0,1,2,3,4), or a count on the CPU (default: 1, "
+                  "co-located with the drafter on --device)");
+  sub->add_option("--drafters", c.drafters,
+                  "drafter workers (data-parallel): CUDA device indices (e.g. 5,6,7), or a count on the CPU");
+  sub->add_flag("--colocate", c.colocate,
+                "every device of the one list given runs a target worker and a drafter worker (the default for "
+                "a single device)");
+  sub->add_option("--queue-depth", c.queue_depth, "feature packets in flight per drafter (backpressure)")
+      ->capture_default_str();
+  sub->add_option("--collective-timeout", c.collective_timeout_s,
+                  "seconds a gradient/statistics all-reduce may wait before the job fails naming the workers "
+                  "waited on")
+      ->capture_default_str();
+  sub->add_flag("--random-target", c.random_target,
+                "benchmarks: draw the target's weights at random from its config.json (no safetensors needed)");
+  sub->add_option("--inject-fault", c.inject_fault, "testing aid: KIND:INDEX:STEP makes worker 'target N' or "
+                  "'drafter N' throw at step STEP (0-based)");
   sub->add_option("--num-layers", c.num_layers, "draft layers Ld")->capture_default_str();
   sub->add_option("--block-size", c.block_size, "block size B (16 for Qwen3 targets, 10 for Llama-3.1)")
       ->capture_default_str();

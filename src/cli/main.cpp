@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   dflash::cli::register_info(app);
   dflash::cli::register_tokenize(app);
   dflash::cli::register_demo(app);
+  dflash::cli::register_plot(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -12,7 +12,7 @@ namespace dflash {
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 
 // Purposes keep streams of different uses apart.
-enum class RngPurpose : uint64_t { Init = 1, DataOrder = 2, Anchors = 3, Sampling = 4, Test = 99 };
+enum class RngPurpose : uint64_t { Init = 1, DataOrder = 2, Anchors = 3, Sampling = 4, RandomTarget = 5, Test = 99 };
 
 class Rng {
  public:

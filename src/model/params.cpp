@@ -43,7 +43,30 @@ int64_t ParamSet::numel() const {
 }
 
 void ParamSet::zero_grad(Context& ctx) {
+  if (flat_grad_.defined()) {
+    ctx.zero(flat_grad_);
+    return;
+  }
   for (auto& p : params_) ctx.zero(p.grad);
+}
+
+const Tensor& ParamSet::flatten_grads(Context& ctx) {
+  if (flat_grad_.defined()) return flat_grad_;
+  constexpr int64_t kAlign = 64;
+  int64_t total = 0;
+  for (const auto& p : params_) total += (p.grad.numel() + kAlign - 1) / kAlign * kAlign;
+  Tensor flat = ctx.zeros(ctx.param_dtype(), {total});
+  int64_t off = 0;
+  for (auto& p : params_) {
+    Tensor view = flat;
+    view.shape = p.shape;
+    view.data = static_cast<char*>(flat.data) + static_cast<size_t>(off) * dtype_size(flat.dtype);
+    ctx.copy(view, p.grad);
+    p.grad = view;
+    off += (view.numel() + kAlign - 1) / kAlign * kAlign;
+  }
+  flat_grad_ = flat;
+  return flat_grad_;
 }
 
 void ParamSet::sync_compute(Context& ctx) {

@@ -32,11 +32,17 @@ class ParamSet {
   const Param& get(const std::string& name) const;
   int64_t numel() const;
   void zero_grad(Context& ctx);
+  // Moves every gradient into one contiguous param_dtype buffer (each parameter's grad becomes a view of it, at an
+  // offset rounded up to 64 elements so every view stays 256-byte aligned; the gaps stay zero), so that one
+  // collective sums all gradients. Call before training (the current gradients are copied). Returns the buffer.
+  const Tensor& flatten_grads(Context& ctx);
+  const Tensor& flat_grad() const { return flat_grad_; }
   // Copies master -> compute for every parameter (after loading master weights).
   void sync_compute(Context& ctx);
 
  private:
   std::vector<Param> params_;
+  Tensor flat_grad_;  // defined after flatten_grads()
 };
 
 }  // namespace dflash

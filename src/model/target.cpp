@@ -65,6 +65,84 @@ std::shared_ptr<const Target> Target::load(const std::string& dir, Context& ctx)
   return std::make_shared<const Target>(std::move(cfg), std::move(w));
 }
 
+TargetHead load_target_head(const std::string& dir, Context& ctx) {
+  ModelConfig cfg = load_model_config(dir);
+  WeightStore ws = WeightStore::open(dir);
+  const Shape shape = {cfg.vocab_size, cfg.hidden_size};
+  TargetHead h;
+  h.embed = ctx.to_device(ws.f32("model.embed_tokens.weight", shape), ctx.compute_dtype());
+  if (cfg.tie_word_embeddings || !ws.has("lm_head.weight")) {
+    DFLASH_CHECK(cfg.tie_word_embeddings, dir, ": lm_head.weight is missing and tie_word_embeddings is false");
+    h.lm_head = h.embed;
+  } else {
+    h.lm_head = ctx.to_device(ws.f32("lm_head.weight", shape), ctx.compute_dtype());
+  }
+  return h;
+}
+
+namespace {
+// Tensor k of a random target: N(0, 0.02) from stream k (norm weights: ones).
+struct RandomWeights {
+  Context& ctx;
+  uint64_t seed;
+  uint64_t k = 0;
+  Tensor normal(Shape s) {
+    Tensor t = ctx.empty(ctx.param_dtype(), std::move(s));
+    ctx.fill_normal(t, 0.02, seed, RngPurpose::RandomTarget, k++);
+    return ctx.to_device(t, ctx.compute_dtype());
+  }
+  Tensor ones(Shape s) {
+    ++k;
+    Tensor h = cpu_empty(DType::F32, std::move(s));
+    for (int64_t i = 0; i < h.numel(); ++i) h.ptr<float>()[i] = 1.0f;
+    return ctx.to_device(h, ctx.compute_dtype());
+  }
+};
+}  // namespace
+
+TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t seed) {
+  RandomWeights r{ctx, seed};
+  TargetHead h;
+  h.embed = r.normal({cfg.vocab_size, cfg.hidden_size});
+  h.lm_head = cfg.tie_word_embeddings ? h.embed : r.normal({cfg.vocab_size, cfg.hidden_size});
+  return h;
+}
+
+std::shared_ptr<const Target> Target::random(const ModelConfig& cfg, Context& ctx, uint64_t seed) {
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, d = cfg.head_dim;
+  const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  TargetHead head = random_target_head(cfg, ctx, seed);
+  RandomWeights r{ctx, seed, 2};
+  TargetWeights w;
+  w.embed = head.embed;
+  w.lm_head = head.lm_head;
+  w.final_norm = r.ones({H});
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    TargetLayer L;
+    L.in_norm = r.ones({H});
+    L.post_norm = r.ones({H});
+    L.wq = r.normal({nh * d, H});
+    L.wk = r.normal({nkv * d, H});
+    L.wv = r.normal({nkv * d, H});
+    L.wo = r.normal({H, nh * d});
+    if (cfg.attention_bias) {
+      L.bq = r.normal({nh * d});
+      L.bk = r.normal({nkv * d});
+      L.bv = r.normal({nkv * d});
+    }
+    if (cfg.qk_norm) {
+      L.q_norm = r.ones({d});
+      L.k_norm = r.ones({d});
+    }
+    L.w_gate = r.normal({I, H});
+    L.w_up = r.normal({I, H});
+    L.w_down = r.normal({H, I});
+    w.layers.push_back(std::move(L));
+  }
+  w.inv_freq = ctx.to_device(rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling));
+  return std::make_shared<const Target>(cfg, std::move(w));
+}
+
 Target::Target(ModelConfig cfg, TargetWeights w) : cfg_(std::move(cfg)), w_(std::move(w)) {
   DFLASH_CHECK(static_cast<int64_t>(w_.layers.size()) == cfg_.num_hidden_layers, "target: ", w_.layers.size(),
                " layers given, config says ", cfg_.num_hidden_layers);

@@ -43,12 +43,23 @@ struct KVCache {
   void truncate(int64_t new_len);  // forget positions >= new_len (rejected draft tokens)
 };
 
+// The target's frozen embedding and lm_head alone (what a drafter on a device without a target worker needs), in
+// ctx's compute dtype; lm_head is the same tensor as embed when tied. Errors as Target::load.
+struct TargetHead {
+  Tensor embed, lm_head;  // [V, H]
+};
+TargetHead load_target_head(const std::string& dir, Context& ctx);
+TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t seed = 0);  // == Target::random's
+
 class Target {
  public:
   // Reads `dir` (config.json + safetensors) onto ctx's device in ctx.compute_dtype(). Errors name the file
   // and tensor. Tensors of the HF names model.embed_tokens.weight, model.layers.{i}.*, model.norm.weight,
   // lm_head.weight (absent when tied).
   static std::shared_ptr<const Target> load(const std::string& dir, Context& ctx);
+  // A target of config `cfg` with random weights (benchmarks without a checkpoint: Linear ~ N(0, 0.02), norms 1),
+  // drawn on ctx's device by fill_normal(seed, RandomTarget, tensor index): identical on every device.
+  static std::shared_ptr<const Target> random(const ModelConfig& cfg, Context& ctx, uint64_t seed = 0);
   Target(ModelConfig cfg, TargetWeights w);
 
   const ModelConfig& config() const { return cfg_; }

@@ -1,6 +1,11 @@
-// train/trainer.h — the training loop (spec 2): data order, target forward, anchors, drafter forward/backward
-// with global loss normalisation, clip + AdamW, metrics, checkpoints, resume, export.
-// defines: TrainConfig, TrainSummary, train, train_config_to_json
+// train/trainer.h — the training system (spec 2, spec 6): target workers and drafter workers, one thread per
+// device role, in one or several processes. `train` builds the topology, warms everything up in one thread, runs
+// the workers, writes metrics and checkpoints, and exports. The single-device run is the 1-device co-located case.
+// defines: TrainConfig, TrainSummary, train, to_json(TrainConfig)
+//
+// The pieces, in data-flow order: train/step_plan (host: global batch, anchors, normaliser, split over drafters),
+// train/feature_queue (jobs for targets; bounded packet queues in drafter memory), train/target_worker,
+// train/drafter_worker (forward/backward, gradient all-reduce, AdamW), backend/collective (threads, NCCL, MPI).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -19,7 +24,15 @@ struct TrainConfig {
   std::string data_dir;     // written by `dflash prepare`
   std::string out_dir;      // checkpoints/, metrics.jsonl, export/
   std::string device = "cpu";
-  int threads = 0;          // CPU threads (0 = all cores)
+  int threads = 0;          // CPU threads per worker context (0 = all cores)
+  // topology (spec 6). CPU: worker counts ("2"); CUDA: device indices ("0,1,2,3,4"). Empty = one worker each,
+  // co-located on `device`. colocate: every listed device runs a target worker and a drafter worker (give one list).
+  std::string targets, drafters;
+  bool colocate = false;
+  int queue_depth = 2;             // feature packets in flight per drafter (memory: depth x max_S x nf*H)
+  double collective_timeout_s = 600;  // a collective waiting longer fails the job naming the workers waited on
+  std::string inject_fault;        // test aid: KIND:INDEX:STEP (train/target_worker.h FaultPlan)
+  bool random_target = false;      // benchmark aid: target weights drawn at random from its config.json alone
   // drafter shape (spec 1)
   int64_t num_layers = 1;
   int64_t block_size = 16;
@@ -56,14 +69,20 @@ struct TrainConfig {
 
 struct TrainSummary {
   int64_t steps_done = 0, total_steps = 0;
+  int64_t updates = 0;              // AdamW updates (steps with at least one supervised pair)
+  int64_t lazy_inits_after_warmup = 0;  // case C01: must stay 0
+  int targets = 0, drafters = 0;    // workers of this process
   bool interrupted = false;
   double last_loss = 0, last_eal = 0;
   double seconds = 0;
   std::string export_dir, checkpoint_dir;
 };
 
-// Runs (or resumes) training. `stop` (may be null) is polled after each step: when set, a checkpoint is written
-// and train() returns with interrupted = true. Throws Error for bad inputs (naming file / field).
+// Runs (or resumes) training. `stop` (may be null) is polled after each step: when set, every drafter stops after
+// the same step, a checkpoint is written and train() returns with interrupted = true. Throws Error for bad inputs
+// (naming file / field), for a data set without one trainable sample, and when a worker fails (the message names
+// the worker; a checkpoint of the last completed step is written first). Under an MPI launcher every process calls
+// train() with the same config; process 0 writes the files.
 TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop = nullptr);
 
 void to_json(nlohmann::json& j, const TrainConfig& c);

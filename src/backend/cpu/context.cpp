@@ -46,6 +46,11 @@ class CpuContext final : public Context {
     }
   }
   void synchronize() override {}
+  // Ops are synchronous: an event is complete when recorded, and waiting orders nothing.
+  std::unique_ptr<Event> create_event() override { return std::make_unique<Event>(); }
+  void record(Event&) override {}
+  void wait(const Event&) override {}
+  void host_wait(const Event&) override {}
   MemoryStats memory() const override { return {0, 0, limit_}; }
   void reset_peak_memory() override {}
 

@@ -10,7 +10,10 @@ namespace dflash::cpu {
 
 void init_cpu_backend() {
   static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+  std::call_once(once, [] {
+    note_lazy_init("OpenBLAS threading");
+    openblas_set_num_threads(1);
+  });
 }
 
 namespace {

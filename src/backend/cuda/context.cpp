@@ -172,7 +172,11 @@ class CudaContext final : public Context {
     if (!dd && !sd) {
       host_copy(dst, src);
     } else if (dd && sd) {
-      cuda::convert(env_, dst, src);
+      if (src.dtype == dst.dtype) {  // also between devices (peer copy; through the host if peers are off)
+        DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDefault, s));
+      } else {
+        cuda::convert(env_, dst, src);
+      }
     } else if (dd) {  // host -> device
       if (src.dtype == dst.dtype) {
         // from pageable memory the call returns once the source has been staged: src may be freed after it
@@ -215,6 +219,50 @@ class CudaContext final : public Context {
     DFLASH_CUDA_CHECK(cudaStreamSynchronize(st_->stream));
     check_device_errors();
   }
+  // ---- events ------------------------------------------------------------------------------------------------
+  struct CudaEvent final : Event {
+    cudaEvent_t e = nullptr;
+    int device = 0;
+    ~CudaEvent() override {
+      if (e) cudaEventDestroy(e);
+    }
+  };
+  std::unique_ptr<Event> create_event() override {
+    use();
+    note_lazy_init("cuda event");
+    auto ev = std::make_unique<CudaEvent>();
+    ev->device = dev_;
+    DFLASH_CUDA_CHECK(cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming));
+    return ev;
+  }
+  void record(Event& e) override {
+    use();
+    auto& ce = dynamic_cast<CudaEvent&>(e);
+    DFLASH_CHECK(ce.device == dev_, "cuda:", dev_, ": record() of an event made by cuda:", ce.device);
+    DFLASH_CUDA_CHECK(cudaEventRecord(ce.e, st_->stream));
+  }
+  void wait(const Event& e) override {
+    use();
+    DFLASH_CUDA_CHECK(cudaStreamWaitEvent(st_->stream, dynamic_cast<const CudaEvent&>(e).e, 0));
+  }
+  void host_wait(const Event& e) override { DFLASH_CUDA_CHECK(cudaEventSynchronize(dynamic_cast<const CudaEvent&>(e).e)); }
+  void enable_peer_access(const Context& other) override {
+    const int peer = other.device_index();
+    if (other.device() != Device::CUDA || peer == dev_) return;
+    int can = 0;
+    DFLASH_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, dev_, peer));
+    if (!can) return;
+    use();
+    const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+      return;
+    }
+    DFLASH_CUDA_CHECK(e);
+  }
+  int device_index() const override { return dev_; }
+  void* native_stream() const override { return st_->stream; }
+
   MemoryStats memory() const override { return {st_->in_use.load(), st_->peak.load(), st_->limit}; }
   void reset_peak_memory() override { st_->peak.store(st_->in_use.load()); }
 
@@ -376,6 +424,7 @@ class CudaContext final : public Context {
   }
   cudaEvent_t take_event() {
     if (events_.empty()) {
+      note_lazy_init("profiling event");
       cudaEvent_t e = nullptr;
       DFLASH_CUDA_CHECK(cudaEventCreate(&e));
       return e;

@@ -1,0 +1,68 @@
+// backend/collective.h — sums across the drafter workers of a training job: worker threads of this process (each
+// with its own Context) and, through MPI, the same workers of the other processes (one per host).
+// defines: HostGroup, GradReducer, make_host_grad_reducer, make_nccl_grad_reducer
+//
+// Every rank of a group must call each collective the same number of times in the same order (the training loop
+// guarantees it: every drafter runs every step's control path, empty or not). Sums are deterministic for a fixed
+// topology: local ranks are added in rank order (in double precision), then processes through MPI.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/context.h"
+#include "core/job_control.h"
+
+namespace dflash {
+
+// The host side: a rendezvous of the local ranks (threads) plus MPI across processes.
+class HostGroup {
+ public:
+  // names[r]: local rank r's worker name (for timeout messages); timeout_s > 0: a wait longer than that fails the
+  // job, naming the ranks that had not arrived.
+  HostGroup(std::vector<std::string> names, JobControl& control, double timeout_s);
+  int local_size() const { return static_cast<int>(names_.size()); }
+  // In-place sums of x over every rank of every process; each rank passes its own buffer of the same length.
+  // Throws JobAborted when the job failed meanwhile, Error on a timeout (after failing the job).
+  void all_reduce(int local_rank, std::span<double> x);
+  void all_reduce(int local_rank, std::span<float> x);
+
+ private:
+  template <class T>
+  void reduce(int local_rank, std::span<T> x);
+  std::vector<std::string> names_;
+  JobControl& control_;
+  double timeout_s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<void*> posted_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0, calls_ = 0;
+  std::vector<double> scratch_;
+};
+
+// Sums the drafters' flat F32 gradient buffers (ParamSet::flatten_grads) in place.
+class GradReducer {
+ public:
+  virtual ~GradReducer() = default;
+  // Called by local rank r's worker thread with its own context and gradient buffer (on that context's device).
+  virtual void all_reduce(int local_rank, Context& ctx, const Tensor& grad) = 0;
+  virtual std::string describe() const = 0;
+};
+
+// CPU contexts: the gradients are host memory, summed by the HostGroup.
+std::unique_ptr<GradReducer> make_host_grad_reducer(HostGroup& group);
+
+// CUDA contexts: one NCCL communicator per local drafter (ncclCommInitAll in one process; across processes the
+// unique id travels by Mpi::broadcast and every rank joins with ncclCommInitRank), created here, in the warm-up,
+// with one all-reduce run through every communicator. all_reduce enqueues ncclAllReduce on the context's stream
+// and waits for it while polling the job's abort flag and the timeout (then ncclCommAbort, naming the collective).
+// Throws Error if CUDA/NCCL were not built in. global_rank0: the global rank of local rank 0; world: all drafters.
+std::unique_ptr<GradReducer> make_nccl_grad_reducer(const std::vector<Context*>& local, int global_rank0, int world,
+                                                    JobControl& control, double timeout_s);
+
+}  // namespace dflash

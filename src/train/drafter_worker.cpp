@@ -1,0 +1,124 @@
+// train/drafter_worker.cpp — DrafterWorker: the per-replica step loop.
+#include "train/drafter_worker.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "train/draft_batch.h"
+
+namespace dflash {
+
+DrafterWorker::DrafterWorker(int local_rank, int global_rank, std::string name, std::unique_ptr<Context> ctx,
+                             const DrafterConfig& dc, uint64_t seed, double init_std, Tensor embed, Tensor lm_head)
+    : local_rank_(local_rank),
+      global_rank_(global_rank),
+      name_(std::move(name)),
+      ctx_(std::move(ctx)),
+      drafter_(*ctx_, dc, seed, init_std),
+      embed_(std::move(embed)),
+      lm_head_(std::move(lm_head)) {
+  drafter_.params().flatten_grads(*ctx_);
+}
+
+void DrafterWorker::warm_up() {
+  const DrafterConfig& dc = drafter_.config();
+  const int64_t S = 2 * dc.block_size + 2, B = dc.block_size;
+  std::vector<int32_t> ids(static_cast<size_t>(S));
+  std::vector<uint8_t> mask(static_cast<size_t>(S), 1);
+  for (int64_t i = 0; i < S; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i % std::max<int64_t>(1, dc.vocab_size));
+  const std::vector<int32_t> anchors = {0, static_cast<int32_t>(B)};
+  DraftBatch b = make_draft_batch(ids, mask, anchors, 2, B, dc.mask_token_id, 7.0);
+  Tensor feats = ctx_->zeros(ctx_->compute_dtype(), {S, dc.nf() * dc.hidden_size});
+  DraftInputs in = upload_draft_batch(*ctx_, b, feats);
+  drafter_.forward_backward(*ctx_, in, embed_, lm_head_, 0.f, 0.f, true, false);
+  drafter_.params().zero_grad(*ctx_);
+  (void)global_grad_sq(*ctx_, drafter_.params());
+  ctx_->synchronize();
+}
+
+void DrafterWorker::run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queue, GradReducer& grads,
+                        HostGroup& stats_group, const std::function<void(DrafterWorker&, const StepReport&)>& report) {
+  using clock_t = std::chrono::steady_clock;
+  const int64_t B = drafter_.config().block_size;
+  const bool soft = r.kl_weight > 0;
+  int64_t ticket = 0;
+  int64_t n_updates = r.updates;
+  updates = n_updates;
+  params_step = r.first_step;
+  std::vector<double> red(static_cast<size_t>(3 + 2 * B + 2));
+  const size_t kStop = red.size() - 2, kTotal = red.size() - 1;
+  int64_t total = r.total_steps;
+  for (int64_t step = r.first_step; step < std::min(r.end_step, total); ++step) {
+    if (r.fault) r.fault->maybe_throw("drafter", local_rank_, step);
+    auto plan = plans.get(step);
+    StepReport rep;
+    rep.step = step;
+    rep.plan = plan;
+    rep.lr = lr_at(r.optim, step, total);
+    std::fill(red.begin(), red.end(), 0.0);
+    const float grad_scale = plan->empty() ? 0.f : static_cast<float>(1.0 / plan->sum_w);
+    for (int si : plan->by_drafter[static_cast<size_t>(global_rank_)]) {
+      const SeqPlan& sq = plan->seqs[static_cast<size_t>(si)];
+      FeaturePacket& p = queue.take(ticket, clock);
+      DFLASH_CHECK(p.plan.get() == plan.get() || (p.plan->step == step && p.seq == si), name_, ": packet ", ticket,
+                   " is step ", p.plan->step, " sequence ", p.seq, ", expected step ", step, " sequence ", si);
+      const auto t0 = clock_t::now();
+      ctx_->wait(*p.ready);
+      DraftInputs in = upload_draft_batch(*ctx_, sq.batch, p.features.slice(0, sq.batch.S),
+                                          soft ? p.final_hidden.slice(0, sq.batch.S) : Tensor{});
+      DraftStepStats st = drafter_.forward_backward(*ctx_, in, embed_, lm_head_, r.kl_weight, grad_scale, true,
+                                                    r.recompute);
+      ctx_->record(*p.free);
+      queue.release(ticket++);
+      red[0] += st.loss_sum;
+      red[1] += st.ce_sum;
+      red[2] += st.kl_sum;
+      for (size_t k = 0; k < st.correct.size(); ++k) {
+        const size_t slot = static_cast<size_t>(sq.batch.slots[k]);
+        red[3 + slot] += st.correct[k];
+        red[3 + static_cast<size_t>(B) + slot] += 1;
+      }
+      clock.add_busy(clock_t::now() - t0);
+    }
+    if (!plan->empty()) {  // the same decision on every drafter: sum_w is global
+      auto t0 = clock_t::now();
+      clock.waiting_on = kWaitCollective;
+      grads.all_reduce(local_rank_, *ctx_, drafter_.params().flat_grad());
+      const double grad_sq = global_grad_sq(*ctx_, drafter_.params());
+      clock.waiting_on = kWaitNone;
+      clock.add_wait(clock_t::now() - t0);
+      t0 = clock_t::now();
+      in_optimizer = true;
+      StepResult res = optimizer_step(*ctx_, drafter_.params(), r.optim, rep.lr, n_updates + 1, grad_sq);
+      ctx_->synchronize();
+      in_optimizer = false;
+      ++n_updates;
+      clock.add_busy(clock_t::now() - t0);
+      rep.updated = true;
+      rep.grad_norm = res.grad_norm;
+      rep.clip = res.clip_scale;
+    }
+    updates = n_updates;
+    params_step = step + 1;
+    red[kStop] = r.stop && r.stop->load() ? 1.0 : 0.0;
+    red[kTotal] = r.proposed_total ? static_cast<double>(r.proposed_total->exchange(0)) : 0.0;
+    auto t0 = clock_t::now();
+    clock.waiting_on = kWaitCollective;
+    stats_group.all_reduce(local_rank_, std::span<double>(red));
+    clock.waiting_on = kWaitNone;
+    clock.add_wait(clock_t::now() - t0);
+    rep.updates = n_updates;
+    rep.stats.loss_sum = red[0];
+    rep.stats.ce_sum = red[1];
+    rep.stats.kl_sum = red[2];
+    rep.stats.correct.assign(red.begin() + 3, red.begin() + 3 + B);
+    rep.stats.count.assign(red.begin() + 3 + B, red.begin() + 3 + 2 * B);
+    rep.stats.stop = red[kStop] > 0 || (r.stop_after > 0 && step + 1 >= r.stop_after);
+    if (red[kTotal] > 0) total = std::clamp<int64_t>(static_cast<int64_t>(red[kTotal]), step + 1, r.end_step);
+    rep.total_steps = total;  // in force from the next step on
+    if (report) report(*this, rep);
+    if (rep.stats.stop) return;
+  }
+}
+
+}  // namespace dflash

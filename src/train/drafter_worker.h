@@ -1,0 +1,84 @@
+// train/drafter_worker.h — a drafter worker: its own Context and parameter replica on one device, the target's
+// frozen embedding and lm_head on that device, and the step loop: for each global step, forward/backward of its
+// share of the step plan (packets from its FeatureQueue, loss scaled by 1 / the GLOBAL sum of weights), the
+// gradient all-reduce, the same clipped AdamW update as every other replica, and the all-reduce of the step's
+// statistics, which also carries the stop decision. Every drafter runs every step's control path, whether it
+// (or the whole step) has sequences or not, so the collectives always match (spec 5: no hang on an empty rank).
+// defines: StepStats, StepReport, DrafterWorker
+#pragma once
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/collective.h"
+#include "model/drafter.h"
+#include "train/feature_queue.h"
+#include "train/optimizer.h"
+#include "train/target_worker.h"
+
+namespace dflash {
+
+// The step's statistics summed over all drafters (the stats all-reduce).
+struct StepStats {
+  double loss_sum = 0, ce_sum = 0, kl_sum = 0;
+  std::vector<double> correct, count;  // per slot [B]
+  bool stop = false;                   // some worker was asked to stop (signal)
+};
+
+struct StepReport {
+  int64_t step = 0;                    // 0-based step just completed
+  int64_t total_steps = 0;             // the schedule's length in force (time budgets revise it)
+  double lr = 0;
+  std::shared_ptr<const StepPlan> plan;
+  StepStats stats;
+  bool updated = false;                // an optimizer update ran (the step was not empty)
+  int64_t updates = 0;                 // optimizer updates so far (AdamW's step count)
+  double grad_norm = 0, clip = 1;
+};
+
+struct DrafterRun {
+  int64_t first_step = 0, end_step = 0, total_steps = 0;  // steps [first, end) of a schedule of total_steps
+  int64_t updates = 0;                 // AdamW updates done before first_step (resume)
+  int64_t stop_after = 0;              // > 0: stop once this many steps are done
+  OptimConfig optim;
+  float kl_weight = 0;
+  bool recompute = false;
+  const std::atomic<bool>* stop = nullptr;  // signal flag
+  const FaultPlan* fault = nullptr;
+  // Time budgets: local rank 0 of process 0 may propose a new step count here (0 = none); it reaches every drafter
+  // through the statistics all-reduce and applies from the step after (end_step is the upper bound).
+  std::atomic<int64_t>* proposed_total = nullptr;
+};
+
+class DrafterWorker {
+ public:
+  DrafterWorker(int local_rank, int global_rank, std::string name, std::unique_ptr<Context> ctx,
+                const DrafterConfig& dc, uint64_t seed, double init_std, Tensor embed, Tensor lm_head);
+  // Warm-up: one forward/backward of a tiny block on random features (gradients zeroed afterwards).
+  void warm_up();
+  // The worker thread's body. `report` runs on this thread after each step's statistics are known (local rank 0
+  // of process 0 only: metrics, checkpoints). Returns after end_step or a collective stop; throws on failure.
+  void run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queue, GradReducer& grads, HostGroup& stats,
+           const std::function<void(DrafterWorker&, const StepReport&)>& report);
+
+  int local_rank() const { return local_rank_; }
+  int global_rank() const { return global_rank_; }
+  const std::string& name() const { return name_; }
+  Context& ctx() { return *ctx_; }
+  Drafter& drafter() { return drafter_; }
+  WorkerClock clock;
+  std::atomic<int64_t> params_step{0};  // steps whose update (or skip) the replica's weights include
+  std::atomic<int64_t> updates{0};      // AdamW updates applied
+  std::atomic<bool> in_optimizer{false};
+
+ private:
+  int local_rank_, global_rank_;
+  std::string name_;
+  std::unique_ptr<Context> ctx_;
+  Drafter drafter_;
+  Tensor embed_, lm_head_;
+};
+
+}  // namespace dflash

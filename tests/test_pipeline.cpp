@@ -1,0 +1,416 @@
+// The training system (issue: target workers and drafter workers): the step plan, D drafters = 1 drafter on the same
+// global batch, bit-identical repeats, faults (a worker that throws, a drafter with no anchors, SIGTERM mid-run),
+// resume with the same and with another topology, 2 processes under mpirun = 2 drafters in one process, nothing
+// lazily initialised after the warm-up (case C01), time budgets, runs that cannot learn, `dflash plot`.
+// Threads.Pipeline* also run under ThreadSanitizer (scripts/test.sh).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/fs.h"
+#include "io/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/step_plan.h"
+#include "train_fixtures.h"
+
+using namespace dflash;
+using namespace dflash::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<double> final_params(const std::string& out_dir) {
+  auto ws = WeightStore::open(latest_checkpoint(out_dir) + "/params.safetensors");
+  std::vector<double> v;
+  for (const auto& n : ws.names()) {
+    auto f = to_f32_vector(ws.view(n));
+    v.insert(v.end(), f.begin(), f.end());
+  }
+  return v;
+}
+
+int run_binary(const std::vector<std::string>& args, pid_t* child = nullptr) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  if (child) {
+    *child = pid;
+    return 0;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::vector<std::string> train_args(const TrainConfig& c) {
+  std::vector<std::string> a = {DFLASH_BINARY, "train", "--target", c.target_dir, "--data", c.data_dir, "--out",
+                                c.out_dir, "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,2",
+                                "--mask-token-id", "511", "--max-anchors", "8", "--batch-size",
+                                std::to_string(c.batch_size), "--lr", "0.003", "--seed", "3", "--threads", "1",
+                                "--quiet", "--no-export"};
+  return a;
+}
+
+}  // namespace
+
+// The plan: the global batch, its anchors and sum_w do not depend on the number of drafters; the split is
+// balanced by tokens x anchors and every sequence goes to exactly one drafter.
+TEST(StepPlan, GlobalBatchIsIndependentOfTheDrafterCount) {
+  const std::string root = train_tmpdir("plan");
+  const std::string data = make_train_data(root, 30, 40, [](int s, int p) { return p >= 3 + (s % 7) * 4; });
+  Dataset ds = Dataset::open(data);
+  PlanConfig pc{.batch_size = 7, .max_anchors = 5, .block_size = 4, .mask_token_id = 511, .gamma = 4, .seed = 9};
+  StepPlanner one(ds, pc);
+  pc.drafters = 3;
+  StepPlanner three(ds, pc);
+  for (int64_t step : {0, 4, 9}) {
+    StepPlan a = one.plan(step), b = three.plan(step);
+    ASSERT_EQ(a.seqs.size(), b.seqs.size());
+    EXPECT_EQ(a.sum_w, b.sum_w);
+    EXPECT_GT(a.sum_w, 0);
+    for (size_t i = 0; i < a.seqs.size(); ++i) {
+      EXPECT_EQ(a.seqs[i].sample, b.seqs[i].sample);
+      EXPECT_EQ(a.seqs[i].batch.anchors, b.seqs[i].batch.anchors);
+    }
+    // every sequence on one drafter; loads within the largest single sequence of each other (LPT)
+    std::vector<int> seen(b.seqs.size(), 0);
+    std::vector<int64_t> load(3, 0);
+    int64_t biggest = 0;
+    for (int d = 0; d < 3; ++d)
+      for (int i : b.by_drafter[d]) {
+        ++seen[i];
+        load[d] += b.seqs[i].work();
+        biggest = std::max(biggest, b.seqs[i].work());
+      }
+    for (int c : seen) EXPECT_EQ(c, 1);
+    EXPECT_LE(*std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end()), biggest);
+  }
+  fs::remove_all(root);
+}
+
+// 2 target + 2 drafter workers give the loss and parameters of 1 + 1 on the same global batch (up to the order of
+// floating-point sums), and the same topology repeated gives identical bits.
+TEST(Pipeline, TwoPlusTwoMatchesOneWorkerAndRepeatsBitForBit) {
+  const std::string root = train_tmpdir("pipe22");
+  const std::string data = make_train_data(root);
+  TrainConfig one = tiny_train_config(root, data);
+  one.max_steps = 20;
+  one.out_dir = root + "/one";
+  TrainSummary s1 = train(one);
+  EXPECT_EQ(s1.steps_done, 20);
+  EXPECT_EQ(s1.targets, 1);
+  EXPECT_EQ(s1.drafters, 1);
+  TrainConfig two = one;
+  two.targets = "2";
+  two.drafters = "2";
+  two.out_dir = root + "/two";
+  TrainSummary s2 = train(two);
+  EXPECT_EQ(s2.drafters, 2);
+  EXPECT_EQ(s2.lazy_inits_after_warmup, 0);
+  TrainConfig again = two;
+  again.out_dir = root + "/again";
+  train(again);
+  auto m1 = read_metrics_jsonl(one.out_dir), m2 = read_metrics_jsonl(two.out_dir), m3 = read_metrics_jsonl(again.out_dir);
+  ASSERT_EQ(m1.size(), 20u);
+  ASSERT_EQ(m2.size(), 20u);
+  ASSERT_EQ(m3.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    const double l1 = m1[i]["loss"].get<double>(), l2 = m2[i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(l1 - l2), 1e-5 * std::fabs(l1)) << "step " << i + 1;
+    EXPECT_EQ(m2[i]["loss"], m3[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(m2[i]["grad_norm"], m3[i]["grad_norm"]) << "step " << i + 1;
+    EXPECT_EQ(m1[i]["target_tokens"], m2[i]["target_tokens"]);
+    EXPECT_TRUE(m2[i]["workers"].contains("drafter 1 (cpu)"));
+  }
+  const auto p1 = final_params(one.out_dir), p2 = final_params(two.out_dir), p3 = final_params(again.out_dir);
+  EXPECT_LE(rel_err(p2, p1), 1e-5);
+  EXPECT_GT(rel_err(p2, p1), 0.0) << "two drafters must really sum two partial gradients";
+  EXPECT_EQ(p2, p3);
+  fs::remove_all(root);
+}
+
+// Eight workers (4 + 4) for 50 steps: run under ThreadSanitizer by scripts/test.sh; nothing is initialised lazily
+// once the worker threads run (case C01).
+TEST(Threads, Pipeline4Plus4RunsCleanCaseC01) {
+  const std::string root = train_tmpdir("pipe44");
+  TrainConfig c = tiny_train_config(root, make_train_data(root, 16, 24));
+  c.targets = "4";
+  c.drafters = "4";
+  c.batch_size = 6;
+  c.max_steps = 50;
+  c.queue_depth = 1;
+  TrainSummary s = train(c);
+  EXPECT_EQ(s.steps_done, 50);
+  EXPECT_EQ(s.lazy_inits_after_warmup, 0);
+  EXPECT_EQ(read_metrics_jsonl(c.out_dir).size(), 50u);
+  fs::remove_all(root);
+}
+
+// A worker that throws stops the whole job with its own message, after a checkpoint of the last completed step.
+TEST(Pipeline, AWorkerThatThrowsStopsTheJobAfterACheckpoint) {
+  const std::string root = train_tmpdir("pipefault");
+  const std::string data = make_train_data(root);
+  for (const char* spec : {"drafter:1:4", "target:1:4"}) {
+    TrainConfig c = tiny_train_config(root, data);
+    c.targets = "2";
+    c.drafters = "2";
+    c.max_steps = 30;
+    c.out_dir = root + "/" + std::string(spec).substr(0, 6);
+    c.inject_fault = spec;
+    try {
+      train(c);
+      FAIL() << spec << ": the job must fail";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string(spec).substr(0, 6) + " 1 (cpu) failed: injected fault"), std::string::npos) << m;
+      EXPECT_NE(m.find("--resume"), std::string::npos) << m;
+    }
+    const std::string ck = latest_checkpoint(c.out_dir);
+    ASSERT_FALSE(ck.empty()) << spec;
+    const auto st = nlohmann::json::parse(read_file(ck + "/state.json"));
+    if (spec[0] == 'd') EXPECT_EQ(st["step"], 4) << spec;  // drafter 1 never started step 5
+    else EXPECT_LE(st["step"].get<int>(), 4) << spec;       // the target failed on a packet of step 5
+    EXPECT_EQ(read_metrics_jsonl(c.out_dir).size(), st["step"].get<size_t>()) << spec;
+    // and the run continues from there
+    c.inject_fault.clear();
+    c.resume = true;
+    TrainSummary s = train(c);
+    EXPECT_EQ(s.steps_done, 30);
+  }
+  fs::remove_all(root);
+}
+
+// A drafter whose share of a step is empty still joins every collective; steps without any supervised pair run
+// the same control path (metrics row, checkpoint, stop-after) without an optimizer update, and AdamW's step count
+// counts only real updates: the first real update moves every fc weight by lr (bias-corrected step 1).
+TEST(Pipeline, EmptyDraftersAndEmptyStepsJoinEveryCollective) {
+  const std::string root = train_tmpdir("pipeempty");
+  // 4 rows of 40 ids: rows 0 and 2 supervised from token 5, rows 1 and 3 only from token 32 (beyond --max-length)
+  const std::string data = make_train_data(root, 4, 40, [](int s, int p) { return p >= (s % 2 ? 32 : 5); });
+  TrainConfig c = tiny_train_config(root, data);
+  c.max_length = 20;
+  c.batch_size = 1;
+  c.checkpoint_every = 1;
+  c.keep_checkpoints = 100;
+  c.max_steps = 8;
+  c.targets = "2";
+  c.drafters = "2";
+  TrainSummary s = train(c);
+  EXPECT_EQ(s.steps_done, 8);
+  auto m = read_metrics_jsonl(c.out_dir);
+  ASSERT_EQ(m.size(), 8u);
+  int64_t updates = 0, first_real = -1;
+  for (size_t i = 0; i < m.size(); ++i) {
+    EXPECT_TRUE(file_exists(cat(c.out_dir, "/checkpoints/step-", std::string(8 - std::to_string(i + 1).size(), '0'),
+                                i + 1, "/state.json")))
+        << "step " << i + 1 << " must checkpoint, empty or not";
+    if (!m[i]["loss"].is_null()) {
+      ++updates;
+      if (first_real < 0) first_real = static_cast<int64_t>(i);
+    }
+    EXPECT_EQ(m[i]["updates"], updates) << "step " << i + 1;
+  }
+  EXPECT_EQ(s.updates, updates);
+  ASSERT_GT(first_real, 0) << "the seeded order must start with an empty step for this test to mean something";
+  ASSERT_LT(updates, 8);
+  // fc.weight before and after the first real update
+  auto at = [&](int64_t step) {
+    auto ws = WeightStore::open(cat(c.out_dir, "/checkpoints/step-", std::string(8 - std::to_string(step).size(), '0'),
+                                    step, "/params.safetensors"));
+    return to_f32_vector(ws.view("fc.weight"));
+  };
+  const auto before = at(first_real), after = at(first_real + 1);
+  const double lr = m[static_cast<size_t>(first_real)]["lr"].get<double>();
+  std::vector<double> moved;
+  for (size_t i = 0; i < before.size(); ++i)
+    if (after[i] != before[i]) moved.push_back(std::fabs(after[i] - before[i]));
+  ASSERT_GT(moved.size(), before.size() / 2);
+  std::sort(moved.begin(), moved.end());
+  EXPECT_NEAR(moved[moved.size() / 2] / lr, 1.0, 1e-3) << "bias correction of AdamW step 1";
+  // --stop-after counts every step, empty or not
+  TrainConfig st = c;
+  st.out_dir = root + "/stop";
+  st.stop_after = 1;
+  TrainSummary s1 = train(st);
+  EXPECT_EQ(s1.steps_done, 1);
+  EXPECT_TRUE(s1.interrupted);
+  fs::remove_all(root);
+}
+
+// A data set that cannot teach anything fails before the first step, and nothing is exported.
+TEST(Pipeline, ARunThatCannotLearnFailsBeforeTheFirstStep) {
+  const std::string root = train_tmpdir("pipenone");
+  const std::string late = make_train_data(root, 2, 16, [](int, int p) { return p >= 11; }, "late");
+  const std::string none = make_train_data(root, 3, 16, [](int, int) { return false; }, "none");
+  for (const auto& [data, max_len] : std::vector<std::pair<std::string, int64_t>>{{late, 8}, {none, 0}}) {
+    TrainConfig c = tiny_train_config(root, data);
+    c.max_length = max_len;
+    c.max_steps = 3;
+    c.export_at_end = true;
+    c.out_dir = data + "_run";
+    try {
+      train(c);
+      FAIL() << data;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("learn nothing"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(c.out_dir + "/export"));
+    EXPECT_TRUE(latest_checkpoint(c.out_dir).empty());
+  }
+  fs::remove_all(root);
+}
+
+// Resume with another number of drafters continues the same data order and anchors: the loss curve continues
+// that of the uninterrupted run (equal up to floating-point summation order).
+TEST(Pipeline, ResumeWithAnotherDrafterCountContinuesTheSameRun) {
+  const std::string root = train_tmpdir("piperesume");
+  const std::string data = make_train_data(root);
+  TrainConfig a = tiny_train_config(root, data);
+  a.max_steps = 16;
+  a.targets = a.drafters = "2";
+  a.out_dir = root + "/straight";
+  train(a);
+  TrainConfig b = a;
+  b.out_dir = root + "/split";
+  b.stop_after = 8;
+  train(b);
+  b.stop_after = 0;
+  b.resume = true;
+  b.targets = b.drafters = "1";
+  TrainSummary s = train(b);
+  EXPECT_EQ(s.steps_done, 16);
+  auto ma = read_metrics_jsonl(a.out_dir), mb = read_metrics_jsonl(b.out_dir);
+  ASSERT_EQ(mb.size(), 16u);
+  for (size_t i = 0; i < 16; ++i) {
+    EXPECT_EQ(ma[i]["target_tokens"], mb[i]["target_tokens"]) << "same batch at step " << i + 1;
+    const double la = ma[i]["loss"].get<double>(), lb = mb[i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(la - lb), 1e-5 * std::fabs(la)) << "step " << i + 1;
+  }
+  EXPECT_LE(rel_err(final_params(b.out_dir), final_params(a.out_dir)), 1e-5);
+  fs::remove_all(root);
+}
+
+// SIGTERM in the middle of a 2 + 2 run: every drafter stops after the same step, a checkpoint of that step is
+// written, exit status 130; --resume then ends exactly where the uninterrupted run ends (same topology: bit for bit).
+TEST(Pipeline, SigtermMidRunCheckpointsAndResumesBitForBit) {
+  const std::string root = train_tmpdir("pipesigterm");
+  const std::string data = make_train_data(root);
+  TrainConfig c = tiny_train_config(root, data);
+  c.out_dir = root + "/run";
+  auto args = train_args(c);
+  for (const char* a : {"--targets", "2", "--drafters", "2", "--max-steps", "400"}) args.push_back(a);
+  pid_t pid = 0;
+  run_binary(args, &pid);
+  for (int i = 0; i < 600; ++i) {
+    usleep(50000);
+    if (read_metrics_jsonl(c.out_dir).size() >= 3) break;
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const std::string ck = latest_checkpoint(c.out_dir);
+  ASSERT_FALSE(ck.empty());
+  const auto st = nlohmann::json::parse(read_file(ck + "/state.json"));
+  const int64_t at = st["step"].get<int64_t>();
+  EXPECT_GE(at, 3);
+  EXPECT_LT(at, 400);
+  EXPECT_EQ(read_metrics_jsonl(c.out_dir).size(), static_cast<size_t>(at));
+  // finish it, and compare with the same steps run straight
+  auto resume = args;
+  resume.push_back("--resume");
+  EXPECT_EQ(run_binary(resume), 0);
+  TrainConfig straight = c;
+  straight.out_dir = root + "/straight";
+  auto sargs = train_args(straight);
+  for (const char* a : {"--targets", "2", "--drafters", "2", "--max-steps", "400"}) sargs.push_back(a);
+  EXPECT_EQ(run_binary(sargs), 0);
+  EXPECT_EQ(final_params(c.out_dir), final_params(straight.out_dir));
+  fs::remove_all(root);
+}
+
+#ifdef DFLASH_MPIEXEC
+// Two processes under mpirun, one target + one drafter each, train exactly as one process with 2 + 2.
+TEST(Pipeline, TwoMpiProcessesMatchTheInProcessRun) {
+  const std::string root = train_tmpdir("pipempi");
+  const std::string data = make_train_data(root);
+  TrainConfig c = tiny_train_config(root, data);
+  c.max_steps = 12;
+  c.out_dir = root + "/inproc";
+  c.targets = c.drafters = "2";
+  train(c);
+  TrainConfig m = c;
+  m.out_dir = root + "/mpi";
+  std::vector<std::string> args = {DFLASH_MPIEXEC, "-n", "2", "--oversubscribe", "--allow-run-as-root",
+                                   "--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"};
+  for (const auto& a : train_args(m)) args.push_back(a);
+  for (const char* a : {"--targets", "1", "--drafters", "1", "--max-steps", "12"}) args.push_back(a);
+  ASSERT_EQ(run_binary(args), 0) << "mpirun failed";
+  auto mi = read_metrics_jsonl(c.out_dir), mm = read_metrics_jsonl(m.out_dir);
+  ASSERT_EQ(mm.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) {
+    const double a = mi[i]["loss"].get<double>(), b = mm[i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(a - b), 1e-6 * std::fabs(a)) << "step " << i + 1;
+  }
+  EXPECT_LE(rel_err(final_params(m.out_dir), final_params(c.out_dir)), 1e-6);
+  // a fault in process 1 stops both processes with its message, process 0 writes the checkpoint
+  TrainConfig f = c;
+  f.out_dir = root + "/mpifault";
+  std::vector<std::string> fargs(args.begin(), args.begin() + 11);
+  for (const auto& a : train_args(f)) fargs.push_back(a);
+  for (const char* a : {"--targets", "1", "--drafters", "1", "--max-steps", "12", "--inject-fault", "drafter:0:5",
+                        "--collective-timeout", "60"})
+    fargs.push_back(a);
+  // both processes get the fault spec; each process's drafter 0 throws at step 5, so both fail the same way
+  EXPECT_NE(run_binary(fargs), 0);
+  const std::string ck = latest_checkpoint(f.out_dir);
+  ASSERT_FALSE(ck.empty());
+  EXPECT_EQ(nlohmann::json::parse(read_file(ck + "/state.json"))["step"], 5);
+  fs::remove_all(root);
+}
+#endif
+
+// A time budget is planned from the measured steady-state step rate: the run uses most of its budget and stops
+// within it (loose bounds: the machine may be busy).
+TEST(Pipeline, TimeBudgetIsUsedAndKept) {
+  const std::string root = train_tmpdir("pipebudget");
+  TrainConfig c = tiny_train_config(root, make_train_data(root));
+  c.epochs = 100000;  // the budget decides
+  c.time_budget_s = 4;
+  const auto t0 = std::chrono::steady_clock::now();
+  TrainSummary s = train(c);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(s.interrupted);
+  EXPECT_EQ(s.steps_done, s.total_steps);
+  double train_s = 0;
+  for (const auto& r : read_metrics_jsonl(c.out_dir)) train_s += r["step_s"].get<double>();
+  EXPECT_GT(train_s, 0.6 * c.time_budget_s) << s.steps_done << " steps";
+  EXPECT_LT(train_s, 1.25 * c.time_budget_s + 0.5) << s.steps_done << " steps, " << sec << " s in all";
+  fs::remove_all(root);
+}
+
+// `dflash plot RUN`: a PNG of the curves, drawn by gnuplot.
+TEST(Plot, WritesAPngOfTheCurves) {
+  const std::string root = train_tmpdir("plot");
+  TrainConfig c = tiny_train_config(root, make_train_data(root, 8));
+  c.max_steps = 6;
+  train(c);
+  const std::string png = root + "/curves.png";
+  ASSERT_EQ(run_binary({DFLASH_BINARY, "plot", c.out_dir, c.out_dir, "--out", png, "--x", "seconds"}), 0);
+  const std::string bytes = read_file(png);
+  ASSERT_GT(bytes.size(), 8000u);
+  EXPECT_EQ(bytes.substr(1, 3), "PNG");
+  EXPECT_NE(run_binary({DFLASH_BINARY, "plot", root + "/nothing"}), 0);
+  fs::remove_all(root);
+}

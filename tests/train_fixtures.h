@@ -1,0 +1,79 @@
+// tests/train_fixtures.h — small training runs for the tests: a learnable toy data set for the tiny Qwen3 golden
+// target, a config sized for 2 CPU cores, metrics reading, temporary directories.
+#pragma once
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "io/dataset.h"
+#include "test_util.h"
+#include "train/trainer.h"
+
+namespace dflash::test {
+
+inline std::string train_tmpdir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("dflash_test_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+// Arithmetic progressions mod 64, x[p+1] = x[p] + k (k in 1..3 per sample); loss mask from `mask(sample, p)`
+// (default: a 6-token prompt, then the response).
+inline std::string make_train_data(const std::string& root, int samples = 24, int len = 40,
+                                   const std::function<bool(int, int)>& mask = nullptr, const std::string& name = "data") {
+  const std::string dir = root + "/" + name;
+  DatasetWriter w(dir);
+  Rng rng(5, RngPurpose::Test);
+  for (int s = 0; s < samples; ++s) {
+    const int k = 1 + static_cast<int>(rng.below(3));
+    int x = static_cast<int>(rng.below(64));
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> m;
+    for (int p = 0; p < len; ++p) {
+      ids.push_back(x % 64);
+      m.push_back(mask ? mask(s, p) : p >= 6);
+      x += k;
+    }
+    w.add(ids, m);
+  }
+  w.commit(nlohmann::json::object());
+  return dir;
+}
+
+inline TrainConfig tiny_train_config(const std::string& root, const std::string& data) {
+  TrainConfig c;
+  c.target_dir = source_dir() + "/tests/golden/target_qwen3";
+  c.data_dir = data;
+  c.out_dir = root + "/run";
+  c.threads = 1;
+  c.num_layers = 1;
+  c.block_size = 4;
+  c.target_layer_ids = {1, 2};
+  c.mask_token_id = 511;
+  c.max_anchors = 8;
+  c.batch_size = 4;
+  c.optim.lr = 3e-3;
+  c.seed = 3;
+  c.quiet = true;
+  c.export_at_end = false;
+  c.checkpoint_every = 0;
+  return c;
+}
+
+inline std::vector<nlohmann::json> read_metrics_jsonl(const std::string& out_dir) {
+  std::ifstream in(out_dir + "/metrics.jsonl");
+  std::vector<nlohmann::json> v;
+  std::string line;
+  while (std::getline(in, line)) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+}  // namespace dflash::test
