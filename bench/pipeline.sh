@@ -18,15 +18,16 @@ cd "$(dirname "$0")/.." || exit 1
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RES=$OUT
 W=$(mktemp -d)
-STEPS=${STEPS:-14}
+STEPS=${STEPS:-10}
 say() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a "$RES/summary.txt"; }
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$RES/summary.txt"
 nvidia-smi topo -m 2>/dev/null | head -4 >>"$W/topo.txt"
 . tools/device_env.sh
 
 if [ "${SKIP_TORCH:-0}" != 1 ]; then
-  (CD=$(mktemp -d); TORCHINDUCTOR_CACHE_DIR=$CD/i TRITON_CACHE_DIR=$CD/t timeout -k 5 300 \
-     python3 bench/torch_pipeline.py --layouts split,coloc2,coloc1 --steps 6 >"$W/torch_pipeline.log" 2>&1;
+  (CD=$(mktemp -d); TORCHINDUCTOR_CACHE_DIR=$CD/i TRITON_CACHE_DIR=$CD/t timeout -k 5 ${TORCH_LIMIT_S:-230} \
+     python3 bench/torch_pipeline.py --layouts split,coloc2,coloc1 --steps ${TORCH_STEPS:-5} --layout-timeout 70 --stage-reps 3 --stage-steps 2 \
+       >"$W/torch_pipeline.log" 2>&1;
    echo "torch rc=$?" >>"$W/torch_pipeline.log") &
   PY=$!
 fi
@@ -36,14 +37,14 @@ timeout 330 cmake --build build-cuda -j 28 --target dflash dflash_cuda_tests ben
 say "build rc=$?"; grep -E "error" "$W/build.log" | head -20
 B=build-cuda/dflash
 [ -n "${PY:-}" ] && { wait "$PY"; say "torch pipeline done"; }
-timeout 150 build-cuda/dflash_cuda_tests >"$W/cuda_tests.log" 2>&1
+timeout ${OPS_LIMIT_S:-60} build-cuda/dflash_cuda_tests >"$W/cuda_tests.log" 2>&1
 say "op table rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$W/cuda_tests.log" | tr '\n' ' ')"
 
 # 3. same loss curve on 1 and 2 GPUs (demo target and data)
 $B prepare --tokenizer assets/demo/target --input assets/demo/train.jsonl.gz --out "$W/demo_data" --max-length 512 >"$W/prep_demo.log" 2>&1
 for L in 1 2; do
   if [ $L = 1 ]; then TOPO="--device cuda:0"; else TOPO="--device cuda --colocate --drafters 0,1"; fi
-  timeout 120 $B train --target assets/demo/target --data "$W/demo_data" --out "$W/curve$L" $TOPO --num-layers 2 \
+  timeout 60 $B train --target assets/demo/target --data "$W/demo_data" --out "$W/curve$L" $TOPO --num-layers 2 \
     --block-size 16 --batch-size 16 --max-steps 40 --lr 6e-4 --quiet --no-export >"$W/curve$L.log" 2>&1
   say "demo curve on $L GPU(s) rc=$?"
 done
@@ -73,14 +74,14 @@ $B prepare --tokenizer assets/demo/target --input "$W/rows.jsonl" --out "$W/q8da
 COMMON="--target $W/q8 --random-target --data $W/q8data --mask-token-id 151669 --num-layers 5 --block-size 16 --max-anchors 512 --max-steps $STEPS --quiet --no-export --checkpoint-every 0"
 run_ours() {  # name, batch, topology...
   local name=$1 batch=$2; shift 2
-  timeout 170 $B train $COMMON --out "$W/$name" --batch-size "$batch" "$@" >"$W/$name.log" 2>&1
+  timeout 100 $B train $COMMON --out "$W/$name" --batch-size "$batch" "$@" >"$W/$name.log" 2>&1
   say "ours $name rc=$?"; cp "$W/$name/metrics.jsonl" "$RES/metrics_$name.jsonl" 2>/dev/null
 }
 run_ours split 4 --device cuda --targets 0 --drafters 1
 run_ours coloc2 8 --device cuda --colocate --drafters 0,1
 run_ours coloc1 4 --device cuda:0
 timeout 60 build-cuda/bench_prefill --budget-s 3 --max-reps 3 >"$W/bench_prefill.log" 2>&1
-timeout 90 build-cuda/bench_step --modes normal --budget-s 6 --max-reps 3 --c02-steps 0 >"$W/bench_step.log" 2>&1
+timeout 60 build-cuda/bench_step --modes normal --budget-s 5 --max-reps 3 --c02-steps 0 >"$W/bench_step.log" 2>&1
 grep -h "^RESULT" "$W"/bench_*.log "$W/torch_pipeline.log" >"$RES/results.txt" 2>/dev/null
 
 python3 - "$W" "$RES/results.txt" <<'PY' | tee -a "$RES/summary.txt"
