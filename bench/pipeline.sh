@@ -51,7 +51,7 @@ done
 python3 - "$W/curve1/metrics.jsonl" "$W/curve2/metrics.jsonl" <<'PY' | tee -a "$RES/summary.txt"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]; b = [json.loads(l) for l in open(sys.argv[2])]
-d = [abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b)]
+d = [abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b)] or [float("nan")]
 print(f"loss curve 1 vs 2 GPUs: {len(d)} steps, max rel diff {max(d):.2e}, loss {a[0]['loss']:.4f} -> {a[-1]['loss']:.4f} (1 GPU) / {b[-1]['loss']:.4f} (2 GPUs)")
 PY
 
@@ -95,6 +95,7 @@ def ours(name):
     p = os.path.join(W, name, "metrics.jsonl")
     if not os.path.exists(p): return None
     m = [json.loads(l) for l in open(p)]
+    if not m: return None
     st = m[3:] if len(m) > 5 else m
     tok = sum(r["target_tokens"] for r in st) / sum(r["step_s"] for r in st)
     busy = {k: statistics.mean(r["workers"][k]["busy"] for r in st) for k in st[-1]["workers"]}

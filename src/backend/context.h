@@ -118,8 +118,9 @@ class Context {
   virtual void record(Event& e) = 0;
   virtual void wait(const Event& e) = 0;
   virtual void host_wait(const Event& e) = 0;
-  // Lets this context's device read and write `other`'s device memory directly (CUDA peer access; a no-op on the
-  // CPU, on the same device, or where the hardware has no peer path: copies then go through the host).
+  // Lets `other`'s device read and write this context's memory and this device reach `other`'s directly (CUDA peer
+  // access and the pool's access list; a no-op on the CPU, on the same device, or where the hardware has no peer
+  // path: copies are then staged by the driver). Call for both contexts of a pair, in the warm-up.
   virtual void enable_peer_access(const Context& other) {}
   // The device ordinal (CUDA) or 0, and the native stream (cudaStream_t) or nullptr on the CPU.
   virtual int device_index() const { return 0; }

@@ -11,6 +11,8 @@
 #include "core/error.h"
 
 #ifdef DFLASH_HAVE_MPI
+#define OMPI_SKIP_MPICXX 1  // the C API only (no C++ bindings to link)
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #endif
 

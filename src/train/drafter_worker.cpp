@@ -80,14 +80,28 @@ void DrafterWorker::run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queu
       }
       clock.add_busy(clock_t::now() - t0);
     }
+    double grad_sq = 0;
     if (!plan->empty()) {  // the same decision on every drafter: sum_w is global
-      auto t0 = clock_t::now();
+      const auto t0 = clock_t::now();
       clock.waiting_on = kWaitCollective;
       grads.all_reduce(local_rank_, *ctx_, drafter_.params().flat_grad());
-      const double grad_sq = global_grad_sq(*ctx_, drafter_.params());
+      grad_sq = global_grad_sq(*ctx_, drafter_.params());
       clock.waiting_on = kWaitNone;
       clock.add_wait(clock_t::now() - t0);
-      t0 = clock_t::now();
+    }
+    red[kStop] = r.stop && r.stop->load() ? 1.0 : 0.0;
+    red[kTotal] = r.proposed_total ? static_cast<double>(r.proposed_total->exchange(0)) : 0.0;
+    {
+      const auto t0 = clock_t::now();
+      clock.waiting_on = kWaitCollective;
+      stats_group.all_reduce(local_rank_, std::span<double>(red));
+      clock.waiting_on = kWaitNone;
+      clock.add_wait(clock_t::now() - t0);
+    }
+    // The last collective of the step is behind us: from here to the report nothing waits on another worker, so a
+    // replica that applied this step's update always reports it (a fault elsewhere cannot split the two).
+    if (!plan->empty()) {
+      const auto t0 = clock_t::now();
       in_optimizer = true;
       StepResult res = optimizer_step(*ctx_, drafter_.params(), r.optim, rep.lr, n_updates + 1, grad_sq);
       ctx_->synchronize();
@@ -100,13 +114,6 @@ void DrafterWorker::run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queu
     }
     updates = n_updates;
     params_step = step + 1;
-    red[kStop] = r.stop && r.stop->load() ? 1.0 : 0.0;
-    red[kTotal] = r.proposed_total ? static_cast<double>(r.proposed_total->exchange(0)) : 0.0;
-    auto t0 = clock_t::now();
-    clock.waiting_on = kWaitCollective;
-    stats_group.all_reduce(local_rank_, std::span<double>(red));
-    clock.waiting_on = kWaitNone;
-    clock.add_wait(clock_t::now() - t0);
     rep.updates = n_updates;
     rep.stats.loss_sum = red[0];
     rep.stats.ce_sum = red[1];

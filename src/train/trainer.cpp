@@ -267,7 +267,10 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   std::vector<std::unique_ptr<Context>> dctx;
   for (int i = 0; i < D; ++i) dctx.push_back(make_context(topo.device_name(topo.drafters[i]), copt));
   for (auto& a : tctx)
-    for (auto& b : dctx) a->enable_peer_access(*b);
+    for (auto& b : dctx) {
+      a->enable_peer_access(*b);
+      b->enable_peer_access(*a);
+    }
   // the target's weights: loaded once per device, shared (immutable) by the workers of that device
   std::map<int, std::shared_ptr<const Target>> target_on;
   for (int i = 0; i < T; ++i)

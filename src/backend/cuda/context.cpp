@@ -172,8 +172,14 @@ class CudaContext final : public Context {
     if (!dd && !sd) {
       host_copy(dst, src);
     } else if (dd && sd) {
-      if (src.dtype == dst.dtype) {  // also between devices (peer copy; through the host if peers are off)
-        DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDefault, s));
+      if (src.dtype == dst.dtype) {  // also between devices (peer copy; staged by the driver if peers are off)
+        cudaPointerAttributes ad{}, as{};
+        DFLASH_CUDA_CHECK(cudaPointerGetAttributes(&ad, dst.data));
+        DFLASH_CUDA_CHECK(cudaPointerGetAttributes(&as, src.data));
+        if (ad.device != as.device)
+          DFLASH_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data, ad.device, src.data, as.device, src.nbytes(), s));
+        else
+          DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, s));
       } else {
         cuda::convert(env_, dst, src);
       }
@@ -254,11 +260,14 @@ class CudaContext final : public Context {
     if (!can) return;
     use();
     const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled) {
-      cudaGetLastError();
-      return;
-    }
-    DFLASH_CUDA_CHECK(e);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+    else DFLASH_CUDA_CHECK(e);
+    // memory of a stream-ordered pool is visible to other devices only when the pool says so
+    cudaMemAccessDesc desc{};
+    desc.location.type = cudaMemLocationTypeDevice;
+    desc.location.id = peer;
+    desc.flags = cudaMemAccessFlagsProtReadWrite;
+    DFLASH_CUDA_CHECK(cudaMemPoolSetAccess(st_->pool, &desc, 1));
   }
   int device_index() const override { return dev_; }
   void* native_stream() const override { return st_->stream; }
