@@ -168,7 +168,27 @@ Topology parse_topology(const TrainConfig& c) {
 
 }  // namespace
 
+namespace {
+TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop);
+}  // namespace
+
 TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
+  try {
+    return train_impl(cfg, stop);
+  } catch (const std::exception& e) {
+    // In a job of several processes an error on one (bad input, a failed worker) ends them all: the others may be
+    // waiting in a collective it will never join.
+    if (Mpi::active() && Mpi::size() > 1) {
+      log_line("error", e.what());
+      Mpi::abort_job(1);
+    }
+    throw;
+  }
+}
+
+namespace {
+
+TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
   DFLASH_CHECK(!cfg.target_dir.empty(), "train: target_dir is not set");
@@ -534,10 +554,8 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
         if (auto m = Mpi::poll_abort()) heard_from_lead |= m->from == 0;
         std::this_thread::sleep_for(kPollInterval);
       }
-      log_line("error", full);
-      Mpi::abort_job(1);
     }
-    DFLASH_FAIL(full);
+    DFLASH_FAIL(full);  // train() ends the other processes (MPI_Abort) after logging it
   }
   sum.checkpoint_dir = last_ckpt.empty() ? latest_checkpoint(cfg.out_dir) : last_ckpt;
   sum.interrupted = steps_done < sum.total_steps;
@@ -570,5 +588,7 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   }
   return sum;
 }
+
+}  // namespace
 
 }  // namespace dflash
