@@ -1,6 +1,8 @@
 // Tests of io/prepare and io/dataset: case C13 (empty and odd conversations), every skip reason with its line
 // number, pre-tokenized rows, prompt/completion in raw and chat form, truncation, an all-bad input failing, the
-// same bytes for any thread count, crash safety of the output directory, and the Dataset reader's validation.
+// same bytes for any thread count, crash safety of the output directory, and the Dataset reader's validation;
+// ShareGPT / SpecForge "conversations" rows (both key styles, every role name) equal to the same conversation as
+// "messages", .json array inputs (plain, gzip, mixed with JSON Lines), and broken .json files.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +18,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -600,4 +603,353 @@ TEST(Prepare, RawPairsWithExactIds) {
   std::vector<uint8_t> mask(pids.size(), 0);
   mask.insert(mask.end(), cids.size() + 1, 1);
   EXPECT_EQ(vec(d.get(0).loss_mask), mask);
+}
+
+namespace {
+
+using Turns = std::vector<std::pair<std::string, std::string>>;  // (system | user | assistant, content)
+
+std::vector<ChatMessage> chat(const Turns& turns) {
+  std::vector<ChatMessage> ms;
+  for (const auto& [role, content] : turns) ms.push_back({role, content, std::nullopt});
+  return ms;
+}
+
+// A "conversations" row: (role name as the data set writes it, text) in ShareGPT keys (from/value) or role/content.
+json conversations_row(const Turns& turns, bool sharegpt) {
+  json cs = json::array();
+  for (const auto& [role, content] : turns) {
+    cs.push_back(sharegpt ? json{{"from", role}, {"value", content}} : json{{"role", role}, {"content", content}});
+  }
+  return {{"conversations", cs}};
+}
+
+json messages_row(const Turns& turns) {
+  json ms = json::array();
+  for (const auto& [role, content] : turns) ms.push_back({{"role", role}, {"content", content}});
+  return {{"messages", ms}};
+}
+
+// The two rows of issue 15, as a new user tried them.
+const char* kShareGpt =
+    R"({"id": "a1", "conversations": [{"from": "human", "value": "Write a Python function that adds two numbers."}, {"from": "gpt", "value": "def add(a, b):\n    return a + b"}]})";
+const char* kSpecForge =
+    R"({"id": "a2", "conversations": [{"role": "user", "content": "Reverse a list in Python."}, {"role": "assistant", "content": "xs[::-1]"}]})";
+const Turns kShareGptTurns = {{"user", "Write a Python function that adds two numbers."},
+                              {"assistant", "def add(a, b):\n    return a + b"}};
+const Turns kSpecForgeTurns = {{"user", "Reverse a list in Python."}, {"assistant", "xs[::-1]"}};
+
+// (line, index, reason) of the logged skipped rows.
+std::vector<std::tuple<int64_t, int64_t, std::string>> skipped_places(const PrepareSummary& s) {
+  std::vector<std::tuple<int64_t, int64_t, std::string>> v;
+  for (const auto& r : s.skipped_rows) v.emplace_back(r.line, r.index, r.reason);
+  return v;
+}
+
+// Every file of two data directories but the manifest (which names the inputs) is byte-identical.
+void expect_same_shards(const std::string& a, const std::string& b) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(a)) {
+    const std::string name = e.path().filename().string();
+    if (name == "manifest.json") continue;
+    EXPECT_EQ(read_file(a + "/" + name), read_file(b + "/" + name)) << name;
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+}
+
+void write_gz_text(const std::string& path, const std::string& text) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, text.data(), static_cast<unsigned>(text.size())), static_cast<int>(text.size()));
+  ASSERT_EQ(gzclose(f), Z_OK);
+}
+
+std::string error_of(const PrepareOptions& o) {
+  try {
+    run_prepare(o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+// Issue 15: ShareGPT from/value and SpecForge role/content conversations, every role name, give exactly the
+// tokens and loss mask of the same conversation as "messages".
+TEST(Prepare, ConversationsInBothKeyStylesEqualMessages) {
+  TempDir t;
+  const Turns multi = {{"system", "You are terse."}, {"user", "2+2?"}, {"assistant", "4"},
+                       {"user", "And 3+3?"}, {"assistant", "6, [not] {7}"}};
+  const Turns sys = {{"system", "Answer in French."}, {"user", "Hello"}, {"assistant", "Bonjour"}};
+  const Turns plain = {{"user", "Name a prime."}, {"assistant", "Seven."}};
+  // The same conversations with the role names of each data set, in both key styles.
+  auto renamed = [](const Turns& turns, const std::map<std::string, std::string>& names) {
+    Turns out;
+    for (const auto& [role, content] : turns) out.emplace_back(names.at(role), content);
+    return out;
+  };
+  using Names = std::map<std::string, std::string>;
+  const Names sharegpt = {{"system", "system"}, {"user", "human"}, {"assistant", "gpt"}};
+  const Names gemini = {{"system", "system"}, {"user", "human"}, {"assistant", "model"}};
+  const Names openai = {{"system", "system"}, {"user", "user"}, {"assistant", "assistant"}};
+  json extra = conversations_row(renamed(plain, {{"user", "user"}, {"assistant", "gpt"}}), false);
+  extra["conversations"][0]["weight"] = 0;  // other keys of a turn or row are ignored
+  extra["conversations"][1]["weight"] = 1;
+  json model = conversations_row(renamed(plain, gemini), true);
+  model["source"] = "x";
+  std::vector<std::string> rows = {
+      kShareGpt,                                                   // from/value: human, gpt
+      kSpecForge,                                                  // role/content: user, assistant
+      conversations_row(renamed(multi, sharegpt), true).dump(),    // from/value: system, human, gpt; 5 turns
+      conversations_row(renamed(sys, gemini), false).dump(),       // role/content: system, human, model
+      conversations_row(renamed(plain, openai), true).dump(),      // from/value: user, assistant
+      extra.dump(),                                                // role/content: user, gpt
+      model.dump(),                                                // from/value: human, model
+  };
+  const std::vector<Turns> want = {kShareGptTurns, kSpecForgeTurns, multi, sys, plain, plain, plain};
+  write_text(t / "conv.jsonl", lines(rows));
+  PrepareSummary s = run_prepare(opts(t, {t / "conv.jsonl"}));
+  EXPECT_EQ(s.rows_read, 7);
+  EXPECT_EQ(s.samples, 7);
+  EXPECT_EQ(s.skipped_total(), 0);
+  Dataset ds = Dataset::open(t / "out");
+  ASSERT_EQ(ds.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const ChatEncoding e = qwen3_encode(chat(want[i]));
+    EXPECT_EQ(vec(ds.get(i).tokens), e.ids) << "row " << i + 1;
+    EXPECT_EQ(vec(ds.get(i).loss_mask), e.loss_mask) << "row " << i + 1;
+    EXPECT_GT(std::count(e.loss_mask.begin(), e.loss_mask.end(), 1), 1);
+    EXPECT_GT(std::count(e.loss_mask.begin(), e.loss_mask.end(), 0), 1);
+  }
+  const json& in = ds.manifest()["inputs"][0];
+  EXPECT_EQ(in["format"], "jsonl");
+  EXPECT_EQ(in["gzip"], false);
+  EXPECT_EQ(in["samples_by_shape"], json({{"conversations", 7}}));
+  EXPECT_EQ(in["rows"], 7);
+
+  // The same conversations as "messages" rows: the same bytes.
+  std::vector<std::string> ms;
+  for (const Turns& c : want) ms.push_back(messages_row(c).dump());
+  write_text(t / "msgs.jsonl", lines(ms));
+  run_prepare(opts(t, {t / "msgs.jsonl"}, "msgs"));
+  expect_same_shards(t / "out", t / "msgs");
+  EXPECT_EQ(Dataset::open(t / "msgs").manifest()["inputs"][0]["samples_by_shape"], json({{"messages", 7}}));
+
+  // A think block in "reasoning_content" is kept through the mapping, as in a messages row.
+  json think = json::parse(kSpecForge);
+  think["conversations"][1]["reasoning_content"] = "Slicing with step -1.";
+  ChatMessage a{"assistant", "xs[::-1]", std::string("Slicing with step -1.")};
+  write_text(t / "think.jsonl", lines({think.dump()}));
+  run_prepare(opts(t, {t / "think.jsonl"}, "think"));
+  const ChatEncoding e = qwen3_encode({{"user", "Reverse a list in Python.", std::nullopt}, a});
+  EXPECT_EQ(vec(Dataset::open(t / "think").get(0).tokens), e.ids);
+  EXPECT_EQ(vec(Dataset::open(t / "think").get(0).loss_mask), e.loss_mask);
+}
+
+TEST(Prepare, ConversationTurnsThatCannotBeMappedAreSkippedWithRowAndReason) {
+  TempDir t;
+  write_text(t / "in.jsonl",
+             lines({
+                 R"({"conversations": [{"from": "human", "value": "Hi"}, {"from": "bing", "value": "Hi"}]})",   // 1
+                 R"({"conversations": [{"role": "tool", "content": "{}"}, {"role": "user", "content": "q"}]})",   // 2
+                 R"({"conversations": [{"from": "human"}, {"from": "gpt", "value": "x"}]})",                      // 3
+                 R"({"conversations": "Hi"})",                                                                   // 4
+                 R"({"conversations": [{"value": "Hi"}, {"from": "gpt", "value": "x"}]})",                        // 5
+                 R"({"conversations": [{"from": "gpt", "value": "first"}, {"from": "human", "value": "q"}]})",    // 6
+                 R"({"conversations": [{"from": "human", "value": "q"}]})",                                       // 7
+                 R"({"conversations": []})",                                                                     // 8
+                 kShareGpt,                                                                                      // 9
+                 R"({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": 5}]})",       // 10
+                 R"({"conversations": ["human: hi"]})",                                                          // 11
+             }));
+  PrepareSummary s = run_prepare(opts(t, {t / "in.jsonl"}));
+  EXPECT_EQ(s.rows_read, 11);
+  EXPECT_EQ(s.samples, 1);
+  EXPECT_EQ(skipped_places(s), (std::vector<std::tuple<int64_t, int64_t, std::string>>{{1, -1, "unknown_role"},
+                                                                                      {2, -1, "unknown_role"},
+                                                                                      {3, -1, "bad_message"},
+                                                                                      {4, -1, "bad_message"},
+                                                                                      {5, -1, "bad_message"},
+                                                                                      {6, -1, "assistant_first"},
+                                                                                      {7, -1, "no_assistant"},
+                                                                                      {8, -1, "empty_messages"},
+                                                                                      {10, -1, "bad_message"},
+                                                                                      {11, -1, "bad_message"}}));
+  std::map<int64_t, std::string> msg;
+  for (const auto& r : s.skipped_rows) {
+    EXPECT_EQ(r.file, t / "in.jsonl");
+    msg[r.line] = r.message;
+  }
+  EXPECT_EQ(msg[1], "conversations[1]: role \"bing\" is not one of human/user, gpt/assistant/model, system");
+  EXPECT_EQ(msg[2], "conversations[0]: role \"tool\" is not one of human/user, gpt/assistant/model, system");
+  EXPECT_EQ(msg[3], "conversations[0] (human): \"value\" is missing or not a string");
+  EXPECT_EQ(msg[4], "\"conversations\" is not an array");
+  EXPECT_EQ(msg[5], "conversations[0]: neither \"from\" nor \"role\" is a string");
+  EXPECT_EQ(msg[10], "conversations[1] (gpt): \"value\" is missing or not a string");
+  EXPECT_EQ(msg[11], "conversations[0] is not an object");
+  EXPECT_EQ(s.skipped["unknown_role"], 2);
+  EXPECT_EQ(s.skipped["bad_message"], 5);
+  EXPECT_EQ(vec(Dataset::open(t / "out").get(0).tokens), qwen3_encode(chat(kShareGptTurns)).ids);
+}
+
+// A .json file holding one array of rows: every row kind, bad elements skipped with their index and line, plain
+// and gzip give the same data set, a large array is read through, and it mixes with JSON Lines in one run.
+TEST(Prepare, JsonArrayFilesPlainGzipAndMixed) {
+  TempDir t;
+  const std::string pretty = "{\n  \"conversations\": [\n    {\"from\": \"human\", \"value\": \"Ping?\"},\n"
+                             "    {\"from\": \"gpt\", \"value\": \"Pong.\"}\n  ]\n}";  // lines 10-15
+  const std::vector<std::string> elems = {
+      kShareGpt,                                                                        // 0, line 2
+      kSpecForge,                                                                       // 1, line 3
+      kValid,                                                                           // 2, line 4
+      R"({"prompt": "Say hi.", "completion": "Hi!"})",                                  // 3, line 5
+      R"({"input_ids": [10, 11, 12], "loss_mask": [0, 1, 1]})",                         // 4, line 6
+      R"({"conversations": [{"from": "human", "value": "x"}, {"from": "tool", "value": "y"}]})",  // 5, line 7
+      R"({"a": tru})",                                                                  // 6, line 8
+      R"("just a string")",                                                             // 7, line 9
+      pretty,                                                                           // 8, lines 10-15
+      R"({"text": "[not] a {row}"})",                                                   // 9, line 16
+  };
+  std::string text = "[\n";
+  for (size_t i = 0; i < elems.size(); ++i) text += elems[i] + (i + 1 < elems.size() ? ",\n" : "\n");
+  text += "]\n";
+  write_text(t / "data.json", text);
+  write_gz_text(t / "data.json.gz", text);
+
+  PrepareSummary s = run_prepare(opts(t, {t / "data.json"}, "plain"));
+  EXPECT_EQ(s.rows_read, 10);
+  EXPECT_EQ(s.samples, 6);
+  EXPECT_EQ(skipped_places(s), (std::vector<std::tuple<int64_t, int64_t, std::string>>{{7, 5, "unknown_role"},
+                                                                                      {8, 6, "invalid_json"},
+                                                                                      {9, 7, "not_object"},
+                                                                                      {16, 9, "unrecognized_row"}}));
+  for (const auto& r : s.skipped_rows) EXPECT_EQ(r.file, t / "data.json");
+  Dataset ds = Dataset::open(t / "plain");
+  ASSERT_EQ(ds.size(), 6u);
+  const std::vector<Turns> want = {
+      kShareGptTurns,
+      kSpecForgeTurns,
+      {{"user", "What is the capital of France?"}, {"assistant", "Paris is the capital of France."}},
+      {{"user", "Say hi."}, {"assistant", "Hi!"}}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    const ChatEncoding e = qwen3_encode(chat(want[i]));
+    EXPECT_EQ(vec(ds.get(i).tokens), e.ids) << "element " << i;
+    EXPECT_EQ(vec(ds.get(i).loss_mask), e.loss_mask) << "element " << i;
+  }
+  EXPECT_EQ(vec(ds.get(4).tokens), (std::vector<int32_t>{10, 11, 12}));
+  EXPECT_EQ(vec(ds.get(4).loss_mask), (std::vector<uint8_t>{0, 1, 1}));
+  const ChatEncoding ping = qwen3_encode(chat({{"user", "Ping?"}, {"assistant", "Pong."}}));
+  EXPECT_EQ(vec(ds.get(5).tokens), ping.ids);
+  EXPECT_EQ(vec(ds.get(5).loss_mask), ping.loss_mask);
+  const json& in = ds.manifest()["inputs"][0];
+  EXPECT_EQ(in["format"], "json_array");
+  EXPECT_EQ(in["gzip"], false);
+  EXPECT_EQ(in["rows"], 10);
+  EXPECT_EQ(in["samples_by_shape"],
+            json({{"conversations", 3}, {"messages", 1}, {"prompt_completion", 1}, {"input_ids", 1}}));
+  EXPECT_EQ(ds.manifest()["counts"]["skipped_total"], 4);
+
+  // .json.gz: the same samples.
+  PrepareSummary sg = run_prepare(opts(t, {t / "data.json.gz"}, "gz"));
+  EXPECT_EQ(skipped_places(sg), skipped_places(s));
+  expect_same_shards(t / "plain", t / "gz");
+  EXPECT_EQ(Dataset::open(t / "gz").manifest()["inputs"][0]["format"], "json_array");
+  EXPECT_EQ(Dataset::open(t / "gz").manifest()["inputs"][0]["gzip"], true);
+
+  // Mixed with JSON Lines (messages rows) and a larger array in one run; formats recorded per file.
+  std::string big = "[";
+  for (int i = 0; i < 1500; ++i) {
+    big += (i ? ",\n" : "\n") +
+           conversations_row({{"human", cat("Question ", i, "?")}, {"gpt", cat("Answer ", i, ".")}}, true).dump();
+  }
+  big += "\n]";
+  write_gz_text(t / "big.JSON.gz", big);
+  write_text(t / "msgs.jsonl", lines({messages_row(kShareGptTurns).dump(), messages_row(kSpecForgeTurns).dump()}));
+  PrepareSummary sm = run_prepare(opts(t, {t / "msgs.jsonl", t / "data.json.gz", t / "big.JSON.gz"}, "mixed"));
+  EXPECT_EQ(sm.rows_read, 2 + 10 + 1500);
+  EXPECT_EQ(sm.samples, 2 + 6 + 1500);
+  Dataset dm = Dataset::open(t / "mixed");
+  const json& ins = dm.manifest()["inputs"];
+  ASSERT_EQ(ins.size(), 3u);
+  EXPECT_EQ(ins[0]["format"], "jsonl");
+  EXPECT_EQ(ins[1]["format"], "json_array");
+  EXPECT_EQ(ins[2]["format"], "json_array");
+  EXPECT_EQ(ins[2]["gzip"], true);
+  EXPECT_EQ(ins[2]["rows"], 1500);
+  EXPECT_EQ(ins[2]["samples_by_shape"], json({{"conversations", 1500}}));
+  for (int k = 0; k < 2; ++k) {  // the messages rows and the same conversations from the array
+    EXPECT_EQ(vec(dm.get(k).tokens), vec(dm.get(k + 2).tokens));
+    EXPECT_EQ(vec(dm.get(k).loss_mask), vec(dm.get(k + 2).loss_mask));
+  }
+  const ChatEncoding last = qwen3_encode(chat({{"user", "Question 1499?"}, {"assistant", "Answer 1499."}}));
+  EXPECT_EQ(vec(dm.get(dm.size() - 1).tokens), last.ids);
+  EXPECT_EQ(vec(dm.get(dm.size() - 1).loss_mask), last.loss_mask);
+}
+
+TEST(Prepare, BrokenJsonFilesFailNamingTheFileAndPlace) {
+  TempDir t;
+  // A truncated array: an error naming the file, the element and its offset; no output.
+  const std::string text = std::string("[\n") + kShareGpt + ",\n" + kSpecForge + ",\n" + kValid + "\n]\n";
+  write_text(t / "cut.json", text.substr(0, text.size() - 20));
+  std::string msg = error_of(opts(t, {t / "cut.json"}));
+  EXPECT_NE(msg.find(cat(t / "cut.json", ": truncated JSON array: the file ends inside element 2 (which starts at ",
+                         "line 4, byte offset ", text.find(kValid), ")")),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(fs::exists(t / "out"));
+  write_gz_text(t / "cut2.json.gz", text.substr(0, text.find(kValid)));
+  msg = error_of(opts(t, {t / "cut2.json.gz"}));
+  EXPECT_NE(msg.find(t / "cut2.json.gz" + ": truncated JSON array: the file ends where element 2 should start"),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(fs::exists(t / "out"));
+
+  // A .json file that is not an array of rows.
+  write_text(t / "obj.json", "{\n  \"data\": [\n    " + std::string(kShareGpt) + "\n  ]\n}\n");
+  msg = error_of(opts(t, {t / "obj.json"}));
+  EXPECT_NE(msg.find(t / "obj.json" + ": not a JSON array of rows: a .json input must hold [{...}, {...}, ...]"),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(fs::exists(t / "out"));
+  write_text(t / "text.json", "\"just text\"");
+  msg = error_of(opts(t, {t / "text.json"}));
+  EXPECT_NE(msg.find(t / "text.json" + ": not a JSON array of rows"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("its first line is a JSON string"), std::string::npos) << msg;
+
+  // JSON Lines under a .json name (as Hugging Face datasets' to_json writes them) are read as lines.
+  write_text(t / "lines.json", lines({kShareGpt, kSpecForge}));
+  PrepareSummary s = run_prepare(opts(t, {t / "lines.json"}));
+  EXPECT_EQ(s.samples, 2);
+  EXPECT_EQ(Dataset::open(t / "out").manifest()["inputs"][0]["format"], "jsonl");
+}
+
+// The issue's rows through the CLI, as JSON Lines and as a gzip JSON array; array elements are logged as
+// file[index] (line n).
+TEST(Prepare, CliReadsShareGptAndSpecForgeRows) {
+  TempDir t;
+  write_text(t / "in.jsonl", lines({kShareGpt, kSpecForge}));
+  write_gz_text(t / "in.json.gz", std::string("[") + kShareGpt + ",\n" + kSpecForge +
+                                      ",\n{\"conversations\": [{\"from\": \"human\", \"value\": \"q\"}, "
+                                      "{\"from\": \"tool\", \"value\": \"r\"}]}]");
+  std::vector<std::vector<int32_t>> got;
+  for (const char* name : {"in.jsonl", "in.json.gz"}) {
+    const std::string out = t / cat("out_", name);
+    const std::string cmd = cat(DFLASH_BINARY, " prepare --tokenizer '", kQwen3Dir, "' --input '", t / name,
+                                "' --out '", out, "' --threads 2 > '", t / "log", "' 2>&1");
+    const int rc = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << read_file(t / "log");
+    const std::string log = read_file(t / "log");
+    EXPECT_NE(log.find("2 samples written"), std::string::npos) << log;
+    Dataset ds = Dataset::open(out);
+    ASSERT_EQ(ds.size(), 2u);
+    EXPECT_EQ(vec(ds.get(0).tokens), qwen3_encode(chat(kShareGptTurns)).ids);
+    EXPECT_EQ(vec(ds.get(1).loss_mask), qwen3_encode(chat(kSpecForgeTurns)).loss_mask);
+    if (std::string(name) == "in.json.gz") {
+      EXPECT_NE(log.find(t / "in.json.gz" + "[2] (line 3): skipped (unknown_role): conversations[1]: role \"tool\""),
+                std::string::npos)
+          << log;
+    }
+  }
 }

@@ -1,4 +1,5 @@
-// cli/cmd_prepare.cpp — `dflash prepare`: JSONL conversations / pairs / pre-tokenized rows -> a data directory.
+// cli/cmd_prepare.cpp — `dflash prepare`: JSON Lines or JSON-array files of conversations (messages, ShareGPT /
+// SpecForge conversations), pairs or pre-tokenized rows -> a data directory.
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -8,10 +9,11 @@
 namespace dflash::cli {
 
 void register_prepare(CLI::App& app) {
-  auto* sub = app.add_subcommand("prepare", "tokenize JSONL data into a training data directory (spec 2.6)");
+  auto* sub = app.add_subcommand("prepare", "tokenize chat data into a training data directory (spec 2.6)");
   auto o = std::make_shared<PrepareOptions>();
   sub->add_option("--tokenizer", o->tokenizer, "tokenizer.json or the model directory holding it")->required();
-  sub->add_option("--input", o->inputs, "JSONL input files (plain or .gz); rows: {\"messages\": [...]}, "
+  sub->add_option("--input", o->inputs, "input files, plain or .gz: JSON Lines, or .json holding one array of rows; "
+                  "rows: {\"messages\": [...]}, {\"conversations\": [...]} (ShareGPT from/value or role/content), "
                   "{\"prompt\", \"completion\"} or {\"input_ids\", \"loss_mask\"}")
       ->required();
   sub->add_option("--out", o->out, "output data directory (must not exist unless --overwrite)")->required();

@@ -171,18 +171,24 @@ PreparedRow RowConverter::convert(std::string_view line) const {
       r.ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
       r.loss_mask.push_back(static_cast<uint8_t>(mv));
     }
+    r.shape = "input_ids";
     return finish(std::move(r));
   }
-  if (j.contains("messages")) {
-    std::vector<ChatMessage> ms = parse_messages(j["messages"]);
+  const bool conversations = !j.contains("messages") && j.contains("conversations");
+  if (j.contains("messages") || conversations) {
+    std::vector<ChatMessage> ms = conversations
+                                      ? parse_messages(conversations_to_messages(std::move(j["conversations"])))
+                                      : parse_messages(j["messages"]);
     validate_conversation(ms);
-    if (!chat_) throw BadRow("no_chat_template", "a messages row, and no chat template is available");
+    if (!chat_) throw BadRow("no_chat_template", "a conversation row, and no chat template is available");
     ChatEncoding e = chat_->encode(ms, chat_opts_);
     r.ids = std::move(e.ids);
     r.loss_mask = std::move(e.loss_mask);
+    r.shape = conversations ? "conversations" : "messages";
     return finish(std::move(r));
   }
   if (j.contains("prompt") || j.contains("completion")) {
+    r.shape = "prompt_completion";
     auto p = j.find("prompt"), c = j.find("completion");
     if (p == j.end() || c == j.end() || !p->is_string() || !c->is_string()) {
       throw BadRow("bad_pair", "\"prompt\" and \"completion\" must both be strings");
@@ -240,7 +246,43 @@ PreparedRow RowConverter::convert(std::string_view line) const {
     r.loss_mask.push_back(1);
     return finish(std::move(r));
   }
-  throw BadRow("unrecognized_row", "the row has none of \"messages\", \"prompt\"/\"completion\", \"input_ids\"");
+  throw BadRow("unrecognized_row", "the row has none of \"messages\", \"conversations\", \"prompt\"/\"completion\", "
+                                   "\"input_ids\"");
+}
+
+json conversations_to_messages(json conv) {
+  if (!conv.is_array()) throw BadRow("bad_message", "\"conversations\" is not an array");
+  for (size_t i = 0; i < conv.size(); ++i) {
+    json& m = conv[i];
+    if (!m.is_object()) throw BadRow("bad_message", cat("conversations[", i, "] is not an object"));
+    const bool sharegpt = m.contains("from");
+    const char* role_key = sharegpt ? "from" : "role";
+    const char* text_key = sharegpt ? "value" : "content";
+    auto r = m.find(role_key);
+    if (r == m.end() || !r->is_string()) {
+      throw BadRow("bad_message", cat("conversations[", i, "]: neither \"from\" nor \"role\" is a string"));
+    }
+    const std::string name = r->get<std::string>();
+    const char* role = name == "human" || name == "user"                         ? "user"
+                       : name == "gpt" || name == "assistant" || name == "model" ? "assistant"
+                       : name == "system"                                        ? "system"
+                                                                                 : nullptr;
+    if (role == nullptr) {
+      throw BadRow("unknown_role", cat("conversations[", i, "]: role \"", name, "\" is not one of human/user, ",
+                                       "gpt/assistant/model, system"));
+    }
+    auto t = m.find(text_key);
+    if (t == m.end() || !t->is_string()) {
+      throw BadRow("bad_message", cat("conversations[", i, "] (", name, "): \"", text_key,
+                                      "\" is missing or not a string"));
+    }
+    json text = std::move(*t);
+    m.erase("from");
+    m.erase("value");
+    m["role"] = role;
+    m["content"] = std::move(text);
+  }
+  return conv;
 }
 
 json RowConverter::describe() const {
@@ -307,21 +349,24 @@ PrepareSummary run_prepare(const PrepareOptions& o) {
     std::string reason, message;
   };
   std::vector<std::string> lines;
-  std::vector<int64_t> numbers;
+  std::vector<int64_t> numbers, indices;
   std::vector<Result> results;
   for (const std::string& path : o.inputs) {
     uint64_t file_bytes = 0;
     const std::string sha = sha256_file(path, &file_bytes);
-    LineReader reader(path);
+    RowReader reader(path);
     int64_t file_rows = 0;
+    std::map<std::string, int64_t> shapes;  // samples written per row kind
     bool more = true;
     while (more) {
       lines.clear();
       numbers.clear();
-      LineReader::Line l;
+      indices.clear();
+      RowReader::Row l;
       while (static_cast<int64_t>(lines.size()) < batch && (more = reader.next(&l))) {
         lines.emplace_back(l.text);
-        numbers.push_back(l.number);
+        numbers.push_back(l.line);
+        indices.push_back(l.index);
         bytes_read += l.text.size() + 1;
       }
       if (lines.empty()) break;
@@ -329,6 +374,9 @@ PrepareSummary run_prepare(const PrepareOptions& o) {
       pool.parallel_for(static_cast<int64_t>(lines.size()), 16, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           try {
+            if (indices[i] >= 0 && lines[i].empty()) {
+              throw BadRow("invalid_json", "an empty array element (a stray ',')");
+            }
             results[i].row = conv.convert(lines[i]);
           } catch (const BadRow& br) {
             results[i].reason = br.reason();
@@ -346,13 +394,18 @@ PrepareSummary run_prepare(const PrepareOptions& o) {
         if (!r.reason.empty()) {
           int64_t& n = sum.skipped[r.reason];
           if (n < o.log_skipped_per_reason) {
-            log_warn(path, ":", numbers[i], ": skipped (", r.reason, "): ", r.message);
-            sum.skipped_rows.push_back({path, numbers[i], r.reason, r.message});
+            if (indices[i] >= 0) {
+              log_warn(path, "[", indices[i], "] (line ", numbers[i], "): skipped (", r.reason, "): ", r.message);
+            } else {
+              log_warn(path, ":", numbers[i], ": skipped (", r.reason, "): ", r.message);
+            }
+            sum.skipped_rows.push_back({path, numbers[i], indices[i], r.reason, r.message});
           }
           ++n;
           continue;
         }
         writer.add(r.row.ids, r.row.loss_mask);
+        ++shapes[r.row.shape];
         ++sum.samples;
         sum.truncated += r.row.truncated ? 1 : 0;
       }
@@ -366,7 +419,15 @@ PrepareSummary run_prepare(const PrepareOptions& o) {
         progress->update(sum.rows_read, buf);
       }
     }
-    inputs.push_back({{"path", path}, {"sha256", sha}, {"bytes", file_bytes}, {"rows", file_rows}});
+    json by_shape = json::object();
+    for (const auto& [k, v] : shapes) by_shape[k] = v;
+    inputs.push_back({{"path", path},
+                      {"sha256", sha},
+                      {"bytes", file_bytes},
+                      {"rows", file_rows},
+                      {"format", data_format_name(reader.info().format)},
+                      {"gzip", reader.info().gzip},
+                      {"samples_by_shape", by_shape}});
   }
   sum.tokens = writer.tokens();
   sum.supervised_tokens = writer.supervised_tokens();
