@@ -184,6 +184,29 @@ TEST(Prepare, EverySkipReasonWithLineNumbers) {
   EXPECT_EQ(s.skipped_total(), 13);
 }
 
+// Issue 12 item 1: a refused prepare leaves the earlier data set byte for byte; an empty directory is fine.
+TEST(Prepare, RefusalKeepsTheDataSetByteForByte) {
+  TempDir t;
+  write_text(t / "in.jsonl", lines({kValid, kValid}));
+  run_prepare(opts(t, {t / "in.jsonl"}));
+  const std::string manifest = read_file(t / "out/manifest.json");
+  const std::string tokens = read_file(t / "out/shard-00000.tokens");
+  PrepareOptions o = opts(t, {t / "in.jsonl"});
+  o.max_length = 8;
+  try {
+    run_prepare(o);
+    ADD_FAILURE() << "an existing data set without --overwrite must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already holds the result of an earlier run (manifest.json, shard-"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(t / "out/manifest.json"), manifest);
+  EXPECT_EQ(read_file(t / "out/shard-00000.tokens"), tokens);
+  fs::create_directories(t / "empty");
+  EXPECT_NO_THROW(run_prepare(opts(t, {t / "in.jsonl"}, "empty")));
+  EXPECT_TRUE(file_exists(t / "empty/manifest.json"));
+}
+
 TEST(Prepare, LogsOnlyTheFirstFewPerReasonButCountsAll) {
   TempDir t;
   std::vector<std::string> ls(20, "not json");

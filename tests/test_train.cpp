@@ -1,5 +1,6 @@
 // The training loop end to end on a tiny target: loss falls and EAL rises; resume is exact (case C12);
-// SIGINT writes a checkpoint; export (case C11) round-trips.
+// SIGINT writes a checkpoint; export (case C11) round-trips. Issue 12: an earlier run is never destroyed unless told
+// to.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -8,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -297,3 +299,89 @@ TEST(TrainCli, ConfigFileSectionAndCommandLineOverride) {
   EXPECT_EQ(st["config"]["lr"], 0.002);  // the command line wins over the file
   fs::remove_all(root);
 }
+
+// ---- issue 12: nothing lost, nothing silent ---------------------------------------------------------------------
+
+namespace {
+
+// Every file under `dir` (relative path -> bytes): "byte-identical" is checked on the whole tree.
+std::map<std::string, std::string> tree_bytes(const std::string& dir) {
+  std::map<std::string, std::string> t;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) t[fs::relative(e.path(), dir).string()] = read_file(e.path().string());
+  return t;
+}
+
+// Runs a dflash command line; returns its exit status, stdout and stderr in *out.
+int run_cli(const std::string& args, std::string* out) {
+  const std::string log = cat(fs::temp_directory_path().string(), "/dflash_test_train_cli_", getpid(), ".log");
+  const std::string cmd = cat(DFLASH_BINARY, " ", args, " > '", log, "' 2>&1");
+  const int rc = std::system(cmd.c_str());
+  *out = file_exists(log) ? read_file(log) : "";
+  fs::remove(log);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+// Item 1: `train --out R` on a finished run, without --resume: refused with the files named, every byte of R as it
+// was (before: metrics.jsonl cut to the new run's rows, export/ replaced, the new final checkpoint pruned while
+// LATEST named it); export and resume still work afterwards; --overwrite replaces exactly the run.
+TEST(TrainGuard, AFinishedRunIsRefusedAndKeptByteForByte) {
+  const std::string root = tmpdir("guard");
+  TrainConfig c = tiny_config(root, make_data(root, 8));
+  c.max_steps = 12;
+  c.checkpoint_every = 2;  // keeps step-00000010 and step-00000012
+  c.export_at_end = true;
+  train(c);
+  const auto before = tree_bytes(c.out_dir);
+  ASSERT_EQ(read_metrics(c.out_dir).size(), 12u);
+  ASSERT_TRUE(before.count("export/config.json"));
+
+  TrainConfig again = c;
+  again.max_steps = 4;
+  try {
+    train(again);
+    FAIL() << "train over a finished run without --resume / --overwrite must be refused";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(has(msg, "already holds the result of an earlier run (checkpoints/, export/, metrics.jsonl)")) << msg;
+    EXPECT_TRUE(has(msg, "--resume to continue it")) << msg;
+    EXPECT_TRUE(has(msg, "--overwrite to replace it")) << msg;
+  }
+  EXPECT_EQ(tree_bytes(c.out_dir), before);
+  // the same through the command line: non-zero exit, the message, nothing touched
+  std::string out;
+  const std::string target = test::source_dir() + "/tests/golden/target_qwen3";
+  const std::string cli = cat("train --target ", target, " --data ", c.data_dir, " --out ", c.out_dir,
+                              " --num-layers 1 --block-size 4 --target-layer-ids 1,2 --mask-token-id 511 --max-steps 4"
+                              " --batch-size 2 --threads 1 --quiet");
+  EXPECT_EQ(run_cli(cli, &out), 1) << out;
+  EXPECT_TRUE(has(out, "--overwrite to replace it")) << out;
+  EXPECT_EQ(tree_bytes(c.out_dir), before);
+  // export and resume still work on the kept run
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", root, "/exp"), &out), 0) << out;
+  // `dflash export` never replaces an earlier export unless told to
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", c.out_dir, "/export"), &out), 1) << out;
+  EXPECT_TRUE(has(out, "--overwrite")) << out;
+  EXPECT_EQ(tree_bytes(c.out_dir), before);
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", c.out_dir, "/export --overwrite"), &out), 0) << out;
+  // nor writes into a directory that holds anything else (here: the run directory itself)
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", c.out_dir, " --overwrite"), &out), 1) << out;
+  EXPECT_TRUE(has(out, "did not write")) << out;
+  EXPECT_EQ(read_metrics(c.out_dir).size(), 12u);
+  TrainConfig resumed = c;
+  resumed.resume = true;
+  EXPECT_EQ(train(resumed).steps_done, 12);
+  // --overwrite: a new run in place of the old one, nothing of the old left
+  again.overwrite = true;
+  TrainSummary s = train(again);
+  EXPECT_EQ(s.steps_done, 4);
+  EXPECT_EQ(read_metrics(c.out_dir).size(), 4u);
+  EXPECT_EQ(latest_checkpoint(c.out_dir), c.out_dir + "/checkpoints/step-00000004");
+  EXPECT_FALSE(fs::exists(c.out_dir + "/checkpoints/step-00000012"));
+  fs::remove_all(root);
+}
+

@@ -1,10 +1,12 @@
-// cli/cmd_export.cpp — `dflash export`: a training checkpoint -> the z-lab Hugging Face drafter format (spec 3).
+// cli/cmd_export.cpp — `dflash export`: a training checkpoint -> the z-lab Hugging Face drafter format (spec 3);
+// --out is claimed first (core/output_dir.h: an earlier export is replaced only with --overwrite).
 #include <nlohmann/json.hpp>
 
 #include "backend/context.h"
 #include "cli/commands.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/output_dir.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/export.h"
@@ -16,12 +18,17 @@ void register_export(CLI::App& app) {
   auto* sub = app.add_subcommand("export", "export a trained drafter (checkpoint) in the z-lab Hugging Face format");
   struct Opts {
     std::string run, checkpoint, out;
+    bool overwrite = false;
   };
   auto o = std::make_shared<Opts>();
   sub->add_option("--run", o->run, "training output directory (uses its checkpoints/LATEST)");
   sub->add_option("--checkpoint", o->checkpoint, "a checkpoint directory (checkpoints/step-NNNNNNNN)");
-  sub->add_option("--out", o->out, "export directory (config.json + model.safetensors)")->required();
+  sub->add_option("--out", o->out, "export directory (config.json + model.safetensors); a new or empty one, or an "
+                  "earlier export with --overwrite")
+      ->required();
+  sub->add_flag("--overwrite", o->overwrite, "replace an earlier export in --out");
   sub->callback([o] {
+    claim_output_dir(o->out, false, o->overwrite, OutputOf::Export);  // before any work; nothing touched if refused
     std::string ck = o->checkpoint;
     if (ck.empty()) {
       DFLASH_CHECK(!o->run.empty(), "export: give --run or --checkpoint");

@@ -62,6 +62,8 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
       ->capture_default_str();
   sub->add_option("--keep-checkpoints", c.keep_checkpoints, "checkpoints kept")->capture_default_str();
   sub->add_flag("--resume", c.resume, "continue from <out>/checkpoints/LATEST if present");
+  sub->add_flag("--overwrite", c.overwrite, "replace an earlier run in --out (its metrics.jsonl, checkpoints/, "
+                "export/, profile.txt; other files are kept); without it or --resume, train refuses such a directory");
   sub->add_option("--stop-after", c.stop_after,
                   "checkpoint and stop after this many steps (the schedule still spans all steps; then --resume)")
       ->capture_default_str();

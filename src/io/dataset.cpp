@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/output_dir.h"
 
 namespace dflash {
 
@@ -336,11 +337,9 @@ DatasetWriter::DatasetWriter(const std::string& dir_in, bool overwrite, int64_t 
   w.overwrite = overwrite;
   w.shard_tokens = std::max<int64_t>(1, shard_tokens);
   fs::path p(w.dir);
-  if (fs::exists(p)) {
-    DFLASH_CHECK(overwrite, w.dir, ": already exists (pass --overwrite to replace it)");
-    DFLASH_CHECK(fs::is_directory(p) && file_exists(path_join(w.dir, "manifest.json")), w.dir,
-                 ": refusing to overwrite: it is not a dflash data directory (no manifest.json)");
-  }
+  // the rule of every command's output (core/output_dir.h): an existing data set only with --overwrite, and never
+  // a directory holding anything else; the old data set stays until commit() replaces it
+  claim_output_dir(w.dir, false, overwrite, OutputOf::Prepare);
   fs::path parent = p.parent_path();
   if (parent.empty()) parent = ".";
   make_dirs(parent.string());
@@ -409,7 +408,8 @@ json DatasetWriter::commit(const json& meta) {
   std::error_code ec;
   std::string old;
   if (fs::exists(w.dir)) {
-    DFLASH_CHECK(w.overwrite, w.dir, ": appeared while writing (pass --overwrite to replace it)");
+    DFLASH_CHECK(w.overwrite || fs::is_empty(w.dir, ec), w.dir,
+                 ": appeared while writing (pass --overwrite to replace it)");
     old = w.dir + ".old-" + std::to_string(::getpid());
     fs::rename(w.dir, old, ec);
     DFLASH_CHECK(!ec, w.dir, ": cannot move the old data set aside: ", ec.message());

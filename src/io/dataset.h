@@ -68,8 +68,10 @@ class Dataset {
 // and the next writer for <dir> removes when that pid is no longer running.
 class DatasetWriter {
  public:
-  // Fails if <dir> exists, unless overwrite (then <dir> must itself be a data directory: it has manifest.json;
-  // it is replaced at commit()). shard_tokens: a new shard starts once the current one holds this many tokens.
+  // Claims <dir> by the rule of every command's output (core/output_dir.h, OutputOf::Prepare): fails if <dir>
+  // holds a data set, unless overwrite (it is then replaced at commit(), and kept if the writer never commits), and
+  // always if it holds anything else; an empty or absent <dir> is fine. shard_tokens: a new shard starts once the
+  // current one holds this many tokens.
   DatasetWriter(const std::string& dir, bool overwrite = false, int64_t shard_tokens = int64_t{1} << 28);
   ~DatasetWriter();
   DatasetWriter(const DatasetWriter&) = delete;

@@ -101,8 +101,9 @@ class RowConverter {
 };
 
 // Runs the whole preparation: reads every input in order, converts rows on opts.threads threads, writes the data
-// directory atomically (DatasetWriter) and returns the summary. Throws Error (and leaves no output) when an input
-// cannot be read, <out> exists without --overwrite, or no row survives (the message lists the skip reasons).
+// directory atomically (DatasetWriter) and returns the summary. Throws Error (and leaves no output, and an earlier
+// data set in <out> as it was) when an input cannot be read, <out> holds a data set and overwrite is not set, <out>
+// holds anything else (core/output_dir.h), or no row survives (the message lists the skip reasons).
 PrepareSummary run_prepare(const PrepareOptions& opts);
 
 }  // namespace dflash

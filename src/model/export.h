@@ -18,7 +18,8 @@ nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& t
 
 // Writes <dir>/config.json and <dir>/model.safetensors (bf16; `training` also goes into the safetensors
 // metadata as JSON). The directory appears complete or not at all: files are written into "<dir>.tmp-<pid>"
-// which then replaces <dir>. Master weights are read from `ps` (any device; copied to the host).
+// which then replaces <dir> — the whole directory: callers claim it first (core/output_dir.h; train owns
+// <out>/export, `dflash export` claims --out). Master weights are read from `ps` (any device; copied to the host).
 void export_drafter(Context& ctx, const std::string& dir, const DrafterConfig& c, const ParamSet& ps,
                     const nlohmann::json& training = nlohmann::json::object());
 

@@ -12,6 +12,7 @@
 #include "backend/context.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/output_dir.h"
 #include "io/dataset.h"
 #include "io/tokenizer.h"
 #include "model/drafter.h"
@@ -128,7 +129,7 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   DFLASH_CHECK(!cfg.data_dir.empty(), "train: data_dir is not set");
   DFLASH_CHECK(!cfg.out_dir.empty(), "train: out_dir is not set");
   DFLASH_CHECK(cfg.batch_size > 0, "train: batch_size must be > 0");
-  make_dirs(cfg.out_dir);
+  claim_output_dir(cfg.out_dir, cfg.resume, cfg.overwrite, OutputOf::Train);  // an earlier run: --resume/--overwrite
 
   auto ctx = make_context(cfg.device, {.threads = cfg.threads, .profile_ops = cfg.profile});
   Dataset data = Dataset::open(cfg.data_dir);

@@ -46,6 +46,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 200;  // steps; 0 = only at the end / on interruption
   int64_t keep_checkpoints = 2;
   bool resume = false;             // continue from <out>/checkpoints/LATEST when it exists
+  bool overwrite = false;          // replace an earlier run's results in <out> (else train refuses to start there)
   int64_t stop_after = 0;          // > 0: checkpoint and stop once this many steps are done (a time slice of a
                                    // longer run: the schedule still spans all steps; continue with resume)
   bool export_at_end = true;       // <out>/export in the z-lab format
@@ -63,7 +64,9 @@ struct TrainSummary {
 };
 
 // Runs (or resumes) training. `stop` (may be null) is polled after each step: when set, a checkpoint is written
-// and train() returns with interrupted = true. Throws Error for bad inputs (naming file / field).
+// and train() returns with interrupted = true. Throws Error for bad inputs (naming file / field); first of all when
+// out_dir already holds an earlier run's results (metrics.jsonl, checkpoints/, export/, profile.txt) and neither
+// resume nor overwrite is set (core/output_dir.h: nothing is touched then).
 TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop = nullptr);
 
 void to_json(nlohmann::json& j, const TrainConfig& c);
