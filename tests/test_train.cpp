@@ -385,3 +385,27 @@ TEST(TrainGuard, AFinishedRunIsRefusedAndKeptByteForByte) {
   fs::remove_all(root);
 }
 
+// Item 1: pruning keeps the newest checkpoints but never the one LATEST names, even when stale higher-numbered ones
+// are there (the old failure: LATEST named step-00000004, pruned; export and resume then failed).
+TEST(TrainGuard, PruningNeverRemovesTheCheckpointLatestNames) {
+  const std::string root = tmpdir("prune");
+  TrainConfig c = tiny_config(root, make_data(root, 4));
+  c.max_steps = 4;
+  train(c);
+  const std::string ck = c.out_dir + "/checkpoints";
+  for (const char* stale : {"step-00000010", "step-00000012"}) fs::copy(ck + "/step-00000004", ck + "/" + stale);
+  ASSERT_EQ(latest_checkpoint(c.out_dir), ck + "/step-00000004");
+  prune_checkpoints(c.out_dir, 2);
+  EXPECT_TRUE(fs::exists(ck + "/step-00000004/state.json"));
+  EXPECT_TRUE(fs::exists(ck + "/step-00000010"));
+  EXPECT_TRUE(fs::exists(ck + "/step-00000012"));
+  prune_checkpoints(c.out_dir, 1);
+  EXPECT_TRUE(fs::exists(ck + "/step-00000004/state.json"));
+  EXPECT_FALSE(fs::exists(ck + "/step-00000010"));
+  EXPECT_TRUE(fs::exists(ck + "/step-00000012"));
+  EXPECT_EQ(latest_checkpoint(c.out_dir), ck + "/step-00000004");
+  std::string out;
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", root, "/exp"), &out), 0) << out;
+  fs::remove_all(root);
+}
+
