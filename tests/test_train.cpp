@@ -1,6 +1,7 @@
 // The training loop end to end on a tiny target: loss falls and EAL rises; resume is exact (case C12);
 // SIGINT writes a checkpoint; export (case C11) round-trips. Issue 12: an earlier run is never destroyed unless told
-// to.
+// to (and pruning keeps the checkpoint LATEST names); target layer ids and mask ids are validated; the export
+// records how its data was prepared and eval warns on a difference; help texts show no flag defaults.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -17,6 +18,7 @@
 #include "backend/context.h"
 #include "core/fs.h"
 #include "io/dataset.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/export.h"
 #include "model/target.h"
@@ -406,6 +408,56 @@ TEST(TrainGuard, PruningNeverRemovesTheCheckpointLatestNames) {
   EXPECT_EQ(latest_checkpoint(c.out_dir), ck + "/step-00000004");
   std::string out;
   EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", root, "/exp"), &out), 0) << out;
+  fs::remove_all(root);
+}
+
+// Item 4: duplicate or unsorted target layer ids, and a negative mask id other than -1, are errors.
+TEST(TrainValidation, TargetLayerIdsAndMaskTokenId) {
+  auto error_of = [](auto f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NO_THROW(validate_target_layer_ids({1, 9, 17, 25, 33}, 36));
+  EXPECT_EQ(error_of([] { validate_target_layer_ids({1, 1, 3}, 36); }),
+            "target_layer_ids [1,1,3]: layer 1 is given twice; each tapped layer must be a different one");
+  const std::string unsorted = error_of([] { validate_target_layer_ids({5, 3, 1}, 36); });
+  EXPECT_TRUE(has(unsorted, "target_layer_ids [5,3,1]: not in increasing order (3 after 5)")) << unsorted;
+  EXPECT_TRUE(has(unsorted, "give [1,3,5]")) << unsorted;
+  EXPECT_TRUE(has(error_of([] { validate_target_layer_ids({0, 36}, 36); }), "layer 36 is not a decoder layer"));
+  EXPECT_TRUE(has(error_of([] { validate_target_layer_ids({}, 36); }), "empty"));
+  // the drafter config (and so every exported drafter read back) follows the same rule
+  DrafterConfig dc = DrafterConfig::for_target(load_model_config(test::source_dir() + "/tests/golden/target_qwen3"),
+                                               1, 4, {2, 1}, 511);
+  EXPECT_TRUE(has(error_of([&] { dc.validate(); }), "not in increasing order"));
+  EXPECT_NO_THROW(validate_mask_token_id(-1));
+  EXPECT_NO_THROW(validate_mask_token_id(0));
+  EXPECT_EQ(error_of([] { validate_mask_token_id(-2); }),
+            "--mask-token-id -2: not a token id (give an id >= 0, or -1 for the tokenizer's mask token)");
+
+  // train() refuses them before any step
+  const std::string root = tmpdir("validate");
+  TrainConfig c = tiny_config(root, make_data(root, 4));
+  c.max_steps = 2;
+  c.target_layer_ids = {1, 1, 3};
+  EXPECT_TRUE(has(error_of([&] { train(c); }), "layer 1 is given twice"));
+  c.target_layer_ids = {3, 2, 1};
+  EXPECT_TRUE(has(error_of([&] { train(c); }), "not in increasing order (2 after 3)"));
+  c.target_layer_ids = {1, 2};
+  c.mask_token_id = -2;
+  EXPECT_TRUE(has(error_of([&] { train(c); }), "--mask-token-id -2"));
+  EXPECT_FALSE(fs::exists(c.out_dir + "/metrics.jsonl"));
+  // and on the command line
+  std::string out;
+  const std::string target = test::source_dir() + "/tests/golden/target_qwen3";
+  EXPECT_EQ(run_cli(cat("train --target ", target, " --data ", c.data_dir, " --out ", c.out_dir,
+                        " --block-size 4 --target-layer-ids 1 1 3 --mask-token-id 511 --max-steps 2 --quiet"),
+                    &out),
+            1);
+  EXPECT_TRUE(has(out, "target_layer_ids [1,1,3]: layer 1 is given twice")) << out;
   fs::remove_all(root);
 }
 

@@ -51,6 +51,7 @@ void run(const EvalCli& c) {
   std::unique_ptr<Drafter> drafter;
   nlohmann::json drafter_desc;
   if (c.untrained) {
+    validate_mask_token_id(c.mask_token_id);
     int32_t mask = c.mask_token_id;
     if (mask < 0 && tok && tok->mask_id()) mask = *tok->mask_id();
     DFLASH_CHECK(mask >= 0, "eval --untrained-drafter: no mask token (the tokenizer defines none); pass "
@@ -142,7 +143,7 @@ void register_eval(CLI::App& app) {
   sub->add_option("--num-target-layers", c->num_target_layers, "--untrained-drafter: tapped target layers nf "
                   "(0 = min(5, target layers); ids by spec 1)")
       ->capture_default_str();
-  sub->add_option("--mask-token-id", c->mask_token_id, "--untrained-drafter: mask token id (default: the "
+  sub->add_option("--mask-token-id", c->mask_token_id, "--untrained-drafter: mask token id (default -1: the "
                   "tokenizer's mask token)");
   sub->add_flag("--no-progress", c->no_progress, "no progress display");
   sub->callback([c] { run(*c); });

@@ -24,12 +24,14 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--block-size", c.block_size, "block size B (16 for Qwen3 targets, 10 for Llama-3.1)")
       ->capture_default_str();
   sub->add_option("--target-layer-ids", c.target_layer_ids,
-                  "target layers whose outputs feed the drafter (default: spec 1 rule for --num-target-features)")
+                  "target layers whose outputs feed the drafter, distinct and ascending (the feature order the "
+                  "drafter is trained on and exported with; default: spec 1 rule for --num-target-features)")
       ->delimiter(',');
   sub->add_option("--num-target-features", c.num_target_features, "nf when --target-layer-ids is not given")
       ->capture_default_str();
   sub->add_option("--mask-token-id", c.mask_token_id,
-                  "mask token id (an existing embedding row); -1 = the tokenizer's mask token")
+                  "mask token id (an existing embedding row); -1 = the tokenizer's mask token (the only negative "
+                  "value accepted)")
       ->capture_default_str();
   sub->add_option("--intermediate-size", c.intermediate_size, "drafter MLP width (0 = the target's)")
       ->capture_default_str();

@@ -147,12 +147,14 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
                  man["tokenizer"]["sha256"].get<std::string>(), ") than ", cfg.target_dir, "/tokenizer.json (",
                  tok->hash(), "); prepare the data again with the target's tokenizer");
   }
+  validate_mask_token_id(cfg.mask_token_id);  // -1 (the tokenizer's) or an id >= 0
   int32_t mask_id = cfg.mask_token_id;
   if (mask_id < 0 && tok && tok->mask_id()) mask_id = *tok->mask_id();
   DFLASH_CHECK(mask_id >= 0, "train: no mask token id: pass --mask-token-id (an existing, unused row of the "
                "target's embedding) or use a tokenizer that defines one (e.g. <|MASK|>)");
   std::vector<int64_t> layer_ids = cfg.target_layer_ids;
   if (layer_ids.empty()) layer_ids = default_target_layer_ids(tc.num_hidden_layers, cfg.num_target_features);
+  validate_target_layer_ids(layer_ids, tc.num_hidden_layers);  // distinct, ascending: the exported order
   DrafterConfig dc = DrafterConfig::for_target(tc, cfg.num_layers, cfg.block_size, layer_ids, mask_id);
   if (cfg.intermediate_size > 0) dc.intermediate_size = cfg.intermediate_size;
   Drafter drafter(*ctx, dc, cfg.seed, cfg.init_std);

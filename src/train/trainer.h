@@ -23,9 +23,10 @@ struct TrainConfig {
   // drafter shape (spec 1)
   int64_t num_layers = 1;
   int64_t block_size = 16;
-  std::vector<int64_t> target_layer_ids;  // empty = default_target_layer_ids(Lt, num_target_features)
+  std::vector<int64_t> target_layer_ids;  // empty = default_target_layer_ids(Lt, num_target_features); else
+                                          // distinct and ascending (validate_target_layer_ids), exported as given
   int64_t num_target_features = 5;
-  int32_t mask_token_id = -1;             // -1 = the tokenizer's mask token (error if it has none)
+  int32_t mask_token_id = -1;             // -1 = the tokenizer's mask token (error if it has none); < -1: error
   int64_t intermediate_size = 0;          // 0 = the target's
   double init_std = 0.02;
   // objective (spec 2.1-2.4)
@@ -66,7 +67,8 @@ struct TrainSummary {
 // Runs (or resumes) training. `stop` (may be null) is polled after each step: when set, a checkpoint is written
 // and train() returns with interrupted = true. Throws Error for bad inputs (naming file / field); first of all when
 // out_dir already holds an earlier run's results (metrics.jsonl, checkpoints/, export/, profile.txt) and neither
-// resume nor overwrite is set (core/output_dir.h: nothing is touched then).
+// resume nor overwrite is set (core/output_dir.h: nothing is touched then), for target layer ids that are not
+// distinct and ascending (validate_target_layer_ids) and for a mask_token_id below -1.
 TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop = nullptr);
 
 void to_json(nlohmann::json& j, const TrainConfig& c);
