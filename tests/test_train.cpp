@@ -19,6 +19,8 @@
 #include "core/fs.h"
 #include "io/dataset.h"
 #include "io/hf_config.h"
+#include "io/prepare.h"
+#include "io/tokenizer.h"
 #include "io/safetensors.h"
 #include "model/export.h"
 #include "model/target.h"
@@ -461,3 +463,79 @@ TEST(TrainValidation, TargetLayerIdsAndMaskTokenId) {
   fs::remove_all(root);
 }
 
+// Item 5: two data sets prepared from the same chat rows, with thinking on and with --no-thinking, give the same
+// tokens here — and exports that say which is which (tokenizer hash, template, every flag, max length), the same
+// whichever command wrote the export; eval warns, naming the field, when the data differs from the training data.
+TEST(TrainProvenance, TemplateFlagsReachTheExportAndEvalWarns) {
+  const std::string root = tmpdir("provenance");
+  const std::string demo = test::source_dir() + "/assets/demo/target";
+  {
+    std::ofstream f(root + "/chat.jsonl");
+    for (int i = 0; i < 6; ++i)
+      f << nlohmann::json{{"messages",
+                           {{{"role", "user"}, {"content", cat("Write function number ", i, ".")}},
+                            {{"role", "assistant"}, {"content", cat("def f", i, "(x):\n    return x + ", i, "\n")}}}}}
+               .dump()
+        << "\n";
+  }
+  auto prepare = [&](const std::string& out, bool thinking) {
+    PrepareOptions o;
+    o.tokenizer = demo;
+    o.inputs = {root + "/chat.jsonl"};
+    o.out = root + "/" + out;
+    o.chat_template = "qwen3";
+    o.enable_thinking = thinking;
+    o.max_length = 512;
+    o.threads = 1;
+    o.progress = false;
+    run_prepare(o);
+    return o.out;
+  };
+  const std::string think = prepare("think", true), nothink = prepare("nothink", false);
+  auto train_on = [&](const std::string& data, const std::string& out) {
+    TrainConfig c;
+    c.target_dir = demo;
+    c.data_dir = data;
+    c.out_dir = root + "/" + out;
+    c.threads = 2;
+    c.block_size = 4;
+    c.max_anchors = 4;
+    c.batch_size = 2;
+    c.max_steps = 2;
+    c.quiet = true;
+    return train(c);
+  };
+  const std::string ea = train_on(think, "run_think").export_dir, eb = train_on(nothink, "run_nothink").export_dir;
+  const nlohmann::json ta = read_exported_drafter(ea).training, tb = read_exported_drafter(eb).training;
+  const std::string hash = Tokenizer::load(demo)->hash();
+  for (const auto* t : {&ta, &tb}) {
+    const nlohmann::json& d = (*t)["data"];
+    EXPECT_EQ(d["created_by"], "dflash prepare");
+    EXPECT_EQ(d["tokenizer_sha256"], hash);
+    EXPECT_EQ(d["chat_template"]["name"], "qwen3");
+    EXPECT_EQ(d["flags"]["format"], "auto");
+    EXPECT_EQ(d["flags"]["pairs"], "chat");
+    EXPECT_EQ(d["flags"]["add_generation_prompt"], false);
+    EXPECT_EQ(d["max_length"], 512);
+    EXPECT_FALSE((*t)["config"].contains("data"));
+  }
+  EXPECT_EQ(ta["data"]["flags"]["enable_thinking"], true);
+  EXPECT_EQ(tb["data"]["flags"]["enable_thinking"], false);
+  EXPECT_NE(read_file(ea + "/config.json"), read_file(eb + "/config.json"));
+  EXPECT_EQ(provenance_differences(ta["data"], tb["data"]),
+            (std::vector<std::string>{"flags.enable_thinking: true (trained) vs false (evaluated)"}));
+  EXPECT_TRUE(provenance_differences(ta["data"], ta["data"]).empty());
+  // `dflash export` of the same checkpoint records the same block
+  std::string out;
+  ASSERT_EQ(run_cli(cat("export --run ", root, "/run_think --out ", root, "/exp_cli"), &out), 0) << out;
+  EXPECT_EQ(read_exported_drafter(root + "/exp_cli").training, ta);
+  // eval: a warning naming the flag for the other data set, none for the drafter's own
+  const std::string eval = cat("eval --target ", demo, " --drafter ", ea, " --mode teacher --no-baseline "
+                               "--max-samples 2 --no-progress --data ");
+  ASSERT_EQ(run_cli(eval + nothink, &out), 0) << out;
+  EXPECT_TRUE(has(out, "was not prepared like the data the drafter was trained on (1 difference)")) << out;
+  EXPECT_TRUE(has(out, "flags.enable_thinking: true (trained) vs false (evaluated)")) << out;
+  ASSERT_EQ(run_cli(eval + think, &out), 0) << out;
+  EXPECT_FALSE(has(out, "was not prepared like")) << out;
+  fs::remove_all(root);
+}

@@ -1,5 +1,6 @@
-// cli/cmd_export.cpp — `dflash export`: a training checkpoint -> the z-lab Hugging Face drafter format (spec 3);
-// --out is claimed first (core/output_dir.h: an earlier export is replaced only with --overwrite).
+// cli/cmd_export.cpp — `dflash export`: a training checkpoint -> the z-lab Hugging Face drafter format (spec 3), with
+// the same "dflash_training" record (config, data provenance) as train's own export; --out is claimed first
+// (core/output_dir.h: an earlier export is replaced only with --overwrite).
 #include <nlohmann/json.hpp>
 
 #include "backend/context.h"
@@ -7,6 +8,7 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/output_dir.h"
+#include "io/dataset.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/export.h"
@@ -45,7 +47,18 @@ void register_export(CLI::App& app) {
     auto ctx = make_context("cpu");
     Drafter d(*ctx, dc, 0);
     load_params(*ctx, d.params(), WeightStore::open(path_join(ck, "params.safetensors")));
-    nlohmann::json training = {{"trainer", "dflash"}, {"steps", state.at("step")}, {"config", c}};
+    nlohmann::json config = c;
+    if (!config.contains("data")) {  // a checkpoint of an older trainer: the data directory's manifest, if still there
+      const std::string data_dir = c.value("data_dir", std::string());
+      if (!data_dir.empty() && file_exists(path_join(data_dir, "manifest.json"))) {
+        config["data"] = data_provenance(Dataset::open(data_dir).manifest());
+        log_warn("export: ", ck, " records no data provenance; taken from ", data_dir, "/manifest.json as it is now");
+      } else {
+        log_warn("export: ", ck, " records no data provenance and ", data_dir.empty() ? "no data directory" : data_dir,
+                 " is gone: the export cannot say how its data was prepared");
+      }
+    }
+    nlohmann::json training = training_record(state.at("step").get<int64_t>(), config);
     export_drafter(*ctx, o->out, dc, d.params(), training);
     log_info("exported ", ck, " -> ", o->out);
   });

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -427,5 +428,54 @@ int64_t DatasetWriter::samples() const { return impl_->samples; }
 int64_t DatasetWriter::tokens() const { return impl_->tokens; }
 int64_t DatasetWriter::supervised_tokens() const { return impl_->supervised; }
 const std::string& DatasetWriter::tmp_dir() const { return impl_->tmp; }
+
+json data_provenance(const json& m) {
+  auto get = [&](const char* k) { return m.is_object() && m.contains(k) ? m[k] : json(nullptr); };
+  const json tok = get("tokenizer");
+  json p;
+  p["created_by"] = get("created_by");
+  p["tokenizer_sha256"] = tok.is_object() && tok.contains("sha256") ? tok["sha256"] : json(nullptr);
+  p["chat_template"] = get("chat_template");
+  p["flags"] = get("flags");
+  p["max_length"] = get("max_length");
+  p["inputs"] = get("inputs");
+  p["counts"] = get("counts");
+  return p;
+}
+
+std::vector<std::string> provenance_differences(const json& a, const json& b, const std::string& an,
+                                                const std::string& bn) {
+  std::vector<std::string> out;
+  const bool a_has = a.is_object() && !a.empty(), b_has = b.is_object() && !b.empty();
+  if (!a_has || !b_has) {
+    if (a_has != b_has)
+      out.push_back(cat("the ", a_has ? bn : an, " side records no data provenance (how its data was prepared); "
+                        "template and flags cannot be compared"));
+    return out;
+  }
+  auto val = [](const json& j, const std::string& k) { return j.is_object() && j.contains(k) ? j[k] : json(nullptr); };
+  auto differ = [&](const std::string& field, const json& x, const json& y) {
+    if (x != y) out.push_back(cat(field, ": ", x.dump(), " (", an, ") vs ", y.dump(), " (", bn, ")"));
+  };
+  differ("tokenizer_sha256", val(a, "tokenizer_sha256"), val(b, "tokenizer_sha256"));
+  // every key of either side's object, in sorted order (nlohmann objects iterate sorted)
+  auto each_key = [&](const std::string& block, const std::set<std::string>& skip) {
+    const json x = val(a, block), y = val(b, block);
+    if (!x.is_object() || !y.is_object()) {
+      differ(block, x, y);
+      return;
+    }
+    std::set<std::string> keys;
+    for (auto it = x.begin(); it != x.end(); ++it) keys.insert(it.key());
+    for (auto it = y.begin(); it != y.end(); ++it) keys.insert(it.key());
+    for (const std::string& k : keys)
+      if (!skip.count(k)) differ(block + "." + k, val(x, k), val(y, k));
+  };
+  each_key("chat_template", {});
+  // the requested --format only matters through what it resolved to (flags.pairs) when that is recorded
+  const bool pairs = val(val(a, "flags"), "pairs") != nullptr && val(val(b, "flags"), "pairs") != nullptr;
+  each_key("flags", pairs ? std::set<std::string>{"format"} : std::set<std::string>{});
+  return out;
+}
 
 }  // namespace dflash

@@ -2,7 +2,7 @@
 // `dflash eval` / `generate`: a directory with config.json and model.safetensors (bf16), top-level tensor names
 // (fc.weight [H, nf*H], hidden_norm.weight, norm.weight, layers.{l}.*), no embedding / lm_head tensors.
 // Loadable by SGLang (--speculative-algorithm DFLASH) and vLLM.
-// defines: drafter_hf_config, export_drafter, ExportedDrafter, load_exported_drafter
+// defines: drafter_hf_config, training_record, export_drafter, ExportedDrafter, load_exported_drafter
 #pragma once
 #include <string>
 
@@ -15,6 +15,13 @@ namespace dflash {
 // The config.json of spec 3 for `c`; `training` (template, flags, tokenizer hash, steps...) is recorded under
 // the extra key "dflash_training" (ignored by the serving engines).
 nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& training = nlohmann::json::object());
+
+// The "dflash_training" block of an export, the same whichever command writes it (train at its end, `dflash
+// export` from a checkpoint): {"trainer": "dflash", "steps": steps, "config": the train config without "data",
+// "data": train_config["data"]} where "data" is the data provenance the trainer puts into its config
+// (io/dataset.h data_provenance: tokenizer sha256, chat template, every template flag, format, max length,
+// inputs); null when the config has none (a checkpoint of an older trainer).
+nlohmann::json training_record(int64_t steps, const nlohmann::json& train_config);
 
 // Writes <dir>/config.json and <dir>/model.safetensors (bf16; `training` also goes into the safetensors
 // metadata as JSON). The directory appears complete or not at all: files are written into "<dir>.tmp-<pid>"

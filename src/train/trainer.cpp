@@ -230,6 +230,7 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   cfg_json["mask_token_id"] = mask_id;
   cfg_json["intermediate_size"] = dc.intermediate_size;
   cfg_json["gamma"] = gamma;
+  cfg_json["data"] = data_provenance(man);  // how the data was made: in every checkpoint and the export
 
   int64_t start = 0;
   const std::string metrics_path = path_join(cfg.out_dir, "metrics.jsonl");
@@ -345,11 +346,7 @@ TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   if (sum.interrupted) {
     log_info("interrupted after step ", step, ": checkpoint ", sum.checkpoint_dir, " (continue with --resume)");
   } else if (cfg.export_at_end) {
-    nlohmann::json training = {{"trainer", "dflash"}, {"steps", step}, {"config", cfg_json}};
-    if (man.contains("chat_template")) training["data_template"] = man["chat_template"];
-    for (const char* k : {"format", "enable_thinking", "max_length"})
-      if (man.contains(k)) training[std::string("data_") + k] = man[k];
-    if (tok) training["tokenizer_sha256"] = tok->hash();
+    nlohmann::json training = training_record(step, cfg_json);
     sum.export_dir = path_join(cfg.out_dir, "export");
     export_drafter(*ctx, sum.export_dir, dc, drafter.params(), training);
     log_info("exported the drafter to ", sum.export_dir);
