@@ -184,6 +184,17 @@ TEST(Prepare, EverySkipReasonWithLineNumbers) {
   EXPECT_EQ(s.skipped_total(), 13);
 }
 
+// Issue 12 item 8: a bad JSON row says where in the file: "column 90 of line 3", not "line 1, column 90".
+TEST(Prepare, InvalidJsonSaysColumnOfLine) {
+  TempDir t;
+  write_text(t / "in.jsonl", lines({kValid, kValid, R"({"messages": [{"role": "user", "content": "q"},)"}));
+  PrepareSummary s = run_prepare(opts(t, {t / "in.jsonl"}));
+  ASSERT_EQ(s.skipped_rows.size(), 1u);
+  EXPECT_EQ(s.skipped_rows[0].line, 3);
+  EXPECT_EQ(s.skipped_rows[0].message.rfind("invalid JSON: parse error at column 48 of line 3: syntax error", 0), 0u)
+      << s.skipped_rows[0].message;
+}
+
 // Issue 12 item 1: a refused prepare leaves the earlier data set byte for byte; an empty directory is fine.
 TEST(Prepare, RefusalKeepsTheDataSetByteForByte) {
   TempDir t;

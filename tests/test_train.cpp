@@ -463,6 +463,29 @@ TEST(TrainValidation, TargetLayerIdsAndMaskTokenId) {
   fs::remove_all(root);
 }
 
+// Item 8: no "{false}" in any help text; --no-export still works.
+TEST(TrainCli, HelpShowsNoFlagDefaultsAndNoExportWorks) {
+  std::string out;
+  for (const char* cmd : {"train", "prepare", "export", "generate", "eval", "demo"}) {
+    ASSERT_EQ(run_cli(cat(cmd, " --help"), &out), 0) << cmd;
+    EXPECT_FALSE(has(out, "{false}") || has(out, "{true}")) << cmd << ":\n" << out;
+  }
+  run_cli("train --help", &out);
+  EXPECT_TRUE(has(out, "  --no-export ")) << out;
+  EXPECT_TRUE(has(out, "  --overwrite ")) << out;
+  const std::string root = tmpdir("noexport");
+  const std::string data = make_data(root, 4);
+  const std::string target = test::source_dir() + "/tests/golden/target_qwen3";
+  const std::string args = cat("train --target ", target, " --data ", data, " --block-size 4 --target-layer-ids 1,2 "
+                               "--mask-token-id 511 --max-steps 1 --batch-size 2 --threads 1 --quiet --out ");
+  ASSERT_EQ(run_cli(args + root + "/a --no-export", &out), 0) << out;
+  EXPECT_FALSE(fs::exists(root + "/a/export"));
+  EXPECT_TRUE(file_exists(root + "/a/metrics.jsonl"));
+  ASSERT_EQ(run_cli(args + root + "/b", &out), 0) << out;
+  EXPECT_TRUE(file_exists(root + "/b/export/config.json"));
+  fs::remove_all(root);
+}
+
 // Item 5: two data sets prepared from the same chat rows, with thinking on and with --no-thinking, give the same
 // tokens here — and exports that say which is which (tokenizer hash, template, every flag, max length), the same
 // whichever command wrote the export; eval warns, naming the field, when the data differs from the training data.

@@ -69,7 +69,8 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--stop-after", c.stop_after,
                   "checkpoint and stop after this many steps (the schedule still spans all steps; then --resume)")
       ->capture_default_str();
-  sub->add_flag("!--no-export", c.export_at_end, "do not export at the end");
+  // a plain flag with a callback: "!--no-export" would show its hidden default in --help as "--no-export{false}"
+  sub->add_flag("--no-export", [&c](int64_t n) { c.export_at_end = n <= 0; }, "do not export at the end");
   sub->add_flag("--quiet", c.quiet, "no progress display");
   sub->add_flag("--profile", c.profile, "time every op and write the table to <out>/profile.txt at the end");
 }

@@ -360,7 +360,7 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
       try {
         j = json::parse(l.text);
       } catch (const json::exception& e) {
-        skip(l.number, "invalid_json", e.what());
+        skip(l.number, "invalid_json", cat("invalid JSON: ", json_row_error(e, l.number)));
         continue;
       }
       if (!j.is_object()) {

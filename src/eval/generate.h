@@ -106,8 +106,8 @@ struct GenerateSummary {
 // first (core/output_dir.h claim_output_file): a non-empty output without resume or overwrite is an Error and is
 // left untouched. Resume: the existing output is kept; a torn last line (no "\n") is cut away; rows whose index is
 // already there are skipped; a complete line that is not a JSON object with an integer "index" is an Error (use
-// overwrite). Bad input rows are skipped, counted per reason and logged (line number). Throws Error for
-// unreadable files or bad options.
+// overwrite). Bad input rows are skipped, counted per reason and logged (line number; a row that is not JSON says
+// "column C of line L"). Throws Error for unreadable files or bad options.
 GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr<const Tokenizer> tok,
                              const GenerateOptions& opts);
 

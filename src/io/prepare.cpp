@@ -64,12 +64,6 @@ bool has_supervised_pair(const std::vector<uint8_t>& m) {
   return false;
 }
 
-std::string short_json_error(const std::string& what) {
-  // nlohmann: "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ..." -> keep the tail
-  size_t p = what.find("] ");
-  return p == std::string::npos ? what : what.substr(p + 2);
-}
-
 std::string fmt_count(double v) {
   char buf[32];
   if (v >= 1e9) {
@@ -136,13 +130,13 @@ PreparedRow RowConverter::finish(PreparedRow r) const {
   return r;
 }
 
-PreparedRow RowConverter::convert(std::string_view line) const {
+PreparedRow RowConverter::convert(std::string_view line, int64_t line_number) const {
   if (py_strip(line, std::nullopt).empty()) throw BadRow("empty_line", "blank line");
   json j;
   try {
     j = json::parse(line);
   } catch (const json::parse_error& e) {
-    throw BadRow("invalid_json", cat("invalid JSON: ", short_json_error(e.what())));
+    throw BadRow("invalid_json", cat("invalid JSON: ", json_row_error(e, line_number)));
   }
   if (!j.is_object()) throw BadRow("not_object", cat("the row is a JSON ", j.type_name(), ", not an object"));
   PreparedRow r;
@@ -329,7 +323,7 @@ PrepareSummary run_prepare(const PrepareOptions& o) {
       pool.parallel_for(static_cast<int64_t>(lines.size()), 16, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           try {
-            results[i].row = conv.convert(lines[i]);
+            results[i].row = conv.convert(lines[i], numbers[i]);
           } catch (const BadRow& br) {
             results[i].reason = br.reason();
             results[i].message = br.what();

@@ -81,8 +81,9 @@ class RowConverter {
   // Resolves the format and the chat template (Error when --format chat has no usable template, or a template
   // exists but is not recognized and --format is not raw).
   RowConverter(std::shared_ptr<const Tokenizer> tokenizer, const PrepareOptions& opts);
-  // One JSONL line -> sample. Throws BadRow for a row to skip.
-  PreparedRow convert(std::string_view line) const;
+  // One JSONL line -> sample. Throws BadRow for a row to skip. line_number (1-based, 0 = unknown) places a JSON
+  // syntax error in the file: "invalid JSON: parse error at column 90 of line 3: ..." (jsonl.h json_row_error).
+  PreparedRow convert(std::string_view line, int64_t line_number = 0) const;
   // True when prompt/completion rows go through the chat template.
   bool chat_pairs() const { return chat_pairs_; }
   const ChatEncoder* chat() const { return chat_.get(); }
