@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Installs everything the build and the tests need, from Debian packages and the npm registry.
-# Usage: scripts/setup.sh            (run as root, or with sudo available)
+# Installs what is missing for the build and the tests: Debian packages, then the npm test oracles. Called by
+# scripts/demo.sh (with --no-oracles) and scripts/test.sh on every run; when everything is there it only checks
+# (a second or so) and installs nothing.
+# Usage: scripts/setup.sh [--no-oracles]   (run as root, or with sudo available)
+#   --no-oracles   only the Debian packages of the build (what scripts/demo.sh needs), not the npm test oracles
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ORACLES=1
+for a in "$@"; do
+  case "$a" in
+    --no-oracles) ORACLES=0 ;;
+    *) echo "setup.sh: unknown option $a (usage: scripts/setup.sh [--no-oracles])" >&2; exit 2 ;;
+  esac
+done
 
 PKGS=(
   cmake g++ make pkg-config
@@ -13,6 +23,8 @@ PKGS=(
   libgtest-dev libgmock-dev  # tests
   zlib1g-dev           # reading .jsonl.gz
   libssl-dev           # SHA-256 of tokenizer / data files (libcrypto)
+  openmpi-bin libopenmpi-dev  # Open MPI: multi-process training
+  gnuplot-nox          # dflash plot
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -22,6 +34,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+if [ "$ORACLES" = 0 ]; then
+  echo "setup: ok (build packages)"
+  exit 0
 fi
 
 if ! command -v npm >/dev/null; then

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds dflash and runs the whole test suite on the CPU (the CUDA backend is compiled when nvcc is present;
-# its tests run on a GPU machine with tools/cuda_check.sh). Then the thread-safety case C01 again under
-# ThreadSanitizer.
+# From a fresh machine: installs what the build and the tests need if missing (scripts/setup.sh), builds dflash and
+# runs the whole test suite on the CPU (the CUDA backend is compiled when nvcc is present; its tests run on a GPU
+# machine with tools/cuda_check.sh). Then the thread-safety case C01 again under ThreadSanitizer.
 # Usage: scripts/test.sh        env: BUILD_DIR (default build), JOBS (default nproc), SKIP_TSAN=1 to skip TSan
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 export OPENBLAS_NUM_THREADS=1   # tests use their own thread pools; keeps OpenBLAS from oversubscribing 2 cores

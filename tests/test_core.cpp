@@ -1,13 +1,18 @@
-// Tests of core/: dtype conversion, tensor views, counter-based RNG, atomic files.
+// Tests of core/: dtype conversion, tensor views, counter-based RNG, atomic files, the plain progress lines.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <set>
 
 #include "core/dtype.h"
 #include "core/fs.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -132,4 +137,50 @@ TEST(Files, AtomicWriteReplacesWholeFileOnlyOnCommit) {
   EXPECT_EQ(read_file(p), "new");
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+// What `f` writes to stderr (redirected to a file, so stderr is not a terminal and Progress prints plain lines).
+std::string stderr_of(const std::function<void()>& f) {
+  const std::string path = cat(std::filesystem::temp_directory_path().string(), "/dflash_test_core_stderr_", getpid());
+  std::fflush(stderr);
+  const int saved = dup(2);
+  FILE* file = std::fopen(path.c_str(), "w");
+  dup2(fileno(file), 2);
+  f();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::fclose(file);
+  std::string text = read_file(path);
+  std::filesystem::remove(path);
+  return text;
+}
+size_t count_lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
+}  // namespace
+
+// Issue 12 item 8: a run that stops right after a printed progress line (SIGINT, the last step) does not print that
+// line a second time at finish(); a final state not yet printed still is.
+TEST(Progress, FinishDoesNotRepeatThePrintedLine) {
+  const std::string a = stderr_of([] {
+    Progress p("train", 10, "step", 0.0);  // interval 0: every update prints
+    p.update(4, "loss 1.0");
+    p.update(5, "loss 0.9");
+    p.finish();
+  });
+  EXPECT_EQ(count_lines(a), 2u) << a;
+  EXPECT_EQ(a.find("train 5/10"), a.rfind("train 5/10")) << a;
+  const std::string b = stderr_of([] {
+    Progress p("train", 10, "step", 3600.0);  // nothing printed before finish
+    p.update(5, "loss 0.9");
+    p.finish();
+  });
+  EXPECT_EQ(count_lines(b), 1u) << b;
+  EXPECT_NE(b.find("train 5/10"), std::string::npos) << b;
+  const std::string c = stderr_of([] {
+    Progress p("prepare", 0, "rows", 0.0);
+    p.update(7, "x");
+    p.finish("done");  // a new suffix: printed
+  });
+  EXPECT_EQ(count_lines(c), 2u) << c;
 }

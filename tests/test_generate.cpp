@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/context.h"
+#include "core/error.h"
 #include "core/fs.h"
 #include "eval/generate.h"
 #include "io/jsonl.h"
@@ -264,6 +265,17 @@ TEST(GenerateJob, ResumeAfterInterruptionGivesTheSameFile) {
   write_file_atomic(torn, want.substr(0, cut));
   o.out = torn;
   o.overwrite = false;
+  // Neither --resume nor --overwrite: an existing output is refused and left as it is (item 1 of issue 12).
+  try {
+    run_generate(*d.ctx, *d.target, d.tok, o);
+    ADD_FAILURE() << "an existing output without --resume / --overwrite must be refused";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--resume"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--overwrite"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(read_file(torn), want.substr(0, cut));
+  o.resume = true;
   o.decode.batch_size = 3;  // a different batch size changes nothing
   GenerateSummary r = run_generate(*d.ctx, *d.target, d.tok, o);
   EXPECT_EQ(r.rows_existing, 2);
@@ -275,6 +287,7 @@ TEST(GenerateJob, ResumeAfterInterruptionGivesTheSameFile) {
   EXPECT_EQ(r2.rows_existing, 5);
   EXPECT_EQ(read_file(torn), want);
   // --overwrite starts again and gives the same bytes.
+  o.resume = false;
   o.overwrite = true;
   run_generate(*d.ctx, *d.target, d.tok, o);
   EXPECT_EQ(read_file(torn), want);

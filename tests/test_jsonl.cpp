@@ -151,6 +151,9 @@ TEST(Jsonl, ParseJsonLineError) {
     const std::string msg = e.what();
     EXPECT_EQ(msg.rfind("/data/train.jsonl:17: invalid JSON: ", 0), 0u) << msg;
     EXPECT_EQ(msg.find("[json.exception"), std::string::npos) << msg;
+    // the position as the file has it (issue 12 item 8), not nlohmann's "line 1, column 15" inside the row
+    EXPECT_NE(msg.find("parse error at column 15 of line 17: "), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("line 1,"), std::string::npos) << msg;
   }
   EXPECT_THROW(parse_json_line("", "x", 1), Error);
 }
@@ -379,4 +382,27 @@ TEST(JsonArray, DetectDataFileAndRowReader) {
   EXPECT_EQ(rows("a.jsonl"), (R{{1, -1, "{\"a\": 1}"}, {2, -1, "{\"a\": 2}"}}));
   EXPECT_EQ(rows("lines.json"), (R{{1, -1, ""}, {2, -1, "{\"a\": 1}"}, {3, -1, "{\"a\": 2}"}}));
   EXPECT_EQ(RowReader(dir / "A.JSON").info().format, DataFormat::JsonArray);
+
+TEST(Jsonl, RowErrorSaysColumnOfLine) {
+  auto what = [](const std::string& text) -> std::string {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(text);
+      ADD_FAILURE() << "parsed: " << j.dump();
+    } catch (const nlohmann::json::exception& e) {
+      return json_row_error(e, 3);
+    }
+    return "";
+  };
+  const std::string row = R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant" "content": "x"}]})";
+  const std::string m = what(row);
+  EXPECT_EQ(m.rfind("parse error at column 79 of line 3: syntax error", 0), 0u) << m;
+  // without a line number: the column alone; a message without a position: only the tag dropped
+  try {
+    const nlohmann::json j = nlohmann::json::parse(row);
+    ADD_FAILURE() << "parsed: " << j.dump();
+  } catch (const nlohmann::json::exception& e) {
+    EXPECT_EQ(json_row_error(e, 0).rfind("parse error at column 79: ", 0), 0u) << json_row_error(e, 0);
+  }
+  const std::runtime_error plain("[json.exception.type_error.302] type must be string");
+  EXPECT_EQ(json_row_error(plain, 3), "type must be string");
 }

@@ -187,6 +187,40 @@ TEST(Prepare, EverySkipReasonWithLineNumbers) {
   EXPECT_EQ(s.skipped_total(), 13);
 }
 
+// Issue 12 item 8: a bad JSON row says where in the file: "column 90 of line 3", not "line 1, column 90".
+TEST(Prepare, InvalidJsonSaysColumnOfLine) {
+  TempDir t;
+  write_text(t / "in.jsonl", lines({kValid, kValid, R"({"messages": [{"role": "user", "content": "q"},)"}));
+  PrepareSummary s = run_prepare(opts(t, {t / "in.jsonl"}));
+  ASSERT_EQ(s.skipped_rows.size(), 1u);
+  EXPECT_EQ(s.skipped_rows[0].line, 3);
+  EXPECT_EQ(s.skipped_rows[0].message.rfind("invalid JSON: parse error at column 48 of line 3: syntax error", 0), 0u)
+      << s.skipped_rows[0].message;
+}
+
+// Issue 12 item 1: a refused prepare leaves the earlier data set byte for byte; an empty directory is fine.
+TEST(Prepare, RefusalKeepsTheDataSetByteForByte) {
+  TempDir t;
+  write_text(t / "in.jsonl", lines({kValid, kValid}));
+  run_prepare(opts(t, {t / "in.jsonl"}));
+  const std::string manifest = read_file(t / "out/manifest.json");
+  const std::string tokens = read_file(t / "out/shard-00000.tokens");
+  PrepareOptions o = opts(t, {t / "in.jsonl"});
+  o.max_length = 8;
+  try {
+    run_prepare(o);
+    ADD_FAILURE() << "an existing data set without --overwrite must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already holds the result of an earlier run (manifest.json, shard-"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(t / "out/manifest.json"), manifest);
+  EXPECT_EQ(read_file(t / "out/shard-00000.tokens"), tokens);
+  fs::create_directories(t / "empty");
+  EXPECT_NO_THROW(run_prepare(opts(t, {t / "in.jsonl"}, "empty")));
+  EXPECT_TRUE(file_exists(t / "empty/manifest.json"));
+}
+
 TEST(Prepare, LogsOnlyTheFirstFewPerReasonButCountsAll) {
   TempDir t;
   std::vector<std::string> ls(20, "not json");

@@ -1,5 +1,7 @@
 // The training loop end to end on a tiny target: loss falls and EAL rises; resume is exact (case C12);
-// SIGINT writes a checkpoint; export (case C11) round-trips.
+// SIGINT writes a checkpoint; export (case C11) round-trips. Issue 12: an earlier run is never destroyed unless told
+// to (and pruning keeps the checkpoint LATEST names); target layer ids and mask ids are validated; the export
+// records how its data was prepared and eval warns on a difference; help texts show no flag defaults.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -8,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +18,9 @@
 #include "backend/context.h"
 #include "core/fs.h"
 #include "io/dataset.h"
+#include "io/hf_config.h"
+#include "io/prepare.h"
+#include "io/tokenizer.h"
 #include "io/safetensors.h"
 #include "model/export.h"
 #include "model/target.h"
@@ -295,5 +301,264 @@ TEST(TrainCli, ConfigFileSectionAndCommandLineOverride) {
   EXPECT_EQ(st["config"]["block_size"], 4);
   EXPECT_EQ(st["config"]["target_layer_ids"], nlohmann::json::array({1, 2}));
   EXPECT_EQ(st["config"]["lr"], 0.002);  // the command line wins over the file
+  fs::remove_all(root);
+}
+
+// ---- issue 12: nothing lost, nothing silent ---------------------------------------------------------------------
+
+namespace {
+
+// Every file under `dir` (relative path -> bytes): "byte-identical" is checked on the whole tree.
+std::map<std::string, std::string> tree_bytes(const std::string& dir) {
+  std::map<std::string, std::string> t;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) t[fs::relative(e.path(), dir).string()] = read_file(e.path().string());
+  return t;
+}
+
+// Runs a dflash command line; returns its exit status, stdout and stderr in *out.
+int run_cli(const std::string& args, std::string* out) {
+  const std::string log = cat(fs::temp_directory_path().string(), "/dflash_test_train_cli_", getpid(), ".log");
+  const std::string cmd = cat(DFLASH_BINARY, " ", args, " > '", log, "' 2>&1");
+  const int rc = std::system(cmd.c_str());
+  *out = file_exists(log) ? read_file(log) : "";
+  fs::remove(log);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+// Item 1: `train --out R` on a finished run, without --resume: refused with the files named, every byte of R as it
+// was (before: metrics.jsonl cut to the new run's rows, export/ replaced, the new final checkpoint pruned while
+// LATEST named it); export and resume still work afterwards; --overwrite replaces exactly the run.
+TEST(TrainGuard, AFinishedRunIsRefusedAndKeptByteForByte) {
+  const std::string root = tmpdir("guard");
+  TrainConfig c = tiny_config(root, make_data(root, 8));
+  c.max_steps = 12;
+  c.checkpoint_every = 2;  // keeps step-00000010 and step-00000012
+  c.export_at_end = true;
+  train(c);
+  const auto before = tree_bytes(c.out_dir);
+  ASSERT_EQ(read_metrics(c.out_dir).size(), 12u);
+  ASSERT_TRUE(before.count("export/config.json"));
+
+  TrainConfig again = c;
+  again.max_steps = 4;
+  try {
+    train(again);
+    FAIL() << "train over a finished run without --resume / --overwrite must be refused";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(has(msg, "already holds the result of an earlier run (checkpoints/, export/, metrics.jsonl)")) << msg;
+    EXPECT_TRUE(has(msg, "--resume to continue it")) << msg;
+    EXPECT_TRUE(has(msg, "--overwrite to replace it")) << msg;
+  }
+  EXPECT_EQ(tree_bytes(c.out_dir), before);
+  // the same through the command line: non-zero exit, the message, nothing touched
+  std::string out;
+  const std::string target = test::source_dir() + "/tests/golden/target_qwen3";
+  const std::string cli = cat("train --target ", target, " --data ", c.data_dir, " --out ", c.out_dir,
+                              " --num-layers 1 --block-size 4 --target-layer-ids 1,2 --mask-token-id 511 --max-steps 4"
+                              " --batch-size 2 --threads 1 --quiet");
+  EXPECT_EQ(run_cli(cli, &out), 1) << out;
+  EXPECT_TRUE(has(out, "--overwrite to replace it")) << out;
+  EXPECT_EQ(tree_bytes(c.out_dir), before);
+  // export and resume still work on the kept run
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", root, "/exp"), &out), 0) << out;
+  // `dflash export` never replaces an earlier export unless told to
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", c.out_dir, "/export"), &out), 1) << out;
+  EXPECT_TRUE(has(out, "--overwrite")) << out;
+  EXPECT_EQ(tree_bytes(c.out_dir), before);
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", c.out_dir, "/export --overwrite"), &out), 0) << out;
+  // nor writes into a directory that holds anything else (here: the run directory itself)
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", c.out_dir, " --overwrite"), &out), 1) << out;
+  EXPECT_TRUE(has(out, "did not write")) << out;
+  EXPECT_EQ(read_metrics(c.out_dir).size(), 12u);
+  TrainConfig resumed = c;
+  resumed.resume = true;
+  EXPECT_EQ(train(resumed).steps_done, 12);
+  // --overwrite: a new run in place of the old one, nothing of the old left
+  again.overwrite = true;
+  TrainSummary s = train(again);
+  EXPECT_EQ(s.steps_done, 4);
+  EXPECT_EQ(read_metrics(c.out_dir).size(), 4u);
+  EXPECT_EQ(latest_checkpoint(c.out_dir), c.out_dir + "/checkpoints/step-00000004");
+  EXPECT_FALSE(fs::exists(c.out_dir + "/checkpoints/step-00000012"));
+  fs::remove_all(root);
+}
+
+// Item 1: pruning keeps the newest checkpoints but never the one LATEST names, even when stale higher-numbered ones
+// are there (the old failure: LATEST named step-00000004, pruned; export and resume then failed).
+TEST(TrainGuard, PruningNeverRemovesTheCheckpointLatestNames) {
+  const std::string root = tmpdir("prune");
+  TrainConfig c = tiny_config(root, make_data(root, 4));
+  c.max_steps = 4;
+  train(c);
+  const std::string ck = c.out_dir + "/checkpoints";
+  for (const char* stale : {"step-00000010", "step-00000012"}) fs::copy(ck + "/step-00000004", ck + "/" + stale);
+  ASSERT_EQ(latest_checkpoint(c.out_dir), ck + "/step-00000004");
+  prune_checkpoints(c.out_dir, 2);
+  EXPECT_TRUE(fs::exists(ck + "/step-00000004/state.json"));
+  EXPECT_TRUE(fs::exists(ck + "/step-00000010"));
+  EXPECT_TRUE(fs::exists(ck + "/step-00000012"));
+  prune_checkpoints(c.out_dir, 1);
+  EXPECT_TRUE(fs::exists(ck + "/step-00000004/state.json"));
+  EXPECT_FALSE(fs::exists(ck + "/step-00000010"));
+  EXPECT_TRUE(fs::exists(ck + "/step-00000012"));
+  EXPECT_EQ(latest_checkpoint(c.out_dir), ck + "/step-00000004");
+  std::string out;
+  EXPECT_EQ(run_cli(cat("export --run ", c.out_dir, " --out ", root, "/exp"), &out), 0) << out;
+  fs::remove_all(root);
+}
+
+// Item 4: duplicate or unsorted target layer ids, and a negative mask id other than -1, are errors.
+TEST(TrainValidation, TargetLayerIdsAndMaskTokenId) {
+  auto error_of = [](auto f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NO_THROW(validate_target_layer_ids({1, 9, 17, 25, 33}, 36));
+  EXPECT_EQ(error_of([] { validate_target_layer_ids({1, 1, 3}, 36); }),
+            "target_layer_ids [1,1,3]: layer 1 is given twice; each tapped layer must be a different one");
+  const std::string unsorted = error_of([] { validate_target_layer_ids({5, 3, 1}, 36); });
+  EXPECT_TRUE(has(unsorted, "target_layer_ids [5,3,1]: not in increasing order (3 after 5)")) << unsorted;
+  EXPECT_TRUE(has(unsorted, "give [1,3,5]")) << unsorted;
+  EXPECT_TRUE(has(error_of([] { validate_target_layer_ids({0, 36}, 36); }), "layer 36 is not a decoder layer"));
+  EXPECT_TRUE(has(error_of([] { validate_target_layer_ids({}, 36); }), "empty"));
+  // the drafter config (and so every exported drafter read back) follows the same rule
+  DrafterConfig dc = DrafterConfig::for_target(load_model_config(test::source_dir() + "/tests/golden/target_qwen3"),
+                                               1, 4, {2, 1}, 511);
+  EXPECT_TRUE(has(error_of([&] { dc.validate(); }), "not in increasing order"));
+  EXPECT_NO_THROW(validate_mask_token_id(-1));
+  EXPECT_NO_THROW(validate_mask_token_id(0));
+  EXPECT_EQ(error_of([] { validate_mask_token_id(-2); }),
+            "--mask-token-id -2: not a token id (give an id >= 0, or -1 for the tokenizer's mask token)");
+
+  // train() refuses them before any step
+  const std::string root = tmpdir("validate");
+  TrainConfig c = tiny_config(root, make_data(root, 4));
+  c.max_steps = 2;
+  c.target_layer_ids = {1, 1, 3};
+  EXPECT_TRUE(has(error_of([&] { train(c); }), "layer 1 is given twice"));
+  c.target_layer_ids = {3, 2, 1};
+  EXPECT_TRUE(has(error_of([&] { train(c); }), "not in increasing order (2 after 3)"));
+  c.target_layer_ids = {1, 2};
+  c.mask_token_id = -2;
+  EXPECT_TRUE(has(error_of([&] { train(c); }), "--mask-token-id -2"));
+  EXPECT_FALSE(fs::exists(c.out_dir + "/metrics.jsonl"));
+  // and on the command line
+  std::string out;
+  const std::string target = test::source_dir() + "/tests/golden/target_qwen3";
+  EXPECT_EQ(run_cli(cat("train --target ", target, " --data ", c.data_dir, " --out ", c.out_dir,
+                        " --block-size 4 --target-layer-ids 1 1 3 --mask-token-id 511 --max-steps 2 --quiet"),
+                    &out),
+            1);
+  EXPECT_TRUE(has(out, "target_layer_ids [1,1,3]: layer 1 is given twice")) << out;
+  fs::remove_all(root);
+}
+
+// Item 8: no "{false}" in any help text; --no-export still works.
+TEST(TrainCli, HelpShowsNoFlagDefaultsAndNoExportWorks) {
+  std::string out;
+  for (const char* cmd : {"train", "prepare", "export", "generate", "eval", "demo"}) {
+    ASSERT_EQ(run_cli(cat(cmd, " --help"), &out), 0) << cmd;
+    EXPECT_FALSE(has(out, "{false}") || has(out, "{true}")) << cmd << ":\n" << out;
+  }
+  run_cli("train --help", &out);
+  EXPECT_TRUE(has(out, "  --no-export ")) << out;
+  EXPECT_TRUE(has(out, "  --overwrite ")) << out;
+  const std::string root = tmpdir("noexport");
+  const std::string data = make_data(root, 4);
+  const std::string target = test::source_dir() + "/tests/golden/target_qwen3";
+  const std::string args = cat("train --target ", target, " --data ", data, " --block-size 4 --target-layer-ids 1,2 "
+                               "--mask-token-id 511 --max-steps 1 --batch-size 2 --threads 1 --quiet --out ");
+  ASSERT_EQ(run_cli(args + root + "/a --no-export", &out), 0) << out;
+  EXPECT_FALSE(fs::exists(root + "/a/export"));
+  EXPECT_TRUE(file_exists(root + "/a/metrics.jsonl"));
+  ASSERT_EQ(run_cli(args + root + "/b", &out), 0) << out;
+  EXPECT_TRUE(file_exists(root + "/b/export/config.json"));
+  fs::remove_all(root);
+}
+
+// Item 5: two data sets prepared from the same chat rows, with thinking on and with --no-thinking, give the same
+// tokens here — and exports that say which is which (tokenizer hash, template, every flag, max length), the same
+// whichever command wrote the export; eval warns, naming the field, when the data differs from the training data.
+TEST(TrainProvenance, TemplateFlagsReachTheExportAndEvalWarns) {
+  const std::string root = tmpdir("provenance");
+  const std::string demo = test::source_dir() + "/assets/demo/target";
+  {
+    std::ofstream f(root + "/chat.jsonl");
+    for (int i = 0; i < 6; ++i)
+      f << nlohmann::json{{"messages",
+                           {{{"role", "user"}, {"content", cat("Write function number ", i, ".")}},
+                            {{"role", "assistant"}, {"content", cat("def f", i, "(x):\n    return x + ", i, "\n")}}}}}
+               .dump()
+        << "\n";
+  }
+  auto prepare = [&](const std::string& out, bool thinking) {
+    PrepareOptions o;
+    o.tokenizer = demo;
+    o.inputs = {root + "/chat.jsonl"};
+    o.out = root + "/" + out;
+    o.chat_template = "qwen3";
+    o.enable_thinking = thinking;
+    o.max_length = 512;
+    o.threads = 1;
+    o.progress = false;
+    run_prepare(o);
+    return o.out;
+  };
+  const std::string think = prepare("think", true), nothink = prepare("nothink", false);
+  auto train_on = [&](const std::string& data, const std::string& out) {
+    TrainConfig c;
+    c.target_dir = demo;
+    c.data_dir = data;
+    c.out_dir = root + "/" + out;
+    c.threads = 2;
+    c.block_size = 4;
+    c.max_anchors = 4;
+    c.batch_size = 2;
+    c.max_steps = 2;
+    c.quiet = true;
+    return train(c);
+  };
+  const std::string ea = train_on(think, "run_think").export_dir, eb = train_on(nothink, "run_nothink").export_dir;
+  const nlohmann::json ta = read_exported_drafter(ea).training, tb = read_exported_drafter(eb).training;
+  const std::string hash = Tokenizer::load(demo)->hash();
+  for (const auto* t : {&ta, &tb}) {
+    const nlohmann::json& d = (*t)["data"];
+    EXPECT_EQ(d["created_by"], "dflash prepare");
+    EXPECT_EQ(d["tokenizer_sha256"], hash);
+    EXPECT_EQ(d["chat_template"]["name"], "qwen3");
+    EXPECT_EQ(d["flags"]["format"], "auto");
+    EXPECT_EQ(d["flags"]["pairs"], "chat");
+    EXPECT_EQ(d["flags"]["add_generation_prompt"], false);
+    EXPECT_EQ(d["max_length"], 512);
+    EXPECT_FALSE((*t)["config"].contains("data"));
+  }
+  EXPECT_EQ(ta["data"]["flags"]["enable_thinking"], true);
+  EXPECT_EQ(tb["data"]["flags"]["enable_thinking"], false);
+  EXPECT_NE(read_file(ea + "/config.json"), read_file(eb + "/config.json"));
+  EXPECT_EQ(provenance_differences(ta["data"], tb["data"]),
+            (std::vector<std::string>{"flags.enable_thinking: true (trained) vs false (evaluated)"}));
+  EXPECT_TRUE(provenance_differences(ta["data"], ta["data"]).empty());
+  // `dflash export` of the same checkpoint records the same block
+  std::string out;
+  ASSERT_EQ(run_cli(cat("export --run ", root, "/run_think --out ", root, "/exp_cli"), &out), 0) << out;
+  EXPECT_EQ(read_exported_drafter(root + "/exp_cli").training, ta);
+  // eval: a warning naming the flag for the other data set, none for the drafter's own
+  const std::string eval = cat("eval --target ", demo, " --drafter ", ea, " --mode teacher --no-baseline "
+                               "--max-samples 2 --no-progress --data ");
+  ASSERT_EQ(run_cli(eval + nothink, &out), 0) << out;
+  EXPECT_TRUE(has(out, "was not prepared like the data the drafter was trained on (1 difference)")) << out;
+  EXPECT_TRUE(has(out, "flags.enable_thinking: true (trained) vs false (evaluated)")) << out;
+  ASSERT_EQ(run_cli(eval + think, &out), 0) << out;
+  EXPECT_FALSE(has(out, "was not prepared like")) << out;
   fs::remove_all(root);
 }

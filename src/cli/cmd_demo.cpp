@@ -2,7 +2,8 @@
 // parameter Qwen3 pretrained on Python source, its tokenizer, and prompt/completion sets whose completions the
 // target regenerated greedily with `dflash generate`). With no arguments, on the CPU: prepare the data, measure tau
 // of an untrained drafter, train a small drafter within a time budget, measure tau again (teacher-forced, and by
-// real speculative decoding), export. `--device cuda` trains a larger drafter longer on the GPU.
+// real speculative decoding), export. `--device cuda` trains a larger drafter longer on the GPU. An --out that holds
+// an earlier demo's result (run/, summary.json) is refused unless --resume (continue its training) or --overwrite.
 #include <chrono>
 #include <cstdio>
 
@@ -12,6 +13,7 @@
 #include "cli/commands.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/output_dir.h"
 #include "eval/generate.h"
 #include "eval/tau.h"
 #include "io/dataset.h"
@@ -32,6 +34,7 @@ struct DemoOpts {
   int64_t generated_samples = 0; // 0 = the device default
   int threads = 0;
   bool resume = false;
+  bool overwrite = false;
 };
 
 std::string find_assets(const std::string& given) {
@@ -82,7 +85,7 @@ void run(const DemoOpts& o) {
   const bool gpu = o.device != "cpu";
   const std::string assets = find_assets(o.assets);
   const std::string target_dir = path_join(assets, "target");
-  make_dirs(o.out);
+  claim_output_dir(o.out, o.resume, o.overwrite, OutputOf::Demo);  // an earlier demo: --resume or --overwrite
   const std::string train_dir =
       prepare_once(target_dir, path_join(assets, "train.jsonl.gz"), path_join(o.out, "data/train"));
   const std::string eval_dir =
@@ -183,7 +186,9 @@ void register_demo(CLI::App& app) {
                                  "after, export (CPU by default; --device cuda for the larger GPU run)");
   auto o = std::make_shared<DemoOpts>();
   sub->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
-  sub->add_option("--out", o->out, "output directory (data/, run/, summary.json)")->capture_default_str();
+  sub->add_option("--out", o->out, "output directory (data/, run/, summary.json); one holding an earlier demo needs "
+                  "--resume or --overwrite")
+      ->capture_default_str();
   sub->add_option("--assets", o->assets, "the demo assets (default: assets/demo of the repository)");
   sub->add_option("--budget", o->budget_s, "training seconds (default 360 on the CPU, 900 on a GPU)");
   sub->add_option("--eval-samples", o->eval_samples, "eval samples for teacher-forced tau (default 100 CPU / 300 GPU)");
@@ -191,6 +196,8 @@ void register_demo(CLI::App& app) {
                   "eval samples decoded speculatively (default 20 CPU / 100 GPU)");
   sub->add_option("--threads", o->threads, "CPU threads (0 = all cores)");
   sub->add_flag("--resume", o->resume, "continue an interrupted demo run from its last checkpoint");
+  sub->add_flag("--overwrite", o->overwrite, "replace an earlier demo's result in --out (run/, summary.json; the "
+                "prepared data in data/ is kept and reused when its input is unchanged)");
   sub->callback([o] { run(*o); });
 }
 

@@ -1,6 +1,7 @@
 // cli/cmd_eval.cpp — `dflash eval`: acceptance length tau of a drafter against its target on a prepared data
 // directory (spec 4): teacher-forced and/or by real speculative decoding, with the acceptance histogram and the
-// target-only vs speculative decode throughput.
+// target-only vs speculative decode throughput. Warns, naming each field, when the data was prepared with another
+// tokenizer, template or template flags than the drafter's training data (the provenance its export records).
 #include <cstdio>
 #include <vector>
 
@@ -50,7 +51,9 @@ void run(const EvalCli& c) {
 
   std::unique_ptr<Drafter> drafter;
   nlohmann::json drafter_desc;
+  std::vector<std::string> data_diffs;  // how the evaluated data was made vs the drafter's training data
   if (c.untrained) {
+    validate_mask_token_id(c.mask_token_id);
     int32_t mask = c.mask_token_id;
     if (mask < 0 && tok && tok->mask_id()) mask = *tok->mask_id();
     DFLASH_CHECK(mask >= 0, "eval --untrained-drafter: no mask token (the tokenizer defines none); pass "
@@ -68,6 +71,17 @@ void run(const EvalCli& c) {
     drafter_desc = {{"dir", c.drafter}, {"config", drafter->config()}};
     log_info("eval: drafter ", c.drafter, ", B ", drafter->config().block_size, ", ",
              drafter->config().num_layers, " layers");
+    // A different template or flags between the training data and the evaluated data (as between training and
+    // serving) is a known cause of drafters that look good in training and accept poorly in serving: say so.
+    const nlohmann::json training = read_exported_drafter(c.drafter).training;
+    data_diffs = provenance_differences(training.is_object() ? training.value("data", nlohmann::json()) : nullptr,
+                                        data_provenance(man));
+    if (!data_diffs.empty()) {
+      log_warn("eval: ", c.data, " was not prepared like the data the drafter was trained on (", data_diffs.size(),
+               " difference", data_diffs.size() > 1 ? "s" : "", "); tau here may not be the tau the drafter "
+               "reaches on its own template and flags:");
+      for (const std::string& d : data_diffs) log_warn("eval:   ", d);
+    }
   }
 
   TauOptions o;
@@ -92,6 +106,7 @@ void run(const EvalCli& c) {
     j["target"] = c.target;
     j["data"] = c.data;
     j["drafter"] = drafter_desc;
+    j["data_provenance_differences"] = data_diffs;
     j["device"] = ctx->describe();
     j["mode"] = c.mode;
     j["max_new_tokens"] = c.max_new_tokens;
@@ -142,7 +157,7 @@ void register_eval(CLI::App& app) {
   sub->add_option("--num-target-layers", c->num_target_layers, "--untrained-drafter: tapped target layers nf "
                   "(0 = min(5, target layers); ids by spec 1)")
       ->capture_default_str();
-  sub->add_option("--mask-token-id", c->mask_token_id, "--untrained-drafter: mask token id (default: the "
+  sub->add_option("--mask-token-id", c->mask_token_id, "--untrained-drafter: mask token id (default -1: the "
                   "tokenizer's mask token)");
   sub->add_flag("--no-progress", c->no_progress, "no progress display");
   sub->callback([c] { run(*c); });

@@ -47,8 +47,8 @@ void register_generate(CLI::App& app) {
                   "{\"messages\": [...]} (last message from the user)")
       ->required();
   sub->add_option("--out", c->g.out, "output JSONL, one row per prompt in input order: {\"index\", \"prompt\", "
-                  "\"completion\", \"finish_reason\"} (messages rows: the conversation plus the assistant reply); "
-                  "rows already there are kept and skipped (resume)")
+                  "\"completion\", \"finish_reason\"} (messages rows: the conversation plus the assistant reply); an "
+                  "existing output needs --resume or --overwrite")
       ->required();
   sub->add_option("--tokenizer", c->tokenizer, "tokenizer.json or its directory (default: the target directory)");
   sub->add_option("--device", c->device, "cpu | cuda | cuda:N")->capture_default_str();
@@ -82,7 +82,8 @@ void register_generate(CLI::App& app) {
                   "config.json and generation_config.json eos_token_id");
   sub->add_flag("--no-default-stops", c->no_default_stops, "use only the --stop-id ids");
   sub->add_flag("--write-ids", c->g.write_ids, "also write \"prompt_ids\" and \"completion_ids\" (exact token ids)");
-  sub->add_flag("--overwrite", c->g.overwrite, "start a fresh output file instead of resuming");
+  sub->add_flag("--resume", c->g.resume, "continue an existing output: rows already there are kept and skipped");
+  sub->add_flag("--overwrite", c->g.overwrite, "replace an existing output file");
   sub->add_flag("--no-progress", [c](int64_t) { c->g.progress = false; }, "no progress display");
   sub->callback([c] { run(*c); });
 }

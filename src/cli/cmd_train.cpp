@@ -42,12 +42,14 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--block-size", c.block_size, "block size B (16 for Qwen3 targets, 10 for Llama-3.1)")
       ->capture_default_str();
   sub->add_option("--target-layer-ids", c.target_layer_ids,
-                  "target layers whose outputs feed the drafter (default: spec 1 rule for --num-target-features)")
+                  "target layers whose outputs feed the drafter, distinct and ascending (the feature order the "
+                  "drafter is trained on and exported with; default: spec 1 rule for --num-target-features)")
       ->delimiter(',');
   sub->add_option("--num-target-features", c.num_target_features, "nf when --target-layer-ids is not given")
       ->capture_default_str();
   sub->add_option("--mask-token-id", c.mask_token_id,
-                  "mask token id (an existing embedding row); -1 = the tokenizer's mask token")
+                  "mask token id (an existing embedding row); -1 = the tokenizer's mask token (the only negative "
+                  "value accepted)")
       ->capture_default_str();
   sub->add_option("--intermediate-size", c.intermediate_size, "drafter MLP width (0 = the target's)")
       ->capture_default_str();
@@ -80,10 +82,13 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
       ->capture_default_str();
   sub->add_option("--keep-checkpoints", c.keep_checkpoints, "checkpoints kept")->capture_default_str();
   sub->add_flag("--resume", c.resume, "continue from <out>/checkpoints/LATEST if present");
+  sub->add_flag("--overwrite", c.overwrite, "replace an earlier run in --out (its metrics.jsonl, checkpoints/, "
+                "export/, profile.txt; other files are kept); without it or --resume, train refuses such a directory");
   sub->add_option("--stop-after", c.stop_after,
                   "checkpoint and stop after this many steps (the schedule still spans all steps; then --resume)")
       ->capture_default_str();
-  sub->add_flag("!--no-export", c.export_at_end, "do not export at the end");
+  // a plain flag with a callback: "!--no-export" would show its hidden default in --help as "--no-export{false}"
+  sub->add_flag("--no-export", [&c](int64_t n) { c.export_at_end = n <= 0; }, "do not export at the end");
   sub->add_flag("--quiet", c.quiet, "no progress display");
   sub->add_flag("--profile", c.profile, "time every op and write the table to <out>/profile.txt at the end");
 }

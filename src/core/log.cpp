@@ -1,3 +1,4 @@
+// core/log.cpp — see log.h.
 #include "core/log.h"
 
 #include <unistd.h>
@@ -52,6 +53,8 @@ void Progress::finish(const std::string& suffix) {
   if (finished_) return;
   finished_ = true;
   if (!suffix.empty()) suffix_ = suffix;
+  // plain lines: the last one printed already shows the final count and suffix (a terminal line is redrawn in place)
+  if (!tty_ && drawn_done_ == done_ && drawn_suffix_ == suffix_) return;
   draw(true);
 }
 
@@ -70,6 +73,8 @@ void Progress::draw(bool final_line) {
   }
   std::string line = buf;
   if (!suffix_.empty()) line += " | " + suffix_;
+  drawn_done_ = done_;
+  drawn_suffix_ = suffix_;
   std::lock_guard<std::mutex> lk(g_log_mu);
   if (tty_) {
     std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), final_line ? "\n" : "");

@@ -15,7 +15,9 @@ template <class... Ts> void log_info(const Ts&... p) { log_line("info", cat(p...
 template <class... Ts> void log_warn(const Ts&... p) { log_line("warn", cat(p...)); }
 
 // A progress display. On a terminal (stderr is a tty) it redraws one line at most 10 times a second;
-// otherwise it prints a plain line every `plain_interval_s` seconds and once at finish(). Thread safe.
+// otherwise it prints a plain line every `plain_interval_s` seconds and once at finish() — unless the last line
+// printed already shows the final count and suffix (so a run that stops right after a printed line, e.g. on SIGINT,
+// does not print that line twice). Thread safe.
 // Shows done/total, percent, rate in `unit`/s, the elapsed time, an ETA and a caller-supplied suffix.
 class Progress {
  public:
@@ -30,6 +32,8 @@ class Progress {
   void draw(bool final_line);
   std::string label_, unit_, suffix_;
   int64_t total_, done_ = 0;
+  int64_t drawn_done_ = -1;  // done_ and suffix_ of the last line drawn (drawn_done_ -1: none yet)
+  std::string drawn_suffix_;
   double plain_interval_s_;
   bool tty_, finished_ = false;
   std::chrono::steady_clock::time_point start_, last_draw_;

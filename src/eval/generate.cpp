@@ -15,6 +15,7 @@
 
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/output_dir.h"
 #include "core/rng.h"
 #include "io/chat_template.h"
 #include "io/jsonl.h"
@@ -289,6 +290,7 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
   DFLASH_CHECK(o.format == "auto" || o.format == "chat" || o.format == "raw", "--format: \"", o.format,
                "\" is not one of auto, chat, raw");
   DFLASH_CHECK(!o.out.empty() && !o.prompts.empty(), "generate: --prompts and --out are required");
+  const Claim claim = claim_output_file(o.out, o.resume, o.overwrite, OutputOf::Generate);  // nothing touched yet
   DFLASH_CHECK(tok->vocab_size() <= target.config().vocab_size, "generate: the tokenizer has ", tok->vocab_size(),
                " ids, the target's embedding ", target.config().vocab_size, " rows");
   std::unique_ptr<ChatEncoder> chat;
@@ -315,14 +317,12 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
 
   GenerateSummary sum;
   std::set<uint64_t> done;
-  if (o.overwrite) {
-    if (file_exists(o.out)) log_info("generate: --overwrite: replacing ", o.out);
-  } else {
+  if (claim == Claim::Resume) {
     done = existing_rows(o.out);
     if (!done.empty()) log_info("generate: resuming ", o.out, ": ", done.size(), " rows already written");
   }
   const int64_t total_lines = count_lines(o.prompts);
-  FILE* f = std::fopen(o.out.c_str(), o.overwrite ? "wb" : "ab");
+  FILE* f = std::fopen(o.out.c_str(), claim == Claim::Resume ? "ab" : "wb");
   DFLASH_CHECK(f != nullptr, o.out, ": cannot open for writing");
   std::unique_ptr<FILE, int (*)(FILE*)> file(f, &std::fclose);
 
@@ -360,7 +360,7 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
       try {
         j = json::parse(l.text);
       } catch (const json::exception& e) {
-        skip(l.number, "invalid_json", e.what());
+        skip(l.number, "invalid_json", cat("invalid JSON: ", json_row_error(e, l.number)));
         continue;
       }
       if (!j.is_object()) {

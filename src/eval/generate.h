@@ -79,7 +79,8 @@ struct GenerateOptions {
                                         // assistant generation prompt. {"messages"} rows always use the template.
   std::string chat_template = "auto";   // auto | qwen3 | chatml | llama3 | llama3.1
   bool enable_thinking = true;          // Qwen3 template flag (as in prepare)
-  bool overwrite = false;               // start a fresh output file instead of resuming
+  bool resume = false;                  // continue an existing output: rows already there are kept and skipped
+  bool overwrite = false;               // replace an existing output (a non-empty out needs resume or overwrite)
   bool write_ids = false;               // also write "prompt_ids" and "completion_ids"
   bool progress = true;
 };
@@ -101,10 +102,12 @@ struct GenerateSummary {
 //   {"index": i, "messages": [...the input messages, {"role": "assistant", "content": completion}],
 //    "finish_reason": ...}                                                            for {"messages"} rows
 // plus "prompt_ids" / "completion_ids" with write_ids. i is the 0-based line index in the prompts file; completion
-// is tokenizer.decode(generated ids without the stop token). Each row is flushed when written. Resume: an existing
-// output is kept; a torn last line (no "\n") is cut away; rows whose index is already there are skipped; a complete
-// line that is not a JSON object with an integer "index" is an Error (use overwrite). Bad input rows are skipped,
-// counted per reason and logged (line number). Throws Error for unreadable files or bad options.
+// is tokenizer.decode(generated ids without the stop token). Each row is flushed when written. The output is claimed
+// first (core/output_dir.h claim_output_file): a non-empty output without resume or overwrite is an Error and is
+// left untouched. Resume: the existing output is kept; a torn last line (no "\n") is cut away; rows whose index is
+// already there are skipped; a complete line that is not a JSON object with an integer "index" is an Error (use
+// overwrite). Bad input rows are skipped, counted per reason and logged (line number; a row that is not JSON says
+// "column C of line L"). Throws Error for unreadable files or bad options.
 GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr<const Tokenizer> tok,
                              const GenerateOptions& opts);
 

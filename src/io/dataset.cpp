@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/output_dir.h"
 
 namespace dflash {
 
@@ -336,11 +338,9 @@ DatasetWriter::DatasetWriter(const std::string& dir_in, bool overwrite, int64_t 
   w.overwrite = overwrite;
   w.shard_tokens = std::max<int64_t>(1, shard_tokens);
   fs::path p(w.dir);
-  if (fs::exists(p)) {
-    DFLASH_CHECK(overwrite, w.dir, ": already exists (pass --overwrite to replace it)");
-    DFLASH_CHECK(fs::is_directory(p) && file_exists(path_join(w.dir, "manifest.json")), w.dir,
-                 ": refusing to overwrite: it is not a dflash data directory (no manifest.json)");
-  }
+  // the rule of every command's output (core/output_dir.h): an existing data set only with --overwrite, and never
+  // a directory holding anything else; the old data set stays until commit() replaces it
+  claim_output_dir(w.dir, false, overwrite, OutputOf::Prepare);
   fs::path parent = p.parent_path();
   if (parent.empty()) parent = ".";
   make_dirs(parent.string());
@@ -409,7 +409,8 @@ json DatasetWriter::commit(const json& meta) {
   std::error_code ec;
   std::string old;
   if (fs::exists(w.dir)) {
-    DFLASH_CHECK(w.overwrite, w.dir, ": appeared while writing (pass --overwrite to replace it)");
+    DFLASH_CHECK(w.overwrite || fs::is_empty(w.dir, ec), w.dir,
+                 ": appeared while writing (pass --overwrite to replace it)");
     old = w.dir + ".old-" + std::to_string(::getpid());
     fs::rename(w.dir, old, ec);
     DFLASH_CHECK(!ec, w.dir, ": cannot move the old data set aside: ", ec.message());
@@ -427,5 +428,54 @@ int64_t DatasetWriter::samples() const { return impl_->samples; }
 int64_t DatasetWriter::tokens() const { return impl_->tokens; }
 int64_t DatasetWriter::supervised_tokens() const { return impl_->supervised; }
 const std::string& DatasetWriter::tmp_dir() const { return impl_->tmp; }
+
+json data_provenance(const json& m) {
+  auto get = [&](const char* k) { return m.is_object() && m.contains(k) ? m[k] : json(nullptr); };
+  const json tok = get("tokenizer");
+  json p;
+  p["created_by"] = get("created_by");
+  p["tokenizer_sha256"] = tok.is_object() && tok.contains("sha256") ? tok["sha256"] : json(nullptr);
+  p["chat_template"] = get("chat_template");
+  p["flags"] = get("flags");
+  p["max_length"] = get("max_length");
+  p["inputs"] = get("inputs");
+  p["counts"] = get("counts");
+  return p;
+}
+
+std::vector<std::string> provenance_differences(const json& a, const json& b, const std::string& an,
+                                                const std::string& bn) {
+  std::vector<std::string> out;
+  const bool a_has = a.is_object() && !a.empty(), b_has = b.is_object() && !b.empty();
+  if (!a_has || !b_has) {
+    if (a_has != b_has)
+      out.push_back(cat("the ", a_has ? bn : an, " side records no data provenance (how its data was prepared); "
+                        "template and flags cannot be compared"));
+    return out;
+  }
+  auto val = [](const json& j, const std::string& k) { return j.is_object() && j.contains(k) ? j[k] : json(nullptr); };
+  auto differ = [&](const std::string& field, const json& x, const json& y) {
+    if (x != y) out.push_back(cat(field, ": ", x.dump(), " (", an, ") vs ", y.dump(), " (", bn, ")"));
+  };
+  differ("tokenizer_sha256", val(a, "tokenizer_sha256"), val(b, "tokenizer_sha256"));
+  // every key of either side's object, in sorted order (nlohmann objects iterate sorted)
+  auto each_key = [&](const std::string& block, const std::set<std::string>& skip) {
+    const json x = val(a, block), y = val(b, block);
+    if (!x.is_object() || !y.is_object()) {
+      differ(block, x, y);
+      return;
+    }
+    std::set<std::string> keys;
+    for (auto it = x.begin(); it != x.end(); ++it) keys.insert(it.key());
+    for (auto it = y.begin(); it != y.end(); ++it) keys.insert(it.key());
+    for (const std::string& k : keys)
+      if (!skip.count(k)) differ(block + "." + k, val(x, k), val(y, k));
+  };
+  each_key("chat_template", {});
+  // the requested --format only matters through what it resolved to (flags.pairs) when that is recorded
+  const bool pairs = val(val(a, "flags"), "pairs") != nullptr && val(val(b, "flags"), "pairs") != nullptr;
+  each_key("flags", pairs ? std::set<std::string>{"format"} : std::set<std::string>{});
+  return out;
+}
 
 }  // namespace dflash

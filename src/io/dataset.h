@@ -1,6 +1,7 @@
 // io/dataset.h — the prepared data directory: written once by `dflash prepare` (DatasetWriter), memory-mapped
 // by training (Dataset).
-// defines: SampleView, Dataset, DatasetWriter, kDatasetFormat, kDatasetVersion
+// defines: SampleView, Dataset, DatasetWriter, kDatasetFormat, kDatasetVersion, data_provenance,
+//          provenance_differences
 //
 // Layout of <dir> (all integers little-endian, raw arrays without headers so numpy.fromfile / mmap read them):
 //   manifest.json          written last; its presence inside a directory whose name is final means complete
@@ -20,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -68,8 +70,10 @@ class Dataset {
 // and the next writer for <dir> removes when that pid is no longer running.
 class DatasetWriter {
  public:
-  // Fails if <dir> exists, unless overwrite (then <dir> must itself be a data directory: it has manifest.json;
-  // it is replaced at commit()). shard_tokens: a new shard starts once the current one holds this many tokens.
+  // Claims <dir> by the rule of every command's output (core/output_dir.h, OutputOf::Prepare): fails if <dir>
+  // holds a data set, unless overwrite (it is then replaced at commit(), and kept if the writer never commits), and
+  // always if it holds anything else; an empty or absent <dir> is fine. shard_tokens: a new shard starts once the
+  // current one holds this many tokens.
   DatasetWriter(const std::string& dir, bool overwrite = false, int64_t shard_tokens = int64_t{1} << 28);
   ~DatasetWriter();
   DatasetWriter(const DatasetWriter&) = delete;
@@ -91,5 +95,27 @@ class DatasetWriter {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// How a data directory was made, read from its manifest exactly as `dflash prepare` writes it (prepare.h,
+// RowConverter::describe): the block that train records in every checkpoint's config and in the exported drafter
+// ("dflash_training"."data"), whichever command writes the export:
+//   {"created_by": "dflash prepare" | null,
+//    "tokenizer_sha256": hex | null,   the tokenizer the ids come from
+//    "chat_template": {"name", "source_sha256", ...} | null,   the template conversations were rendered with
+//    "flags": {"format" (the requested --format), "pairs" (how prompt/completion rows became tokens: "chat" or
+//              "raw"), "enable_thinking", "add_generation_prompt"} | null,   the format and every template flag
+//    "max_length": n | null,
+//    "inputs": [{"path", "sha256", "bytes", "rows"}] | null, "counts": {...} | null}
+// A key the manifest lacks (a data set not written by prepare) is null. Never throws for a valid manifest.
+nlohmann::json data_provenance(const nlohmann::json& manifest);
+
+// The fields of two provenance blocks that decide how rows become tokens and loss masks — tokenizer_sha256, every
+// chat_template key and every flag (flags.format only when the resolved flags.pairs is absent) — that differ,
+// one line each: "flags.enable_thinking: true (trained) vs false (evaluated)". `a_name` / `b_name` label the
+// sides. Inputs, counts and max_length are not compared (other data may rightly differ there). A side without the
+// block at all gives one line saying so.
+std::vector<std::string> provenance_differences(const nlohmann::json& a, const nlohmann::json& b,
+                                                const std::string& a_name = "trained",
+                                                const std::string& b_name = "evaluated");
 
 }  // namespace dflash

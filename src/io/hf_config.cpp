@@ -1,6 +1,8 @@
 // io/hf_config.cpp — config.json of Llama / Qwen2 / Qwen3 with the defaults of Hugging Face transformers.
 #include "io/hf_config.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -224,6 +226,33 @@ std::vector<int64_t> default_target_layer_ids(int64_t lt, int64_t nf) {
     ids.push_back(r);
   }
   return ids;
+}
+
+void validate_target_layer_ids(const std::vector<int64_t>& ids, int64_t lt) {
+  const std::string list = json(ids).dump();
+  DFLASH_CHECK(!ids.empty(), "target_layer_ids: the list is empty; give at least one target layer");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    DFLASH_CHECK(ids[i] >= 0 && (lt <= 0 || ids[i] < lt), "target_layer_ids ", list, ": layer ", ids[i],
+                 " is not a decoder layer of the target (0 .. ", lt - 1, ")");
+    for (size_t k = 0; k < i; ++k)
+      DFLASH_CHECK(ids[k] != ids[i], "target_layer_ids ", list, ": layer ", ids[i],
+                   " is given twice; each tapped layer must be a different one");
+  }
+  for (size_t i = 1; i < ids.size(); ++i) {
+    if (ids[i] > ids[i - 1]) continue;
+    std::vector<int64_t> sorted = ids;
+    std::sort(sorted.begin(), sorted.end());
+    DFLASH_FAIL("target_layer_ids ", list, ": not in increasing order (", ids[i], " after ", ids[i - 1],
+                "); the order is the order of the feature columns the drafter is trained on and that SGLang / vLLM "
+                "rebuild from the exported list, so the ids must be ascending: give ", json(sorted).dump());
+  }
+}
+
+void validate_mask_token_id(int64_t id, int64_t vocab_size, const char* option) {
+  DFLASH_CHECK(id == kAutoMaskTokenId || id >= 0, option, " ", id, ": not a token id (give an id >= 0, or ",
+               kAutoMaskTokenId, " for the tokenizer's mask token)");
+  DFLASH_CHECK(vocab_size <= 0 || id < vocab_size, option, " ", id, ": not a row of the target's ", vocab_size,
+               "-row embedding");
 }
 
 }  // namespace dflash

@@ -1,5 +1,6 @@
 // io/hf_config.h — a Hugging Face config.json of a Llama / Qwen2 / Qwen3 dense decoder as one typed struct.
-// defines: Arch, RopeScaling, ModelConfig, load_model_config, parse_model_config, default_target_layer_ids
+// defines: Arch, RopeScaling, ModelConfig, load_model_config, parse_model_config, default_target_layer_ids,
+//          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
 #pragma once
 #include <cstdint>
 #include <string>
@@ -52,5 +53,20 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
 
 // Spec 1: nf == 1 -> [Lt/2]; else ids[i] = round(1 + i*(Lt-4)/(nf-1)).
 std::vector<int64_t> default_target_layer_ids(int64_t num_target_layers, int64_t nf);
+
+// The rule for target layer ids, whether given (--target-layer-ids, a config file) or read from an exported
+// drafter: at least one; each a decoder layer in [0, num_target_layers) (num_target_layers <= 0: not checked);
+// no layer twice; and in strictly increasing order. The order is not a free choice: it is the order of the column
+// blocks of F = concat(h_after_layer(ids[i])) that fc.weight is trained on, and SGLang / vLLM rebuild F in the
+// order of the exported list, so the trained order, the exported order and the served order must be one order —
+// ascending, as every default and every public DFlash drafter has it. Throws Error naming the list and the first
+// id that breaks the rule (a duplicate, an id out of range, an id after a larger one, with the sorted list).
+void validate_target_layer_ids(const std::vector<int64_t>& ids, int64_t num_target_layers);
+
+// The value of --mask-token-id that means "the tokenizer's mask token" (the only negative value accepted).
+inline constexpr int64_t kAutoMaskTokenId = -1;
+// Checks a mask token id as given by the user: kAutoMaskTokenId, or an id >= 0 (< vocab_size when vocab_size > 0).
+// Throws Error naming `option` and the value for anything else.
+void validate_mask_token_id(int64_t id, int64_t vocab_size = 0, const char* option = "--mask-token-id");
 
 }  // namespace dflash

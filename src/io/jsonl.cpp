@@ -338,16 +338,35 @@ std::vector<std::string> read_lines(const std::string& path) {
   return out;
 }
 
+std::string json_row_error(const std::exception& e, int64_t line) {
+  std::string why = e.what();
+  if (!why.empty() && why.front() == '[') {  // drop nlohmann's "[json.exception.parse_error.101] " tag
+    const size_t k = why.find("] ");
+    if (k != std::string::npos) why.erase(0, k + 2);
+  }
+  // "... at line L, column C: ..." -> "... at column C of line <the row's line + L - 1>: ..."
+  const std::string at = "at line ";
+  const size_t p = why.find(at);
+  if (p == std::string::npos) return why;
+  size_t q = p + at.size();
+  int64_t inner = 0;
+  while (q < why.size() && std::isdigit(static_cast<unsigned char>(why[q]))) inner = inner * 10 + (why[q++] - '0');
+  const std::string col = ", column ";
+  if (why.compare(q, col.size(), col) != 0) return why;
+  size_t r = q + col.size();
+  const size_t c0 = r;
+  while (r < why.size() && std::isdigit(static_cast<unsigned char>(why[r]))) ++r;
+  if (r == c0) return why;
+  std::string pos = "at column " + why.substr(c0, r - c0);
+  if (line > 0) pos += " of line " + std::to_string(line + std::max<int64_t>(inner, 1) - 1);
+  return why.substr(0, p) + pos + why.substr(r);
+}
+
 nlohmann::json parse_json_line(std::string_view text, const std::string& path, int64_t line) {
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
-    std::string_view why = e.what();
-    if (!why.empty() && why.front() == '[') {  // drop nlohmann's "[json.exception.parse_error.101] " tag
-      const size_t k = why.find("] ");
-      if (k != std::string_view::npos) why.remove_prefix(k + 2);
-    }
-    DFLASH_FAIL(path, ":", line, ": invalid JSON: ", why);
+    DFLASH_FAIL(path, ":", line, ": invalid JSON: ", json_row_error(e, line));
   }
 }
 

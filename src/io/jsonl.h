@@ -3,9 +3,10 @@
 // the content, so a ".gz" name is not required); which of the two a file is; JSON parsing of one line with a
 // "<path>:<line>" error.
 // defines: LineReader, JsonArrayReader, DataFormat, DataFileInfo, data_format_name, detect_data_file, RowReader,
-//          read_lines, parse_json_line
+//          read_lines, parse_json_line, json_row_error
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -129,7 +130,12 @@ class RowReader {
 // All lines of a plain or gzip text file (without line terminators). Throws Error naming the path.
 std::vector<std::string> read_lines(const std::string& path);
 
-// Parses `text` as JSON. Throws Error("<path>:<line>: invalid JSON: <reason>").
+// Parses `text` as JSON. Throws Error("<path>:<line>: invalid JSON: <reason>"), the reason as json_row_error says it.
 nlohmann::json parse_json_line(std::string_view text, const std::string& path, int64_t line);
+
+// The reason of a JSON parse error of one row, told in the file's terms: nlohmann's "[json.exception...] " tag
+// dropped, and its position inside the row ("at line 1, column 90") said as "at column 90 of line <line>" — the
+// row's line in the file (line <= 0: "at column 90"). Any other message is returned without the tag.
+std::string json_row_error(const std::exception& e, int64_t line);
 
 }  // namespace dflash

@@ -64,12 +64,6 @@ bool has_supervised_pair(const std::vector<uint8_t>& m) {
   return false;
 }
 
-std::string short_json_error(const std::string& what) {
-  // nlohmann: "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ..." -> keep the tail
-  size_t p = what.find("] ");
-  return p == std::string::npos ? what : what.substr(p + 2);
-}
-
 std::string fmt_count(double v) {
   char buf[32];
   if (v >= 1e9) {
@@ -136,13 +130,13 @@ PreparedRow RowConverter::finish(PreparedRow r) const {
   return r;
 }
 
-PreparedRow RowConverter::convert(std::string_view line) const {
+PreparedRow RowConverter::convert(std::string_view line, int64_t line_number) const {
   if (py_strip(line, std::nullopt).empty()) throw BadRow("empty_line", "blank line");
   json j;
   try {
     j = json::parse(line);
   } catch (const json::parse_error& e) {
-    throw BadRow("invalid_json", cat("invalid JSON: ", short_json_error(e.what())));
+    throw BadRow("invalid_json", cat("invalid JSON: ", json_row_error(e, line_number)));
   }
   if (!j.is_object()) throw BadRow("not_object", cat("the row is a JSON ", j.type_name(), ", not an object"));
   PreparedRow r;
@@ -377,7 +371,8 @@ PrepareSummary run_prepare(const PrepareOptions& o) {
             if (indices[i] >= 0 && lines[i].empty()) {
               throw BadRow("invalid_json", "an empty array element (a stray ',')");
             }
-            results[i].row = conv.convert(lines[i]);
+            // JSON Lines: a syntax error is placed as "column C of line L"; an array element keeps its own position
+            results[i].row = conv.convert(lines[i], indices[i] >= 0 ? 0 : numbers[i]);
           } catch (const BadRow& br) {
             results[i].reason = br.reason();
             results[i].message = br.what();

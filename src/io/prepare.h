@@ -93,7 +93,9 @@ class RowConverter {
   // exists but is not recognized and --format is not raw).
   RowConverter(std::shared_ptr<const Tokenizer> tokenizer, const PrepareOptions& opts);
   // One row's JSON text (a line, or an element of a JSON array) -> sample. Throws BadRow for a row to skip.
-  PreparedRow convert(std::string_view line) const;
+  // line_number (1-based, 0 = unknown) places a JSON syntax error in the file: "invalid JSON: parse error at column
+  // 90 of line 3: ..." (jsonl.h json_row_error).
+  PreparedRow convert(std::string_view line, int64_t line_number = 0) const;
   // True when prompt/completion rows go through the chat template.
   bool chat_pairs() const { return chat_pairs_; }
   const ChatEncoder* chat() const { return chat_.get(); }
@@ -121,8 +123,9 @@ nlohmann::json conversations_to_messages(nlohmann::json conversations);
 // Runs the whole preparation: reads every input in order, converts rows on opts.threads threads, writes the data
 // directory atomically (DatasetWriter) and returns the summary. The manifest's "inputs" entries record each
 // file's "format" ("jsonl" | "json_array"), "gzip" and "samples_by_shape" (samples written per row kind). Throws
-// Error (and leaves no output) when an input cannot be read (see detect_data_file, JsonArrayReader), <out>
-// exists without --overwrite, or no row survives (the message lists the skip reasons).
+// Error (and leaves no output, and an earlier data set in <out> as it was) when an input cannot be read (see
+// detect_data_file, JsonArrayReader), <out> holds a data set and overwrite is not set, <out> holds anything else
+// (core/output_dir.h), or no row survives (the message lists the skip reasons).
 PrepareSummary run_prepare(const PrepareOptions& opts);
 
 }  // namespace dflash

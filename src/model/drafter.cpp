@@ -23,10 +23,7 @@ void DrafterConfig::validate() const {
   DFLASH_CHECK(num_heads % num_kv_heads == 0, "drafter config: num_heads ", num_heads,
                " is not a multiple of num_kv_heads ", num_kv_heads);
   DFLASH_CHECK(head_dim % 2 == 0, "drafter config: head_dim must be even for RoPE, got ", head_dim);
-  DFLASH_CHECK(!target_layer_ids.empty(), "drafter config: target_layer_ids is empty");
-  for (int64_t l : target_layer_ids)
-    DFLASH_CHECK(l >= 0 && (num_target_layers == 0 || l < num_target_layers), "drafter config: target layer id ", l,
-                 " outside [0, ", num_target_layers, ")");
+  validate_target_layer_ids(target_layer_ids, num_target_layers);  // distinct, ascending, in range (hf_config.h)
   DFLASH_CHECK(mask_token_id >= 0 && mask_token_id < vocab_size, "drafter config: mask_token_id ", mask_token_id,
                " is not a row of the target's ", vocab_size, "-row embedding (spec 1: the mask token must be an "
                "existing row; set it with --mask-token-id or use a tokenizer that defines one)");

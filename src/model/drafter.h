@@ -33,7 +33,8 @@ struct DrafterConfig {
   int64_t max_position_embeddings = 0;
 
   int64_t nf() const { return static_cast<int64_t>(target_layer_ids.size()); }
-  // Checks internal consistency (and against the target if given); Error names the field.
+  // Checks internal consistency (and against the target if given); Error names the field. target_layer_ids must
+  // follow validate_target_layer_ids (io/hf_config.h: distinct, ascending, in [0, num_target_layers)).
   void validate() const;
   // A drafter shaped like the target's layers (H, I, heads, d, rope, eps from the target), spec 1 defaults.
   static DrafterConfig for_target(const ModelConfig& target, int64_t num_layers, int64_t block_size,

@@ -1,3 +1,4 @@
+// model/export.cpp — see export.h.
 #include "model/export.h"
 
 #include <unistd.h>
@@ -45,6 +46,16 @@ nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& t
   j["dtype"] = "bfloat16";
   if (!training.empty()) j["dflash_training"] = training;
   return j;
+}
+
+nlohmann::json training_record(int64_t steps, const nlohmann::json& train_config) {
+  nlohmann::json config = train_config;
+  nlohmann::json data = nullptr;
+  if (config.is_object() && config.contains("data")) {
+    data = config["data"];
+    config.erase("data");
+  }
+  return {{"trainer", "dflash"}, {"steps", steps}, {"config", config}, {"data", data}};
 }
 
 void export_drafter(Context& ctx, const std::string& dir, const DrafterConfig& c, const ParamSet& ps,

@@ -1,3 +1,4 @@
+// train/checkpoint.cpp — see checkpoint.h.
 #include "train/checkpoint.h"
 
 #include <unistd.h>
@@ -88,7 +89,15 @@ void prune_checkpoints(const std::string& out_dir, int64_t keep) {
     if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find(".tmp-") == std::string::npos) dirs.push_back(n);
   }
   std::sort(dirs.begin(), dirs.end());
-  for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i) fs::remove_all(path_join(root, dirs[i]));
+  // the checkpoint LATEST names is never removed, whatever its step (a stale higher-numbered one must not push
+  // out the one a resume or an export reads)
+  std::string latest;
+  if (file_exists(path_join(root, "LATEST"))) {
+    latest = read_file(path_join(root, "LATEST"));
+    while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+  }
+  for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i)
+    if (dirs[i] != latest) fs::remove_all(path_join(root, dirs[i]));
 }
 
 }  // namespace dflash

@@ -26,7 +26,8 @@ std::string latest_checkpoint(const std::string& out_dir);
 // Restores masters (and compute copies) and moments into `ps`; returns the saved state. Error names the file
 // and tensor on any mismatch.
 CheckpointState load_checkpoint(Context& ctx, const std::string& ckpt_dir, ParamSet& ps);
-// Keeps the newest `keep` checkpoints (by step) and removes the rest.
+// Keeps the newest `keep` checkpoints (by step) and removes the rest, except the one <out>/checkpoints/LATEST
+// names: that one is never removed (keep <= 0: nothing is removed).
 void prune_checkpoints(const std::string& out_dir, int64_t keep);
 
 }  // namespace dflash

@@ -17,6 +17,7 @@
 #include "backend/mpi.h"          // Mpi: processes of a multi-host job
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/output_dir.h"
 #include "io/dataset.h"
 #include "io/tokenizer.h"
 #include "model/export.h"
@@ -201,7 +202,6 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   const int nproc = Mpi::size();
   const Topology topo = parse_topology(cfg);
   const FaultPlan fault = FaultPlan::parse(cfg.inject_fault);
-  if (lead) make_dirs(cfg.out_dir);
 
   // ---- configuration: data, tokenizer, target shape, drafter shape ----------------------------------------------
   Dataset data = Dataset::open(cfg.data_dir);
@@ -216,12 +216,14 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
                  man["tokenizer"]["sha256"].get<std::string>(), ") than ", cfg.target_dir, "/tokenizer.json (",
                  tok->hash(), "); prepare the data again with the target's tokenizer");
   }
+  validate_mask_token_id(cfg.mask_token_id);  // -1 (the tokenizer's) or an id >= 0
   int32_t mask_id = cfg.mask_token_id;
   if (mask_id < 0 && tok && tok->mask_id()) mask_id = *tok->mask_id();
   DFLASH_CHECK(mask_id >= 0, "train: no mask token id: pass --mask-token-id (an existing, unused row of the "
                "target's embedding) or use a tokenizer that defines one (e.g. <|MASK|>)");
   std::vector<int64_t> layer_ids = cfg.target_layer_ids;
   if (layer_ids.empty()) layer_ids = default_target_layer_ids(tc.num_hidden_layers, cfg.num_target_features);
+  validate_target_layer_ids(layer_ids, tc.num_hidden_layers);  // distinct, ascending: the exported order
   DrafterConfig dc = DrafterConfig::for_target(tc, cfg.num_layers, cfg.block_size, layer_ids, mask_id);
   if (cfg.intermediate_size > 0) dc.intermediate_size = cfg.intermediate_size;
   dc.validate();
@@ -248,7 +250,11 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   cfg_json["mask_token_id"] = mask_id;
   cfg_json["intermediate_size"] = dc.intermediate_size;
   cfg_json["gamma"] = gamma;
+  cfg_json["data"] = data_provenance(man);  // how the data was made: in every checkpoint and the export
 
+  // An earlier run in out_dir is refused unless --resume / --overwrite; checked once every input is valid, so a
+  // bad option never costs the old run (process 0 owns the directory).
+  if (lead) claim_output_dir(cfg.out_dir, cfg.resume, cfg.overwrite, OutputOf::Train);
   int64_t start = 0, start_updates = 0;
   const std::string metrics_path = path_join(cfg.out_dir, "metrics.jsonl");
   const std::string latest = cfg.resume ? latest_checkpoint(cfg.out_dir) : "";
@@ -566,11 +572,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   } else {
     log_info("trained ", steps_done, " steps (", sum.updates, " updates, ", epochs_run, " epochs)");
     if (lead && cfg.export_at_end) {
-      nlohmann::json training = {{"trainer", "dflash"}, {"steps", steps_done}, {"config", cfg_json}};
-      if (man.contains("chat_template")) training["data_template"] = man["chat_template"];
-      for (const char* k : {"format", "enable_thinking", "max_length"})
-        if (man.contains(k)) training[std::string("data_") + k] = man[k];
-      if (tok) training["tokenizer_sha256"] = tok->hash();
+      nlohmann::json training = training_record(steps_done, cfg_json);
       sum.export_dir = path_join(cfg.out_dir, "export");
       export_drafter(drafters[0]->ctx(), sum.export_dir, dc, drafters[0]->drafter().params(), training);
       log_info("exported the drafter to ", sum.export_dir);

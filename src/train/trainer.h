@@ -36,9 +36,10 @@ struct TrainConfig {
   // drafter shape (spec 1)
   int64_t num_layers = 1;
   int64_t block_size = 16;
-  std::vector<int64_t> target_layer_ids;  // empty = default_target_layer_ids(Lt, num_target_features)
+  std::vector<int64_t> target_layer_ids;  // empty = default_target_layer_ids(Lt, num_target_features); else
+                                          // distinct and ascending (validate_target_layer_ids), exported as given
   int64_t num_target_features = 5;
-  int32_t mask_token_id = -1;             // -1 = the tokenizer's mask token (error if it has none)
+  int32_t mask_token_id = -1;             // -1 = the tokenizer's mask token (error if it has none); < -1: error
   int64_t intermediate_size = 0;          // 0 = the target's
   double init_std = 0.02;
   // objective (spec 2.1-2.4)
@@ -59,6 +60,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 200;  // steps; 0 = only at the end / on interruption
   int64_t keep_checkpoints = 2;
   bool resume = false;             // continue from <out>/checkpoints/LATEST when it exists
+  bool overwrite = false;          // replace an earlier run's results in <out> (else train refuses to start there)
   int64_t stop_after = 0;          // > 0: checkpoint and stop once this many steps are done (a time slice of a
                                    // longer run: the schedule still spans all steps; continue with resume)
   bool export_at_end = true;       // <out>/export in the z-lab format
@@ -80,9 +82,12 @@ struct TrainSummary {
 
 // Runs (or resumes) training. `stop` (may be null) is polled after each step: when set, every drafter stops after
 // the same step, a checkpoint is written and train() returns with interrupted = true. Throws Error for bad inputs
-// (naming file / field), for a data set without one trainable sample, and when a worker fails (the message names
-// the worker; a checkpoint of the last completed step is written first). Under an MPI launcher every process calls
-// train() with the same config; process 0 writes the files.
+// (naming file / field); first of all when out_dir already holds an earlier run's results (metrics.jsonl,
+// checkpoints/, export/, profile.txt) and neither resume nor overwrite is set (core/output_dir.h: nothing is touched
+// then), for target layer ids that are not distinct and ascending (validate_target_layer_ids), for a mask_token_id
+// below -1, for a data set without one trainable sample, and when a worker fails (the message names the worker; a
+// checkpoint of the last completed step is written first). Under an MPI launcher every process calls train() with
+// the same config; process 0 writes the files.
 TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop = nullptr);
 
 void to_json(nlohmann::json& j, const TrainConfig& c);
