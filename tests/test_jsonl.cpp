@@ -382,6 +382,7 @@ TEST(JsonArray, DetectDataFileAndRowReader) {
   EXPECT_EQ(rows("a.jsonl"), (R{{1, -1, "{\"a\": 1}"}, {2, -1, "{\"a\": 2}"}}));
   EXPECT_EQ(rows("lines.json"), (R{{1, -1, ""}, {2, -1, "{\"a\": 1}"}, {3, -1, "{\"a\": 2}"}}));
   EXPECT_EQ(RowReader(dir / "A.JSON").info().format, DataFormat::JsonArray);
+}
 
 TEST(Jsonl, RowErrorSaysColumnOfLine) {
   auto what = [](const std::string& text) -> std::string {

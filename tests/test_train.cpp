@@ -28,68 +28,28 @@
 #include "train/checkpoint.h"
 #include "train/draft_batch.h"
 #include "train/trainer.h"
+#include "train_fixtures.h"
 
 using namespace dflash;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string tmpdir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("dflash_test_train_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string tmpdir(const std::string& name) { return test::train_tmpdir("train_" + name); }
 
-// A learnable toy data set for the tiny Qwen3 golden target: arithmetic progressions mod 64, x[p+1] = x[p] + k
-// (k in 1..3 per sample), a 6-token prompt (mask 0) then the response (mask 1).
+// The toy data set and config of tests/train_fixtures.h, with this file's historical batch of 2 and 2 threads.
 std::string make_data(const std::string& root, int samples = 24, int len = 40) {
-  const std::string dir = root + "/data";
-  DatasetWriter w(dir);
-  Rng rng(5, RngPurpose::Test);
-  for (int s = 0; s < samples; ++s) {
-    const int k = 1 + static_cast<int>(rng.below(3));
-    int x = static_cast<int>(rng.below(64));
-    std::vector<int32_t> ids;
-    std::vector<uint8_t> mask;
-    for (int p = 0; p < len; ++p) {
-      ids.push_back(x % 64);
-      mask.push_back(p >= 6);
-      x += k;
-    }
-    w.add(ids, mask);
-  }
-  w.commit(nlohmann::json::object());
-  return dir;
+  return test::make_train_data(root, samples, len);
 }
 
 TrainConfig tiny_config(const std::string& root, const std::string& data) {
-  TrainConfig c;
-  c.target_dir = test::source_dir() + "/tests/golden/target_qwen3";
-  c.data_dir = data;
-  c.out_dir = root + "/run";
+  TrainConfig c = test::tiny_train_config(root, data);
   c.threads = 2;
-  c.num_layers = 1;
-  c.block_size = 4;
-  c.target_layer_ids = {1, 2};
-  c.mask_token_id = 511;
-  c.max_anchors = 8;
   c.batch_size = 2;
-  c.optim.lr = 3e-3;
-  c.seed = 3;
-  c.quiet = true;
-  c.export_at_end = false;
-  c.checkpoint_every = 0;
   return c;
 }
 
-std::vector<nlohmann::json> read_metrics(const std::string& out_dir) {
-  std::ifstream in(out_dir + "/metrics.jsonl");
-  std::vector<nlohmann::json> v;
-  std::string line;
-  while (std::getline(in, line)) v.push_back(nlohmann::json::parse(line));
-  return v;
-}
+std::vector<nlohmann::json> read_metrics(const std::string& out_dir) { return test::read_metrics_jsonl(out_dir); }
 
 }  // namespace
 
