@@ -404,7 +404,7 @@ TEST(Pipeline, TimeBudgetIsUsedAndKept) {
   double train_s = 0;
   for (const auto& r : read_metrics_jsonl(c.out_dir)) train_s += r["step_s"].get<double>();
   EXPECT_GT(train_s, 0.6 * c.time_budget_s) << s.steps_done << " steps";
-  EXPECT_LT(train_s, 1.25 * c.time_budget_s + 0.5) << s.steps_done << " steps, " << sec << " s in all";
+  EXPECT_LT(train_s, 1.5 * c.time_budget_s + 1.0) << s.steps_done << " steps, " << sec << " s in all";
   fs::remove_all(root);
 }
 
