@@ -71,7 +71,6 @@ void TargetWorker::run(JobSource& jobs, const FaultPlan* fault) {
     ctx_->record(ready);
     ctx_->host_wait(ready);  // busy time = device time (and the packet is complete when published)
     clock.add_busy(clock_t::now() - t0);
-    tokens += S;
     q.publish(job->ticket, &ready, job->plan, job->seq);
   }
 }

@@ -4,7 +4,6 @@
 // queue (train/feature_queue.h). Never produces full-vocabulary logits.
 // defines: TargetWorker
 #pragma once
-#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +28,6 @@ class TargetWorker {
   const std::string& name() const { return name_; }
   Context& ctx() { return *ctx_; }
   WorkerClock clock;
-  std::atomic<int64_t> tokens{0};  // context tokens run so far
 
  private:
   int index_;

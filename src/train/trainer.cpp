@@ -380,7 +380,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   if (lead && !cfg.quiet) progress = std::make_unique<Progress>("train", total_steps, "step", 10.0);
   std::atomic<int64_t> last_saved{start};
   std::string last_ckpt;
-  auto state_info = [&](int64_t step, int64_t updates) {
+  auto state_info = [&](int64_t updates) {  // state.json beside the step (save_checkpoint adds "step")
     return nlohmann::json{{"config", cfg_json}, {"total_steps", sum.total_steps}, {"updates", updates}};
   };
   // Per-step bookkeeping of local rank 0 (process 0): metrics, progress, checkpoints, the time budget.
@@ -455,7 +455,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
     }
     const bool end = r.step + 1 >= sum.total_steps;
     if ((cfg.checkpoint_every > 0 && (r.step + 1) % cfg.checkpoint_every == 0) || r.stats.stop || end) {
-      last_ckpt = save_checkpoint(w.ctx(), cfg.out_dir, w.drafter().params(), {r.step + 1, state_info(r.step + 1, r.updates)});
+      last_ckpt = save_checkpoint(w.ctx(), cfg.out_dir, w.drafter().params(), {r.step + 1, state_info(r.updates)});
       prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
       last_saved = r.step + 1;
     }
@@ -541,7 +541,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
       if (best && best->params_step.load() > last_saved.load()) {
         best->drafter().params().zero_grad(best->ctx());
         ck = save_checkpoint(best->ctx(), cfg.out_dir, best->drafter().params(),
-                             {best->params_step.load(), state_info(best->params_step.load(), best->updates.load())});
+                             {best->params_step.load(), state_info(best->updates.load())});
         prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
       } else {
         ck = latest_checkpoint(cfg.out_dir);
