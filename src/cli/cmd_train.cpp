@@ -54,6 +54,12 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--intermediate-size", c.intermediate_size, "drafter MLP width (0 = the target's)")
       ->capture_default_str();
   sub->add_option("--init-std", c.init_std, "std of the Linear weights at init")->capture_default_str();
+  sub->add_option("--init-from-target", c.init_from_target,
+                  "start the draft layers as target decoder layers: \"next\" (the layers after the last captured "
+                  "one) or one target layer index per draft layer, e.g. 6,7 (default: random, spec 1)");
+  sub->add_option("--init-fc", c.init_fc, "fc at init: random (spec 1) or last (the selection of the last captured "
+                  "layer's features)")
+      ->capture_default_str();
   sub->add_option("--max-anchors", c.max_anchors, "anchors (blocks) per sequence, N")->capture_default_str();
   sub->add_option("--gamma", c.gamma, "loss decay gamma (0 = default for B; < 0 = uniform weights)")
       ->capture_default_str();

@@ -20,6 +20,8 @@
 #include "core/output_dir.h"
 #include "io/dataset.h"
 #include "io/tokenizer.h"
+#include "io/safetensors.h"      // WeightStore (init from the target)
+#include "model/drafter_init.h"   // init_drafter_from_target
 #include "model/export.h"
 #include "model/target.h"
 #include "train/checkpoint.h"
@@ -46,6 +48,8 @@ void to_json(nlohmann::json& j, const TrainConfig& c) {
                      {"mask_token_id", c.mask_token_id},
                      {"intermediate_size", c.intermediate_size},
                      {"init_std", c.init_std},
+                     {"init_from_target", c.init_from_target},
+                     {"init_fc", c.init_fc},
                      {"max_anchors", c.max_anchors},
                      {"gamma", c.gamma},
                      {"kl_weight", c.kl_weight},
@@ -227,6 +231,13 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   DrafterConfig dc = DrafterConfig::for_target(tc, cfg.num_layers, cfg.block_size, layer_ids, mask_id);
   if (cfg.intermediate_size > 0) dc.intermediate_size = cfg.intermediate_size;
   dc.validate();
+  // where the weights start (model/drafter_init.h); only step 0 depends on it, so resume does not compare it
+  const std::vector<int64_t> init_layers = resolve_init_layers(cfg.init_from_target, dc);
+  DFLASH_CHECK(cfg.init_fc == "random" || cfg.init_fc == "last", "--init-fc: '", cfg.init_fc,
+               "' is not one of random, last");
+  const bool init_from_target = !init_layers.empty() || cfg.init_fc != "random";
+  DFLASH_CHECK(!init_from_target || !cfg.random_target, "--init-from-target / --init-fc last start the drafter from "
+               "the target's checkpoint: not with --random-target");
   const int64_t B = dc.block_size;
   const double gamma = cfg.gamma == 0 ? default_gamma(B) : (cfg.gamma < 0 ? 0.0 : cfg.gamma);
   const bool soft = cfg.kl_weight > 0;
@@ -250,6 +261,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   cfg_json["mask_token_id"] = mask_id;
   cfg_json["intermediate_size"] = dc.intermediate_size;
   cfg_json["gamma"] = gamma;
+  cfg_json["init_from_target"] = init_layers;
   cfg_json["data"] = data_provenance(man);  // how the data was made: in every checkpoint and the export
 
   // An earlier run in out_dir is refused unless --resume / --overwrite; checked once every input is valid, so a
@@ -317,6 +329,11 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
     }
     drafters.push_back(std::make_unique<DrafterWorker>(i, rank0 + i, worker_name("drafter", i, topo.drafters[i]),
                                                        std::move(dctx[i]), dc, cfg.seed, cfg.init_std, embed, lm_head));
+  }
+  if (init_from_target && latest.empty()) {
+    const WeightStore ws = WeightStore::open(cfg.target_dir);
+    for (auto& d : drafters) init_drafter_from_target(d->ctx(), d->drafter().params(), dc, ws, init_layers, cfg.init_fc);
+    log_info("drafter initialised from the target: layers ", nlohmann::json(init_layers).dump(), ", fc ", cfg.init_fc);
   }
   for (auto& d : drafters) d->ctx().synchronize();
   std::vector<std::unique_ptr<FeatureQueue>> queues;

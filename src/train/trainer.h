@@ -42,6 +42,9 @@ struct TrainConfig {
   int32_t mask_token_id = -1;             // -1 = the tokenizer's mask token (error if it has none); < -1: error
   int64_t intermediate_size = 0;          // 0 = the target's
   double init_std = 0.02;
+  std::string init_from_target;  // "" (random, spec 1), "next" or "L0,L1,..": draft layers start as these target
+                                 // layers (model/drafter_init.h); needs the target's checkpoint
+  std::string init_fc = "random";  // "random" (spec 1) or "last": fc starts as the selection of the last feature
   // objective (spec 2.1-2.4)
   int64_t max_anchors = 512;
   double gamma = 0;         // 0 = default for the block size (spec 2.4); < 0 = uniform weights
