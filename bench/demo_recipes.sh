@@ -14,6 +14,7 @@ RECIPES=${1:?give a recipes file}
 cd "$(dirname "$0")/.." || exit 1
 STEPS=${STEPS:-250} BUDGET=${BUDGET:-360} EVAL_N=${EVAL_N:-100}
 BIN=${BIN:-build-cpu/dflash}
+. tools/device_env.sh  # PCRE2 from .deps on the GPU machine
 if [ ! -x "$BIN" ]; then
   cmake -S . -B build-cpu -DDFLASH_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null && \
     cmake --build build-cpu -j "$(nproc)" --target dflash >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
