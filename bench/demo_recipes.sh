@@ -5,7 +5,7 @@
 # Usage: OUT=dir bash bench/demo_recipes.sh RECIPES_FILE
 #   RECIPES_FILE: one recipe per line, "name|dflash train options" (lines starting with # are skipped); the
 #   options are added to the demo's CPU base below and may override it (CLI11 keeps the last value).
-#   env: BIN (default build-cpu/dflash, built here when missing), STEPS (--max-steps, default 250; 0 = use
+#   env: KEEP_RUNS=1 keeps checkpoints, exports and the prepared data; BIN (default build-cpu/dflash, built here when missing), STEPS (--max-steps, default 250; 0 = use
 #        BUDGET), BUDGET (--time-budget seconds when STEPS=0, default 360), EVAL_N (default 100).
 # Writes $OUT/<name>/ (run, eval.json, logs) and prints a table: recipe, steps, train s, s/step, EAL, tau.
 set -u
@@ -51,11 +51,12 @@ while IFS= read -r line; do
   name=${line%%|*}; opts=${line#*|}
   c=$(( (i % pairs) * 2 ))
   # shellcheck disable=SC2086
-  one "$name" "$c,$((c + 1))" $opts &
+  one "$name" "$c,$((c + 1))" $opts </dev/null &
   i=$((i + 1))
   [ $((i % pairs)) -eq 0 ] && wait
 done <"$RECIPES"
 wait
+[ "${KEEP_RUNS:-0}" = 1 ] || rm -rf "$OUT"/*/run/checkpoints "$OUT"/*/run/export "$OUT/data"  # keep metrics, logs
 
 printf '%-28s %6s %8s %7s %6s %6s\n' recipe steps train_s s/step EAL tau | tee "$OUT/table.txt"
 while IFS= read -r line; do
