@@ -4,7 +4,7 @@
 # the machine has core pairs, then measures teacher-forced tau on the demo eval set. Same data, same seed.
 # Usage: OUT=dir bash bench/demo_recipes.sh RECIPES_FILE
 #   RECIPES_FILE: one recipe per line, "name|dflash train options" (lines starting with # are skipped); the
-#   options are added to the demo's CPU base below and may override it (CLI11 keeps the last value).
+#   options replace those of the demo's CPU base below.
 #   env: KEEP_RUNS=1 keeps checkpoints, exports and the prepared data; BIN (default build-cpu/dflash, built here when missing), STEPS (--max-steps, default 250; 0 = use
 #        BUDGET), BUDGET (--time-budget seconds when STEPS=0, default 360), EVAL_N (default 100).
 # Writes $OUT/<name>/ (run, eval.json, logs) and prints a table: recipe, steps, train s, s/step, EAL, tau.
@@ -35,8 +35,12 @@ one() {  # name cores options...
   local R=$OUT/$name
   mkdir -p "$R"
   local t0=$(date +%s.%N)
-  # shellcheck disable=SC2086
-  taskset -c "$cores" "$BIN" train $BASE $LEN "$@" --out "$R/run" --overwrite >"$R/train.log" 2>&1 || { echo "train rc=$?" >>"$R/train.log"; }
+  # the base options the recipe does not set (CLI11 refuses an option given twice)
+  local base=() a=($BASE) k
+  for ((k = 0; k < ${#a[@]}; k += 2)); do
+    case " $* " in *" ${a[k]} "*) ;; *) base+=("${a[k]}"); [[ ${a[k + 1]:-} == --* ]] && k=$((k - 1)) || base+=("${a[k + 1]}") ;; esac
+  done
+  taskset -c "$cores" "$BIN" train "${base[@]}" $LEN "$@" --out "$R/run" --overwrite >"$R/train.log" 2>&1 || { echo "train rc=$?" >>"$R/train.log"; }
   local t1=$(date +%s.%N)
   taskset -c "$cores" "$BIN" eval --target $T --drafter "$R/run/export" --data "$D/eval" --mode teacher \
     --max-samples "$EVAL_N" --no-progress --json "$R/eval.json" >"$R/eval.log" 2>&1
