@@ -183,35 +183,36 @@ TEST(Threads, Pipeline4Plus4RunsCleanCaseC01) {
 TEST(Pipeline, AWorkerThatThrowsStopsTheJobAfterACheckpoint) {
   const std::string root = train_tmpdir("pipefault");
   const std::string data = make_train_data(root);
-  for (const bool shard : {true, false})
-  for (const char* spec : {"drafter:1:4", "target:1:4"}) {
-    SCOPED_TRACE(shard ? "sharded optimizer" : "replicated optimizer");
-    TrainConfig c = tiny_train_config(root, data);
-    c.targets = "2";
-    c.drafters = "2";
-    c.max_steps = 30;
-    c.shard_optimizer = shard;
-    c.out_dir = root + "/" + std::string(spec).substr(0, 6) + (shard ? "_sharded" : "");
-    c.inject_fault = spec;
-    try {
-      train(c);
-      FAIL() << spec << ": the job must fail";
-    } catch (const Error& e) {
-      const std::string m = e.what(), kind = std::string(spec).substr(0, std::string(spec).find(':'));
-      EXPECT_NE(m.find(kind + " 1 (cpu) failed: injected fault"), std::string::npos) << m;
-      EXPECT_NE(m.find("--resume"), std::string::npos) << m;
+  for (const bool shard : {true, false}) {
+    for (const char* spec : {"drafter:1:4", "target:1:4"}) {
+      SCOPED_TRACE(shard ? "sharded optimizer" : "replicated optimizer");
+      TrainConfig c = tiny_train_config(root, data);
+      c.targets = "2";
+      c.drafters = "2";
+      c.max_steps = 30;
+      c.shard_optimizer = shard;
+      c.out_dir = root + "/" + std::string(spec).substr(0, 6) + (shard ? "_sharded" : "");
+      c.inject_fault = spec;
+      try {
+        train(c);
+        FAIL() << spec << ": the job must fail";
+      } catch (const Error& e) {
+        const std::string m = e.what(), kind = std::string(spec).substr(0, std::string(spec).find(':'));
+        EXPECT_NE(m.find(kind + " 1 (cpu) failed: injected fault"), std::string::npos) << m;
+        EXPECT_NE(m.find("--resume"), std::string::npos) << m;
+      }
+      const std::string ck = latest_checkpoint(c.out_dir);
+      ASSERT_FALSE(ck.empty()) << spec;
+      const auto st = nlohmann::json::parse(read_file(ck + "/state.json"));
+      if (spec[0] == 'd') EXPECT_EQ(st["step"], 4) << spec;  // drafter 1 never started step 5
+      else EXPECT_LE(st["step"].get<int>(), 4) << spec;       // the target failed on a packet of step 5
+      EXPECT_EQ(read_metrics_jsonl(c.out_dir).size(), st["step"].get<size_t>()) << spec;
+      // and the run continues from there
+      c.inject_fault.clear();
+      c.resume = true;
+      TrainSummary s = train(c);
+      EXPECT_EQ(s.steps_done, 30);
     }
-    const std::string ck = latest_checkpoint(c.out_dir);
-    ASSERT_FALSE(ck.empty()) << spec;
-    const auto st = nlohmann::json::parse(read_file(ck + "/state.json"));
-    if (spec[0] == 'd') EXPECT_EQ(st["step"], 4) << spec;  // drafter 1 never started step 5
-    else EXPECT_LE(st["step"].get<int>(), 4) << spec;       // the target failed on a packet of step 5
-    EXPECT_EQ(read_metrics_jsonl(c.out_dir).size(), st["step"].get<size_t>()) << spec;
-    // and the run continues from there
-    c.inject_fault.clear();
-    c.resume = true;
-    TrainSummary s = train(c);
-    EXPECT_EQ(s.steps_done, 30);
   }
   fs::remove_all(root);
 }
