@@ -1,8 +1,9 @@
 // The training system (issue: target workers and drafter workers): the step plan, D drafters = 1 drafter on the same
 // global batch, bit-identical repeats, faults (a worker that throws, a drafter with no anchors, SIGTERM mid-run),
 // resume with the same and with another topology, 2 processes under mpirun = 2 drafters in one process, nothing
-// lazily initialised after the warm-up (case C01), time budgets, runs that cannot learn, `dflash plot`.
-// Threads.Pipeline* also run under ThreadSanitizer (scripts/test.sh).
+// lazily initialised after the warm-up (case C01), time budgets, runs that cannot learn, `dflash plot`; the
+// sharded optimizer (ZeRO-1): its layout, the host reduce-scatter / all-gather, sharded = replicated, resume.
+// Threads.* also run under ThreadSanitizer (scripts/test.sh).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -11,8 +12,12 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <thread>
 
+#include "backend/collective.h"  // HostGroup
 #include "core/fs.h"
+#include "core/job_control.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/step_plan.h"
@@ -31,6 +36,23 @@ std::vector<double> final_params(const std::string& out_dir) {
     auto f = to_f32_vector(ws.view(n));
     v.insert(v.end(), f.begin(), f.end());
   }
+  return v;
+}
+
+// Every tensor of the latest checkpoint's `file` (params or optim), by name.
+std::map<std::string, std::vector<double>> checkpoint_tensors(const std::string& out_dir, const char* file) {
+  auto ws = WeightStore::open(latest_checkpoint(out_dir) + "/" + file + ".safetensors");
+  std::map<std::string, std::vector<double>> m;
+  for (const auto& n : ws.names()) {
+    auto f = to_f32_vector(ws.view(n));
+    m[n].assign(f.begin(), f.end());
+  }
+  return m;
+}
+std::vector<double> concat(const std::map<std::string, std::vector<double>>& m, const char* prefix = "") {
+  std::vector<double> v;
+  for (const auto& [n, x] : m)
+    if (n.rfind(prefix, 0) == 0) v.insert(v.end(), x.begin(), x.end());
   return v;
 }
 
@@ -156,36 +178,41 @@ TEST(Threads, Pipeline4Plus4RunsCleanCaseC01) {
   fs::remove_all(root);
 }
 
-// A worker that throws stops the whole job with its own message, after a checkpoint of the last completed step.
+// A worker that throws stops the whole job with its own message, after a checkpoint of the last completed step
+// (with the optimizer state sharded, put together from the shards; and replicated).
 TEST(Pipeline, AWorkerThatThrowsStopsTheJobAfterACheckpoint) {
   const std::string root = train_tmpdir("pipefault");
   const std::string data = make_train_data(root);
-  for (const char* spec : {"drafter:1:4", "target:1:4"}) {
-    TrainConfig c = tiny_train_config(root, data);
-    c.targets = "2";
-    c.drafters = "2";
-    c.max_steps = 30;
-    c.out_dir = root + "/" + std::string(spec).substr(0, 6);
-    c.inject_fault = spec;
-    try {
-      train(c);
-      FAIL() << spec << ": the job must fail";
-    } catch (const Error& e) {
-      const std::string m = e.what(), kind = std::string(spec).substr(0, std::string(spec).find(':'));
-      EXPECT_NE(m.find(kind + " 1 (cpu) failed: injected fault"), std::string::npos) << m;
-      EXPECT_NE(m.find("--resume"), std::string::npos) << m;
+  for (const bool shard : {true, false}) {
+    for (const char* spec : {"drafter:1:4", "target:1:4"}) {
+      SCOPED_TRACE(shard ? "sharded optimizer" : "replicated optimizer");
+      TrainConfig c = tiny_train_config(root, data);
+      c.targets = "2";
+      c.drafters = "2";
+      c.max_steps = 30;
+      c.shard_optimizer = shard;
+      c.out_dir = root + "/" + std::string(spec).substr(0, 6) + (shard ? "_sharded" : "");
+      c.inject_fault = spec;
+      try {
+        train(c);
+        FAIL() << spec << ": the job must fail";
+      } catch (const Error& e) {
+        const std::string m = e.what(), kind = std::string(spec).substr(0, std::string(spec).find(':'));
+        EXPECT_NE(m.find(kind + " 1 (cpu) failed: injected fault"), std::string::npos) << m;
+        EXPECT_NE(m.find("--resume"), std::string::npos) << m;
+      }
+      const std::string ck = latest_checkpoint(c.out_dir);
+      ASSERT_FALSE(ck.empty()) << spec;
+      const auto st = nlohmann::json::parse(read_file(ck + "/state.json"));
+      if (spec[0] == 'd') EXPECT_EQ(st["step"], 4) << spec;  // drafter 1 never started step 5
+      else EXPECT_LE(st["step"].get<int>(), 4) << spec;       // the target failed on a packet of step 5
+      EXPECT_EQ(read_metrics_jsonl(c.out_dir).size(), st["step"].get<size_t>()) << spec;
+      // and the run continues from there
+      c.inject_fault.clear();
+      c.resume = true;
+      TrainSummary s = train(c);
+      EXPECT_EQ(s.steps_done, 30);
     }
-    const std::string ck = latest_checkpoint(c.out_dir);
-    ASSERT_FALSE(ck.empty()) << spec;
-    const auto st = nlohmann::json::parse(read_file(ck + "/state.json"));
-    if (spec[0] == 'd') EXPECT_EQ(st["step"], 4) << spec;  // drafter 1 never started step 5
-    else EXPECT_LE(st["step"].get<int>(), 4) << spec;       // the target failed on a packet of step 5
-    EXPECT_EQ(read_metrics_jsonl(c.out_dir).size(), st["step"].get<size_t>()) << spec;
-    // and the run continues from there
-    c.inject_fault.clear();
-    c.resume = true;
-    TrainSummary s = train(c);
-    EXPECT_EQ(s.steps_done, 30);
   }
   fs::remove_all(root);
 }
@@ -348,6 +375,160 @@ TEST(Pipeline, SigtermMidRunCheckpointsAndResumesBitForBit) {
   fs::remove_all(root);
 }
 
+// The shard split is a pure function of (flat elements, shards): equal shards, multiples of 64 elements, covering
+// the flat space with less than 64 elements of padding per shard.
+TEST(ZeroShard, LayoutIsAPureFunctionOfSizeAndCount) {
+  for (int64_t n : {int64_t{1}, int64_t{63}, int64_t{64}, int64_t{65}, int64_t{1000}, int64_t{123457}})
+    for (int d : {1, 2, 3, 7}) {
+      const ShardLayout l = shard_layout(n, d);
+      EXPECT_EQ(l.shards, d);
+      EXPECT_EQ(l.shard % 64, 0) << n << " / " << d;
+      EXPECT_GE(l.padded(), n) << n << " / " << d;
+      EXPECT_LT(l.padded() - n, 64 * d) << n << " / " << d;
+      EXPECT_EQ(l.shard, shard_layout(n, d).shard);
+    }
+  EXPECT_EQ(shard_layout(1000, 3).shard, 384);  // ceil(1000 / 3) = 334, rounded up to 64
+  EXPECT_EQ(shard_layout(1000, 3).begin(2), 768);
+}
+
+// The host reduce-scatter leaves in each rank's own shard exactly what the all-reduce gives there (summed in rank
+// order in double) and the rest untouched; the all-gather hands every rank every owner's shard. 3 threads.
+TEST(Threads, HostReduceScatterAndAllGatherMatchAllReduce) {
+  constexpr int R = 3;
+  constexpr size_t S = 5, N = S * R;
+  JobControl control;
+  HostGroup g({"r0", "r1", "r2"}, control, 60);
+  ASSERT_EQ(g.world(), R);
+  auto input = [](int r) {
+    std::vector<float> x(N);
+    for (size_t i = 0; i < N; ++i) x[i] = 0.1f * static_cast<float>(i + 1) / static_cast<float>(r + 3) + (r == 1 ? 1e7f : 0.f);
+    return x;
+  };
+  std::vector<std::vector<float>> ar(R), rs(R), ag(R);
+  std::vector<std::vector<double>> agd(R);
+  std::vector<std::thread> th;
+  for (int r = 0; r < R; ++r)
+    th.emplace_back([&, r] {
+      ar[r] = input(r);
+      g.all_reduce(r, std::span<float>(ar[r]));
+      rs[r] = input(r);
+      g.reduce_scatter(r, std::span<float>(rs[r]), S);
+      ag[r].assign(N, -1.f);
+      agd[r].assign(N, -1.0);
+      for (size_t i = 0; i < S; ++i) {
+        ag[r][r * S + i] = static_cast<float>(100 * r + i);
+        agd[r][r * S + i] = 100.0 * r + static_cast<double>(i) + 0.5;
+      }
+      g.all_gather(r, std::span<float>(ag[r]), S);
+      g.all_gather(r, std::span<double>(agd[r]), S);
+    });
+  for (auto& t : th) t.join();
+  for (int r = 0; r < R; ++r) {
+    const auto in = input(r);
+    for (size_t i = 0; i < N; ++i) {
+      const bool own = i / S == static_cast<size_t>(r);
+      EXPECT_EQ(rs[r][i], own ? ar[0][i] : in[i]) << "rank " << r << " element " << i;
+      EXPECT_EQ(ag[r][i], static_cast<float>(100 * (i / S) + i % S)) << "rank " << r << " element " << i;
+      EXPECT_EQ(agd[r][i], 100.0 * static_cast<double>(i / S) + static_cast<double>(i % S) + 0.5);
+    }
+  }
+}
+
+// The sharded optimizer (ZeRO-1) gives the replicated optimizer's run on the same data: 3 drafters (shard
+// boundaries inside parameters, a padded last shard) and an odd MLP width (gaps in the flat layout). Loss, grad
+// norm, final weights and the saved moments agree to 1e-6 (only the grad norm's summation order differs), the
+// checkpoints have the same tensors, and the sharded run repeats bit for bit.
+TEST(Pipeline, ShardedOptimizerMatchesReplicated) {
+  const std::string root = train_tmpdir("pipezero");
+  const std::string data = make_train_data(root);
+  TrainConfig rep = tiny_train_config(root, data);
+  rep.intermediate_size = 37;
+  rep.max_steps = 12;
+  rep.batch_size = 6;
+  rep.drafters = "3";
+  rep.shard_optimizer = false;
+  rep.out_dir = root + "/replicated";
+  train(rep);
+  TrainConfig sh = rep;
+  sh.shard_optimizer = true;
+  sh.out_dir = root + "/sharded";
+  TrainSummary s = train(sh);
+  EXPECT_EQ(s.steps_done, 12);
+  EXPECT_EQ(s.lazy_inits_after_warmup, 0);
+  TrainConfig again = sh;
+  again.out_dir = root + "/again";
+  train(again);
+  auto mr = read_metrics_jsonl(rep.out_dir), ms = read_metrics_jsonl(sh.out_dir), ma = read_metrics_jsonl(again.out_dir);
+  ASSERT_EQ(mr.size(), 12u);
+  ASSERT_EQ(ms.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) {
+    const double lr = mr[i]["loss"].get<double>(), ls = ms[i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(lr - ls), 1e-6 * std::fabs(lr)) << "step " << i + 1;
+    const double gr = mr[i]["grad_norm"].get<double>(), gs = ms[i]["grad_norm"].get<double>();
+    EXPECT_LE(std::fabs(gr - gs), 1e-6 * std::fabs(gr)) << "step " << i + 1;
+    EXPECT_EQ(ms[i]["loss"], ma[i]["loss"]) << "step " << i + 1;
+  }
+  const auto pr = checkpoint_tensors(rep.out_dir, "params"), ps = checkpoint_tensors(sh.out_dir, "params");
+  const auto orp = checkpoint_tensors(rep.out_dir, "optim"), os = checkpoint_tensors(sh.out_dir, "optim");
+  ASSERT_EQ(pr.size(), ps.size());
+  ASSERT_EQ(orp.size(), os.size());
+  for (const auto& [n, x] : orp) ASSERT_TRUE(os.count(n) && os.at(n).size() == x.size()) << n;
+  EXPECT_LE(rel_err(concat(ps), concat(pr)), 1e-6);
+  EXPECT_LE(rel_err(concat(os, "m."), concat(orp, "m.")), 1e-6);
+  EXPECT_LE(rel_err(concat(os, "v."), concat(orp, "v.")), 1e-6);
+  EXPECT_GT(concat(os, "v.")[0], 0.0) << "the moments must have been gathered, not left zero";
+  EXPECT_EQ(concat(ps), concat(checkpoint_tensors(again.out_dir, "params")));
+  EXPECT_EQ(os, checkpoint_tensors(again.out_dir, "optim"));
+  fs::remove_all(root);
+}
+
+// A sharded run stopped and resumed ends exactly where the straight sharded run ends (same topology: bit for bit,
+// weights and moments); one continued across optimizer layouts and drafter counts (2 replicated -> 3 sharded ->
+// 2 sharded, each checkpoint re-split on load) continues the same run up to summation order.
+TEST(Pipeline, ShardedResumeEndsAsTheStraightRun) {
+  const std::string root = train_tmpdir("pipezeroresume");
+  const std::string data = make_train_data(root);
+  TrainConfig a = tiny_train_config(root, data);
+  a.intermediate_size = 37;
+  a.max_steps = 12;
+  a.drafters = "2";
+  a.out_dir = root + "/straight";
+  train(a);
+  TrainConfig b = a;
+  b.out_dir = root + "/stopped";
+  b.stop_after = 5;
+  train(b);
+  b.stop_after = 0;
+  b.resume = true;
+  EXPECT_EQ(train(b).steps_done, 12);
+  EXPECT_EQ(checkpoint_tensors(b.out_dir, "params"), checkpoint_tensors(a.out_dir, "params"));
+  EXPECT_EQ(checkpoint_tensors(b.out_dir, "optim"), checkpoint_tensors(a.out_dir, "optim"));
+  TrainConfig c = a;
+  c.out_dir = root + "/mixed";
+  c.shard_optimizer = false;
+  c.stop_after = 4;
+  train(c);
+  c.resume = true;
+  c.shard_optimizer = true;
+  c.drafters = "3";
+  c.stop_after = 8;
+  train(c);
+  c.drafters = "2";
+  c.stop_after = 0;
+  EXPECT_EQ(train(c).steps_done, 12);
+  auto ma = read_metrics_jsonl(a.out_dir), mc = read_metrics_jsonl(c.out_dir);
+  ASSERT_EQ(mc.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) {
+    const double la = ma[i]["loss"].get<double>(), lc = mc[i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(la - lc), 1e-5 * std::fabs(la)) << "step " << i + 1;
+  }
+  EXPECT_LE(rel_err(concat(checkpoint_tensors(c.out_dir, "params")), concat(checkpoint_tensors(a.out_dir, "params"))),
+            1e-5);
+  EXPECT_LE(rel_err(concat(checkpoint_tensors(c.out_dir, "optim")), concat(checkpoint_tensors(a.out_dir, "optim"))),
+            1e-5);
+  fs::remove_all(root);
+}
+
 #ifdef DFLASH_MPIEXEC
 // Two processes under mpirun, one target + one drafter each, train exactly as one process with 2 + 2.
 TEST(Pipeline, TwoMpiProcessesMatchTheInProcessRun) {
@@ -380,11 +561,27 @@ TEST(Pipeline, TwoMpiProcessesMatchTheInProcessRun) {
   for (const char* a : {"--targets", "1", "--drafters", "1", "--max-steps", "12", "--inject-fault", "drafter:0:5",
                         "--collective-timeout", "60"})
     fargs.push_back(a);
-  // both processes get the fault spec; each process's drafter 0 throws at step 5, so both fail the same way
-  EXPECT_NE(run_binary(fargs), 0);
+  // both processes get the fault spec; each process's drafter 0 throws at step 5, so both fail the same way.
+  // Replicated optimizer state: process 0 checkpoints the last completed step.
+  std::vector<std::string> rargs = fargs;
+  rargs.push_back("--no-shard-optimizer");
+  EXPECT_NE(run_binary(rargs), 0);
   const std::string ck = latest_checkpoint(f.out_dir);
   ASSERT_FALSE(ck.empty());
   EXPECT_EQ(nlohmann::json::parse(read_file(ck + "/state.json"))["step"], 5);
+  // Sharded across the processes (the default): process 1's shard is out of reach, the last periodic checkpoint
+  // (step 4 of every 2) is the one to resume from
+  TrainConfig g = c;
+  g.out_dir = root + "/mpifault_sharded";
+  std::vector<std::string> sargs(args.begin(), args.begin() + 11);
+  for (const auto& a : train_args(g)) sargs.push_back(a);
+  for (const char* a : {"--targets", "1", "--drafters", "1", "--max-steps", "12", "--inject-fault", "drafter:0:5",
+                        "--collective-timeout", "60", "--checkpoint-every", "2"})
+    sargs.push_back(a);
+  EXPECT_NE(run_binary(sargs), 0);
+  const std::string ck2 = latest_checkpoint(g.out_dir);
+  ASSERT_FALSE(ck2.empty());
+  EXPECT_EQ(nlohmann::json::parse(read_file(ck2 + "/state.json"))["step"], 4);
   fs::remove_all(root);
 }
 #endif

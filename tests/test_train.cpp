@@ -253,7 +253,8 @@ TEST(TrainCli, ConfigFileSectionAndCommandLineOverride) {
   const std::string cfg = root + "/run.toml";
   std::ofstream(cfg) << "# a run\n[train]\ntarget = \"" << test::source_dir() << "/tests/golden/target_qwen3\"\n"
                      << "data = \"" << data << "\"\nout = \"" << root << "/run\"\nmax-steps = 3\nblock-size = 4\n"
-                     << "target-layer-ids = [1, 2]\nmask-token-id = 511\nbatch-size = 2\nlr = 0.5\nquiet = true\n";
+                     << "target-layer-ids = [1, 2]\nmask-token-id = 511\nbatch-size = 2\nlr = 0.5\nquiet = true\n"
+                     << "drafters = \"2\"\nshard-optimizer = false\n";
   const std::string cmd = std::string(DFLASH_BINARY) + " train --config " + cfg + " --lr 0.002 --threads 1 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto st = nlohmann::json::parse(read_file(latest_checkpoint(root + "/run") + "/state.json"));
@@ -261,6 +262,7 @@ TEST(TrainCli, ConfigFileSectionAndCommandLineOverride) {
   EXPECT_EQ(st["config"]["block_size"], 4);
   EXPECT_EQ(st["config"]["target_layer_ids"], nlohmann::json::array({1, 2}));
   EXPECT_EQ(st["config"]["lr"], 0.002);  // the command line wins over the file
+  EXPECT_EQ(st["config"]["shard_optimizer"], false);  // a flag from the file
   fs::remove_all(root);
 }
 

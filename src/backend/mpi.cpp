@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <thread>
 #include <vector>
@@ -49,13 +50,8 @@ void finalize_at_exit() {
   MPI_Finalized(&fin);
   if (!fin) MPI_Finalize();
 }
-template <class T>
-void all_reduce_impl(T* x, size_t n, MPI_Datatype dt, const std::function<void()>& poll, double timeout_s,
-                     const std::string& what) {
-  DFLASH_CHECK(g_active, "mpi: all_reduce before init");
-  MPI_Request req;
-  DFLASH_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x, static_cast<int>(n), dt, MPI_SUM, MPI_COMM_WORLD, &req) == MPI_SUCCESS,
-               "mpi: MPI_Iallreduce failed (", what, ")");
+// Waits for `req`, running `poll` between tests; fails after timeout_s.
+void wait_request(MPI_Request& req, const std::function<void()>& poll, double timeout_s, const std::string& what) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int spin = 0;; ++spin) {
     int done = 0;
@@ -67,6 +63,27 @@ void all_reduce_impl(T* x, size_t n, MPI_Datatype dt, const std::function<void()
                   " s (this is process ", g_rank, " of ", g_size, " on ", Mpi::hostname(), ")");
     if (spin > 100) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+}
+template <class T>
+void all_reduce_impl(T* x, size_t n, MPI_Datatype dt, const std::function<void()>& poll, double timeout_s,
+                     const std::string& what) {
+  DFLASH_CHECK(g_active, "mpi: all_reduce before init");
+  DFLASH_CHECK(n <= static_cast<size_t>(INT32_MAX), "mpi: ", what, ": ", n, " elements (at most 2^31 - 1)");
+  MPI_Request req;
+  DFLASH_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x, static_cast<int>(n), dt, MPI_SUM, MPI_COMM_WORLD, &req) == MPI_SUCCESS,
+               "mpi: MPI_Iallreduce failed (", what, ")");
+  wait_request(req, poll, timeout_s, what);
+}
+template <class T>
+void all_gather_impl(T* x, size_t block, MPI_Datatype dt, const std::function<void()>& poll, double timeout_s,
+                     const std::string& what) {
+  DFLASH_CHECK(g_active, "mpi: all_gather before init");
+  DFLASH_CHECK(block <= static_cast<size_t>(INT32_MAX), "mpi: ", what, ": blocks of ", block, " elements (at most 2^31 - 1)");
+  MPI_Request req;
+  DFLASH_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, static_cast<int>(block), dt, MPI_COMM_WORLD,
+                              &req) == MPI_SUCCESS,
+               "mpi: MPI_Iallgather failed (", what, ")");
+  wait_request(req, poll, timeout_s, what);
 }
 }  // namespace
 
@@ -86,6 +103,12 @@ void Mpi::all_reduce_sum(double* x, size_t n, const std::function<void()>& poll,
 }
 void Mpi::all_reduce_sum(float* x, size_t n, const std::function<void()>& poll, double timeout_s, const std::string& what) {
   all_reduce_impl(x, n, MPI_FLOAT, poll, timeout_s, what);
+}
+void Mpi::all_gather(float* x, size_t block, const std::function<void()>& poll, double timeout_s, const std::string& what) {
+  all_gather_impl(x, block, MPI_FLOAT, poll, timeout_s, what);
+}
+void Mpi::all_gather(double* x, size_t block, const std::function<void()>& poll, double timeout_s, const std::string& what) {
+  all_gather_impl(x, block, MPI_DOUBLE, poll, timeout_s, what);
 }
 void Mpi::broadcast(void* p, size_t bytes, int root) {
   DFLASH_CHECK(MPI_Bcast(p, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD) == MPI_SUCCESS, "mpi: MPI_Bcast failed");
@@ -136,6 +159,12 @@ void Mpi::all_reduce_sum(double*, size_t, const std::function<void()>&, double, 
   DFLASH_FAIL("mpi: not built in");
 }
 void Mpi::all_reduce_sum(float*, size_t, const std::function<void()>&, double, const std::string&) {
+  DFLASH_FAIL("mpi: not built in");
+}
+void Mpi::all_gather(float*, size_t, const std::function<void()>&, double, const std::string&) {
+  DFLASH_FAIL("mpi: not built in");
+}
+void Mpi::all_gather(double*, size_t, const std::function<void()>&, double, const std::string&) {
   DFLASH_FAIL("mpi: not built in");
 }
 void Mpi::broadcast(void*, size_t, int) { DFLASH_FAIL("mpi: not built in"); }

@@ -31,6 +31,12 @@ class Mpi {
                              const std::string& what);
   static void all_reduce_sum(float* x, size_t n, const std::function<void()>& poll, double timeout_s,
                              const std::string& what);
+  // In-place gather over all processes (MPI_Iallgather with MPI_IN_PLACE, polled as all_reduce_sum): x holds
+  // size() blocks of `block` elements; process p's block p is copied into block p of every process.
+  static void all_gather(float* x, size_t block, const std::function<void()>& poll, double timeout_s,
+                         const std::string& what);
+  static void all_gather(double* x, size_t block, const std::function<void()>& poll, double timeout_s,
+                         const std::string& what);
   // Root's `bytes` bytes at p are copied to every process (blocking; used in the warm-up only).
   static void broadcast(void* p, size_t bytes, int root);
   // A failed process tells every other one (non-blocking sends of `message`), and the others find it with

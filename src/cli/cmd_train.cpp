@@ -30,6 +30,12 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
                 "a single device)");
   sub->add_option("--queue-depth", c.queue_depth, "feature packets in flight per drafter (backpressure)")
       ->capture_default_str();
+  // plain flags with callbacks (as --no-export): a "!--no-..." flag would show its hidden default in --help
+  sub->add_flag("--shard-optimizer", [&c](int64_t n) { c.shard_optimizer = n > 0; },
+                "with more than one drafter, shard the AdamW moments over the drafters (ZeRO-1: gradient "
+                "reduce-scatter, master all-gather); the default");
+  sub->add_flag("--no-shard-optimizer", [&c](int64_t n) { c.shard_optimizer = n <= 0; },
+                "every drafter holds the whole optimizer state (gradient all-reduce)");
   sub->add_option("--collective-timeout", c.collective_timeout_s,
                   "seconds a gradient/statistics all-reduce may wait before the job fails naming the workers "
                   "waited on")

@@ -1,5 +1,7 @@
 #include "model/params.h"
 
+#include <algorithm>
+
 namespace dflash {
 
 Param& ParamSet::add(Context& ctx, const std::string& name, const Tensor& init) {
@@ -18,8 +20,7 @@ Param& ParamSet::adopt(Context& ctx, const std::string& name, Tensor master) {
   p.master = std::move(master);
   p.compute = ctx.compute_dtype() == ctx.param_dtype() ? p.master : ctx.to_device(p.master, ctx.compute_dtype());
   p.grad = ctx.zeros(ctx.param_dtype(), p.shape);
-  p.m = ctx.zeros(ctx.param_dtype(), p.shape);
-  p.v = ctx.zeros(ctx.param_dtype(), p.shape);
+  DFLASH_CHECK(!flat_grad_.defined() && !flat_master_.defined(), "parameter ", name, ": added after flattening");
   params_.push_back(std::move(p));
   return params_.back();
 }
@@ -50,23 +51,72 @@ void ParamSet::zero_grad(Context& ctx) {
   for (auto& p : params_) ctx.zero(p.grad);
 }
 
-const Tensor& ParamSet::flatten_grads(Context& ctx) {
-  if (flat_grad_.defined()) return flat_grad_;
-  constexpr int64_t kAlign = 64;
+namespace {
+constexpr int64_t kFlatAlign = 64;  // elements: 256 bytes of F32
+int64_t round_up(int64_t n) { return (n + kFlatAlign - 1) / kFlatAlign * kFlatAlign; }
+// A view of `flat` at element offset `off` with `shape`.
+Tensor flat_view(const Tensor& flat, int64_t off, const Shape& shape) {
+  Tensor view = flat;
+  view.shape = shape;
+  view.data = static_cast<char*>(flat.data) + static_cast<size_t>(off) * dtype_size(flat.dtype);
+  return view;
+}
+}  // namespace
+
+int64_t ParamSet::flat_numel() const {
   int64_t total = 0;
-  for (const auto& p : params_) total += (p.grad.numel() + kAlign - 1) / kAlign * kAlign;
-  Tensor flat = ctx.zeros(ctx.param_dtype(), {total});
+  for (const auto& p : params_) total += round_up(p.master.numel());
+  return total;
+}
+
+void ParamSet::set_offsets() {
   int64_t off = 0;
   for (auto& p : params_) {
-    Tensor view = flat;
-    view.shape = p.shape;
-    view.data = static_cast<char*>(flat.data) + static_cast<size_t>(off) * dtype_size(flat.dtype);
+    p.flat_offset = off;
+    off += round_up(p.master.numel());
+  }
+}
+
+const Tensor& ParamSet::flatten_grads(Context& ctx, int64_t capacity) {
+  if (flat_grad_.defined()) {
+    DFLASH_CHECK(capacity <= flat_grad_.numel(), "flatten_grads: already flat with ", flat_grad_.numel(),
+                 " elements, ", capacity, " asked");
+    return flat_grad_;
+  }
+  set_offsets();
+  Tensor flat = ctx.zeros(ctx.param_dtype(), {std::max(flat_numel(), capacity)});
+  for (auto& p : params_) {
+    Tensor view = flat_view(flat, p.flat_offset, p.shape);
     ctx.copy(view, p.grad);
     p.grad = view;
-    off += (view.numel() + kAlign - 1) / kAlign * kAlign;
   }
   flat_grad_ = flat;
   return flat_grad_;
+}
+
+const Tensor& ParamSet::flatten_masters(Context& ctx, int64_t capacity) {
+  if (flat_master_.defined()) {
+    DFLASH_CHECK(capacity <= flat_master_.numel(), "flatten_masters: already flat with ", flat_master_.numel(),
+                 " elements, ", capacity, " asked");
+    return flat_master_;
+  }
+  set_offsets();
+  Tensor flat = ctx.zeros(ctx.param_dtype(), {std::max(flat_numel(), capacity)});
+  for (auto& p : params_) {
+    Tensor view = flat_view(flat, p.flat_offset, p.shape);
+    ctx.copy(view, p.master);
+    if (p.compute.data == p.master.data) p.compute = view;
+    p.master = view;
+  }
+  flat_master_ = flat;
+  return flat_master_;
+}
+
+void ParamSet::init_moments(Context& ctx) {
+  for (auto& p : params_) {
+    if (!p.m.defined()) p.m = ctx.zeros(ctx.param_dtype(), p.shape);
+    if (!p.v.defined()) p.v = ctx.zeros(ctx.param_dtype(), p.shape);
+  }
 }
 
 void ParamSet::sync_compute(Context& ctx) {

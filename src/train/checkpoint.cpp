@@ -14,7 +14,29 @@ namespace dflash {
 
 namespace fs = std::filesystem;
 
-std::string save_checkpoint(Context& ctx, const std::string& out_dir, const ParamSet& ps, const CheckpointState& st) {
+namespace {
+// Elements [begin, begin + n) of a contiguous tensor, as a 1-D view.
+Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
+  DFLASH_CHECK(begin >= 0 && begin + n <= t.numel(), "checkpoint: elements [", begin, ", ", begin + n, ") of a tensor of ",
+               t.numel());
+  Tensor v = t;
+  v.shape = {n};
+  v.data = static_cast<char*>(t.data) + static_cast<size_t>(begin) * dtype_size(t.dtype);
+  return v;
+}
+// The host tensor of p's shape: from a flat host buffer when given, else from the device tensor, else zeros.
+Tensor host_state(Context& ctx, const Param& p, const Tensor& flat, const Tensor& own) {
+  if (flat.defined()) {
+    DFLASH_CHECK(p.flat_offset >= 0, "checkpoint: ", p.name, " has no flat offset (ParamSet not flattened)");
+    return cpu_clone(flat_range(flat, p.flat_offset, p.master.numel()).reshape(p.shape));
+  }
+  if (own.defined()) return ctx.to_host(own, false);
+  return cpu_zeros(p.master.dtype, p.shape);
+}
+}  // namespace
+
+std::string save_checkpoint(Context& ctx, const std::string& out_dir, const ParamSet& ps, const CheckpointState& st,
+                            const FlatState& flat) {
   const std::string root = path_join(out_dir, "checkpoints");
   make_dirs(root);
   char name[32];
@@ -25,9 +47,9 @@ std::string save_checkpoint(Context& ctx, const std::string& out_dir, const Para
   make_dirs(tmp);
   std::vector<std::pair<std::string, Tensor>> params, optim;
   for (const auto& p : ps.all()) {
-    params.emplace_back(p.name, ctx.to_host(p.master, false));
-    optim.emplace_back("m." + p.name, ctx.to_host(p.m, false));
-    optim.emplace_back("v." + p.name, ctx.to_host(p.v, false));
+    params.emplace_back(p.name, host_state(ctx, p, flat.master, p.master));
+    optim.emplace_back("m." + p.name, host_state(ctx, p, flat.m, p.m));
+    optim.emplace_back("v." + p.name, host_state(ctx, p, flat.v, p.v));
   }
   write_safetensors(path_join(tmp, "params.safetensors"), params);
   write_safetensors(path_join(tmp, "optim.safetensors"), optim);
@@ -55,7 +77,7 @@ std::string latest_checkpoint(const std::string& out_dir) {
   return dir;
 }
 
-CheckpointState load_checkpoint(Context& ctx, const std::string& dir, ParamSet& ps) {
+CheckpointState load_checkpoint(Context& ctx, const std::string& dir, ParamSet& ps, OptimShard* shard) {
   const std::string sp = path_join(dir, "state.json");
   CheckpointState st;
   try {
@@ -66,13 +88,34 @@ CheckpointState load_checkpoint(Context& ctx, const std::string& dir, ParamSet& 
   }
   WeightStore pw = WeightStore::open(path_join(dir, "params.safetensors"));
   WeightStore ow = WeightStore::open(path_join(dir, "optim.safetensors"));
+  if (shard) {
+    ctx.zero(shard->m);
+    ctx.zero(shard->v);
+  } else {
+    ps.init_moments(ctx);
+  }
   for (auto& p : ps.all()) {
     DFLASH_CHECK(pw.has(p.name), dir, "/params.safetensors: missing ", p.name);
     DFLASH_CHECK(pw.info(p.name).shape == p.shape, dir, ": ", p.name, " has shape ", shape_str(pw.info(p.name).shape),
                  ", the drafter expects ", shape_str(p.shape));
+    for (const char* k : {"m.", "v."})
+      DFLASH_CHECK(ow.has(k + p.name) && ow.info(k + p.name).shape == p.shape, dir, "/optim.safetensors: ",
+                   k + p.name, ow.has(k + p.name) ? " has another shape" : " is missing");
     ctx.copy(p.master, pw.view(p.name));
-    ctx.copy(p.m, ow.view("m." + p.name));
-    ctx.copy(p.v, ow.view("v." + p.name));
+    if (shard) {  // the part of this parameter inside the shard, if any
+      DFLASH_CHECK(p.flat_offset >= 0, "load_checkpoint: the parameters are not flattened for the shard");
+      const int64_t lo = std::max(shard->begin(), p.flat_offset);
+      const int64_t hi = std::min(shard->end(), p.flat_offset + p.master.numel());
+      if (lo < hi) {
+        ctx.copy(shard->m.slice(lo - shard->begin(), hi - shard->begin()),
+                 flat_range(ow.view("m." + p.name), lo - p.flat_offset, hi - lo));
+        ctx.copy(shard->v.slice(lo - shard->begin(), hi - shard->begin()),
+                 flat_range(ow.view("v." + p.name), lo - p.flat_offset, hi - lo));
+      }
+    } else {
+      ctx.copy(p.m, ow.view("m." + p.name));
+      ctx.copy(p.v, ow.view("v." + p.name));
+    }
     ctx.zero(p.grad);
   }
   ps.sync_compute(ctx);

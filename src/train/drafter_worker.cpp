@@ -9,7 +9,8 @@
 namespace dflash {
 
 DrafterWorker::DrafterWorker(int local_rank, int global_rank, std::string name, std::unique_ptr<Context> ctx,
-                             const DrafterConfig& dc, uint64_t seed, double init_std, Tensor embed, Tensor lm_head)
+                             const DrafterConfig& dc, uint64_t seed, double init_std, Tensor embed, Tensor lm_head,
+                             int shards)
     : local_rank_(local_rank),
       global_rank_(global_rank),
       name_(std::move(name)),
@@ -17,7 +18,12 @@ DrafterWorker::DrafterWorker(int local_rank, int global_rank, std::string name, 
       drafter_(*ctx_, dc, seed, init_std),
       embed_(std::move(embed)),
       lm_head_(std::move(lm_head)) {
-  drafter_.params().flatten_grads(*ctx_);
+  if (shards > 1) {
+    shard_ = make_optim_shard(*ctx_, drafter_.params(), shards, global_rank_);
+  } else {
+    drafter_.params().flatten_grads(*ctx_);
+    drafter_.params().init_moments(*ctx_);
+  }
 }
 
 void DrafterWorker::warm_up() {
@@ -45,11 +51,30 @@ void DrafterWorker::run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queu
   int64_t n_updates = r.updates;
   updates = n_updates;
   params_step = r.first_step;
-  std::vector<double> red(static_cast<size_t>(3 + 2 * B + 2));
-  const size_t kStop = red.size() - 2, kTotal = red.size() - 1;
+  shard_step = r.first_step;
+  ParamSet& ps = drafter_.params();
+  std::vector<double> red(static_cast<size_t>(3 + 2 * B + 3));
+  const size_t kGradSq = red.size() - 3, kStop = red.size() - 2, kTotal = red.size() - 1;
+  auto collective = [&](auto&& body) {  // time spent in a collective counts as waiting
+    const auto t0 = clock_t::now();
+    clock.waiting_on = kWaitCollective;
+    body();
+    clock.waiting_on = kWaitNone;
+    clock.add_wait(clock_t::now() - t0);
+  };
+  // Sharded: the all-gather of the updated masters is deferred to the start of the next step (or done before a
+  // checkpoint), so that, as replicated, no collective lies between a step's optimizer update and its report.
+  bool gather_pending = false;
+  auto gather_masters = [&] {
+    collective([&] { grads.all_gather(local_rank_, *ctx_, ps.flat_master(), shard_->layout.shard); });
+    ps.sync_compute(*ctx_);
+    ctx_->synchronize();
+    gather_pending = false;
+  };
   int64_t total = r.total_steps;
   for (int64_t step = r.first_step; step < std::min(r.end_step, total); ++step) {
     if (r.fault) r.fault->maybe_throw("drafter", local_rank_, step);
+    if (gather_pending) gather_masters();  // the previous update's shards, before this step's forward
     auto plan = plans.get(step);
     StepReport rep;
     rep.step = step;
@@ -82,39 +107,20 @@ void DrafterWorker::run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queu
     }
     double grad_sq = 0;
     if (!plan->empty()) {  // the same decision on every drafter: sum_w is global
-      const auto t0 = clock_t::now();
-      clock.waiting_on = kWaitCollective;
-      grads.all_reduce(local_rank_, *ctx_, drafter_.params().flat_grad());
-      grad_sq = global_grad_sq(*ctx_, drafter_.params());
-      clock.waiting_on = kWaitNone;
-      clock.add_wait(clock_t::now() - t0);
+      collective([&] {
+        if (shard_) {  // the own shard's summed gradient and its part of the norm (summed below with the stats)
+          grads.reduce_scatter(local_rank_, *ctx_, ps.flat_grad(), shard_->layout.shard);
+          red[kGradSq] = shard_grad_sq(*ctx_, ps, *shard_);
+        } else {
+          grads.all_reduce(local_rank_, *ctx_, ps.flat_grad());
+          grad_sq = global_grad_sq(*ctx_, ps);
+        }
+      });
     }
     red[kStop] = r.stop && r.stop->load() ? 1.0 : 0.0;
     red[kTotal] = r.proposed_total ? static_cast<double>(r.proposed_total->exchange(0)) : 0.0;
-    {
-      const auto t0 = clock_t::now();
-      clock.waiting_on = kWaitCollective;
-      stats_group.all_reduce(local_rank_, std::span<double>(red));
-      clock.waiting_on = kWaitNone;
-      clock.add_wait(clock_t::now() - t0);
-    }
-    // The last collective of the step is behind us: from here to the report nothing waits on another worker, so a
-    // replica that applied this step's update always reports it (a fault elsewhere cannot split the two).
-    if (!plan->empty()) {
-      const auto t0 = clock_t::now();
-      in_optimizer = true;
-      StepResult res = optimizer_step(*ctx_, drafter_.params(), r.optim, rep.lr, n_updates + 1, grad_sq);
-      ctx_->synchronize();
-      in_optimizer = false;
-      ++n_updates;
-      clock.add_busy(clock_t::now() - t0);
-      rep.updated = true;
-      rep.grad_norm = res.grad_norm;
-      rep.clip = res.clip_scale;
-    }
-    updates = n_updates;
-    params_step = step + 1;
-    rep.updates = n_updates;
+    collective([&] { stats_group.all_reduce(local_rank_, std::span<double>(red)); });
+    if (shard_) grad_sq = red[kGradSq];
     rep.stats.loss_sum = red[0];
     rep.stats.ce_sum = red[1];
     rep.stats.kl_sum = red[2];
@@ -123,9 +129,48 @@ void DrafterWorker::run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queu
     rep.stats.stop = red[kStop] > 0 || (r.stop_after > 0 && step + 1 >= r.stop_after);
     if (red[kTotal] > 0) total = std::clamp<int64_t>(static_cast<int64_t>(red[kTotal]), step + 1, r.end_step);
     rep.total_steps = total;  // in force from the next step on
+    rep.checkpoint = (r.checkpoint_every > 0 && (step + 1) % r.checkpoint_every == 0) || rep.stats.stop ||
+                     step + 1 >= total;
+    // The last collective of the step is behind us (sharded: except at checkpoint steps, where the all-gathers
+    // follow): from here to the report nothing waits on another worker, so a drafter that applied this step's
+    // update always reports it (a fault elsewhere cannot split the two).
+    if (!plan->empty()) {
+      const auto t0 = clock_t::now();
+      in_optimizer = true;
+      StepResult res = shard_ ? optimizer_step_shard(*ctx_, ps, *shard_, r.optim, rep.lr, n_updates + 1, grad_sq)
+                              : optimizer_step(*ctx_, ps, r.optim, rep.lr, n_updates + 1, grad_sq);
+      ctx_->synchronize();
+      in_optimizer = false;
+      ++n_updates;
+      clock.add_busy(clock_t::now() - t0);
+      rep.updated = true;
+      rep.grad_norm = res.grad_norm;
+      rep.clip = res.clip_scale;
+    }
+    if (shard_) {
+      shard_step = step + 1;
+      gather_pending = gather_pending || !plan->empty();
+      if (rep.checkpoint) {  // the whole state on every drafter (masters) and on the reporter (moments, host)
+        if (gather_pending) gather_masters();
+        collective([&] {  // the moments of every shard, through the flat gradient buffer (zero, spent)
+          for (int k = 0; k < 2; ++k) {
+            const Tensor& own = k == 0 ? shard_->m : shard_->v;
+            ctx_->copy(ps.flat_grad().slice(shard_->begin(), shard_->end()), own);
+            grads.all_gather(local_rank_, *ctx_, ps.flat_grad(), shard_->layout.shard);
+            if (report) (k == 0 ? rep.moments.m : rep.moments.v) = ctx_->to_host(ps.flat_grad(), false);
+          }
+          ctx_->zero(ps.flat_grad());
+          ctx_->synchronize();
+        });
+      }
+    }
+    updates = n_updates;
+    params_step = step + 1;
+    rep.updates = n_updates;
     if (report) report(*this, rep);
-    if (rep.stats.stop) return;
+    if (rep.stats.stop) break;
   }
+  if (gather_pending) gather_masters();  // (every run ends with a checkpoint step: kept for safety)
 }
 
 }  // namespace dflash

@@ -4,16 +4,23 @@
 // gradient all-reduce, the same clipped AdamW update as every other replica, and the all-reduce of the step's
 // statistics, which also carries the stop decision. Every drafter runs every step's control path, whether it
 // (or the whole step) has sequences or not, so the collectives always match (spec 5: no hang on an empty rank).
+// With the sharded optimizer (ZeRO-1, train/optimizer.h) the step is instead: gradient reduce-scatter, the shard's
+// sum of squares (summed over the drafters by the statistics all-reduce: the global norm), AdamW on the own
+// shard, the report, and at the start of the next step the all-gather of the flat F32 masters and the refresh of
+// the compute copies; at checkpoint steps the masters and the moments are all-gathered before the report (the
+// moments through the spent gradient buffer: no extra device memory) and the moments handed to it.
 // defines: StepStats, StepReport, DrafterWorker
 #pragma once
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/collective.h"
 #include "model/drafter.h"
+#include "train/checkpoint.h"     // FlatState
 #include "train/feature_queue.h"
 #include "train/optimizer.h"
 #include "train/target_worker.h"
@@ -36,12 +43,17 @@ struct StepReport {
   bool updated = false;                // an optimizer update ran (the step was not empty)
   int64_t updates = 0;                 // optimizer updates so far (AdamW's step count)
   double grad_norm = 0, clip = 1;
+  bool checkpoint = false;             // a checkpoint is due after this step (every drafter decides the same)
+  FlatState moments;                   // sharded optimizer, checkpoint steps, the reporting drafter: the gathered
+                                       // moments (host, the flat layout); undefined otherwise
 };
 
 struct DrafterRun {
   int64_t first_step = 0, end_step = 0, total_steps = 0;  // steps [first, end) of a schedule of total_steps
   int64_t updates = 0;                 // AdamW updates done before first_step (resume)
   int64_t stop_after = 0;              // > 0: stop once this many steps are done
+  int64_t checkpoint_every = 0;        // > 0: a checkpoint after every this many steps (and after the last step
+                                       // and a stop, always)
   OptimConfig optim;
   float kl_weight = 0;
   bool recompute = false;
@@ -54,8 +66,10 @@ struct DrafterRun {
 
 class DrafterWorker {
  public:
+  // shards > 1: the optimizer state is sharded over `shards` drafters (ZeRO-1; global_rank < shards); else each
+  // drafter holds all of it.
   DrafterWorker(int local_rank, int global_rank, std::string name, std::unique_ptr<Context> ctx,
-                const DrafterConfig& dc, uint64_t seed, double init_std, Tensor embed, Tensor lm_head);
+                const DrafterConfig& dc, uint64_t seed, double init_std, Tensor embed, Tensor lm_head, int shards = 1);
   // Warm-up: one forward/backward of a tiny block on random features (gradients zeroed afterwards).
   void warm_up();
   // The worker thread's body. `report` runs on this thread after each step's statistics are known (local rank 0
@@ -68,8 +82,12 @@ class DrafterWorker {
   const std::string& name() const { return name_; }
   Context& ctx() { return *ctx_; }
   Drafter& drafter() { return drafter_; }
+  OptimShard* optim_shard() { return shard_ ? &*shard_ : nullptr; }  // null: the optimizer state is replicated
   WorkerClock clock;
-  std::atomic<int64_t> params_step{0};  // steps whose update (or skip) the replica's weights include
+  std::atomic<int64_t> params_step{0};  // steps whose update (or skip) the replica's weights include (sharded:
+                                        // steps completed and reported; the last update's masters may still wait
+                                        // for the all-gather at the start of the next step)
+  std::atomic<int64_t> shard_step{0};   // sharded: steps whose update (or skip) the own optimizer shard includes
   std::atomic<int64_t> updates{0};      // AdamW updates applied
   std::atomic<bool> in_optimizer{false};
 
@@ -78,6 +96,7 @@ class DrafterWorker {
   std::string name_;
   std::unique_ptr<Context> ctx_;
   Drafter drafter_;
+  std::optional<OptimShard> shard_;
   Tensor embed_, lm_head_;
 };
 

@@ -21,13 +21,16 @@ double global_grad_sq(Context& ctx, const ParamSet& ps) {
   return s;
 }
 
-StepResult optimizer_step(Context& ctx, ParamSet& ps, const OptimConfig& c, double lr, int64_t step_index,
-                          double grad_sq) {
+namespace {
+StepResult clip_for(const OptimConfig& c, int64_t step_index, double grad_sq) {
   StepResult r;
   r.grad_norm = std::sqrt(grad_sq);
   DFLASH_CHECK(std::isfinite(r.grad_norm), "gradient norm is ", r.grad_norm, " at step ", step_index,
                ": the loss diverged (lower the learning rate) or the data has a problem");
   if (c.max_grad_norm > 0) r.clip_scale = std::min(1.0, c.max_grad_norm / (r.grad_norm + 1e-6));
+  return r;
+}
+AdamWArgs adamw_args(const OptimConfig& c, double lr, int64_t step_index, const StepResult& r) {
   AdamWArgs a;
   a.lr = static_cast<float>(lr);
   a.beta1 = static_cast<float>(c.beta1);
@@ -36,10 +39,54 @@ StepResult optimizer_step(Context& ctx, ParamSet& ps, const OptimConfig& c, doub
   a.weight_decay = static_cast<float>(c.weight_decay);
   a.grad_scale = static_cast<float>(r.clip_scale);
   a.step = step_index;
+  return a;
+}
+}  // namespace
+
+StepResult optimizer_step(Context& ctx, ParamSet& ps, const OptimConfig& c, double lr, int64_t step_index,
+                          double grad_sq) {
+  const StepResult r = clip_for(c, step_index, grad_sq);
+  const AdamWArgs a = adamw_args(c, lr, step_index, r);
+  ps.init_moments(ctx);
   for (auto& p : ps.all()) {
     ctx.adamw(p.master, p.grad, p.m, p.v, a, p.compute);
     ctx.zero(p.grad);
   }
+  return r;
+}
+
+ShardLayout shard_layout(int64_t flat_numel, int shards) {
+  DFLASH_CHECK(shards >= 1 && flat_numel >= 0, "shard_layout: ", flat_numel, " elements in ", shards, " shards");
+  constexpr int64_t kAlign = 64;
+  const int64_t per = (flat_numel + shards - 1) / shards;
+  return ShardLayout{.shard = (per + kAlign - 1) / kAlign * kAlign, .shards = shards};
+}
+
+OptimShard make_optim_shard(Context& ctx, ParamSet& ps, int shards, int rank) {
+  DFLASH_CHECK(rank >= 0 && rank < shards, "make_optim_shard: rank ", rank, " of ", shards);
+  OptimShard s;
+  s.layout = shard_layout(ps.flat_numel(), shards);
+  s.rank = rank;
+  ps.flatten_grads(ctx, s.layout.padded());
+  ps.flatten_masters(ctx, s.layout.padded());
+  DFLASH_CHECK(ps.flat_grad().numel() == s.layout.padded() && ps.flat_master().numel() == s.layout.padded(),
+               "make_optim_shard: the flat buffers were made for another layout");
+  s.m = ctx.zeros(ctx.param_dtype(), {s.layout.shard});
+  s.v = ctx.zeros(ctx.param_dtype(), {s.layout.shard});
+  return s;
+}
+
+double shard_grad_sq(Context& ctx, const ParamSet& ps, const OptimShard& s) {
+  return ctx.sum_squares(ps.flat_grad().slice(s.begin(), s.end()));
+}
+
+StepResult optimizer_step_shard(Context& ctx, ParamSet& ps, OptimShard& s, const OptimConfig& c, double lr,
+                                int64_t step_index, double grad_sq) {
+  const StepResult r = clip_for(c, step_index, grad_sq);
+  const AdamWArgs a = adamw_args(c, lr, step_index, r);
+  ctx.adamw(ps.flat_master().slice(s.begin(), s.end()), ps.flat_grad().slice(s.begin(), s.end()), s.m, s.v, a,
+            Tensor{});
+  ctx.zero(ps.flat_grad());
   return r;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -41,6 +42,7 @@ void to_json(nlohmann::json& j, const TrainConfig& c) {
                      {"drafters", c.drafters},
                      {"colocate", c.colocate},
                      {"queue_depth", c.queue_depth},
+                     {"shard_optimizer", c.shard_optimizer},
                      {"num_layers", c.num_layers},
                      {"block_size", c.block_size},
                      {"target_layer_ids", c.target_layer_ids},
@@ -292,6 +294,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   const ContextOptions copt{.threads = cfg.threads, .profile_ops = cfg.profile};
   const int T = static_cast<int>(topo.targets.size()), D = static_cast<int>(topo.drafters.size());
   const int world = D * nproc, rank0 = D * Mpi::rank();
+  const bool sharded = cfg.shard_optimizer && world > 1;  // ZeRO-1: the optimizer state split over the drafters
   auto worker_name = [&](const char* kind, int i, int dev) {
     return nproc > 1 ? cat(kind, " ", i, " (", topo.device_name(dev), ", process ", Mpi::rank(), ")")
                      : cat(kind, " ", i, " (", topo.device_name(dev), ")");
@@ -328,7 +331,8 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
       lm_head = h.lm_head;
     }
     drafters.push_back(std::make_unique<DrafterWorker>(i, rank0 + i, worker_name("drafter", i, topo.drafters[i]),
-                                                       std::move(dctx[i]), dc, cfg.seed, cfg.init_std, embed, lm_head));
+                                                       std::move(dctx[i]), dc, cfg.seed, cfg.init_std, embed, lm_head,
+                                                       sharded ? world : 1));
   }
   if (init_from_target && latest.empty()) {
     const WeightStore ws = WeightStore::open(cfg.target_dir);
@@ -359,7 +363,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
     reducer = make_host_grad_reducer(host_group);
   }
   if (!latest.empty()) {
-    for (auto& d : drafters) load_checkpoint(d->ctx(), latest, d->drafter().params());
+    for (auto& d : drafters) load_checkpoint(d->ctx(), latest, d->drafter().params(), d->optim_shard());
     log_info("resumed from ", latest, " at step ", start, " of ", total_steps, " (", start_updates, " updates)");
   }
   for (auto& t : targets) t->warm_up();
@@ -372,6 +376,11 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   log_info("target ", arch_name(tc.arch), " ", tc.num_hidden_layers, " layers, H ", tc.hidden_size, "; drafter ",
            dc.num_layers, " layers, B ", B, ", layer ids ", nlohmann::json(layer_ids).dump(), ", mask id ", mask_id,
            ", ", drafters[0]->drafter().params().numel(), " parameters");
+  if (const OptimShard* sh = drafters[0]->optim_shard())
+    log_info("optimizer state sharded over ", world, " drafters (ZeRO-1): AdamW moments of ", sh->layout.shard,
+             " of ", drafters[0]->drafter().params().flat_numel(), " flat elements per drafter, ",
+             std::round(80.0 * static_cast<double>(sh->layout.shard) / (1 << 20)) / 10, " MiB instead of ",
+             std::round(80.0 * static_cast<double>(drafters[0]->drafter().params().numel()) / (1 << 20)) / 10, " MiB");
   log_info("data ", n, " samples, ", data.total_tokens(), " tokens; ", total_steps, " steps of ", cfg.batch_size,
            " sequences (", cfg.max_steps > 0 ? cat("max_steps") : cat(cfg.epochs, " epochs"), ")",
            cfg.time_budget_s > 0 && cfg.max_steps <= 0 && latest.empty()
@@ -470,9 +479,9 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
                     fmt_tokens(plan.target_tokens / dt).c_str(), 100 * std::min(1.0, busy_d));
       progress->update(r.step + 1, buf);
     }
-    const bool end = r.step + 1 >= sum.total_steps;
-    if ((cfg.checkpoint_every > 0 && (r.step + 1) % cfg.checkpoint_every == 0) || r.stats.stop || end) {
-      last_ckpt = save_checkpoint(w.ctx(), cfg.out_dir, w.drafter().params(), {r.step + 1, state_info(r.updates)});
+    if (r.checkpoint) {  // every checkpoint_every steps, at a stop and after the last step (the drafters decide)
+      last_ckpt = save_checkpoint(w.ctx(), cfg.out_dir, w.drafter().params(), {r.step + 1, state_info(r.updates)},
+                                  r.moments);
       prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
       last_saved = r.step + 1;
     }
@@ -497,6 +506,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   run.total_steps = total_steps;
   run.updates = start_updates;
   run.stop_after = cfg.stop_after;
+  run.checkpoint_every = cfg.checkpoint_every;
   run.optim = cfg.optim;
   run.kl_weight = static_cast<float>(cfg.kl_weight);
   run.recompute = cfg.recompute;
@@ -551,7 +561,41 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   if (control.failed()) {
     // Checkpoint the last step whose update a healthy replica holds, then stop the job with the worker's message.
     std::string ck;
-    if (lead) {
+    bool fallback = false;  // sharded, and the shards could not be put together: the latest checkpoint stands
+    if (lead && sharded) {
+      // Sharded: the step's state is spread over the drafters (and the last update's masters may not be gathered
+      // yet). In one process every shard is here: when every drafter holds the same reported step in its shard
+      // (none stopped inside the optimizer), masters and moments are put together from the shards. Across
+      // processes the others' shards are out of reach: the last periodic checkpoint stands.
+      const int64_t at = drafters[0]->params_step.load();
+      bool same = nproc == 1;
+      for (auto& d : drafters)
+        same = same && !d->in_optimizer.load() && d->params_step.load() == at && d->shard_step.load() == at &&
+               d->updates.load() == drafters[0]->updates.load();
+      if (same && at > last_saved.load()) {
+        ParamSet& ps0 = drafters[0]->drafter().params();
+        const Tensor& flat0 = ps0.flat_master();
+        FlatState fs{cpu_zeros(flat0.dtype, {flat0.numel()}), cpu_zeros(flat0.dtype, {flat0.numel()}),
+                     cpu_zeros(flat0.dtype, {flat0.numel()})};
+        for (auto& d : drafters) {
+          const OptimShard& sh = *d->optim_shard();
+          const Tensor& flat = d->drafter().params().flat_master();
+          const std::pair<Tensor*, Tensor> parts[] = {{&fs.master, flat.slice(sh.begin(), sh.end())}, {&fs.m, sh.m},
+                                                      {&fs.v, sh.v}};
+          for (const auto& [dst, src] : parts) {
+            const Tensor h = d->ctx().to_host(src, false);
+            std::memcpy(static_cast<char*>(dst->data) + static_cast<size_t>(sh.begin()) * dtype_size(h.dtype), h.data,
+                        h.nbytes());
+          }
+        }
+        ps0.zero_grad(drafters[0]->ctx());
+        ck = save_checkpoint(drafters[0]->ctx(), cfg.out_dir, ps0, {at, state_info(drafters[0]->updates.load())}, fs);
+        prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
+      } else {
+        ck = latest_checkpoint(cfg.out_dir);
+        fallback = !same;
+      }
+    } else if (lead) {
       DrafterWorker* best = nullptr;
       for (auto& d : drafters)
         if (!d->in_optimizer.load() && (!best || d->params_step.load() > best->params_step.load())) best = d.get();
@@ -566,8 +610,12 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
     }
     const std::string msg = control.who() == "another process" ? control.message()
                                                                 : cat(control.who(), " failed: ", control.message());
-    const std::string full = cat(msg, ck.empty() ? std::string("; no checkpoint was written")
-                                                 : cat("; the last completed step is in ", ck, " (continue with --resume)"));
+    const std::string full =
+        cat(msg, ck.empty() ? std::string("; no checkpoint was written")
+                 : fallback ? cat("; the optimizer state is sharded and its shards could not be put together (",
+                                  nproc > 1 ? "other processes hold some" : "the drafters stopped at different points",
+                                  "): the latest checkpoint is ", ck, " (continue with --resume)")
+                            : cat("; the last completed step is in ", ck, " (continue with --resume)"));
     if (nproc > 1) {
       // Several processes: process 0 has the checkpoint; tell the others, let them hear it, then end the job
       // (MPI_Abort: collectives left half-way cannot be finalised cleanly).

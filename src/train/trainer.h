@@ -5,7 +5,8 @@
 //
 // The pieces, in data-flow order: train/step_plan (host: global batch, anchors, normaliser, split over drafters),
 // train/feature_queue (jobs for targets; bounded packet queues in drafter memory), train/target_worker,
-// train/drafter_worker (forward/backward, gradient all-reduce, AdamW), backend/collective (threads, NCCL, MPI).
+// train/drafter_worker (forward/backward, gradient all-reduce or reduce-scatter, AdamW replicated or sharded),
+// backend/collective (threads, NCCL, MPI).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -30,6 +31,9 @@ struct TrainConfig {
   std::string targets, drafters;
   bool colocate = false;
   int queue_depth = 2;             // feature packets in flight per drafter (memory: depth x max_S x nf*H)
+  bool shard_optimizer = true;     // with more than one drafter in the job (all processes): the AdamW moments are
+                                   // sharded over the drafters (ZeRO-1, train/optimizer.h), gradients
+                                   // reduce-scattered, masters all-gathered; false: every drafter holds all of it
   double collective_timeout_s = 600;  // a collective waiting longer fails the job naming the workers waited on
   std::string inject_fault;        // test aid: KIND:INDEX:STEP (train/target_worker.h FaultPlan)
   bool random_target = false;      // benchmark aid: target weights drawn at random from its config.json alone

@@ -1,4 +1,5 @@
-// backend/cuda/nccl.cpp — the drafters' gradient all-reduce on CUDA through NCCL (backend/collective.h).
+// backend/cuda/nccl.cpp — the drafters' gradient all-reduce (or, with the sharded optimizer, the gradient
+// reduce-scatter and the master all-gather) on CUDA through NCCL (backend/collective.h).
 // One communicator per local drafter device, all created in the warm-up: ncclCommInitAll within one process, or
 // ncclCommInitRank for every local rank inside one ncclGroupStart/End when several processes take part (the unique
 // id comes from process 0 through Mpi::broadcast). NVLink multicast (NVLS) is never asked for.
@@ -49,17 +50,25 @@ class NcclGradReducer final : public GradReducer {
       }
       DFLASH_NCCL_CHECK(ncclGroupEnd());
     }
-    // one all-reduce through every communicator now, so nothing in NCCL is set up on first use
+    // one all-reduce, reduce-scatter and all-gather through every communicator now, so nothing in NCCL is set up
+    // on first use (the sharded optimizer's collectives are warmed up whether it is used or not: cheap)
+    constexpr size_t kShard = 256;
     std::vector<Tensor> bufs;
-    for (Context* c : local) bufs.push_back(c->zeros(DType::F32, {1024}));
-    DFLASH_NCCL_CHECK(ncclGroupStart());
-    for (int i = 0; i < n; ++i) {
-      Context* c = local[static_cast<size_t>(i)];
-      DFLASH_CUDA_CHECK(cudaSetDevice(c->device_index()));
-      DFLASH_NCCL_CHECK(ncclAllReduce(bufs[i].data, bufs[i].data, 1024, ncclFloat32, ncclSum, comms_[i],
-                                      static_cast<cudaStream_t>(c->native_stream())));
+    for (Context* c : local) bufs.push_back(c->zeros(DType::F32, {static_cast<int64_t>(kShard) * world}));
+    for (int kind = 0; kind < 3; ++kind) {
+      DFLASH_NCCL_CHECK(ncclGroupStart());
+      for (int i = 0; i < n; ++i) {
+        Context* c = local[static_cast<size_t>(i)];
+        DFLASH_CUDA_CHECK(cudaSetDevice(c->device_index()));
+        const cudaStream_t st = static_cast<cudaStream_t>(c->native_stream());
+        float* b = bufs[static_cast<size_t>(i)].ptr<float>();
+        float* own = b + static_cast<size_t>(rank0 + i) * kShard;
+        if (kind == 0) DFLASH_NCCL_CHECK(ncclAllReduce(b, b, kShard * world, ncclFloat32, ncclSum, comms_[i], st));
+        if (kind == 1) DFLASH_NCCL_CHECK(ncclReduceScatter(b, own, kShard, ncclFloat32, ncclSum, comms_[i], st));
+        if (kind == 2) DFLASH_NCCL_CHECK(ncclAllGather(own, b, kShard, ncclFloat32, comms_[i], st));
+      }
+      DFLASH_NCCL_CHECK(ncclGroupEnd());
     }
-    DFLASH_NCCL_CHECK(ncclGroupEnd());
     for (Context* c : local) c->synchronize();
     for (Context* c : local) devices_.push_back(c->device_index());
     calls_.assign(static_cast<size_t>(n), 0);
@@ -75,7 +84,37 @@ class NcclGradReducer final : public GradReducer {
     DFLASH_CUDA_CHECK(cudaSetDevice(devices_[i]));
     DFLASH_NCCL_CHECK(ncclAllReduce(grad.data, grad.data, static_cast<size_t>(grad.numel()), ncclFloat32, ncclSum,
                                     comms_[i], static_cast<cudaStream_t>(ctx.native_stream())));
-    // wait for it here, polling the job's state: a peer that died or hangs must not hang this thread
+    wait(r, ctx, "all-reduce");
+  }
+  // In place: NCCL's in-place reduce-scatter has recvbuff = sendbuff + rank * recvcount, its in-place all-gather
+  // sendbuff = recvbuff + rank * sendcount (rank: the global drafter rank, the communicator's rank).
+  void reduce_scatter(int r, Context& ctx, const Tensor& flat, int64_t shard) override {
+    float* own = check_flat("reduce-scatter", r, flat, shard);
+    DFLASH_NCCL_CHECK(ncclReduceScatter(flat.data, own, static_cast<size_t>(shard), ncclFloat32, ncclSum,
+                                        comms_[static_cast<size_t>(r)], static_cast<cudaStream_t>(ctx.native_stream())));
+    wait(r, ctx, "reduce-scatter");
+  }
+  void all_gather(int r, Context& ctx, const Tensor& flat, int64_t shard) override {
+    float* own = check_flat("all-gather", r, flat, shard);
+    DFLASH_NCCL_CHECK(ncclAllGather(own, flat.data, static_cast<size_t>(shard), ncclFloat32,
+                                    comms_[static_cast<size_t>(r)], static_cast<cudaStream_t>(ctx.native_stream())));
+    wait(r, ctx, "all-gather");
+  }
+  std::string describe() const override { return cat("NCCL ", NCCL_MAJOR, ".", NCCL_MINOR, ", ", world_, " ranks"); }
+
+ private:
+  // Checks a sharded collective's buffer, selects local rank r's device, returns the start of its own shard.
+  float* check_flat(const char* what, int r, const Tensor& flat, int64_t shard) {
+    DFLASH_CHECK(flat.device == Device::CUDA && flat.dtype == DType::F32, "nccl ", what, ": an F32 CUDA buffer expected");
+    DFLASH_CHECK(shard > 0 && flat.numel() == shard * world_, "nccl ", what, ": ", flat.numel(), " elements are not ",
+                 world_, " shards of ", shard);
+    DFLASH_CUDA_CHECK(cudaSetDevice(devices_[static_cast<size_t>(r)]));
+    return flat.ptr<float>() + static_cast<size_t>(rank0_ + r) * static_cast<size_t>(shard);
+  }
+  // Waits for the collective just enqueued on ctx's stream, polling the job's state: a peer that died or hangs
+  // must not hang this thread (ncclCommAbort, then an Error naming the collective, or JobAborted).
+  void wait(int r, Context& ctx, const char* what) {
+    const size_t i = static_cast<size_t>(r);
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t call = ++calls_[i];
     for (;;) {
@@ -91,18 +130,16 @@ class NcclGradReducer final : public GradReducer {
         ncclCommAbort(comms_[i]);
         comms_[i] = nullptr;
         if (async != ncclSuccess)
-          DFLASH_FAIL("NCCL all-reduce #", call, " (rank ", rank0_ + r, " of ", world_, "): ", ncclGetErrorString(async));
+          DFLASH_FAIL("NCCL ", what, " #", call, " (rank ", rank0_ + r, " of ", world_, "): ", ncclGetErrorString(async));
         if (timed_out)
-          DFLASH_FAIL("NCCL all-reduce #", call, ": rank ", rank0_ + r, " (cuda:", devices_[i], ") waited ",
+          DFLASH_FAIL("NCCL ", what, " #", call, ": rank ", rank0_ + r, " (cuda:", devices_[i], ") waited ",
                       static_cast<int>(waited), " s (--collective-timeout) for the other drafter ranks of ", world_);
         control_.check();
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
-  std::string describe() const override { return cat("NCCL ", NCCL_MAJOR, ".", NCCL_MINOR, ", ", world_, " ranks"); }
 
- private:
   JobControl& control_;
   double timeout_s_;
   int rank0_, world_;
