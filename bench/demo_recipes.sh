@@ -5,7 +5,8 @@
 # Usage: OUT=dir bash bench/demo_recipes.sh RECIPES_FILE
 #   RECIPES_FILE: one recipe per line, "name|dflash train options" (lines starting with # are skipped); the
 #   options replace those of the demo's CPU base below.
-#   env: KEEP_RUNS=1 keeps checkpoints, exports and the prepared data; BIN (default build-cpu/dflash, built here when missing), STEPS (--max-steps, default 250; 0 = use
+#   env: DEVICE (cpu, default: 2 pinned cores per recipe; cuda: the GPU demo's base, one recipe per GPU at a time),
+#        KEEP_RUNS=1 keeps checkpoints, exports and the prepared data; BIN (default build-cpu/dflash, built here when missing), STEPS (--max-steps, default 250; 0 = use
 #        BUDGET), BUDGET (--time-budget seconds when STEPS=0, default 360), EVAL_N (default 100).
 # Writes $OUT/<name>/ (run, eval.json, logs) and prints a table: recipe, steps, train s, s/step, EAL, tau.
 set -u
@@ -25,9 +26,17 @@ D=$OUT/data
   --format raw --max-length 1024 >/dev/null
 [ -f "$D/eval/manifest.json" ] || "$BIN" prepare --tokenizer $T --input assets/demo/eval.jsonl.gz --out "$D/eval" \
   --format raw --max-length 1024 >/dev/null
-# the demo's CPU recipe (src/cli/cmd_demo.cpp)
-BASE="--target $T --data $D/train --num-layers 1 --block-size 16 --max-anchors 32 --batch-size 8 --gamma 2 --lr 3e-3
-      --epochs 6 --seed 0 --threads 2 --quiet --checkpoint-every 0"
+# the demo's recipes (src/cli/cmd_demo.cpp): DEVICE=cuda runs recipe i on GPU i mod (number of GPUs), one at a time per GPU
+DEVICE=${DEVICE:-cpu}
+if [ "$DEVICE" = cpu ]; then
+  BASE="--target $T --data $D/train --num-layers 1 --block-size 16 --max-anchors 32 --batch-size 8 --gamma 2 --lr 3e-3
+        --epochs 6 --seed 0 --threads 2 --quiet --checkpoint-every 0"
+  pairs=$(( $(nproc) / 2 ))
+else
+  BASE="--target $T --data $D/train --num-layers 3 --block-size 16 --max-anchors 128 --batch-size 32 --gamma 2 --lr 2e-3
+        --epochs 12 --seed 0 --quiet --checkpoint-every 0"
+  pairs=$(nvidia-smi -L | wc -l)
+fi
 if [ "$STEPS" -gt 0 ]; then LEN="--max-steps $STEPS"; else LEN="--time-budget $BUDGET"; fi
 
 one() {  # name cores options...
@@ -40,22 +49,25 @@ one() {  # name cores options...
   for ((k = 0; k < ${#a[@]}; k += 2)); do
     case " $* " in *" ${a[k]} "*) ;; *) base+=("${a[k]}"); [[ ${a[k + 1]:-} == --* ]] && k=$((k - 1)) || base+=("${a[k + 1]}") ;; esac
   done
-  taskset -c "$cores" "$BIN" train "${base[@]}" $LEN "$@" --out "$R/run" --overwrite >"$R/train.log" 2>&1 || { echo "train rc=$?" >>"$R/train.log"; }
+  local pin=(taskset -c "$cores") dev=()
+  [ "$DEVICE" = cpu ] || { pin=(); dev=(--device "cuda:$cores"); }
+  "${pin[@]}" "$BIN" train "${base[@]}" "${dev[@]}" $LEN "$@" --out "$R/run" --overwrite >"$R/train.log" 2>&1 || { echo "train rc=$?" >>"$R/train.log"; }
   local t1=$(date +%s.%N)
-  taskset -c "$cores" "$BIN" eval --target $T --drafter "$R/run/export" --data "$D/eval" --mode teacher \
+  "${pin[@]}" "$BIN" eval --target $T --drafter "$R/run/export" --data "$D/eval" --mode teacher "${dev[@]}" \
     --max-samples "$EVAL_N" --no-progress --json "$R/eval.json" >"$R/eval.log" 2>&1
   echo "$t0 $t1" >"$R/wall.txt"
 }
 
-pairs=$(( $(nproc) / 2 ))
 [ "$pairs" -ge 1 ] || pairs=1
 i=0
 while IFS= read -r line; do
   case "$line" in ''|'#'*) continue ;; esac
   name=${line%%|*}; opts=${line#*|}
   c=$(( (i % pairs) * 2 ))
+  slot="$c,$((c + 1))"
+  [ "$DEVICE" = cpu ] || slot=$((i % pairs))
   # shellcheck disable=SC2086
-  one "$name" "$c,$((c + 1))" $opts </dev/null &
+  one "$name" "$slot" $opts </dev/null &
   i=$((i + 1))
   [ $((i % pairs)) -eq 0 ] && wait
 done <"$RECIPES"
