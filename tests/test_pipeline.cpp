@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <atomic>
 #include <thread>
 
 #include "backend/collective.h"  // HostGroup
@@ -393,6 +394,44 @@ TEST(ZeroShard, LayoutIsAPureFunctionOfSizeAndCount) {
 
 // The host reduce-scatter leaves in each rank's own shard exactly what the all-reduce gives there (summed in rank
 // order in double) and the rest untouched; the all-gather hands every rank every owner's shard. 3 threads.
+// HostGroup::barrier (the NCCL launch rule, backend/collective.h): nobody leaves before everybody arrived, it can be
+// used between collectives of the same group, and a rank that never comes is named after the timeout.
+TEST(Threads, HostBarrierHoldsEveryRankUntilAllArrive) {
+  constexpr int R = 3;
+  JobControl control;
+  HostGroup g({"r0", "r1", "r2"}, control, 60);
+  std::atomic<int> arrived{0};
+  std::vector<int> seen(R, -1);
+  std::vector<double> sums(R);
+  std::vector<std::thread> th;
+  for (int r = 0; r < R; ++r)
+    th.emplace_back([&, r] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30 * r));  // rank 2 comes last
+      arrived.fetch_add(1);
+      g.barrier(r);
+      seen[static_cast<size_t>(r)] = arrived.load();
+      std::vector<double> x = {static_cast<double>(r + 1)};
+      g.all_reduce(r, std::span<double>(x));
+      sums[static_cast<size_t>(r)] = x[0];
+      g.barrier(r);
+    });
+  for (auto& t : th) t.join();
+  for (int r = 0; r < R; ++r) {
+    EXPECT_EQ(seen[static_cast<size_t>(r)], R) << "rank " << r << " left the barrier early";
+    EXPECT_EQ(sums[static_cast<size_t>(r)], 6.0);
+  }
+  JobControl c2;
+  HostGroup lonely({"drafter 0", "drafter 1"}, c2, 0.2);
+  try {
+    lonely.barrier(0);
+    ADD_FAILURE() << "a barrier with a missing rank returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("barrier #1: drafter 0 waited 0 s (--collective-timeout) for drafter 1"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(c2.failed());
+}
+
 TEST(Threads, HostReduceScatterAndAllGatherMatchAllReduce) {
   constexpr int R = 3;
   constexpr size_t S = 5, N = S * R;

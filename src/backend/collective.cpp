@@ -19,21 +19,32 @@ void HostGroup::reduce_scatter(int r, std::span<float> x, size_t shard) { collec
 void HostGroup::reduce_scatter(int r, std::span<double> x, size_t shard) { collective(Op::ReduceScatter, r, x, shard); }
 void HostGroup::all_gather(int r, std::span<float> x, size_t shard) { collective(Op::AllGather, r, x, shard); }
 void HostGroup::all_gather(int r, std::span<double> x, size_t shard) { collective(Op::AllGather, r, x, shard); }
+void HostGroup::barrier(int r) { collective(Op::Barrier, r, std::span<double>(), 0); }
 int HostGroup::world() const { return local_size() * Mpi::size(); }
 int HostGroup::global_rank(int r) const { return Mpi::rank() * local_size() + r; }
 
 template <class T>
 void HostGroup::collective(Op op, int r, std::span<T> x, size_t shard) {
   const int L = local_size();
-  const char* what = op == Op::AllReduce ? "all-reduce" : op == Op::ReduceScatter ? "reduce-scatter" : "all-gather";
+  const char* what = op == Op::AllReduce       ? "all-reduce"
+                     : op == Op::ReduceScatter ? "reduce-scatter"
+                     : op == Op::AllGather     ? "all-gather"
+                                               : "barrier";
   DFLASH_CHECK(r >= 0 && r < L, "HostGroup: local rank ", r, " of ", L);
-  DFLASH_CHECK(op == Op::AllReduce || (shard > 0 && x.size() == shard * static_cast<size_t>(world())), "HostGroup ",
+  DFLASH_CHECK(op == Op::AllReduce || op == Op::Barrier || (shard > 0 && x.size() == shard * static_cast<size_t>(world())), "HostGroup ",
                what, ": ", x.size(), " elements are not ", world(), " shards of ", shard);
   std::unique_lock<std::mutex> lk(mu_);
   control_.check();
   const uint64_t gen = generation_;
-  posted_[static_cast<size_t>(r)] = x.data();
-  if (++arrived_ == L) {
+  posted_[static_cast<size_t>(r)] = op == Op::Barrier ? static_cast<void*>(this) : static_cast<void*>(x.data());
+  if (++arrived_ == L && op == Op::Barrier) {  // everyone is here: release them
+    for (int q = 0; q < L; ++q) posted_[static_cast<size_t>(q)] = nullptr;
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  if (arrived_ == L) {
     // the last rank to arrive does the work for everyone: sums every rank's buffer in rank order (or collects the
     // local ranks' shards), then combines across processes, then hands each rank its part
     const size_t n = x.size();
@@ -150,7 +161,8 @@ std::unique_ptr<GradReducer> make_host_grad_reducer(HostGroup& group) {
 }
 
 #ifndef DFLASH_HAVE_CUDA
-std::unique_ptr<GradReducer> make_nccl_grad_reducer(const std::vector<Context*>&, int, int, JobControl&, double) {
+std::unique_ptr<GradReducer> make_nccl_grad_reducer(const std::vector<Context*>&, int, int, HostGroup&, JobControl&,
+                                                    double) {
   DFLASH_FAIL("NCCL gradient all-reduce: this dflash was built without the CUDA backend");
 }
 #endif

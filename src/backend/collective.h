@@ -40,11 +40,14 @@ class HostGroup {
   void reduce_scatter(int local_rank, std::span<double> x, size_t shard);
   void all_gather(int local_rank, std::span<float> x, size_t shard);
   void all_gather(int local_rank, std::span<double> x, size_t shard);
+  // Returns once every local rank (thread) of this process has called it: no data, no MPI. Same abort and
+  // timeout rules as the collectives.
+  void barrier(int local_rank);
   int world() const;                       // local_size() * processes
   int global_rank(int local_rank) const;   // process * local_size() + local_rank
 
  private:
-  enum class Op { AllReduce, ReduceScatter, AllGather };
+  enum class Op { AllReduce, ReduceScatter, AllGather, Barrier };
   template <class T>
   void collective(Op op, int local_rank, std::span<T> x, size_t shard);
   std::vector<std::string> names_;
@@ -84,7 +87,15 @@ std::unique_ptr<GradReducer> make_host_grad_reducer(HostGroup& group);
 // context's stream and wait for them while polling the job's abort flag and the timeout (then ncclCommAbort,
 // naming the collective).
 // Throws Error if CUDA/NCCL were not built in. global_rank0: the global rank of local rank 0; world: all drafters.
+//
+// Launch rule (the fix for a hang seen on 2 H200s, 2026-11-30): no local rank enqueues an NCCL collective before
+// every local rank has reached the same call (`local_group.barrier`). An NCCL kernel spins on its device until its
+// peers' kernels run; while it spins, any CUDA call of another thread that needs that device to drain (a lazily
+// loaded kernel's module load, an implicit synchronisation) blocks, and if that thread is the target worker still
+// owing the other drafter a feature packet of this step, that drafter never reaches the collective: a deadlock
+// (NCCL's "chain of dependencies", NVIDIA/nccl#613; lazy loading under the context lock, CUDA Lazy Loading guide).
+// After the barrier every local drafter has consumed all of its packets of the step, so none waits on a target.
 std::unique_ptr<GradReducer> make_nccl_grad_reducer(const std::vector<Context*>& local, int global_rank0, int world,
-                                                    JobControl& control, double timeout_s);
+                                                    HostGroup& local_group, JobControl& control, double timeout_s);
 
 }  // namespace dflash

@@ -358,7 +358,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   if (topo.backend == "cuda") {
     std::vector<Context*> cs;
     for (auto& d : drafters) cs.push_back(&d->ctx());
-    reducer = make_nccl_grad_reducer(cs, rank0, world, control, cfg.collective_timeout_s);
+    reducer = make_nccl_grad_reducer(cs, rank0, world, host_group, control, cfg.collective_timeout_s);
   } else {
     reducer = make_host_grad_reducer(host_group);
   }

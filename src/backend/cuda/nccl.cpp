@@ -27,8 +27,9 @@ namespace {
 
 class NcclGradReducer final : public GradReducer {
  public:
-  NcclGradReducer(const std::vector<Context*>& local, int rank0, int world, JobControl& control, double timeout_s)
-      : control_(control), timeout_s_(timeout_s), rank0_(rank0), world_(world) {
+  NcclGradReducer(const std::vector<Context*>& local, int rank0, int world, HostGroup& local_group,
+                  JobControl& control, double timeout_s)
+      : local_group_(local_group), control_(control), timeout_s_(timeout_s), rank0_(rank0), world_(world) {
     const int n = static_cast<int>(local.size());
     DFLASH_CHECK(n > 0, "nccl: no local drafters");
     for (Context* c : local)
@@ -81,6 +82,7 @@ class NcclGradReducer final : public GradReducer {
   void all_reduce(int r, Context& ctx, const Tensor& grad) override {
     DFLASH_CHECK(grad.device == Device::CUDA && grad.dtype == DType::F32, "nccl all-reduce: F32 CUDA gradients expected");
     const size_t i = static_cast<size_t>(r);
+    launch_together(r);
     DFLASH_CUDA_CHECK(cudaSetDevice(devices_[i]));
     DFLASH_NCCL_CHECK(ncclAllReduce(grad.data, grad.data, static_cast<size_t>(grad.numel()), ncclFloat32, ncclSum,
                                     comms_[i], static_cast<cudaStream_t>(ctx.native_stream())));
@@ -90,12 +92,16 @@ class NcclGradReducer final : public GradReducer {
   // sendbuff = recvbuff + rank * sendcount (rank: the global drafter rank, the communicator's rank).
   void reduce_scatter(int r, Context& ctx, const Tensor& flat, int64_t shard) override {
     float* own = check_flat("reduce-scatter", r, flat, shard);
+    launch_together(r);
+    DFLASH_CUDA_CHECK(cudaSetDevice(devices_[static_cast<size_t>(r)]));
     DFLASH_NCCL_CHECK(ncclReduceScatter(flat.data, own, static_cast<size_t>(shard), ncclFloat32, ncclSum,
                                         comms_[static_cast<size_t>(r)], static_cast<cudaStream_t>(ctx.native_stream())));
     wait(r, ctx, "reduce-scatter");
   }
   void all_gather(int r, Context& ctx, const Tensor& flat, int64_t shard) override {
     float* own = check_flat("all-gather", r, flat, shard);
+    launch_together(r);
+    DFLASH_CUDA_CHECK(cudaSetDevice(devices_[static_cast<size_t>(r)]));
     DFLASH_NCCL_CHECK(ncclAllGather(own, flat.data, static_cast<size_t>(shard), ncclFloat32,
                                     comms_[static_cast<size_t>(r)], static_cast<cudaStream_t>(ctx.native_stream())));
     wait(r, ctx, "all-gather");
@@ -103,6 +109,10 @@ class NcclGradReducer final : public GradReducer {
   std::string describe() const override { return cat("NCCL ", NCCL_MAJOR, ".", NCCL_MINOR, ", ", world_, " ranks"); }
 
  private:
+  // The launch rule of make_nccl_grad_reducer (collective.h): every local rank reaches the call before any enqueues.
+  void launch_together(int r) {
+    if (local_group_.local_size() > 1) local_group_.barrier(r);
+  }
   // Checks a sharded collective's buffer, selects local rank r's device, returns the start of its own shard.
   float* check_flat(const char* what, int r, const Tensor& flat, int64_t shard) {
     DFLASH_CHECK(flat.device == Device::CUDA && flat.dtype == DType::F32, "nccl ", what, ": an F32 CUDA buffer expected");
@@ -140,6 +150,7 @@ class NcclGradReducer final : public GradReducer {
     }
   }
 
+  HostGroup& local_group_;
   JobControl& control_;
   double timeout_s_;
   int rank0_, world_;
@@ -152,8 +163,8 @@ class NcclGradReducer final : public GradReducer {
 }  // namespace
 
 std::unique_ptr<GradReducer> make_nccl_grad_reducer(const std::vector<Context*>& local, int global_rank0, int world,
-                                                    JobControl& control, double timeout_s) {
-  return std::make_unique<NcclGradReducer>(local, global_rank0, world, control, timeout_s);
+                                                    HostGroup& local_group, JobControl& control, double timeout_s) {
+  return std::make_unique<NcclGradReducer>(local, global_rank0, world, local_group, control, timeout_s);
 }
 
 }  // namespace dflash
