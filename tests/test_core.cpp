@@ -184,3 +184,17 @@ TEST(Progress, FinishDoesNotRepeatThePrintedLine) {
   });
   EXPECT_EQ(count_lines(c), 2u) << c;
 }
+
+// A total revised during the run (train's time budget) shows from the next line on, not the first estimate.
+TEST(Progress, ARevisedTotalIsShown) {
+  const std::string a = stderr_of([] {
+    Progress p("train", 3000, "step", 0.0);
+    p.update(10, "a");
+    p.set_total(600);
+    p.update(11, "b");
+    p.finish();
+  });
+  EXPECT_NE(a.find("train 10/3000"), std::string::npos) << a;
+  EXPECT_NE(a.find("train 11/600"), std::string::npos) << a;
+  EXPECT_EQ(a.find("11/3000"), std::string::npos) << a;
+}

@@ -36,6 +36,11 @@ double Progress::elapsed_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
+void Progress::set_total(int64_t total) {
+  std::lock_guard<std::mutex> lk(mu_);
+  total_ = total;
+}
+
 void Progress::update(int64_t done, const std::string& suffix) {
   std::lock_guard<std::mutex> lk(mu_);
   done_ = done;

@@ -25,6 +25,8 @@ class Progress {
   ~Progress();
   // Sets the absolute count; `suffix` is shown after the counters (e.g. "loss 2.31 | 12.3 MB/s").
   void update(int64_t done, const std::string& suffix = "");
+  // Changes the total (e.g. a training step count revised to fit a time budget); shown from the next line on.
+  void set_total(int64_t total);
   void finish(const std::string& suffix = "");
   double elapsed_s() const;
 

@@ -477,6 +477,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
       std::snprintf(buf, sizeof buf, "loss %s | EAL %.2f | lr %.2e | %s ctx tok/s | drafter busy %.0f%%",
                     r.updated ? cat(std::round(sum.last_loss * 1000) / 1000).c_str() : "-", sum.last_eal, r.lr,
                     fmt_tokens(plan.target_tokens / dt).c_str(), 100 * std::min(1.0, busy_d));
+      progress->set_total(sum.total_steps);  // the time budget may have revised it
       progress->update(r.step + 1, buf);
     }
     if (r.checkpoint) {  // every checkpoint_every steps, at a stop and after the last step (the drafters decide)
