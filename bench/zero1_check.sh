@@ -2,7 +2,7 @@
 # bench/zero1_check.sh — the sharded optimizer (ZeRO-1, --shard-optimizer) on 2 GPUs in one device call: the NCCL
 # reduce-scatter / all-gather path that the CPU machine cannot run. Run from the repo root on an nvidia-h200-x2
 # machine with $OUT set (carry .deps when the image lacks PCRE2's dev files, tools/device_env.sh):
-#   OUT=... bash bench/zero1_check.sh          env: STEPS (default 40), Q8_STEPS (default 6)
+#   OUT=... bash bench/zero1_check.sh          env: STEPS (default 40), Q8_STEPS (default 6), REPEAT (default 6)
 # 1. demo target and data, co-located on cuda:0,1: sharded vs replicated, same 40 steps: loss curves (expect max
 #    rel diff ~1e-3 or less: the grad norm's summation order differs, bf16 compute copies amplify it), peak memory
 #    per drafter; a sharded run stopped at step 20 and resumed on 1 GPU (the checkpoint re-split) ends near both;
@@ -35,7 +35,17 @@ run() {  # name, args...
 run replicated --device cuda --colocate --drafters 0,1 --no-shard-optimizer
 run sharded --device cuda --colocate --drafters 0,1 --shard-optimizer
 run resumed --device cuda --colocate --drafters 0,1 --stop-after $((STEPS / 2))
-run resumed --device cuda:0 --resume
+if [ -f "$W/resumed/checkpoints/LATEST" ]; then run resumed --device cuda:0 --resume
+else say "resumed: the stop-after run left no checkpoint: no resume comparison"; rm -f "$W/resumed/metrics.jsonl"; fi
+# the NCCL launch rule (backend/collective.h): the co-located 2-GPU run once hung in its first reduce-scatter;
+# REPEAT short runs of each layout, every one must end (a hang fails after --collective-timeout 60)
+for i in $(seq 1 "${REPEAT:-6}"); do
+  for mode in --shard-optimizer --no-shard-optimizer; do
+    timeout 120 $B train ${DEMO/--max-steps $STEPS/--max-steps 8} --out "$W/rep$i$mode" --device cuda --colocate --drafters 0,1 $mode \
+      >"$W/rep$i$mode.log" 2>&1 || say "repeat $i $mode FAILED: $(grep -m1 error "$W/rep$i$mode.log")"
+  done
+done
+say "repeats done (${REPEAT:-6} x 2 layouts)"
 python3 - "$W" <<'PY' | tee -a "$OUT/summary.txt"
 import json, os, sys
 W = sys.argv[1]
