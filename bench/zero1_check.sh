@@ -64,19 +64,7 @@ PY
 
 # 2. Qwen3-8B shapes, random weights: the memory the sharding saves per drafter
 mkdir -p "$W/q8"
-python3 - "$W/q8/config.json" "$W/rows.jsonl" <<'PY'
-import json, random, sys
-cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
-       "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-       "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "max_position_embeddings": 40960,
-       "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
-json.dump(cfg, open(sys.argv[1], "w"))
-r = random.Random(1)
-with open(sys.argv[2], "w") as f:
-    for _ in range(48):
-        ids = [r.randrange(8192) for _ in range(3072)]
-        f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 64 + [1] * 3008}) + "\n")
-PY
+python3 bench/q8_data.py "$W/q8/config.json" "$W/rows.jsonl" 48
 $B prepare --tokenizer assets/demo/target --input "$W/rows.jsonl" --out "$W/q8data" >"$W/prep_q8.log" 2>&1 || tail -5 "$W/prep_q8.log"
 Q8="--target $W/q8 --random-target --data $W/q8data --mask-token-id 151669 --num-layers 5 --block-size 16 --max-anchors 512 --max-steps ${Q8_STEPS:-6} --batch-size 8 --recompute --quiet --no-export --checkpoint-every 0 --device cuda --colocate --drafters 0,1"
 for mode in --no-shard-optimizer --shard-optimizer; do
