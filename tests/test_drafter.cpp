@@ -35,12 +35,12 @@ DrafterConfig tiny_config() {
 
 struct Fixture {
   std::unique_ptr<Context> ctx;
-  DrafterConfig cfg = tiny_config();
+  DrafterConfig cfg;
   std::unique_ptr<Drafter> drafter;
   Tensor embed, lm_head, features, teacher;
   DraftBatch batch;
   DraftInputs in;
-  explicit Fixture(const std::string& device) {
+  explicit Fixture(const std::string& device, DrafterConfig c = tiny_config()) : cfg(std::move(c)) {
     ctx = make_context(device, {.threads = 2});
     const DType dt = ctx->compute_dtype();
     drafter = std::make_unique<Drafter>(*ctx, cfg, 1234, 0.3);
@@ -74,9 +74,8 @@ struct Fixture {
 
 }  // namespace
 
-TEST(Drafter, GradientsMatchFiniteDifferencesInFp64) {
-  Fixture f("cpu64");
-  const float kl = std::getenv("KL") ? std::atof(std::getenv("KL")) : 0.3f;
+// Every parameter's gradient against central differences of the loss (fp64 backend).
+void expect_fd_gradients(Fixture& f, float kl) {
   f.drafter->params().zero_grad(*f.ctx);
   f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, kl, static_cast<float>(1.0 / f.batch.sum_w), true);
   Rng pick(9, RngPurpose::Test);
@@ -97,6 +96,44 @@ TEST(Drafter, GradientsMatchFiniteDifferencesInFp64) {
       EXPECT_NEAR(g[i], fd, 1e-7 + 1e-5 * std::fabs(fd)) << p.name << "[" << i << "]";
     }
   }
+}
+
+TEST(Drafter, GradientsMatchFiniteDifferencesInFp64) {
+  Fixture f("cpu64");
+  expect_fd_gradients(f, std::getenv("KL") ? std::atof(std::getenv("KL")) : 0.3f);
+}
+
+// Sliding-window layers (spec 2.3): layer 0 slides with W 3, layer 1 is full. The window reaches the attention of
+// both passes (the gradients match the loss), and it changes the loss (it is not ignored).
+TEST(Drafter, SlidingWindowLayersGradientsMatchAndTheWindowApplies) {
+  DrafterConfig c = tiny_config();
+  c.layer_types = {"sliding_attention", "full_attention"};
+  c.sliding_window = 3;
+  c.validate();
+  EXPECT_EQ(c.window_of(0), 3);
+  EXPECT_EQ(c.window_of(1), 0);
+  Fixture f("cpu64", c);
+  expect_fd_gradients(f, 0.3f);
+  Fixture full("cpu64");
+  EXPECT_GT(std::fabs(f.loss(0.3f) - full.loss(0.3f)), 1e-6);
+}
+
+TEST(DrafterConfig, LayerTypesFromTheCommandLine) {
+  EXPECT_TRUE(resolve_layer_types({}, 3, 0).empty());
+  EXPECT_EQ(resolve_layer_types({}, 2, 512), (std::vector<std::string>{"sliding_attention", "sliding_attention"}));
+  EXPECT_EQ(resolve_layer_types({"sliding", "full_attention"}, 2, 64),
+            (std::vector<std::string>{"sliding_attention", "full_attention"}));
+  EXPECT_TRUE(resolve_layer_types({"full", "full"}, 2, 64).empty());  // no sliding layer: all full
+  EXPECT_THROW(resolve_layer_types({"sliding"}, 2, 64), Error);      // one type per layer
+  EXPECT_THROW(resolve_layer_types({"sliding", "full"}, 2, 0), Error);  // sliding without a window
+  EXPECT_THROW(resolve_layer_types({"local", "full"}, 2, 64), Error);
+  DrafterConfig c = tiny_config();
+  c.layer_types = {"sliding_attention", "full_attention"};
+  EXPECT_THROW(c.validate(), Error);  // sliding_window 0
+  c.sliding_window = 8;
+  EXPECT_NO_THROW(c.validate());
+  c.layer_types = {"sliding_attention"};
+  EXPECT_THROW(c.validate(), Error);  // 1 type for 2 layers
 }
 
 TEST(Drafter, RecomputeGivesIdenticalGradients) {  // case C06

@@ -202,14 +202,16 @@ TEST(Export, ConfigKeysExactlyAsSpecCaseC11) {
                                       "dflash_config", "hidden_size", "intermediate_size", "num_hidden_layers",
                                       "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
                                       "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings",
-                                      "attention_bias", "layer_types", "tie_word_embeddings", "vocab_size",
-                                      "torch_dtype", "dtype"};
+                                      "attention_bias", "layer_types", "use_sliding_window", "sliding_window",
+                                      "tie_word_embeddings", "vocab_size", "torch_dtype", "dtype"};
   EXPECT_EQ(keys, want);
   EXPECT_EQ(j["architectures"], nlohmann::json::array({"DFlashDraftModel"}));
   EXPECT_EQ(j["model_type"], "qwen3");
   EXPECT_EQ(j["dflash_config"]["mask_token_id"], 151669);
   EXPECT_EQ(j["dflash_config"]["target_layer_ids"], nlohmann::json::array({1, 12, 23, 34, 45}));
-  EXPECT_EQ(j["layer_types"].size(), 5u);
+  EXPECT_EQ(j["layer_types"], nlohmann::json(std::vector<std::string>(5, "full_attention")));
+  EXPECT_EQ(j["use_sliding_window"], false);
+  EXPECT_TRUE(j["sliding_window"].is_null());
   EXPECT_EQ(j["hidden_act"], "silu");
   EXPECT_EQ(j["tie_word_embeddings"], false);
   EXPECT_EQ(j["attention_bias"], false);
@@ -233,6 +235,7 @@ TEST(Export, RoundTripGivesTheSameDrafter) {
   for (const auto& n : ws.names()) EXPECT_EQ(n.find("embed"), std::string::npos) << n;
   auto back = load_exported_drafter(*ctx, root + "/export");
   EXPECT_EQ(nlohmann::json(back->config()).dump(), nlohmann::json(c).dump());
+  EXPECT_EQ(read_exported_drafter(root + "/export").config.window_of(0), 0);
   // same hidden states up to the bf16 rounding of the weights
   std::vector<int32_t> x(30);
   for (int i = 0; i < 30; ++i) x[i] = (i * 11) % 500;
@@ -244,6 +247,63 @@ TEST(Export, RoundTripGivesTheSameDrafter) {
   auto h2 = test::to_f64(back->forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), target->weights().embed));
   EXPECT_LT(test::rel_err(h2, h1), 2e-2);
   EXPECT_GT(test::rel_err(h2, h1), 0.0);  // bf16 really rounded
+  fs::remove_all(root);
+}
+
+// Sliding-window layers: Hugging Face's layer_types / use_sliding_window / sliding_window (what transformers'
+// Qwen3 attention and the serving engines read), and back.
+TEST(Export, SlidingWindowLayersRoundTrip) {
+  const std::string root = tmpdir("export_swa");
+  auto ctx = make_context("cpu");
+  auto target = Target::load(test::source_dir() + "/tests/golden/target_qwen3", *ctx);
+  DrafterConfig c = DrafterConfig::for_target(target->config(), 3, 4, {1, 2}, 511);
+  c.layer_types = {"sliding_attention", "sliding_attention", "full_attention"};
+  c.sliding_window = 7;
+  const auto j = drafter_hf_config(c);
+  EXPECT_EQ(j["layer_types"], nlohmann::json({"sliding_attention", "sliding_attention", "full_attention"}));
+  EXPECT_EQ(j["use_sliding_window"], true);
+  EXPECT_EQ(j["sliding_window"], 7);
+  Drafter d(*ctx, c, 9, 0.1);
+  export_drafter(*ctx, root + "/export", c, d.params());
+  const DrafterConfig back = read_exported_drafter(root + "/export").config;
+  EXPECT_EQ(nlohmann::json(back).dump(), nlohmann::json(c).dump());
+  EXPECT_EQ(back.window_of(1), 7);
+  EXPECT_EQ(back.window_of(2), 0);
+  // a sliding layer without a window: refused, naming the file
+  auto bad = nlohmann::json::parse(read_file(root + "/export/config.json"));
+  bad["sliding_window"] = nullptr;
+  write_file_atomic(root + "/export/config.json", bad.dump());
+  try {
+    read_exported_drafter(root + "/export");
+    ADD_FAILURE() << "a sliding layer without sliding_window was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sliding_window"), std::string::npos) << e.what();
+  }
+  fs::remove_all(root);
+}
+
+// train --sliding-window through the CLI: the resolved layer types in the checkpoint and the export; a resume
+// with another window is refused.
+TEST(TrainCli, SlidingWindowLayersReachTheCheckpointAndTheExport) {
+  const std::string root = tmpdir("cli_swa");
+  const std::string data = make_data(root, 4);
+  const std::string base = std::string(DFLASH_BINARY) + " train --target " + test::source_dir() +
+                           "/tests/golden/target_qwen3 --data " + data + " --out " + root + "/run --max-steps 2 " +
+                           "--block-size 4 --target-layer-ids 1,2 --mask-token-id 511 --batch-size 2 --num-layers 2 " +
+                           "--quiet --threads 1";
+  const std::string cmd = base + " --sliding-window 5 --layer-types sliding,full 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto st = nlohmann::json::parse(read_file(latest_checkpoint(root + "/run") + "/state.json"));
+  EXPECT_EQ(st["config"]["layer_types"], nlohmann::json({"sliding_attention", "full_attention"}));
+  EXPECT_EQ(st["config"]["sliding_window"], 5);
+  const DrafterConfig ex = read_exported_drafter(root + "/run/export").config;
+  EXPECT_EQ(ex.window_of(0), 5);
+  EXPECT_EQ(ex.window_of(1), 0);
+  const std::string other =
+      base + " --resume --sliding-window 6 --layer-types sliding,full > " + root + "/resume.log 2>&1";
+  EXPECT_NE(std::system(other.c_str()), 0) << other;
+  EXPECT_NE(read_file(root + "/resume.log").find("sliding_window"), std::string::npos) << read_file(root + "/resume.log");
   fs::remove_all(root);
 }
 

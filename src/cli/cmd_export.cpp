@@ -44,6 +44,9 @@ void register_export(CLI::App& app) {
                                                  c.at("target_layer_ids").get<std::vector<int64_t>>(),
                                                  c.at("mask_token_id"));
     dc.intermediate_size = c.at("intermediate_size");
+    dc.layer_types = c.value("layer_types", std::vector<std::string>{});  // resolved by train; absent before windows
+    dc.sliding_window = c.value("sliding_window", int64_t{0});
+    dc.validate();
     auto ctx = make_context("cpu");
     Drafter d(*ctx, dc, 0);
     load_params(*ctx, d.params(), WeightStore::open(path_join(ck, "params.safetensors")));

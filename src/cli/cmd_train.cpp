@@ -66,6 +66,15 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--init-fc", c.init_fc, "fc at init: random (spec 1) or last (the selection of the last captured "
                   "layer's features)")
       ->capture_default_str();
+  sub->add_option("--sliding-window", c.sliding_window,
+                  "W > 0: sliding-window draft layers (slot i of a block sees the context keys [a_j + i - (W-1), "
+                  "a_j) and its block's keys 0..i; exported as layer_types / sliding_window); which layers: "
+                  "--layer-types (default: all of them)")
+      ->capture_default_str();
+  sub->add_option("--layer-types", c.layer_types,
+                  "one per draft layer, full_attention (full) or sliding_attention (sliding), e.g. "
+                  "sliding,sliding,full (default: every layer sliding with --sliding-window, else full)")
+      ->delimiter(',');
   sub->add_option("--max-anchors", c.max_anchors, "anchors (blocks) per sequence, N")->capture_default_str();
   sub->add_option("--gamma", c.gamma, "loss decay gamma (0 = default for B; < 0 = uniform weights)")
       ->capture_default_str();

@@ -24,6 +24,16 @@ void DrafterConfig::validate() const {
                " is not a multiple of num_kv_heads ", num_kv_heads);
   DFLASH_CHECK(head_dim % 2 == 0, "drafter config: head_dim must be even for RoPE, got ", head_dim);
   validate_target_layer_ids(target_layer_ids, num_target_layers);  // distinct, ascending, in range (hf_config.h)
+  DFLASH_CHECK(layer_types.empty() || static_cast<int64_t>(layer_types.size()) == num_layers, "drafter config: ",
+               layer_types.size(), " layer_types for ", num_layers, " layers");
+  bool sliding = false;
+  for (size_t l = 0; l < layer_types.size(); ++l) {
+    DFLASH_CHECK(layer_types[l] == "full_attention" || layer_types[l] == "sliding_attention", "drafter config: layer_types[",
+                 l, "] is \"", layer_types[l], "\" (expected full_attention or sliding_attention)");
+    sliding |= layer_types[l] == "sliding_attention";
+  }
+  DFLASH_CHECK(!sliding || (sliding_window > 0 && sliding_window < (int64_t{1} << 30)), "drafter config: sliding_window ",
+               sliding_window, " must be a positive number of tokens for the sliding_attention layers");
   DFLASH_CHECK(mask_token_id >= 0 && mask_token_id < vocab_size, "drafter config: mask_token_id ", mask_token_id,
                " is not a row of the target's ", vocab_size, "-row embedding (spec 1: the mask token must be an "
                "existing row; set it with --mask-token-id or use a tokenizer that defines one)");
@@ -50,6 +60,37 @@ DrafterConfig DrafterConfig::for_target(const ModelConfig& t, int64_t num_layers
   return c;
 }
 
+std::vector<std::string> resolve_layer_types(const std::vector<std::string>& given, int64_t num_layers,
+                                             int64_t sliding_window) {
+  DFLASH_CHECK(sliding_window >= 0, "--sliding-window ", sliding_window, " must be >= 0 (0 = no sliding layers)");
+  if (given.empty())
+    return sliding_window > 0 ? std::vector<std::string>(static_cast<size_t>(num_layers), "sliding_attention")
+                              : std::vector<std::string>{};
+  DFLASH_CHECK(static_cast<int64_t>(given.size()) == num_layers, "--layer-types names ", given.size(),
+               " layer types for ", num_layers, " draft layers (one per layer)");
+  std::vector<std::string> out;
+  bool sliding = false;
+  for (const std::string& t : given) {
+    if (t == "full" || t == "full_attention") {
+      out.push_back("full_attention");
+    } else if (t == "sliding" || t == "sliding_attention") {
+      out.push_back("sliding_attention");
+      sliding = true;
+    } else {
+      DFLASH_FAIL("--layer-types: '", t, "' is not one of full_attention (full), sliding_attention (sliding)");
+    }
+  }
+  DFLASH_CHECK(!sliding || sliding_window > 0, "--layer-types has sliding_attention layers: give their window with "
+               "--sliding-window W");
+  if (!sliding) out.clear();
+  return out;
+}
+
+int DrafterConfig::window_of(int64_t l) const {
+  const bool sliding = l >= 0 && l < static_cast<int64_t>(layer_types.size()) && layer_types[l] == "sliding_attention";
+  return sliding ? static_cast<int>(sliding_window) : 0;
+}
+
 void to_json(nlohmann::json& j, const DrafterConfig& c) {
   j = nlohmann::json{{"hidden_size", c.hidden_size},
                      {"intermediate_size", c.intermediate_size},
@@ -70,7 +111,9 @@ void to_json(nlohmann::json& j, const DrafterConfig& c) {
                        {"low_freq_factor", c.rope_scaling.low_freq_factor},
                        {"high_freq_factor", c.rope_scaling.high_freq_factor},
                        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}}},
-                     {"max_position_embeddings", c.max_position_embeddings}};
+                     {"max_position_embeddings", c.max_position_embeddings},
+                     {"layer_types", c.layer_types},
+                     {"sliding_window", c.sliding_window}};
 }
 
 void from_json(const nlohmann::json& j, DrafterConfig& c) {
@@ -94,6 +137,8 @@ void from_json(const nlohmann::json& j, DrafterConfig& c) {
   rs.at("high_freq_factor").get_to(c.rope_scaling.high_freq_factor);
   rs.at("original_max_position_embeddings").get_to(c.rope_scaling.original_max_position_embeddings);
   j.at("max_position_embeddings").get_to(c.max_position_embeddings);
+  c.layer_types = j.value("layer_types", std::vector<std::string>{});  // absent in checkpoints before sliding windows
+  c.sliding_window = j.value("sliding_window", int64_t{0});
 }
 
 // ---- parameters ------------------------------------------------------------------------------------------
@@ -203,7 +248,7 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
   ctx.linear(a.xn, P.wv->compute, nullptr, a.vb.reshape({NB, nkv * d}));
   // DFlash attention
   DFlashAttnArgs at{a.q, a.kc, a.vc, a.kb, a.vb, in.anchors, in.valid, static_cast<int>(cfg_.block_size),
-                    1.0f / std::sqrt(static_cast<float>(d)), 0};
+                    1.0f / std::sqrt(static_cast<float>(d)), cfg_.window_of(l)};
   a.o = ctx.empty(dt, {NB, nh, d});
   a.lse = ctx.empty(st, {NB, nh});
   ctx.dflash_attention(at, a.o, a.lse);
@@ -250,7 +295,7 @@ void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, con
   Tensor dkc = ctx.empty(dt, {S, nkv, d}), dvc = ctx.empty(dt, {S, nkv, d});
   Tensor dkb = ctx.empty(dt, {NB, nkv, d}), dvb = ctx.empty(dt, {NB, nkv, d});
   DFlashAttnArgs at{a.q, a.kc, a.vc, a.kb, a.vb, in.anchors, in.valid, static_cast<int>(cfg_.block_size),
-                    1.0f / std::sqrt(static_cast<float>(d)), 0};
+                    1.0f / std::sqrt(static_cast<float>(d)), cfg_.window_of(l)};
   ctx.dflash_attention_backward(at, a.o, a.lse, d_o, dq, dkc, dvc, dkb, dvb);
   // RoPE backward (rotation by -angle), then the per-head RMSNorms
   ctx.rope(dq, in.block_pos, inv_freq_, true);

@@ -31,8 +31,15 @@ struct DrafterConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   int64_t max_position_embeddings = 0;
+  // Sliding-window draft layers (spec 2.3; Hugging Face's layer_types / sliding_window): layer l is
+  // "sliding_attention" or "full_attention"; empty = every layer full. sliding_window W (tokens, > 0 when a layer
+  // slides): slot i of a block sees the context keys [a_j + i - (W-1), a_j) and the block keys 0..i.
+  std::vector<std::string> layer_types;
+  int64_t sliding_window = 0;
 
   int64_t nf() const { return static_cast<int64_t>(target_layer_ids.size()); }
+  // The attention window of layer l: sliding_window for a "sliding_attention" layer, 0 (full attention) otherwise.
+  int window_of(int64_t l) const;
   // Checks internal consistency (and against the target if given); Error names the field. target_layer_ids must
   // follow validate_target_layer_ids (io/hf_config.h: distinct, ascending, in [0, num_target_layers)).
   void validate() const;
@@ -40,6 +47,12 @@ struct DrafterConfig {
   static DrafterConfig for_target(const ModelConfig& target, int64_t num_layers, int64_t block_size,
                                   std::vector<int64_t> layer_ids, int32_t mask_token_id);
 };
+// The layer_types of a drafter from the user's choice (train --layer-types / --sliding-window): `given` names one
+// type per layer ("full_attention" / "sliding_attention", or "full" / "sliding"); empty = every layer
+// sliding_attention when sliding_window > 0, else every layer full (returned empty). Error when the count differs
+// from num_layers, a name is unknown, or a sliding layer has no window.
+std::vector<std::string> resolve_layer_types(const std::vector<std::string>& given, int64_t num_layers,
+                                             int64_t sliding_window);
 void to_json(nlohmann::json& j, const DrafterConfig& c);
 void from_json(const nlohmann::json& j, DrafterConfig& c);
 

@@ -39,7 +39,12 @@ nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& t
   j["rope_scaling"] = rope_scaling;
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["attention_bias"] = false;
-  j["layer_types"] = std::vector<std::string>(static_cast<size_t>(c.num_layers), "full_attention");
+  j["layer_types"] = c.layer_types.empty() ? std::vector<std::string>(static_cast<size_t>(c.num_layers), "full_attention")
+                                           : c.layer_types;
+  bool sliding = false;
+  for (const auto& t : c.layer_types) sliding |= t == "sliding_attention";
+  j["use_sliding_window"] = sliding;
+  j["sliding_window"] = sliding ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
   j["tie_word_embeddings"] = false;
   j["vocab_size"] = c.vocab_size;
   j["torch_dtype"] = "bfloat16";
@@ -114,6 +119,19 @@ ExportedDrafter read_exported_drafter(const std::string& dir) {
     c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
     c.rope_theta = j.value("rope_theta", 10000.0);
     c.max_position_embeddings = j.value("max_position_embeddings", int64_t{0});
+    // sliding-window layers: Hugging Face's layer_types + sliding_window (an all-full list is kept as empty)
+    if (j.contains("layer_types") && j["layer_types"].is_array()) {
+      c.layer_types = j["layer_types"].get<std::vector<std::string>>();
+      bool sliding = false;
+      for (const auto& t : c.layer_types) sliding |= t == "sliding_attention";
+      if (sliding) {
+        DFLASH_CHECK(j.contains("sliding_window") && j["sliding_window"].is_number_integer(), path,
+                     ": layer_types has sliding_attention layers but sliding_window is not an integer");
+        c.sliding_window = j["sliding_window"].get<int64_t>();
+      } else {
+        c.layer_types.clear();
+      }
+    }
     if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
       const auto& rs = j["rope_scaling"];
       c.rope_scaling.kind = rs.value("rope_type", rs.value("type", std::string("none")));
@@ -125,7 +143,11 @@ ExportedDrafter read_exported_drafter(const std::string& dir) {
   } catch (const nlohmann::json::exception& ex) {
     DFLASH_FAIL(path, ": ill-typed field: ", ex.what());
   }
-  c.validate();
+  try {
+    c.validate();
+  } catch (const Error& ex) {
+    DFLASH_FAIL(path, ": ", ex.what());
+  }
   e.training = j.value("dflash_training", nlohmann::json::object());
   e.weights_path = path_join(dir, "model.safetensors");
   return e;

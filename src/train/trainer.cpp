@@ -52,6 +52,8 @@ void to_json(nlohmann::json& j, const TrainConfig& c) {
                      {"init_std", c.init_std},
                      {"init_from_target", c.init_from_target},
                      {"init_fc", c.init_fc},
+                     {"sliding_window", c.sliding_window},
+                     {"layer_types", c.layer_types},
                      {"max_anchors", c.max_anchors},
                      {"gamma", c.gamma},
                      {"kl_weight", c.kl_weight},
@@ -232,6 +234,8 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   validate_target_layer_ids(layer_ids, tc.num_hidden_layers);  // distinct, ascending: the exported order
   DrafterConfig dc = DrafterConfig::for_target(tc, cfg.num_layers, cfg.block_size, layer_ids, mask_id);
   if (cfg.intermediate_size > 0) dc.intermediate_size = cfg.intermediate_size;
+  dc.layer_types = resolve_layer_types(cfg.layer_types, dc.num_layers, cfg.sliding_window);
+  dc.sliding_window = dc.layer_types.empty() ? 0 : cfg.sliding_window;
   dc.validate();
   // where the weights start (model/drafter_init.h); only step 0 depends on it, so resume does not compare it
   const std::vector<int64_t> init_layers = resolve_init_layers(cfg.init_from_target, dc);
@@ -264,6 +268,8 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   cfg_json["intermediate_size"] = dc.intermediate_size;
   cfg_json["gamma"] = gamma;
   cfg_json["init_from_target"] = init_layers;
+  cfg_json["layer_types"] = dc.layer_types;  // resolved: empty = every layer full attention
+  cfg_json["sliding_window"] = dc.sliding_window;
   cfg_json["data"] = data_provenance(man);  // how the data was made: in every checkpoint and the export
 
   // An earlier run in out_dir is refused unless --resume / --overwrite; checked once every input is valid, so a
@@ -279,6 +285,13 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
       DFLASH_CHECK(old.contains(k) && old[k] == cfg_json[k], latest, "/state.json: the checkpoint was made with ", k,
                    " = ", old.contains(k) ? old[k].dump() : "(absent)", ", this run has ", cfg_json[k].dump(),
                    "; resume needs the same setting");
+    // keys added after the first checkpoints: absent = the value that was implied then (no sliding layers)
+    for (const auto& [k, implied] : {std::pair<const char*, nlohmann::json>{"layer_types", nlohmann::json::array()},
+                                     std::pair<const char*, nlohmann::json>{"sliding_window", 0}}) {
+      const nlohmann::json was = old.contains(k) ? old[k] : implied;
+      DFLASH_CHECK(was == cfg_json[k], latest, "/state.json: the checkpoint was made with ", k, " = ", was.dump(),
+                   ", this run has ", cfg_json[k].dump(), "; resume needs the same setting");
+    }
     start = info.at("step").get<int64_t>();
     start_updates = info.value("updates", start);
     total_steps = info.value("total_steps", total_steps);

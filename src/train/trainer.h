@@ -49,6 +49,9 @@ struct TrainConfig {
   std::string init_from_target;  // "" (random, spec 1), "next" or "L0,L1,..": draft layers start as these target
                                  // layers (model/drafter_init.h); needs the target's checkpoint
   std::string init_fc = "random";  // "random" (spec 1) or "last": fc starts as the selection of the last feature
+  int64_t sliding_window = 0;            // W > 0: sliding-window draft layers (spec 2.3), see layer_types
+  std::vector<std::string> layer_types;  // one per draft layer, full(_attention) / sliding(_attention); empty =
+                                         // all sliding when sliding_window > 0 (model/drafter.h resolve_layer_types)
   // objective (spec 2.1-2.4)
   int64_t max_anchors = 512;
   double gamma = 0;         // 0 = default for the block size (spec 2.4); < 0 = uniform weights

@@ -419,9 +419,10 @@ TEST(CudaOps, AttentionCausal) {
 }
 
 // DFlash attention forward + backward. Backward inputs (out rounded to bf16, lse in F32) come from the fp64
-// forward so that every backend differentiates at the same point.
+// forward so that every backend differentiates at the same point. window > 0: a sliding-window layer (spec 2.3).
 void dflash_case(const std::string& label, int64_t S, int64_t B, int64_t nh, int64_t nkv, int64_t d,
-                 std::vector<int32_t> anchors, std::vector<uint8_t> valid, Context* gpu_override = nullptr) {
+                 std::vector<int32_t> anchors, std::vector<uint8_t> valid, Context* gpu_override = nullptr,
+                 int window = 0) {
   const int64_t N = static_cast<int64_t>(anchors.size()), NB = N * B;
   const Tensor q = rnd({NB, nh, d}, 50), kc = rnd({S, nkv, d}, 51), vc = rnd({S, nkv, d}, 52);
   const Tensor kb = rnd({NB, nkv, d}, 53), vb = rnd({NB, nkv, d}, 54), dout = rnd({NB, nh, d}, 55);
@@ -432,7 +433,7 @@ void dflash_case(const std::string& label, int64_t S, int64_t B, int64_t nh, int
   {
     Context& c = *bk.c64;
     DFlashAttnArgs a{put(c, q), put(c, kc), put(c, vc), put(c, kb), put(c, vb), put_i32(c, anchors), put_u8(c, valid),
-                     static_cast<int>(B), scale, 0};
+                     static_cast<int>(B), scale, window};
     Tensor o = nan_out(c, {NB, nh, d}), l = nan_out(c, {NB, nh}, false);
     c.dflash_attention(a, o, l);
     o_ref = cpu_to_f32(cpu_to_bf16(cpu_to_f32(c.to_host(o))));  // F64 -> F32 -> bf16 values
@@ -442,7 +443,8 @@ void dflash_case(const std::string& label, int64_t S, int64_t B, int64_t nh, int
   for (int32_t a : anchors) max_keys = std::max<int64_t>(max_keys, a);
   const double nred = static_cast<double>(max_keys + B + d);
   const double nred_kv = static_cast<double>(NB * (nh / nkv) + d);
-  const std::string nm = cat("dflash ", label, " S", S, " N", N, " B", B, " nh/nkv ", nh, "/", nkv, " d", d);
+  const std::string nm = cat("dflash ", label, " S", S, " N", N, " B", B, " nh/nkv ", nh, "/", nkv, " d", d,
+                             window ? cat(" W", window) : "");
   const std::vector<Out> outs = {{"out", Kind::Nmse, true, nred, kAttnOutNmse},
                                  {"lse", Kind::TwoX, false, nred},
                                  {"dq", Kind::Nmse, true, nred, kAttnGradNmse},
@@ -452,7 +454,7 @@ void dflash_case(const std::string& label, int64_t S, int64_t B, int64_t nh, int
                                  {"dv_blk", Kind::Nmse, true, nred_kv, kAttnGradNmse}};
   auto run = [&](Context& c) {
     DFlashAttnArgs a{put(c, q), put(c, kc), put(c, vc), put(c, kb), put(c, vb), put_i32(c, anchors), put_u8(c, valid),
-                     static_cast<int>(B), scale, 0};
+                     static_cast<int>(B), scale, window};
     Tensor o = nan_out(c, {NB, nh, d}), l = nan_out(c, {NB, nh}, false);
     c.dflash_attention(a, o, l);
     Tensor dq = nan_out(c, {NB, nh, d}), dkc = nan_out(c, {S, nkv, d}), dvc = nan_out(c, {S, nkv, d});
@@ -519,6 +521,21 @@ TEST(CudaOps, DFlashAttentionLarge) {
   dflash_case("random anchors", 3072, 16, 32, 8, 128, sorted_anchors(3072, 64, 7), std::vector<uint8_t>(64, 1));
   dflash_case("random anchors", 2048, 16, 32, 8, 64, sorted_anchors(2048, 32, 8), std::vector<uint8_t>(32, 1));
   dflash_case("random anchors B10", 3000, 10, 4, 2, 128, sorted_anchors(3000, 64, 9), std::vector<uint8_t>(64, 1));
+}
+
+// Sliding-window draft layers (window > 0): context keys [a_j + i - (W-1), a_j), causal within the block. Windows
+// narrower than the block, about the block, spanning several key tiles; windows starting mid-tile; padding blocks.
+TEST(CudaOps, DFlashAttentionSlidingWindow) {
+  dflash_case("window", 21, 4, 4, 2, 8, {5, 8, 12, 18, 0}, {1, 1, 1, 1, 0}, nullptr, 3);
+  dflash_case("window", 90, 16, 8, 2, 128, {0, 45, 88}, {1, 0, 1}, nullptr, 16);
+  dflash_case("window", 300, 16, 8, 2, 64, {3, 70, 100, 150, 298}, {1, 1, 1, 1, 1}, nullptr, 40);
+  dflash_case("window 1 (no context key)", 40, 4, 2, 1, 64, {7, 30}, {1, 1}, nullptr, 1);
+  dflash_case("window, head_dim 256", 40, 4, 2, 1, 256, {7, 30}, {1, 1}, nullptr, 9);
+  if (kEmu) return;
+  dflash_case("window", 3072, 16, 32, 8, 128, sorted_anchors(3072, 64, 11), std::vector<uint8_t>(64, 1), nullptr, 512);
+  dflash_case("window", 2048, 16, 32, 8, 64, sorted_anchors(2048, 32, 12), std::vector<uint8_t>(32, 1), nullptr, 100);
+  auto capped = gpu_context(32 * 1024);  // the CUDA-core kernels (case C07's cap)
+  dflash_case("window, 32K smem cap", 300, 16, 8, 2, 128, {3, 150, 298}, {1, 1, 1}, capped.get(), 70);
 }
 
 // case C07: a device whose per-block shared memory is capped lower than the kernels' first choice

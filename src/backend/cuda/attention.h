@@ -4,8 +4,9 @@
 //
 // The forward kernel computes, for each query row (query t, head h, kv head g = h / (nh/nkv)), the softmax
 // attention over at most two key segments held in separate tensors:
-//   segment 1: keys k1/v1 rows [0, hi1(row))                    (causal keys / DFlash context prefix)
-//   segment 2: keys k2/v2 rows [lo2(row), hi2(row))             (DFlash: the B keys of the query's own block)
+//   segment 1: keys k1/v1 rows [lo1(row), hi1(row))             (causal keys / DFlash context prefix)
+//   segment 2: keys k2/v2 rows [lo2(row), hi2(row))             (DFlash: the keys of the query's own block)
+// (dflash_row_bounds below: lo1 = 0 and the whole block unless the layer has a sliding window).
 // with FlashAttention-2's online softmax (Dao 2023) over key tiles staged in shared memory: never a Tq x Tk
 // buffer. A row that sees no key outputs zeros and lse = -inf. Rows of one CTA are (query, head) pairs of one kv
 // head, so GQA heads share each K/V tile.
@@ -37,6 +38,7 @@ struct AttnFwdParams {
   const int* anchors;      // DFlash [N] (device)
   const unsigned char* valid;  // DFlash [N] (device)
   int B, N;                // DFlash block size and number of blocks (S = T1)
+  int window;              // DFlash sliding window W (0 = full attention; spec 2.3)
   int* err;
 };
 
@@ -54,7 +56,34 @@ struct AttnBwdParams {
   const int* anchors;
   const unsigned char* valid;
   int B, N;
+  int window;  // sliding window W, 0 = full attention
 };
+
+// The visibility of DFlash query row qi (block j = qi / B, slot i = qi % B) of spec 2.3, the one definition every
+// attention kernel uses: context keys [lo1, hi1) with hi1 = a_j (strictly before the anchor) and, with a sliding
+// window W > 0, lo1 = max(0, a_j + i - (W - 1)); block keys [lo2, hi2) = [j B, j B + B), or [j B, j B + i + 1)
+// (causal in the block) with a window. A padding block sees nothing (all ranges empty). An anchor outside
+// [0, T1] is clamped and flagged in *err (when err is not null).
+__device__ __forceinline__ void dflash_row_bounds(int qi, int B, int T1, int window, const int* anchors,
+                                                  const unsigned char* valid, int* err, int& lo1, int& hi1,
+                                                  int& lo2, int& hi2) {
+  lo1 = hi1 = lo2 = hi2 = 0;
+  const int j = qi / B;
+  if (!valid[j]) return;
+  int a = anchors[j];
+  if (a < 0 || a > T1) {
+    if (err) atomicOr(err, kErrAnchor);
+    a = a < 0 ? 0 : T1;
+  }
+  hi1 = a;
+  lo2 = j * B;
+  hi2 = lo2 + B;
+  if (window > 0) {
+    const int i = qi - lo2;
+    lo1 = min(max(0, a + i - (window - 1)), a);
+    hi2 = lo2 + i + 1;
+  }
+}
 
 // Head-dim bucket D (64, 128 or 256) the kernels are compiled for; any d <= D runs in bucket D. 0 if d > 256.
 inline int head_dim_bucket(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : (d <= 256 ? 256 : 0)); }

@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
   int* sHi1 = reinterpret_cast<int*>(sA + M);
   int* sLo2 = sHi1 + M;
   int* sHi2 = sLo2 + M;
-  int* sExt = sHi2 + M;  // [0] = max hi1, [1] = min lo2, [2] = max hi2 over the CTA's rows
+  int* sLo1 = sHi2 + M;
+  int* sExt = sLo1 + M;  // [0] = max hi1, [1] = min lo2, [2] = max hi2, [3] = min lo1 over the CTA's rows
 
   const int tid = threadIdx.x;
   const int d = p.d, nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc;
@@ -53,25 +54,15 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
 
   // per-row visibility (row r = query q0 + r % mq, head h0 + r / mq)
   for (int r = tid; r < M; r += NT) {
-    int hi1 = 0, lo2 = 0, hi2 = 0;
+    int lo1 = 0, hi1 = 0, lo2 = 0, hi2 = 0;
     const int hh = r / mq, qi = q0 + r % mq;
     if (hh < hc && qi < p.Tq) {
-      if (p.mode == kAttnCausal) {
+      if (p.mode == kAttnCausal)
         hi1 = min(p.q_offset + qi + 1, p.T1);
-      } else {
-        const int j = qi / p.B;
-        if (p.valid[j]) {
-          int a = p.anchors[j];
-          if (a < 0 || a > p.T1) {
-            atomicOr(p.err, kErrAnchor);
-            a = a < 0 ? 0 : p.T1;
-          }
-          hi1 = a;  // context keys k < a_j (strictly before the anchor)
-          lo2 = j * p.B;
-          hi2 = lo2 + p.B;  // the B keys of block j
-        }
-      }
+      else
+        dflash_row_bounds(qi, p.B, p.T1, p.window, p.anchors, p.valid, p.err, lo1, hi1, lo2, hi2);
     }
+    sLo1[r] = lo1;
     sHi1[r] = hi1;
     sLo2[r] = lo2;
     sHi2[r] = hi2;
@@ -87,9 +78,12 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
   }
   __syncthreads();
   if (tid == 0) {
-    int e1 = 0, lo = INT_MAX, hi = 0;
+    int e1 = 0, l1 = INT_MAX, lo = INT_MAX, hi = 0;
     for (int r = 0; r < M; ++r) {
-      e1 = max(e1, sHi1[r]);
+      if (sHi1[r] > sLo1[r]) {
+        e1 = max(e1, sHi1[r]);
+        l1 = min(l1, sLo1[r]);
+      }
       if (sHi2[r] > sLo2[r]) {
         lo = min(lo, sLo2[r]);
         hi = max(hi, sHi2[r]);
@@ -98,9 +92,10 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
     sExt[0] = e1;
     sExt[1] = hi > 0 ? lo : 0;
     sExt[2] = hi;
+    sExt[3] = e1 > 0 ? l1 : 0;
   }
   __syncthreads();
-  const int ext1 = sExt[0], ext_lo2 = sExt[1], ext_hi2 = sExt[2];
+  const int ext_lo1 = sExt[3], ext1 = sExt[0], ext_lo2 = sExt[1], ext_hi2 = sExt[2];
 
   float acc[ACC];
   DFLASH_UNROLL
@@ -108,7 +103,7 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
   const int lane = tid & 31, warp = tid >> 5;
 
   for (int seg = 0; seg < 2; ++seg) {
-    const int klo = seg == 0 ? 0 : ext_lo2, khi = seg == 0 ? ext1 : ext_hi2;
+    const int klo = seg == 0 ? ext_lo1 : ext_lo2, khi = seg == 0 ? ext1 : ext_hi2;
     const bf16* Kp = static_cast<const bf16*>(seg == 0 ? p.k1 : p.k2);
     const bf16* Vp = static_cast<const bf16*>(seg == 0 ? p.v1 : p.v2);
     for (int kt = klo; kt < khi; kt += nk) {
@@ -127,7 +122,7 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
       __syncthreads();
       for (int idx = tid; idx < M * nk; idx += NT) {
         const int r = idx / nk, kk = idx % nk, key = kt + kk;
-        const bool vis = seg == 0 ? key < sHi1[r] : (key >= sLo2[r] && key < sHi2[r]);
+        const bool vis = seg == 0 ? (key >= sLo1[r] && key < sHi1[r]) : (key >= sLo2[r] && key < sHi2[r]);
         float s = -INFINITY;
         if (vis) {
           const bf16* qr = sQ + r * LD;
@@ -199,12 +194,12 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
 size_t attn_fwd_smem(int D, int nk) {
   const size_t M = static_cast<size_t>(attn_rows_per_cta(D)), LD = static_cast<size_t>(D + 2);
   return align16((M + 2 * nk) * LD * sizeof(uint16_t)) + (M * (nk + 1) + 3 * M) * sizeof(float) +
-         (3 * M + 4) * sizeof(int);
+         (4 * M + 4) * sizeof(int);
 }
 size_t attn_dq_smem(int D, int nk) {
   const size_t M = static_cast<size_t>(attn_rows_per_cta(D)), LD = static_cast<size_t>(D + 2);
   return align16((2 * M + 2 * nk) * LD * sizeof(uint16_t)) + (M * (nk + 1) + 2 * M) * sizeof(float) +
-         (3 * M + 4) * sizeof(int);
+         (4 * M + 4) * sizeof(int);
 }
 size_t attn_dkv_smem(int D, int mc) {
   const size_t NK = static_cast<size_t>(attn_keys_per_cta(D)), LD = static_cast<size_t>(D + 2);

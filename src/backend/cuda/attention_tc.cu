@@ -98,24 +98,16 @@ __device__ __forceinline__ void load_b(uint32_t (&r)[4], const bf16* tile, int k
   ldsm_x4_t(r, smem_u32(tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8));
 }
 
-// Visibility of a query row (attention.h): segment 1 keys [0, hi1), segment 2 keys [lo2, hi2).
-__device__ __forceinline__ void row_bounds(int mode, int qi, int q_offset, int T1, int B, const int* anchors,
-                                           const unsigned char* valid, int* err, int& hi1, int& lo2, int& hi2) {
-  hi1 = lo2 = hi2 = 0;
+// Visibility of a query row (attention.h): segment 1 keys [lo1, hi1), segment 2 keys [lo2, hi2).
+__device__ __forceinline__ void row_bounds(int mode, int qi, int q_offset, int T1, int B, int window,
+                                           const int* anchors, const unsigned char* valid, int* err, int& lo1,
+                                           int& hi1, int& lo2, int& hi2) {
   if (mode == kAttnCausal) {
+    lo1 = lo2 = hi2 = 0;
     hi1 = min(q_offset + qi + 1, T1);
     return;
   }
-  const int j = qi / B;
-  if (!valid[j]) return;
-  int a = anchors[j];
-  if (a < 0 || a > T1) {
-    if (err) atomicOr(err, kErrAnchor);
-    a = a < 0 ? 0 : T1;
-  }
-  hi1 = a;
-  lo2 = j * B;
-  hi2 = lo2 + B;
+  dflash_row_bounds(qi, B, T1, window, anchors, valid, err, lo1, hi1, lo2, hi2);
 }
 
 // Copies rows [0, nrows) x D of a tile whose row r lives at src + off(r) (or is zero when off(r) < 0).
@@ -136,7 +128,7 @@ template <int D>
 __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
   constexpr int LDS = D + 8, KT = kFwdKeys, NT = KT / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem);
-  __shared__ int sExt[3];
+  __shared__ int sExt[4];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [64][LDS]
   bf16* sK = sQ + kTcRows * LDS;              // [2][KT][LDS]
   bf16* sV = sK + 2 * KT * LDS;               // [2][KT][LDS]
@@ -145,7 +137,7 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = blockIdx.x * mq;
   const bf16* Q = static_cast<const bf16*>(p.q);
 
-  int hi1[2], lo2[2], hi2[2];
+  int lo1[2], hi1[2], lo2[2], hi2[2];
   bool rok[2];
   int64_t orow[2];
   DFLASH_UNROLL
@@ -154,14 +146,16 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
     rok[i] = hh < hc && qi < p.Tq;
     orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
     if (rok[i])
-      row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, p.anchors, p.valid, p.err, hi1[i], lo2[i], hi2[i]);
+      row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, p.window, p.anchors, p.valid, p.err, lo1[i], hi1[i], lo2[i],
+                 hi2[i]);
     else
-      hi1[i] = lo2[i] = hi2[i] = 0;
+      lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
   }
   if (tid == 0) {
     sExt[0] = 0;
     sExt[1] = INT_MAX;
     sExt[2] = 0;
+    sExt[3] = INT_MAX;
   }
   stage_rows<D, LDS>(sQ, Q, kTcRows, [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
@@ -172,18 +166,22 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
   if (t4 == 0)
     DFLASH_UNROLL
     for (int i = 0; i < 2; ++i) {
-      atomicMax(&sExt[0], hi1[i]);
+      if (hi1[i] > lo1[i]) {
+        atomicMax(&sExt[0], hi1[i]);
+        atomicMin(&sExt[3], lo1[i]);
+      }
       if (hi2[i] > lo2[i]) {
         atomicMin(&sExt[1], lo2[i]);
         atomicMax(&sExt[2], hi2[i]);
       }
     }
   __syncthreads();
-  const int ext1 = sExt[0], ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
-  const int nt1 = (ext1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+  // segment 1 tiles cover [elo1, ext1), segment 2 tiles [elo, ehi)
+  const int ext1 = sExt[0], elo1 = ext1 > 0 ? sExt[3] : 0, ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
+  const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
   auto load_tile = [&](int t, int buf) {
     const bool s1 = t < nt1;
-    const int kt = s1 ? t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
     const bf16* Kp = static_cast<const bf16*>(s1 ? p.k1 : p.k2);
     const bf16* Vp = static_cast<const bf16*>(s1 ? p.v1 : p.v2);
     auto off = [&](int r) -> int64_t {
@@ -213,10 +211,12 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
     cp_async_wait<1>();
     __syncthreads();
     const bool s1 = t < nt1;
-    const int kt = s1 ? t * KT : elo + (t - nt1) * KT;
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
     bool mine = false;
     DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i) mine |= s1 ? hi1[i] > kt : (hi2[i] > lo2[i] && lo2[i] < kt + KT && hi2[i] > kt);
+    for (int i = 0; i < 2; ++i)
+      mine |= s1 ? (hi1[i] > lo1[i] && lo1[i] < kt + KT && hi1[i] > kt)
+                 : (hi2[i] > lo2[i] && lo2[i] < kt + KT && hi2[i] > kt);
     if (__any_sync(0xffffffffu, mine)) {
       const bf16* tK = sK + buf * KT * LDS;
       const bf16* tV = sV + buf * KT * LDS;
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
         DFLASH_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-          const bool vis = s1 ? key < hi1[i] : (key >= lo2[i] && key < hi2[i]);
+          const bool vis = s1 ? (key >= lo1[i] && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
           const float v = vis ? s[n][e] * sl2 : -INFINITY;
           s[n][e] = v;
           mx[i] = fmaxf(mx[i], v);
@@ -307,7 +307,7 @@ template <int D>
 __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
   constexpr int LDS = D + 8, KT = kDqKeys, NT = KT / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem);
-  __shared__ int sExt[3];
+  __shared__ int sExt[4];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [64][LDS]
   bf16* sdO = sQ + kTcRows * LDS;             // [64][LDS]
   bf16* sK = sdO + kTcRows * LDS;             // [2][KT][LDS]
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = blockIdx.x * mq;
 
-  int hi1[2], lo2[2], hi2[2];
+  int lo1[2], hi1[2], lo2[2], hi2[2];
   bool rok[2];
   int64_t orow[2];
   float lse2[2], Dr[2];
@@ -325,10 +325,10 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
     const int r = warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
     rok[i] = hh < hc && qi < p.Tq;
     orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
-    hi1[i] = lo2[i] = hi2[i] = 0;
+    lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
     lse2[i] = Dr[i] = 0.f;
     if (rok[i]) {
-      row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, p.anchors, p.valid, nullptr, hi1[i], lo2[i], hi2[i]);
+      row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, p.window, p.anchors, p.valid, nullptr, lo1[i], hi1[i], lo2[i], hi2[i]);
       lse2[i] = p.lse[orow[i] / D] * kLog2e;
       Dr[i] = p.Dr[orow[i] / D];
     }
@@ -337,6 +337,7 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
     sExt[0] = 0;
     sExt[1] = INT_MAX;
     sExt[2] = 0;
+    sExt[3] = INT_MAX;
   }
   auto qoff = [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
@@ -349,18 +350,22 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
   if (t4 == 0)
     DFLASH_UNROLL
     for (int i = 0; i < 2; ++i) {
-      atomicMax(&sExt[0], hi1[i]);
+      if (hi1[i] > lo1[i]) {
+        atomicMax(&sExt[0], hi1[i]);
+        atomicMin(&sExt[3], lo1[i]);
+      }
       if (hi2[i] > lo2[i]) {
         atomicMin(&sExt[1], lo2[i]);
         atomicMax(&sExt[2], hi2[i]);
       }
     }
   __syncthreads();
-  const int ext1 = sExt[0], ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
-  const int nt1 = (ext1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+  // segment 1 tiles cover [elo1, ext1), segment 2 tiles [elo, ehi)
+  const int ext1 = sExt[0], elo1 = ext1 > 0 ? sExt[3] : 0, ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
+  const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
   auto load_tile = [&](int t, int buf) {
     const bool s1 = t < nt1;
-    const int kt = s1 ? t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
     auto off = [&](int r) -> int64_t {
       return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
     };
@@ -389,10 +394,12 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
     cp_async_wait<1>();
     __syncthreads();
     const bool s1 = t < nt1;
-    const int kt = s1 ? t * KT : elo + (t - nt1) * KT;
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
     bool mine = false;
     DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i) mine |= s1 ? hi1[i] > kt : (hi2[i] > lo2[i] && lo2[i] < kt + KT && hi2[i] > kt);
+    for (int i = 0; i < 2; ++i)
+      mine |= s1 ? (hi1[i] > lo1[i] && lo1[i] < kt + KT && hi1[i] > kt)
+                 : (hi2[i] > lo2[i] && lo2[i] < kt + KT && hi2[i] > kt);
     if (__any_sync(0xffffffffu, mine)) {
       const bf16* tK = sK + buf * KT * LDS;
       const bf16* tV = sV + buf * KT * LDS;
@@ -418,7 +425,7 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
         DFLASH_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-          const bool vis = s1 ? key < hi1[i] : (key >= lo2[i] && key < hi2[i]);
+          const bool vis = s1 ? (key >= lo1[i] && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
           const float pv = vis ? exp2f(s[n][e] * sl2 - lse2[i]) : 0.f;
           s[n][e] = pv * (dp[n][e] - Dr[i]);  // dS
         }
@@ -515,7 +522,9 @@ __global__ void __launch_bounds__(kDkvThreads) k_dkv_tc(AttnBwdParams p) {
             int a = p.anchors[j];
             a = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
             vis_code = s1 ? a : j;
-            any = s1 ? a > k0 : true;
+            // a context tile: some key of [k0, k0 + 64) in [lo1, a_j) (dflash_row_bounds: lo1 = 0 without a window)
+            const int lo1 = p.window > 0 ? min(max(0, a + q % B - (p.window - 1)), a) : 0;
+            any = s1 ? (a > k0 && lo1 < k0 + kDkvKeys) : true;
           }
         }
         sVis[grp][lane] = vis_code;
@@ -569,7 +578,10 @@ __global__ void __launch_bounds__(kDkvThreads) k_dkv_tc(AttnBwdParams p) {
           DFLASH_UNROLL
           for (int e = 0; e < 4; ++e) {
             const int key = krow0 + 8 * (e >> 1), qc = n * 8 + 2 * t4 + (e & 1), code = sVis[grp][qc];
-            const bool vis = key < klim && (s1 ? key < code : (code >= 0 && key / B == code));
+            // spec 2.3 as dflash_row_bounds: context keys [lo1, a_j), block keys of block j (a prefix with a window)
+            const int slot = (c0 + qc) % B;
+            const bool vis = key < klim && (s1 ? (key < code && (p.window <= 0 || key >= code + slot - (p.window - 1)))
+                                               : (code >= 0 && key / B == code && (p.window <= 0 || key % B <= slot)));
             const float pv = vis ? exp2f(s[n][e] * sl2 - sL[grp][qc]) : 0.f;
             s[n][e] = pv;                                // P^T
             dp[n][e] = pv * (dp[n][e] - sD[grp][qc]);  // dS^T

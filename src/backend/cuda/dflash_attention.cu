@@ -56,7 +56,8 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_dq(AttnBwdParams p) {
   int* sHi1 = reinterpret_cast<int*>(sDr + M);
   int* sLo2 = sHi1 + M;
   int* sHi2 = sLo2 + M;
-  int* sExt = sHi2 + M;
+  int* sLo1 = sHi2 + M;
+  int* sExt = sLo1 + M;
 
   const int tid = threadIdx.x;
   const int d = p.d, nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc;
@@ -67,21 +68,18 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_dq(AttnBwdParams p) {
   const bf16 zero = __float2bfloat16(0.f);
 
   for (int r = tid; r < M; r += NT) {
-    int hi1 = 0, lo2 = 0, hi2 = 0;
+    int lo1 = 0, hi1 = 0, lo2 = 0, hi2 = 0;
     float lse = 0.f, dr = 0.f;
     const int hh = r / mq, qi = q0 + r % mq;
     if (hh < hc && qi < p.Tq) {
-      const int j = qi / p.B;
-      if (p.valid[j]) {
-        const int a = p.anchors[j];
-        hi1 = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
-        lo2 = j * p.B;
-        hi2 = lo2 + p.B;
+      dflash_row_bounds(qi, p.B, p.T1, p.window, p.anchors, p.valid, nullptr, lo1, hi1, lo2, hi2);
+      if (p.valid[qi / p.B]) {
         const int64_t row = static_cast<int64_t>(qi) * nh + h0 + hh;
         lse = p.lse[row];
         dr = p.Dr[row];
       }
     }
+    sLo1[r] = lo1;
     sHi1[r] = hi1;
     sLo2[r] = lo2;
     sHi2[r] = hi2;
@@ -102,9 +100,12 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_dq(AttnBwdParams p) {
   }
   __syncthreads();
   if (tid == 0) {
-    int e1 = 0, lo = 0x7fffffff, hi = 0;
+    int e1 = 0, l1 = 0x7fffffff, lo = 0x7fffffff, hi = 0;
     for (int r = 0; r < M; ++r) {
-      e1 = max(e1, sHi1[r]);
+      if (sHi1[r] > sLo1[r]) {
+        e1 = max(e1, sHi1[r]);
+        l1 = min(l1, sLo1[r]);
+      }
       if (sHi2[r] > sLo2[r]) {
         lo = min(lo, sLo2[r]);
         hi = max(hi, sHi2[r]);
@@ -113,16 +114,17 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_dq(AttnBwdParams p) {
     sExt[0] = e1;
     sExt[1] = hi > 0 ? lo : 0;
     sExt[2] = hi;
+    sExt[3] = e1 > 0 ? l1 : 0;
   }
   __syncthreads();
-  const int ext1 = sExt[0], ext_lo2 = sExt[1], ext_hi2 = sExt[2];
+  const int ext_lo1 = sExt[3], ext1 = sExt[0], ext_lo2 = sExt[1], ext_hi2 = sExt[2];
 
   float acc[ACC];
   DFLASH_UNROLL
   for (int u = 0; u < ACC; ++u) acc[u] = 0.f;
 
   for (int seg = 0; seg < 2; ++seg) {
-    const int klo = seg == 0 ? 0 : ext_lo2, khi = seg == 0 ? ext1 : ext_hi2;
+    const int klo = seg == 0 ? ext_lo1 : ext_lo2, khi = seg == 0 ? ext1 : ext_hi2;
     const bf16* Kp = seg == 0 ? p.k1 : p.k2;
     const bf16* Vp = seg == 0 ? p.v1 : p.v2;
     for (int kt = klo; kt < khi; kt += nk) {
@@ -141,7 +143,7 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_dq(AttnBwdParams p) {
       __syncthreads();
       for (int idx = tid; idx < M * nk; idx += NT) {
         const int r = idx / nk, kk = idx % nk, key = kt + kk;
-        const bool vis = seg == 0 ? key < sHi1[r] : (key >= sLo2[r] && key < sHi2[r]);
+        const bool vis = seg == 0 ? (key >= sLo1[r] && key < sHi1[r]) : (key >= sLo2[r] && key < sHi2[r]);
         float ds = 0.f;
         if (vis) {
           const bf16* qr = sQ + r * LD;
@@ -229,16 +231,11 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_dkv(AttnBwdParams p) {
   const int jhi = seg == 0 ? p.N : min(p.N, (kend - 1) / B + 1);
   for (int j = jlo; j < jhi; ++j) {  // every condition below is uniform over the CTA
     if (!p.valid[j]) continue;
-    int vis_lo, vis_hi;
-    if (seg == 0) {
-      const int a = p.anchors[j];
-      vis_lo = 0;
-      vis_hi = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
-      if (vis_hi <= kt) continue;  // no key of this tile is before the anchor
-    } else {
-      vis_lo = j * B;
-      vis_hi = vis_lo + B;
-    }
+    // slot 0 has the widest context range of the block ([lo1, hi1) of the other slots lie inside it); each row's own
+    // range comes from dflash_row_bounds below
+    int lo_any, hi_any, unused_lo2, unused_hi2;
+    dflash_row_bounds(j * B, B, p.T1, p.window, p.anchors, p.valid, nullptr, lo_any, hi_any, unused_lo2, unused_hi2);
+    if (seg == 0 && (hi_any <= kt || lo_any >= kend)) continue;  // no key of this tile is in block j's range
     for (int c0 = 0; c0 < rows_per_block; c0 += mc) {
       const int nrows = rows_per_block - c0 < mc ? rows_per_block - c0 : mc;
       __syncthreads();  // the previous chunk's shared rows are no longer read
@@ -264,6 +261,9 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_dkv(AttnBwdParams p) {
       for (int idx = tid; idx < nrows * NK; idx += NT) {
         const int r = idx / NK, kk = idx % NK, key = kt + kk;
         float pr = 0.f, ds = 0.f;
+        int lo1, hi1, lo2, hi2;
+        dflash_row_bounds(j * B + (c0 + r) % B, B, p.T1, p.window, p.anchors, p.valid, nullptr, lo1, hi1, lo2, hi2);
+        const int vis_lo = seg == 0 ? lo1 : lo2, vis_hi = seg == 0 ? hi1 : hi2;
         if (key < kend && key >= vis_lo && key < vis_hi) {
           const bf16* qr = sQ + r * LD;
           const bf16* gr = sdO + r * LD;
@@ -319,8 +319,7 @@ Geometry check_args(const char* op, const DFlashAttnArgs& a) {
   check_dev(op, a.v_blk, "v_blk", DType::BF16);
   check_dev(op, a.anchors, "anchors", DType::I32);
   check_dev(op, a.valid, "valid", DType::U8);
-  DFLASH_CHECK(a.window == 0, op, " (cuda): sliding-window layers (window = ", a.window,
-               ") are not implemented on CUDA yet; only full-attention draft layers (window 0)");
+  DFLASH_CHECK(a.window >= 0, op, ": window ", a.window, " (0 = full attention, W > 0 a sliding window)");
   DFLASH_CHECK(a.q.ndim() == 3 && a.k_ctx.ndim() == 3 && a.k_blk.ndim() == 3, op, ": q/k/v must be [T, heads, d]");
   Geometry g{};
   g.B = a.block_size;
@@ -379,6 +378,7 @@ void dflash_attention(Env& e, const DFlashAttnArgs& a, const Tensor& out, const 
   p.valid = a.valid.ptr<uint8_t>();
   p.B = static_cast<int>(g.B);
   p.N = static_cast<int>(g.N);
+  p.window = a.window;
   p.err = e.err_flag;
   launch_attention_forward(e, p);
 }
@@ -443,6 +443,7 @@ void dflash_attention_backward(Env& e, const DFlashAttnArgs& a, const Tensor& ou
   p.valid = a.valid.ptr<uint8_t>();
   p.B = static_cast<int>(g.B);
   p.N = static_cast<int>(g.N);
+  p.window = a.window;
   if (launch_dflash_backward_tc(e, p)) return;  // tensor cores (attention_tc.cu) where the head dim allows
 
   // dQ: query-major, the forward's tiling

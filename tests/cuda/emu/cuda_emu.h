@@ -19,6 +19,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -174,6 +175,57 @@ inline cudaError_t cudaMemGetInfo(size_t* f, size_t* t) {
   *f = *t = static_cast<size_t>(emu::device_bytes());
   return cudaSuccess;
 }
+
+// Events: work is done when a call returns (kernels run synchronously), so an event is complete when recorded;
+// timing events carry the host clock. One device: peers never have access, pointers live on device 0.
+struct CUevent_st {
+  double ms = 0;
+};
+typedef CUevent_st* cudaEvent_t;
+#define cudaEventDisableTiming 0x02
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  e->ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  *ms = static_cast<float>(b->ms - a->ms);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+struct cudaPointerAttributes {
+  int device = 0;
+};
+inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void*) {
+  a->device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, size_t n, cudaStream_t) {
+  std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
+  *can = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceEnablePeerAccess(int, unsigned) { return cudaSuccess; }
+constexpr cudaError_t cudaErrorPeerAccessAlreadyEnabled = static_cast<cudaError_t>(704);
+enum cudaMemAccessFlags { cudaMemAccessFlagsProtNone = 0, cudaMemAccessFlagsProtReadWrite = 3 };
+struct cudaMemAccessDesc {
+  cudaMemLocation location;
+  cudaMemAccessFlags flags;
+};
+inline cudaError_t cudaMemPoolSetAccess(cudaMemPool_t, const cudaMemAccessDesc*, size_t) { return cudaSuccess; }
 
 // ---- bf16 -----------------------------------------------------------------------------------------------------
 struct __nv_bfloat16 {

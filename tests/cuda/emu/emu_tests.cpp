@@ -281,22 +281,23 @@ void test_causal(int Tq, int Tk, int nh, int nkv, int d, int smem) {
 }
 
 void test_dflash(int S, int N, int B, int nh, int nkv, int d, std::vector<int32_t> anchors, std::vector<uint8_t> valid,
-                 int smem, const std::string& label) {
+                 int smem, const std::string& label, int window = 0) {
   cuda::Env e = make_env(smem);
   const int NB = N * B;
   Tensor q = randn({NB, nh, d}, 50), kc = randn({S, nkv, d}, 51), vc = randn({S, nkv, d}, 52);
   Tensor kb = randn({NB, nkv, d}, 53), vb = randn({NB, nkv, d}, 54), dout = randn({NB, nh, d}, 55);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  DFlashAttnArgs ac{q, kc, vc, kb, vb, cpu_tensor_i32(anchors, {N}), Tensor{}, B, scale, 0};
+  DFlashAttnArgs ac{q, kc, vc, kb, vb, cpu_tensor_i32(anchors, {N}), Tensor{}, B, scale, window};
   ac.valid = cpu_empty(DType::U8, {N});
   std::memcpy(ac.valid.data, valid.data(), N);
   Tensor oc = cpu_empty(DType::F32, {NB, nh, d}), lc = cpu_empty(DType::F32, {NB, nh});
   g_cpu->dflash_attention(ac, oc, lc);
   DFlashAttnArgs ad{dev(q, DType::BF16), dev(kc, DType::BF16), dev(vc, DType::BF16), dev(kb, DType::BF16),
-                    dev(vb, DType::BF16), dev_i32(anchors), dev_u8(valid), B, scale, 0};
+                    dev(vb, DType::BF16), dev_i32(anchors), dev_u8(valid), B, scale, window};
   Tensor od = e.alloc(DType::BF16, {NB, nh, d}), ld = e.alloc(DType::F32, {NB, nh});
   cuda::dflash_attention(e, ad, od, ld);
-  const std::string name = cat("dflash S", S, " N", N, " B", B, " nh", nh, "/", nkv, " d", d, " ", label, " smem", smem / 1024, "K");
+  const std::string name = cat("dflash S", S, " N", N, " B", B, " nh", nh, "/", nkv, " d", d, window ? cat(" W", window) : "",
+                               " ", label, " smem", smem / 1024, "K");
   report(name + " out", max_abs_diff(vals(od), vals(oc)), 2 * std::ldexp(max_abs(vals(oc)), -8));
   {
     auto a = vals(ld), b = vals(lc);
@@ -350,6 +351,13 @@ void test_attention() {
   test_dflash(40, 2, 4, 2, 1, 256, {7, 30}, {1, 1}, 227 * 1024, "D256");
   test_dflash(40, 2, 4, 2, 1, 256, {7, 30}, {1, 1}, 36 * 1024, "D256 small smem");
   test_dflash(12, 2, 4, 2, 1, 8, {0, 0}, {0, 0}, 227 * 1024, "all padding");
+  // sliding-window layers (spec 2.3): context keys [a_j + i - (W-1), a_j), causal within the block; W smaller than,
+  // equal to and larger than B, windows that start inside a tile, a padding block
+  test_dflash(150, 4, 16, 4, 2, 64, {3, 70, 100, 148}, {1, 1, 1, 1}, 227 * 1024, "window", 5);
+  test_dflash(150, 4, 16, 4, 2, 64, {3, 70, 100, 148}, {1, 0, 1, 1}, 28 * 1024, "window small smem", 40);
+  test_dflash(90, 3, 16, 8, 2, 128, {0, 45, 88}, {1, 1, 1}, 227 * 1024, "window", 16);
+  test_dflash(21, 5, 4, 4, 2, 8, {5, 8, 12, 18, 0}, {1, 1, 1, 1, 0}, 227 * 1024, "window", 3);
+  test_dflash(40, 2, 4, 2, 1, 256, {7, 30}, {1, 1}, 227 * 1024, "window", 1);
 }
 
 void test_loss() {
