@@ -202,16 +202,15 @@ TEST(Export, ConfigKeysExactlyAsSpecCaseC11) {
                                       "dflash_config", "hidden_size", "intermediate_size", "num_hidden_layers",
                                       "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
                                       "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings",
-                                      "attention_bias", "layer_types", "use_sliding_window", "sliding_window",
-                                      "tie_word_embeddings", "vocab_size", "torch_dtype", "dtype"};
+                                      "attention_bias", "layer_types", "tie_word_embeddings", "vocab_size",
+                                      "torch_dtype", "dtype"};
   EXPECT_EQ(keys, want);
   EXPECT_EQ(j["architectures"], nlohmann::json::array({"DFlashDraftModel"}));
   EXPECT_EQ(j["model_type"], "qwen3");
   EXPECT_EQ(j["dflash_config"]["mask_token_id"], 151669);
   EXPECT_EQ(j["dflash_config"]["target_layer_ids"], nlohmann::json::array({1, 12, 23, 34, 45}));
   EXPECT_EQ(j["layer_types"], nlohmann::json(std::vector<std::string>(5, "full_attention")));
-  EXPECT_EQ(j["use_sliding_window"], false);
-  EXPECT_TRUE(j["sliding_window"].is_null());
+  EXPECT_FALSE(j.contains("sliding_window"));  // only for drafters with sliding_attention layers
   EXPECT_EQ(j["hidden_act"], "silu");
   EXPECT_EQ(j["tie_word_embeddings"], false);
   EXPECT_EQ(j["attention_bias"], false);

@@ -272,14 +272,17 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
 void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, const Tensor& Ht, const LayerActs& a,
                              const Tensor& dh, const Tensor& dHt) {
   const LayerParams P = layer(l);
-  const int64_t NB = dh.rows(), S = in.S, H = cfg_.hidden_size, d = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t NB = dh.rows(), S = in.S, H = cfg_.hidden_size, d = cfg_.head_dim;
   const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
   const DType dt = ctx.compute_dtype();
   // MLP: h_out = h_mid + down(silu(gate) * up),  gate/up = xn2 W^T,  xn2 = RMSNorm_post(h_mid)
-  Tensor d_act = ctx.empty(dt, {NB, I});
-  ctx.linear_dx(dh, P.down->compute, d_act);
+  // The [NB, I] gradients take the memory of the activations they replace (each is read for the last time just
+  // before; silu_mul_backward allows its outputs to alias its inputs): three [NB, I] buffers less at the peak of
+  // the backward (0.56 GiB at NB 8192, I 12288). `a` is not read again after this layer's backward.
   ctx.linear_dw(dh, a.act, P.down->grad, nullptr);
-  Tensor d_gate = ctx.empty(dt, {NB, I}), d_up = ctx.empty(dt, {NB, I});
+  const Tensor d_act = a.act;
+  ctx.linear_dx(dh, P.down->compute, d_act);
+  const Tensor d_gate = a.gate, d_up = a.up;
   ctx.silu_mul_backward(d_act, a.gate, a.up, d_gate, d_up);
   Tensor d_xn2 = ctx.empty(dt, {NB, H});
   ctx.linear_dx(d_gate, P.gate->compute, d_xn2);

@@ -43,8 +43,10 @@ nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& t
                                            : c.layer_types;
   bool sliding = false;
   for (const auto& t : c.layer_types) sliding |= t == "sliding_attention";
-  j["use_sliding_window"] = sliding;
-  j["sliding_window"] = sliding ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+  if (sliding) {  // only then: a full-attention drafter's config keeps exactly spec 3's keys (case C11)
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = c.sliding_window;
+  }
   j["tie_word_embeddings"] = false;
   j["vocab_size"] = c.vocab_size;
   j["torch_dtype"] = "bfloat16";
