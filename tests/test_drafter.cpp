@@ -226,25 +226,63 @@ TEST(Drafter, NoContextLeakCaseC08) {
   EXPECT_GT(block_diff(run(G), 0), 1e-6) << "block 0 must see position 9";
 }
 
+DrafterConfig sliding_config() {  // every layer a sliding-window layer, W 3
+  DrafterConfig c = tiny_config();
+  c.layer_types = {"sliding_attention", "sliding_attention"};
+  c.sliding_window = 3;
+  return c;
+}
+
 TEST(Drafter, CachedDraftEqualsFullForward) {
   // The inference path (context K/V cached incrementally, one block at anchor p = cache length) must give the
-  // same hidden states as the training forward with anchor p over a context of length p.
-  DrafterConfig cfg = tiny_config();
+  // same hidden states as the training forward with anchor p over a context of length p; with full and with
+  // sliding-window layers.
+  for (const DrafterConfig& cfg : {tiny_config(), sliding_config()}) {
+    SCOPED_TRACE(cfg.sliding_window ? "sliding window" : "full attention");
+    auto ctx = make_context("cpu64");
+    Drafter d(*ctx, cfg, 11, 0.3);
+    const int64_t S = 30, H = cfg.hidden_size, p = 17;
+    Tensor embed = randn({cfg.vocab_size, H}, 1, 1.0, DType::F64);
+    Tensor F = randn({S, cfg.nf() * H}, 2, 1.0, DType::F64);
+    std::vector<int32_t> x(S);
+    for (int i = 0; i < S; ++i) x[i] = (i * 5) % 37;
+    std::vector<uint8_t> m(S, 1);
+    std::vector<int32_t> anchors = {static_cast<int32_t>(p)};
+    DraftBatch b = make_draft_batch(x, m, anchors, 1, cfg.block_size, cfg.mask_token_id, 7.0);
+    auto full = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), embed));
+    auto cache = d.make_cache(*ctx, S);
+    d.extend_cache(*ctx, cache, F.slice(0, 5));
+    d.extend_cache(*ctx, cache, F.slice(5, p));
+    auto inc = to_f64(d.draft_block(*ctx, cache, x[p], embed));
+    ASSERT_EQ(inc.size(), full.size());
+    for (size_t i = 0; i < inc.size(); ++i) EXPECT_NEAR(inc[i], full[i], 1e-12) << i;
+  }
+}
+
+TEST(Drafter, SlidingWindowLayersSeeOnlyTheWindow) {
+  // W 3 in every layer: the block at anchor a sees context positions a-2 and a-1 (slot 0's window; later slots see
+  // less, and reach no further through the block's own causal keys), never a-3 or anything earlier.
+  DrafterConfig cfg = sliding_config();
   auto ctx = make_context("cpu64");
   Drafter d(*ctx, cfg, 11, 0.3);
-  const int64_t S = 30, H = cfg.hidden_size, p = 17;
+  const int64_t S = 30, H = cfg.hidden_size, a = 17;
   Tensor embed = randn({cfg.vocab_size, H}, 1, 1.0, DType::F64);
   Tensor F = randn({S, cfg.nf() * H}, 2, 1.0, DType::F64);
   std::vector<int32_t> x(S);
   for (int i = 0; i < S; ++i) x[i] = (i * 5) % 37;
   std::vector<uint8_t> m(S, 1);
-  std::vector<int32_t> anchors = {static_cast<int32_t>(p)};
+  const std::vector<int32_t> anchors = {static_cast<int32_t>(a)};
   DraftBatch b = make_draft_batch(x, m, anchors, 1, cfg.block_size, cfg.mask_token_id, 7.0);
-  auto full = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), embed));
-  auto cache = d.make_cache(*ctx, S);
-  d.extend_cache(*ctx, cache, F.slice(0, 5));
-  d.extend_cache(*ctx, cache, F.slice(5, p));
-  auto inc = to_f64(d.draft_block(*ctx, cache, x[p], embed));
-  ASSERT_EQ(inc.size(), full.size());
-  for (size_t i = 0; i < inc.size(); ++i) EXPECT_NEAR(inc[i], full[i], 1e-12) << i;
+  const auto base = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), embed));
+  for (int64_t k : {0, 10, 14, 15, 16}) {
+    Tensor G = cpu_clone(F);
+    for (int64_t c = 0; c < cfg.nf() * H; ++c) G.ptr<double>()[k * cfg.nf() * H + c] += 5.0;
+    const auto o = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, G), embed));
+    double diff = 0;
+    for (size_t i = 0; i < o.size(); ++i) diff = std::max(diff, std::fabs(o[i] - base[i]));
+    if (k < a - 2)
+      EXPECT_EQ(diff, 0.0) << "context position " << k << " is outside the window of the block at " << a;
+    else
+      EXPECT_GT(diff, 1e-6) << "context position " << k << " is inside the window of the block at " << a;
+  }
 }
