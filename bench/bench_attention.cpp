@@ -11,7 +11,9 @@
 // (~110 MB each) do not fit in the 60 MB L2 together, so consecutive sequences read cold inputs anyway.
 //
 //   bench_attention [--seqs 4] [--S 3072] [--N 512] [--B 16] [--nh 32] [--nkv 8] [--d 128] [--seed 1]
-//                   [--budget-s 8] [--max-reps 20]
+//                   [--budget-s 8] [--max-reps 20] [--window 0]
+// --window W > 0: a sliding-window layer (FLOPs on the pairs the window leaves; W 0 = full attention, the
+// reference the windowed time is read against).
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
     const uint64_t seed = static_cast<uint64_t>(args.i("seed", 1));
     const double budget = args.f("budget-s", 8.0);
     const int max_reps = static_cast<int>(args.i("max-reps", 20));
+    const int64_t window = args.i("window", 0);
     const int64_t NB = N * B;
 
     const std::string device = args.s("device", "cuda");
@@ -48,7 +51,7 @@ int main(int argc, char** argv) {
     double flops_fwd = 0;
     for (int64_t s = 0; s < seqs; ++s) {
       const std::vector<int32_t> anc = make_anchors(seed, static_cast<uint64_t>(s), S, N);
-      flops_fwd += dflash_attn_fwd_flops(anc, B, nh, d);
+      flops_fwd += dflash_attn_fwd_flops(anc, B, nh, d, window);
       Seq& q = sq[static_cast<size_t>(s)];
       q.a.q = pool.make(act, {NB, nh, d});
       q.a.k_ctx = pool.make(act, {S, nkv, d});
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
       for (uint8_t& v : valid.span<uint8_t>()) v = 1;
       q.a.valid = ctx->to_device(valid);
       q.a.block_size = static_cast<int>(B);
+      q.a.window = static_cast<int>(window);
       q.a.scale = 1.0f / std::sqrt(static_cast<float>(d));
       q.out = ctx->empty(act, {NB, nh, d});
       q.lse = ctx->empty(DType::F32, {NB, nh});
@@ -102,11 +106,13 @@ int main(int argc, char** argv) {
       return std::pair<double, int>(median(ts), reps);
     };
     const auto [tf, rf] = measure(fwd, t_first_fwd);
-    result("name=attn_fwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence",
-           tf * 1e3, flops_fwd / tf / 1e12, tf * 1e3 / double(seqs), (long long)seqs, rf);
+    result("name=attn_fwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence "
+           "window=%lld", tf * 1e3, flops_fwd / tf / 1e12, tf * 1e3 / double(seqs), (long long)seqs, rf,
+           (long long)window);
     const auto [tfb, rfb] = measure(fwd_bwd, t_first_fb);
-    result("name=attn_fwd_bwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence",
-           tfb * 1e3, 3.5 * flops_fwd / tfb / 1e12, tfb * 1e3 / double(seqs), (long long)seqs, rfb);
+    result("name=attn_fwd_bwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence "
+           "window=%lld", tfb * 1e3, 3.5 * flops_fwd / tfb / 1e12, tfb * 1e3 / double(seqs), (long long)seqs, rfb,
+           (long long)window);
     const double tb = std::max(tfb - tf, 1e-9);
     result("name=attn_bwd impl=dflash ms=%.3f tflops=%.2f derived=fwd_bwd_minus_fwd", tb * 1e3,
            2.5 * flops_fwd / tb / 1e12);

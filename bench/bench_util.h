@@ -123,9 +123,19 @@ inline std::vector<int32_t> make_anchors(uint64_t seed, uint64_t seq, int64_t S,
 
 // DFlash attention work on unmasked (query, key) pairs, one sequence: forward 4 * d * heads * sum_j B*(a_j + B)
 // (QK^T and PV, 2 FLOPs per multiply-add each); backward counted as 2.5 x forward.
-inline double dflash_attn_fwd_flops(const std::vector<int32_t>& anchors, int64_t B, int64_t nh, int64_t d) {
+// window > 0 (sliding-window layer, spec 2.3): slot i sees min(a_j, W - 1 - i) context keys (none below 0) and
+// the i + 1 block keys 0..i.
+inline double dflash_attn_fwd_flops(const std::vector<int32_t>& anchors, int64_t B, int64_t nh, int64_t d,
+                                    int64_t window = 0) {
   double pairs = 0;
-  for (int32_t a : anchors) pairs += static_cast<double>(B) * static_cast<double>(a + B);
+  for (int32_t a : anchors) {
+    if (window <= 0) {
+      pairs += static_cast<double>(B) * static_cast<double>(a + B);
+      continue;
+    }
+    for (int64_t i = 0; i < B; ++i)
+      pairs += static_cast<double>(std::max<int64_t>(0, std::min<int64_t>(a, window - 1 - i)) + i + 1);
+  }
   return 4.0 * static_cast<double>(d) * static_cast<double>(nh) * pairs;
 }
 
