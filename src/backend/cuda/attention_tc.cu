@@ -124,7 +124,8 @@ __device__ __forceinline__ void stage_rows(bf16* dst, const bf16* src, int nrows
 }
 
 // ---- forward ---------------------------------------------------------------------------------------------------
-template <int D>
+// WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
+template <int D, bool WIN>
 __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
   constexpr int LDS = D + 8, KT = kFwdKeys, NT = KT / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem);
@@ -146,8 +147,8 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
     rok[i] = hh < hc && qi < p.Tq;
     orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
     if (rok[i])
-      row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, p.window, p.anchors, p.valid, p.err, lo1[i], hi1[i], lo2[i],
-                 hi2[i]);
+      row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1[i], hi1[i],
+                 lo2[i], hi2[i]);
     else
       lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
   }
@@ -166,9 +167,9 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
   if (t4 == 0)
     DFLASH_UNROLL
     for (int i = 0; i < 2; ++i) {
-      if (hi1[i] > lo1[i]) {
+      if (!WIN || hi1[i] > lo1[i]) {
         atomicMax(&sExt[0], hi1[i]);
-        atomicMin(&sExt[3], lo1[i]);
+        if (WIN) atomicMin(&sExt[3], lo1[i]);
       }
       if (hi2[i] > lo2[i]) {
         atomicMin(&sExt[1], lo2[i]);
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
     }
   __syncthreads();
   // segment 1 tiles cover [elo1, ext1), segment 2 tiles [elo, ehi)
-  const int ext1 = sExt[0], elo1 = ext1 > 0 ? sExt[3] : 0, ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
+  const int ext1 = sExt[0], elo1 = WIN && ext1 > 0 ? sExt[3] : 0, ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
   auto load_tile = [&](int t, int buf) {
     const bool s1 = t < nt1;
@@ -215,7 +216,7 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
     bool mine = false;
     DFLASH_UNROLL
     for (int i = 0; i < 2; ++i)
-      mine |= s1 ? (hi1[i] > lo1[i] && lo1[i] < kt + KT && hi1[i] > kt)
+      mine |= s1 ? (hi1[i] > kt && (!WIN || (hi1[i] > lo1[i] && lo1[i] < kt + KT)))
                  : (hi2[i] > lo2[i] && lo2[i] < kt + KT && hi2[i] > kt);
     if (__any_sync(0xffffffffu, mine)) {
       const bf16* tK = sK + buf * KT * LDS;
@@ -238,7 +239,7 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
         DFLASH_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-          const bool vis = s1 ? (key >= lo1[i] && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
+          const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
           const float v = vis ? s[n][e] * sl2 : -INFINITY;
           s[n][e] = v;
           mx[i] = fmaxf(mx[i], v);
@@ -303,7 +304,7 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
 }
 
 // ---- backward: dQ ----------------------------------------------------------------------------------------------
-template <int D>
+template <int D, bool WIN>
 __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
   constexpr int LDS = D + 8, KT = kDqKeys, NT = KT / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem);
@@ -328,7 +329,8 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
     lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
     lse2[i] = Dr[i] = 0.f;
     if (rok[i]) {
-      row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, p.window, p.anchors, p.valid, nullptr, lo1[i], hi1[i], lo2[i], hi2[i]);
+      row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, nullptr, lo1[i], hi1[i],
+                 lo2[i], hi2[i]);
       lse2[i] = p.lse[orow[i] / D] * kLog2e;
       Dr[i] = p.Dr[orow[i] / D];
     }
@@ -350,9 +352,9 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
   if (t4 == 0)
     DFLASH_UNROLL
     for (int i = 0; i < 2; ++i) {
-      if (hi1[i] > lo1[i]) {
+      if (!WIN || hi1[i] > lo1[i]) {
         atomicMax(&sExt[0], hi1[i]);
-        atomicMin(&sExt[3], lo1[i]);
+        if (WIN) atomicMin(&sExt[3], lo1[i]);
       }
       if (hi2[i] > lo2[i]) {
         atomicMin(&sExt[1], lo2[i]);
@@ -361,7 +363,7 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
     }
   __syncthreads();
   // segment 1 tiles cover [elo1, ext1), segment 2 tiles [elo, ehi)
-  const int ext1 = sExt[0], elo1 = ext1 > 0 ? sExt[3] : 0, ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
+  const int ext1 = sExt[0], elo1 = WIN && ext1 > 0 ? sExt[3] : 0, ehi = sExt[2], elo = ehi > 0 ? sExt[1] : 0;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
   auto load_tile = [&](int t, int buf) {
     const bool s1 = t < nt1;
@@ -398,7 +400,7 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
     bool mine = false;
     DFLASH_UNROLL
     for (int i = 0; i < 2; ++i)
-      mine |= s1 ? (hi1[i] > lo1[i] && lo1[i] < kt + KT && hi1[i] > kt)
+      mine |= s1 ? (hi1[i] > kt && (!WIN || (hi1[i] > lo1[i] && lo1[i] < kt + KT)))
                  : (hi2[i] > lo2[i] && lo2[i] < kt + KT && hi2[i] > kt);
     if (__any_sync(0xffffffffu, mine)) {
       const bf16* tK = sK + buf * KT * LDS;
@@ -425,7 +427,7 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
         DFLASH_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-          const bool vis = s1 ? (key >= lo1[i] && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
+          const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
           const float pv = vis ? exp2f(s[n][e] * sl2 - lse2[i]) : 0.f;
           s[n][e] = pv * (dp[n][e] - Dr[i]);  // dS
         }
@@ -465,7 +467,7 @@ __device__ __forceinline__ void group_sync(int group) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(kTcThreads));
 }
 
-template <int D>
+template <int D, bool WIN>
 __global__ void __launch_bounds__(kDkvThreads) k_dkv_tc(AttnBwdParams p) {
   constexpr int LDS = D + 8, QC = kDkvQ, NT = QC / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem);
@@ -523,7 +525,7 @@ __global__ void __launch_bounds__(kDkvThreads) k_dkv_tc(AttnBwdParams p) {
             a = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
             vis_code = s1 ? a : j;
             // a context tile: some key of [k0, k0 + 64) in [lo1, a_j) (dflash_row_bounds: lo1 = 0 without a window)
-            const int lo1 = p.window > 0 ? min(max(0, a + q % B - (p.window - 1)), a) : 0;
+            const int lo1 = WIN ? min(max(0, a + q % B - (p.window - 1)), a) : 0;
             any = s1 ? (a > k0 && lo1 < k0 + kDkvKeys) : true;
           }
         }
@@ -578,10 +580,13 @@ __global__ void __launch_bounds__(kDkvThreads) k_dkv_tc(AttnBwdParams p) {
           DFLASH_UNROLL
           for (int e = 0; e < 4; ++e) {
             const int key = krow0 + 8 * (e >> 1), qc = n * 8 + 2 * t4 + (e & 1), code = sVis[grp][qc];
-            // spec 2.3 as dflash_row_bounds: context keys [lo1, a_j), block keys of block j (a prefix with a window)
-            const int slot = (c0 + qc) % B;
-            const bool vis = key < klim && (s1 ? (key < code && (p.window <= 0 || key >= code + slot - (p.window - 1)))
-                                               : (code >= 0 && key / B == code && (p.window <= 0 || key % B <= slot)));
+            // spec 2.3 as dflash_row_bounds: context keys [lo1, a_j), block keys of block j (a prefix with a
+            // window); the query's slot is only computed in the sliding-window kernels
+            bool vis = key < klim && (s1 ? key < code : (code >= 0 && key / B == code));
+            if constexpr (WIN) {
+              const int slot = (c0 + qc) % B;
+              vis = vis && (s1 ? key >= code + slot - (p.window - 1) : key % B <= slot);
+            }
             const float pv = vis ? exp2f(s[n][e] * sl2 - sL[grp][qc]) : 0.f;
             s[n][e] = pv;                                // P^T
             dp[n][e] = pv * (dp[n][e] - sD[grp][qc]);  // dS^T
@@ -674,12 +679,18 @@ void allow_dynamic_smem(K kernel, int smem_optin) {
 }
 
 void attention_tc_init_attributes(int smem_optin) {
-  allow_dynamic_smem(k_fwd_tc<64>, smem_optin);
-  allow_dynamic_smem(k_fwd_tc<128>, smem_optin);
-  allow_dynamic_smem(k_dq_tc<64>, smem_optin);
-  allow_dynamic_smem(k_dq_tc<128>, smem_optin);
-  allow_dynamic_smem(k_dkv_tc<64>, smem_optin);
-  allow_dynamic_smem(k_dkv_tc<128>, smem_optin);
+  allow_dynamic_smem(k_fwd_tc<64, false>, smem_optin);
+  allow_dynamic_smem(k_fwd_tc<128, false>, smem_optin);
+  allow_dynamic_smem(k_dq_tc<64, false>, smem_optin);
+  allow_dynamic_smem(k_dq_tc<128, false>, smem_optin);
+  allow_dynamic_smem(k_dkv_tc<64, false>, smem_optin);
+  allow_dynamic_smem(k_dkv_tc<128, false>, smem_optin);
+  allow_dynamic_smem(k_fwd_tc<64, true>, smem_optin);
+  allow_dynamic_smem(k_fwd_tc<128, true>, smem_optin);
+  allow_dynamic_smem(k_dq_tc<64, true>, smem_optin);
+  allow_dynamic_smem(k_dq_tc<128, true>, smem_optin);
+  allow_dynamic_smem(k_dkv_tc<64, true>, smem_optin);
+  allow_dynamic_smem(k_dkv_tc<128, true>, smem_optin);
 }
 
 bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
@@ -694,10 +705,15 @@ bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
-  if (p.d == 64)
-    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<64>)(p);
+  const bool win = p.mode == kAttnDFlash && p.window > 0;
+  if (p.d == 64 && !win)
+    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<64, false>)(p);
+  else if (p.d == 64)
+    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<64, true>)(p);
+  else if (!win)
+    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<128, false>)(p);
   else
-    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<128>)(p);
+    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<128, true>)(p);
   check_launch("attention_forward_tc");
   return true;
 }
@@ -722,15 +738,20 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
   const int64_t tiles = (p.T1 + kDkvKeys - 1) / kDkvKeys + (p.T2 + kDkvKeys - 1) / kDkvKeys;
   DFLASH_CHECK(tiles <= 65535, "dflash_attention_backward (cuda): too many keys (", p.T1, " + ", p.T2, ")");
   const dim3 grid_kv(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles));
-  if (p.d == 64) {
-    DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, k_dq_tc<64>)(p);
+  auto launch = [&](auto dq_kernel, auto dkv_kernel) {
+    DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, dq_kernel)(p);
     check_launch("dflash_attention_dq_tc");
-    if (tiles > 0) DFLASH_LAUNCH(grid_kv, kDkvThreads, smem_kv, e.stream, k_dkv_tc<64>)(p);
-  } else {
-    DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, k_dq_tc<128>)(p);
-    check_launch("dflash_attention_dq_tc");
-    if (tiles > 0) DFLASH_LAUNCH(grid_kv, kDkvThreads, smem_kv, e.stream, k_dkv_tc<128>)(p);
-  }
+    if (tiles > 0) DFLASH_LAUNCH(grid_kv, kDkvThreads, smem_kv, e.stream, dkv_kernel)(p);
+  };
+  const bool win = p.window > 0;
+  if (p.d == 64 && !win)
+    launch(k_dq_tc<64, false>, k_dkv_tc<64, false>);
+  else if (p.d == 64)
+    launch(k_dq_tc<64, true>, k_dkv_tc<64, true>);
+  else if (!win)
+    launch(k_dq_tc<128, false>, k_dkv_tc<128, false>);
+  else
+    launch(k_dq_tc<128, true>, k_dkv_tc<128, true>);
   check_launch("dflash_attention_dkv_tc");
   return true;
 }
