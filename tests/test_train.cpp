@@ -268,8 +268,18 @@ TEST(Export, SlidingWindowLayersRoundTrip) {
   EXPECT_EQ(nlohmann::json(back).dump(), nlohmann::json(c).dump());
   EXPECT_EQ(back.window_of(1), 7);
   EXPECT_EQ(back.window_of(2), 0);
+  // use_sliding_window false: transformers gives every layer full attention, and so does the import
+  auto off = nlohmann::json::parse(read_file(root + "/export/config.json"));
+  off["use_sliding_window"] = false;
+  write_file_atomic(root + "/export/config.json", off.dump());
+  EXPECT_EQ(read_exported_drafter(root + "/export").config.window_of(0), 0);
+  // a layer_types list of the wrong length: refused, naming the file
+  auto shortl = off;
+  shortl["layer_types"] = {"full_attention"};
+  write_file_atomic(root + "/export/config.json", shortl.dump());
+  EXPECT_THROW(read_exported_drafter(root + "/export"), Error);
   // a sliding layer without a window: refused, naming the file
-  auto bad = nlohmann::json::parse(read_file(root + "/export/config.json"));
+  auto bad = nlohmann::json::parse(drafter_hf_config(c).dump());
   bad["sliding_window"] = nullptr;
   write_file_atomic(root + "/export/config.json", bad.dump());
   try {

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/fs.h"
+#include "core/log.h"
 #include "io/safetensors.h"
 
 namespace dflash {
@@ -121,11 +122,20 @@ ExportedDrafter read_exported_drafter(const std::string& dir) {
     c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
     c.rope_theta = j.value("rope_theta", 10000.0);
     c.max_position_embeddings = j.value("max_position_embeddings", int64_t{0});
-    // sliding-window layers: Hugging Face's layer_types + sliding_window (an all-full list is kept as empty)
+    // sliding-window layers: Hugging Face's layer_types + sliding_window, as transformers' Qwen3 reads them (with
+    // use_sliding_window false, sliding_window is None and every layer attends fully); an all-full list is kept
+    // as empty
     if (j.contains("layer_types") && j["layer_types"].is_array()) {
       c.layer_types = j["layer_types"].get<std::vector<std::string>>();
+      DFLASH_CHECK(static_cast<int64_t>(c.layer_types.size()) == c.num_layers, path, ": layer_types has ",
+                   c.layer_types.size(), " entries for num_hidden_layers = ", c.num_layers);
       bool sliding = false;
       for (const auto& t : c.layer_types) sliding |= t == "sliding_attention";
+      if (sliding && !j.value("use_sliding_window", true)) {
+        log_warn(path, ": layer_types names sliding_attention layers but use_sliding_window is false: every layer "
+                 "attends fully (as transformers reads this config)");
+        sliding = false;
+      }
       if (sliding) {
         DFLASH_CHECK(j.contains("sliding_window") && j["sliding_window"].is_number_integer(), path,
                      ": layer_types has sliding_attention layers but sliding_window is not an integer");
