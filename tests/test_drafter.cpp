@@ -233,6 +233,24 @@ DrafterConfig sliding_config() {  // every layer a sliding-window layer, W 3
   return c;
 }
 
+// One sequence of S tokens with random embeddings and features, and the draft batch of one block at anchor p.
+struct OneBlock {
+  Tensor embed, F;
+  std::vector<int32_t> x;
+  DraftBatch b;
+};
+OneBlock one_block(const DrafterConfig& cfg, int64_t S, int64_t p) {
+  OneBlock o;
+  o.embed = randn({cfg.vocab_size, cfg.hidden_size}, 1, 1.0, DType::F64);
+  o.F = randn({S, cfg.nf() * cfg.hidden_size}, 2, 1.0, DType::F64);
+  o.x.resize(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) o.x[i] = static_cast<int32_t>((i * 5) % 37);
+  const std::vector<uint8_t> m(static_cast<size_t>(S), 1);
+  const std::vector<int32_t> anchors = {static_cast<int32_t>(p)};
+  o.b = make_draft_batch(o.x, m, anchors, 1, cfg.block_size, cfg.mask_token_id, 7.0);
+  return o;
+}
+
 TEST(Drafter, CachedDraftEqualsFullForward) {
   // The inference path (context K/V cached incrementally, one block at anchor p = cache length) must give the
   // same hidden states as the training forward with anchor p over a context of length p; with full and with
@@ -241,14 +259,8 @@ TEST(Drafter, CachedDraftEqualsFullForward) {
     SCOPED_TRACE(cfg.sliding_window ? "sliding window" : "full attention");
     auto ctx = make_context("cpu64");
     Drafter d(*ctx, cfg, 11, 0.3);
-    const int64_t S = 30, H = cfg.hidden_size, p = 17;
-    Tensor embed = randn({cfg.vocab_size, H}, 1, 1.0, DType::F64);
-    Tensor F = randn({S, cfg.nf() * H}, 2, 1.0, DType::F64);
-    std::vector<int32_t> x(S);
-    for (int i = 0; i < S; ++i) x[i] = (i * 5) % 37;
-    std::vector<uint8_t> m(S, 1);
-    std::vector<int32_t> anchors = {static_cast<int32_t>(p)};
-    DraftBatch b = make_draft_batch(x, m, anchors, 1, cfg.block_size, cfg.mask_token_id, 7.0);
+    const int64_t S = 30, p = 17;
+    const auto [embed, F, x, b] = one_block(cfg, S, p);
     auto full = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), embed));
     auto cache = d.make_cache(*ctx, S);
     d.extend_cache(*ctx, cache, F.slice(0, 5));
@@ -266,13 +278,7 @@ TEST(Drafter, SlidingWindowLayersSeeOnlyTheWindow) {
   auto ctx = make_context("cpu64");
   Drafter d(*ctx, cfg, 11, 0.3);
   const int64_t S = 30, H = cfg.hidden_size, a = 17;
-  Tensor embed = randn({cfg.vocab_size, H}, 1, 1.0, DType::F64);
-  Tensor F = randn({S, cfg.nf() * H}, 2, 1.0, DType::F64);
-  std::vector<int32_t> x(S);
-  for (int i = 0; i < S; ++i) x[i] = (i * 5) % 37;
-  std::vector<uint8_t> m(S, 1);
-  const std::vector<int32_t> anchors = {static_cast<int32_t>(a)};
-  DraftBatch b = make_draft_batch(x, m, anchors, 1, cfg.block_size, cfg.mask_token_id, 7.0);
+  const auto [embed, F, x, b] = one_block(cfg, S, a);
   const auto base = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), embed));
   for (int64_t k : {0, 10, 14, 15, 16}) {
     Tensor G = cpu_clone(F);
