@@ -237,6 +237,10 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   dc.layer_types = resolve_layer_types(cfg.layer_types, dc.num_layers, cfg.sliding_window);
   dc.sliding_window = dc.layer_types.empty() ? 0 : cfg.sliding_window;
   dc.validate();
+  if (dc.sliding_window > 0 && dc.sliding_window < dc.block_size)
+    log_warn("train: --sliding-window ", dc.sliding_window, " is smaller than the block (", dc.block_size,
+             "): spec 2.3 keeps a slot's whole causal block prefix, while Hugging Face-style sliding masks in serving "
+             "engines also drop block keys more than W-1 slots back; the two agree only for W >= B");
   // where the weights start (model/drafter_init.h); only step 0 depends on it, so resume does not compare it
   const std::vector<int64_t> init_layers = resolve_init_layers(cfg.init_from_target, dc);
   DFLASH_CHECK(cfg.init_fc == "random" || cfg.init_fc == "last", "--init-fc: '", cfg.init_fc,
