@@ -1,5 +1,6 @@
 #include "model/drafter.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -84,6 +85,10 @@ std::vector<std::string> resolve_layer_types(const std::vector<std::string>& giv
                "--sliding-window W");
   if (!sliding) out.clear();
   return out;
+}
+
+bool DrafterConfig::any_sliding() const {
+  return std::find(layer_types.begin(), layer_types.end(), "sliding_attention") != layer_types.end();
 }
 
 int DrafterConfig::window_of(int64_t l) const {

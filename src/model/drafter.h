@@ -40,6 +40,8 @@ struct DrafterConfig {
   int64_t nf() const { return static_cast<int64_t>(target_layer_ids.size()); }
   // The attention window of layer l: sliding_window for a "sliding_attention" layer, 0 (full attention) otherwise.
   int window_of(int64_t l) const;
+  // Whether any layer_types entry is "sliding_attention".
+  bool any_sliding() const;
   // Checks internal consistency (and against the target if given); Error names the field. target_layer_ids must
   // follow validate_target_layer_ids (io/hf_config.h: distinct, ascending, in [0, num_target_layers)).
   void validate() const;

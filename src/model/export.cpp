@@ -42,9 +42,7 @@ nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& t
   j["attention_bias"] = false;
   j["layer_types"] = c.layer_types.empty() ? std::vector<std::string>(static_cast<size_t>(c.num_layers), "full_attention")
                                            : c.layer_types;
-  bool sliding = false;
-  for (const auto& t : c.layer_types) sliding |= t == "sliding_attention";
-  if (sliding) {  // only then: a full-attention drafter's config keeps exactly spec 3's keys (case C11)
+  if (c.any_sliding()) {  // only then: a full-attention drafter's config keeps exactly spec 3's keys (case C11)
     j["use_sliding_window"] = true;
     j["sliding_window"] = c.sliding_window;
   }
@@ -129,8 +127,7 @@ ExportedDrafter read_exported_drafter(const std::string& dir) {
       c.layer_types = j["layer_types"].get<std::vector<std::string>>();
       DFLASH_CHECK(static_cast<int64_t>(c.layer_types.size()) == c.num_layers, path, ": layer_types has ",
                    c.layer_types.size(), " entries for num_hidden_layers = ", c.num_layers);
-      bool sliding = false;
-      for (const auto& t : c.layer_types) sliding |= t == "sliding_attention";
+      bool sliding = c.any_sliding();
       if (sliding && !j.value("use_sliding_window", true)) {
         log_warn(path, ": layer_types names sliding_attention layers but use_sliding_window is false: every layer "
                  "attends fully (as transformers reads this config)");
