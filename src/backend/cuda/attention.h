@@ -85,6 +85,30 @@ __device__ __forceinline__ void dflash_row_bounds(int qi, int B, int T1, int win
   }
 }
 
+// Visibility of a query row for either mode: causal (segment 1 keys [0, q_offset + qi + 1)) or DFlash
+// (dflash_row_bounds).
+__device__ __forceinline__ void attn_row_bounds(int mode, int qi, int q_offset, int T1, int B, int window,
+                                                const int* anchors, const unsigned char* valid, int* err, int& lo1,
+                                                int& hi1, int& lo2, int& hi2) {
+  if (mode == kAttnCausal) {
+    lo1 = lo2 = hi2 = 0;
+    hi1 = min(q_offset + qi + 1, T1);
+    return;
+  }
+  dflash_row_bounds(qi, B, T1, window, anchors, valid, err, lo1, hi1, lo2, hi2);
+}
+
+// hc / mq of a CTA of `rows` query rows: hc heads of one kv group (the largest divisor of nh / nkv up to rows)
+// times mq = rows / hc queries; row r is (query q0 + r % mq, head h0 + r / mq), rows >= hc * mq are idle.
+inline void attn_rows_tiling(int nh, int nkv, int rows, int& hc, int& mq) {
+  const int rep = nh / nkv;
+  hc = 1;
+  for (int c = 1; c <= rep && c <= rows; ++c)
+    if (rep % c == 0) hc = c;
+  mq = rows / hc;
+}
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 // Head-dim bucket D (64, 128 or 256) the kernels are compiled for; any d <= D runs in bucket D. 0 if d > 256.
 inline int head_dim_bucket(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : (d <= 256 ? 256 : 0)); }
 // Query rows per CTA in the forward and dQ kernels: 32 fp32 accumulators per thread of 128 threads.
@@ -114,6 +138,11 @@ void dflash_backward_init_attributes(int smem_optin);
 bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p);
 bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p);
 void attention_tc_init_attributes(int smem_optin);
+// Hopper warpgroup-MMA forward (attention_wgmma.cu): head dim exactly 128, 16-byte aligned tensors and
+// attn_wgmma_fwd_smem() bytes of shared memory; returns false (launching nothing) otherwise, and in the emulator.
+bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p);
+void attention_wgmma_init_attributes(int smem_optin);
+size_t attn_wgmma_fwd_smem();
 // Shared memory of the tensor-core kernels for head dim D (64 or 128).
 size_t attn_tc_fwd_smem(int D);
 size_t attn_tc_dq_smem(int D);

@@ -252,11 +252,13 @@ void attention_init_attributes(int smem_optin) {
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_attn_fwd<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
   dflash_backward_init_attributes(smem_optin);
   attention_tc_init_attributes(smem_optin);
+  attention_wgmma_init_attributes(smem_optin);
 }
 
 void launch_attention_forward(Env& e, AttnFwdParams p) {
   if (p.Tq == 0 || p.nh == 0) return;
-  if (launch_attention_forward_tc(e, p)) return;  // tensor cores (attention_tc.cu) where the head dim allows
+  if (launch_attention_forward_wgmma(e, p)) return;  // Hopper warpgroup MMA (attention_wgmma.cu): head dim 128
+  if (launch_attention_forward_tc(e, p)) return;     // mma.sync tensor cores (attention_tc.cu): head dims 64, 128
   std::string why;
   DFLASH_CHECK(attention_supported(p.d, e.smem_limit, &why), "attention (cuda): ", why);
   const int D = head_dim_bucket(p.d), M = attn_rows_per_cta(D), rep = p.nh / p.nkv;

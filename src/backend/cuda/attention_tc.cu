@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
 
@@ -44,9 +45,6 @@ constexpr size_t kStaticSmemSlack = 1024;  // bytes of static __shared__ per ker
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -69,16 +67,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-// 16 bytes global -> shared, asynchronously; zero-filled when !pred (src must still be a valid address).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool pred) {
-  const int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // A fragments of 16 rows x 16 columns (columns c0..c0+15) of a row-major bf16 tile in shared memory.
 template <int LDS>
@@ -98,17 +86,6 @@ __device__ __forceinline__ void load_b(uint32_t (&r)[4], const bf16* tile, int k
   ldsm_x4_t(r, smem_u32(tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8));
 }
 
-// Visibility of a query row (attention.h): segment 1 keys [lo1, hi1), segment 2 keys [lo2, hi2).
-__device__ __forceinline__ void row_bounds(int mode, int qi, int q_offset, int T1, int B, int window,
-                                           const int* anchors, const unsigned char* valid, int* err, int& lo1,
-                                           int& hi1, int& lo2, int& hi2) {
-  if (mode == kAttnCausal) {
-    lo1 = lo2 = hi2 = 0;
-    hi1 = min(q_offset + qi + 1, T1);
-    return;
-  }
-  dflash_row_bounds(qi, B, T1, window, anchors, valid, err, lo1, hi1, lo2, hi2);
-}
 
 // Copies rows [0, nrows) x D of a tile whose row r lives at src + off(r) (or is zero when off(r) < 0).
 // t / nthreads: this thread's index among the threads sharing the copy.
@@ -147,7 +124,7 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
     rok[i] = hh < hc && qi < p.Tq;
     orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
     if (rok[i])
-      row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1[i], hi1[i],
+      attn_row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1[i], hi1[i],
                  lo2[i], hi2[i]);
     else
       lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
@@ -329,7 +306,7 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
     lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
     lse2[i] = Dr[i] = 0.f;
     if (rok[i]) {
-      row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, nullptr, lo1[i], hi1[i],
+      attn_row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, nullptr, lo1[i], hi1[i],
                  lo2[i], hi2[i]);
       lse2[i] = p.lse[orow[i] / D] * kLog2e;
       Dr[i] = p.Dr[orow[i] / D];
@@ -650,16 +627,7 @@ __global__ void __launch_bounds__(kDkvThreads) k_dkv_tc(AttnBwdParams p) {
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// hc / mq of a 64-row CTA: as many heads of a kv group as divide it (as attention_fwd.cu).
-void rows_tiling(int nh, int nkv, int& hc, int& mq) {
-  const int rep = nh / nkv;
-  hc = 1;
-  for (int c = 1; c <= rep && c <= kTcRows; ++c)
-    if (rep % c == 0) hc = c;
-  mq = kTcRows / hc;
-}
 
 }  // namespace
 
@@ -700,7 +668,7 @@ bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
   if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
   if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
   AttnFwdParams p = p0;
-  rows_tiling(p.nh, p.nkv, p.hc, p.mq);
+  attn_rows_tiling(p.nh, p.nkv, kTcRows, p.hc, p.mq);
   p.nk = kFwdKeys;
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
@@ -730,7 +698,7 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
                           static_cast<const void*>(p0.dv2)})
     if (!aligned16(ptr)) return false;
   AttnBwdParams p = p0;
-  rows_tiling(p.nh, p.nkv, p.hc, p.mq);
+  attn_rows_tiling(p.nh, p.nkv, kTcRows, p.hc, p.mq);
   p.nk = kDqKeys;
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "dflash_attention_backward (cuda): too many heads (", p.nh, ")");

@@ -1,0 +1,260 @@
+// cuda/attention_wgmma.cu — the attention forward on Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for head
+// dim 128: the kernel behind attention_causal (the target's prefill) and dflash_attention's forward on the H200.
+// Same math, masks (attention.h: attn_row_bounds) and outputs (out, lse) as k_fwd_tc (attention_tc.cu), which still
+// runs for head dim 64, under a shared-memory cap too small for these tiles, and in the emulator.
+//
+// FlashAttention-2's online softmax (Dao 2023) on FlashAttention-3's operands (Shah et al. 2024, arXiv 2407.08608,
+// section 3: wgmma with both S = Q K^T operands in shared memory and P from registers), without its warp
+// specialisation or TMA (the loads are cp.async, double buffered):
+//  * a CTA = 2 warpgroups = 128 query rows ((query, head) pairs of one kv head, attn_rows_tiling); warpgroup w owns
+//    rows 64 w .. 64 w + 63, the rows of one m64 wgmma;
+//  * key tiles of 128 keys (K and V, 2 x 32 KiB, two buffers) in the SW128 layout of wgmma.cuh, loaded by all 256
+//    threads while the previous tile is computed; Q (32 KiB) stays in shared memory as the A operand;
+//  * per tile and warpgroup: S = Q K^T (8 x m64n128k16, K-major A and B), mask, online softmax in the log2 domain
+//    on the accumulator fragments, O += P V (8 x m64n128k16, P rounded to bf16 in registers, V read MN-major);
+//    a warpgroup skips a tile none of its rows can see (the test is uniform over its 128 threads);
+//  * CTAs run the query tiles with the most keys first (causal: the last queries; DFlash: the last, sorted anchors).
+// Numerics as k_fwd_tc: fp32 accumulation, P rounded to bf16 for the second product (tests/cuda compares by
+// normalised mean square error for that reason).
+#include <algorithm>
+#include <climits>
+
+#include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/attention.h"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dflash::cuda {
+
+#ifndef DFLASH_CUDA_EMU
+
+namespace {
+
+constexpr int kWgThreads = 256;                             // 2 warpgroups
+constexpr int kWgRows = 128;                                // query rows per CTA
+constexpr int kWgKeys = 128;                                // keys per tile
+constexpr int kWgD = 128;                                   // head dim
+constexpr uint32_t kWgTileBytes = kWgKeys * kWgD * 2;       // one [128][128] bf16 SW128 tile: 32 KiB
+constexpr size_t kWgSmem = 5 * size_t{kWgTileBytes} + 1024;  // Q, K x 2, V x 2, 1024-byte alignment slack
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Copies 128 rows x 128 columns into a SW128 tile at dst; row r comes from src + off(r) (zeros when off(r) < 0).
+template <class Off>
+__device__ __forceinline__ void stage_tile(uint32_t dst, const bf16* src, Off off) {
+  for (int c = threadIdx.x; c < 128 * 16; c += kWgThreads) {
+    const int r = c >> 4, ch = c & 15;
+    const int64_t o = off(r);
+    const uint32_t d = dst + (ch >> 3) * (128 * 128) + wg::sw128_offset(r, (ch & 7) * 8);
+    cp_async16(d, o >= 0 ? src + o + ch * 8 : src, o >= 0);
+  }
+}
+
+// WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
+template <bool WIN>
+__global__ void __launch_bounds__(kWgThreads, 1) k_fwd_wg(AttnFwdParams p) {
+  constexpr int D = kWgD, KT = kWgKeys, NT = KT / 8, DT = D / 8;
+  DFLASH_DYN_SMEM(smem_raw);
+  __shared__ int sExt[3][4];  // [0] the CTA's rows, [1 + w] warpgroup w's: max hi1, min lo2, max hi2, min lo1
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sK = base + kWgTileBytes, sV = base + 3 * kWgTileBytes;
+  const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
+  const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
+  const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // most keys first
+  const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
+  const bf16* Q = static_cast<const bf16*>(p.q);
+
+  if (tid < 12) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
+  stage_tile(sQ, Q, [&](int r) -> int64_t {
+    const int hh = r / mq, qi = q0 + r % mq;
+    return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
+  });
+  cp_async_commit();
+
+  int lo1[2], hi1[2], lo2[2], hi2[2];
+  bool rok[2];
+  int64_t orow[2];
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int r = wgi * 64 + warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
+    rok[i] = hh < hc && qi < p.Tq;
+    orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
+    if (rok[i])
+      attn_row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1[i],
+                      hi1[i], lo2[i], hi2[i]);
+    else
+      lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
+  }
+  __syncthreads();
+  if (t4 == 0)
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i)
+      DFLASH_UNROLL
+      for (int xi = 0; xi < 2; ++xi) {
+        const int x = xi ? 1 + wgi : 0;
+        if (!WIN || hi1[i] > lo1[i]) {
+          atomicMax(&sExt[x][0], hi1[i]);
+          if (WIN) atomicMin(&sExt[x][3], lo1[i]);
+        }
+        if (hi2[i] > lo2[i]) {
+          atomicMin(&sExt[x][1], lo2[i]);
+          atomicMax(&sExt[x][2], hi2[i]);
+        }
+      }
+  __syncthreads();
+  // segment 1 tiles cover [elo1, ext1), segment 2 tiles [elo, ehi): the CTA's, and this warpgroup's (w*)
+  const int ext1 = sExt[0][0], elo1 = WIN && ext1 > 0 ? sExt[0][3] : 0, ehi = sExt[0][2],
+            elo = ehi > 0 ? sExt[0][1] : 0;
+  const int wext1 = sExt[1 + wgi][0], welo1 = WIN && wext1 > 0 ? sExt[1 + wgi][3] : 0,
+            wehi = sExt[1 + wgi][2], welo = wehi > 0 ? sExt[1 + wgi][1] : 0;
+  const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+  auto load_tile = [&](int t, int buf) {
+    const bool s1 = t < nt1;
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
+    auto off = [&](int r) -> int64_t {
+      return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
+    };
+    stage_tile(sK + buf * kWgTileBytes, static_cast<const bf16*>(s1 ? p.k1 : p.k2), off);
+    stage_tile(sV + buf * kWgTileBytes, static_cast<const bf16*>(s1 ? p.v1 : p.v2), off);
+  };
+  if (nt > 0) load_tile(0, 0);
+  cp_async_commit();
+
+  float o[DT * 4];
+  DFLASH_UNROLL
+  for (int n = 0; n < DT * 4; ++n) o[n] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float sl2 = p.scale * kLog2e;
+  const uint32_t sQw = sQ + wgi * 64 * 128;  // this warpgroup's 64 rows in each Q panel
+
+  for (int t = 0; t < nt; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < nt) load_tile(t + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and tile t have landed (this thread's copies)
+    wg::fence_proxy_async();
+    __syncthreads();
+    const bool s1 = t < nt1;
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
+    const bool mine = s1 ? (kt < wext1 && (!WIN || kt + KT > welo1)) : (kt < wehi && kt + KT > welo);
+    if (mine) {
+      const uint32_t tK = sK + buf * kWgTileBytes, tV = sV + buf * kWgTileBytes;
+      float s[NT * 4];
+      wg::fence();
+      DFLASH_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk)
+        wg::wgmma_ss<KT>(s, wg::desc_kmajor(sQw, kWgRows, kk), wg::desc_kmajor(tK, KT, kk), kk > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::pin(s);
+      float mx[2] = {-INFINITY, -INFINITY};
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
+          const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
+          const float v = vis ? s[n * 4 + e] * sl2 : -INFINITY;
+          s[n * 4 + e] = v;
+          mx[i] = fmaxf(mx[i], v);
+        }
+      float alpha[2], mref[2], rs[2] = {0.f, 0.f};
+      DFLASH_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float mn = fmaxf(m[i], mx[i]);
+        mref[i] = mn == -INFINITY ? 0.f : mn;  // no -inf - -inf while a row has seen nothing
+        alpha[i] = exp2f(m[i] - mref[i]);
+        m[i] = mn;
+      }
+      uint32_t pa[KT / 16][4];
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n) {
+        const float p0 = exp2f(s[n * 4 + 0] - mref[0]), p1 = exp2f(s[n * 4 + 1] - mref[0]);
+        const float p2 = exp2f(s[n * 4 + 2] - mref[1]), p3 = exp2f(s[n * 4 + 3] - mref[1]);
+        rs[0] += p0 + p1;
+        rs[1] += p2 + p3;
+        pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(p0, p1);
+        pa[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(p2, p3);
+      }
+      l[0] = l[0] * alpha[0] + rs[0];
+      l[1] = l[1] * alpha[1] + rs[1];
+      DFLASH_UNROLL
+      for (int n = 0; n < DT; ++n) {
+        o[n * 4 + 0] *= alpha[0];
+        o[n * 4 + 1] *= alpha[0];
+        o[n * 4 + 2] *= alpha[1];
+        o[n * 4 + 3] *= alpha[1];
+      }
+      wg::fence();
+      DFLASH_UNROLL
+      for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(o, pa[kc], wg::desc_mnmajor(tV, KT, kc), 1);
+      wg::commit();
+      wg::wait<0>();
+      wg::pin(o);
+    }
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+  }
+  bf16* O = static_cast<bf16*>(p.out);
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    if (!rok[i]) continue;
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    DFLASH_UNROLL
+    for (int n = 0; n < DT; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(O + orow[i] + n * 8 + 2 * t4) =
+          __floats2bfloat162_rn(o[n * 4 + 2 * i] * inv, o[n * 4 + 2 * i + 1] * inv);
+    if (p.lse != nullptr && t4 == 0)
+      p.lse[orow[i] / D] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2 : -INFINITY;
+  }
+}
+
+template <class K>
+void allow_smem(K kernel, int smem_optin) {
+  cudaFuncAttributes fa{};
+  DFLASH_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         smem_optin - static_cast<int>(fa.sharedSizeBytes)));
+}
+
+}  // namespace
+
+size_t attn_wgmma_fwd_smem() { return kWgSmem; }
+
+void attention_wgmma_init_attributes(int smem_optin) {
+  if (static_cast<size_t>(smem_optin) < kWgSmem + 1024) return;  // never launched there
+  allow_smem(k_fwd_wg<false>, smem_optin);
+  allow_smem(k_fwd_wg<true>, smem_optin);
+}
+
+bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
+  if (p0.d != kWgD) return false;
+  if (kWgSmem + 1024 > static_cast<size_t>(e.smem_limit)) return false;  // + the static __shared__ extents
+  if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
+  if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
+  AttnFwdParams p = p0;
+  attn_rows_tiling(p.nh, p.nkv, kWgRows, p.hc, p.mq);
+  p.nk = kWgKeys;
+  const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
+  DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
+  const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
+  if (p.mode == kAttnDFlash && p.window > 0)
+    DFLASH_LAUNCH(grid, kWgThreads, kWgSmem, e.stream, k_fwd_wg<true>)(p);
+  else
+    DFLASH_LAUNCH(grid, kWgThreads, kWgSmem, e.stream, k_fwd_wg<false>)(p);
+  check_launch("attention_forward_wgmma");
+  return true;
+}
+
+#else  // DFLASH_CUDA_EMU: no warpgroup MMA in the emulator
+
+size_t attn_wgmma_fwd_smem() { return 5 * size_t{128 * 128 * 2} + 1024; }
+void attention_wgmma_init_attributes(int) {}
+bool launch_attention_forward_wgmma(Env&, const AttnFwdParams&) { return false; }
+
+#endif
+
+}  // namespace dflash::cuda
