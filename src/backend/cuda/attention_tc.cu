@@ -709,6 +709,7 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
   auto launch = [&](auto dq_kernel, auto dkv_kernel) {
     DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, dq_kernel)(p);
     check_launch("dflash_attention_dq_tc");
+    if (launch_dflash_dkv_wgmma(e, p)) return;  // Hopper warpgroup MMA (attention_wgmma.cu): head dim 128
     if (tiles > 0) DFLASH_LAUNCH(grid_kv, kDkvThreads, smem_kv, e.stream, dkv_kernel)(p);
   };
   const bool win = p.window > 0;

@@ -212,6 +212,206 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_fwd_wg(AttnFwdParams p) {
   }
 }
 
+// ---- backward: dK, dV --------------------------------------------------------------------------------------------
+// A CTA = 1 warpgroup owns 64 keys of one kv head (context tiles first, then block-key tiles, as k_dkv_tc) and walks
+// the items (chunk of 64 queries, head of the kv group) whose chunk can see the tile: the chunks are listed first
+// (sList, in query order), then Q / dO of item i + 1 load (cp.async) while item i computes:
+//   S^T = K Q^T, dP^T = V dO^T (m64n64k16, K-major operands), P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D),
+//   dV += P^T dO, dK += dS^T Q (m64n128k16, P^T / dS^T from registers, dO / Q read MN-major).
+// Each key's gradients are summed by one thread in item order and written once: deterministic, no atomics.
+constexpr int kDkvWgThreads = 128;
+constexpr int kDkvWgKeys = 64;                              // keys per CTA
+constexpr int kDkvWgQ = 64;                                 // queries per chunk
+constexpr int kDkvWgMaxChunks = 1024;                       // Tq <= 65536 (else k_dkv_tc runs)
+constexpr uint32_t kDkvWgTileBytes = 64 * kWgD * 2;         // [64][128] bf16: 16 KiB
+constexpr size_t kDkvWgSmem = 6 * size_t{kDkvWgTileBytes} + 1024;  // K, V, Q x 2, dO x 2
+constexpr size_t kDkvWgStatic = 4 * kDkvWgMaxChunks + 16 + 16 * 64 + 1024;  // static __shared__, rounded up
+
+template <bool WIN>
+__global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
+  constexpr int D = kWgD, KN = kDkvWgKeys, QC = kDkvWgQ, NT = QC / 8, DT = D / 8;
+  DFLASH_DYN_SMEM(smem_raw);
+  __shared__ int sList[kDkvWgMaxChunks];
+  __shared__ int sWarp[4];
+  __shared__ float sL[2][QC], sDr[2][QC];
+  __shared__ int sHi[2][QC], sLo[2][QC];  // per query: a_j (context tile) or j (block tile), -1 = sees nothing;
+                                          // lo1 (context) or the slot (block), used with a window
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = base, sV = base + kDkvWgTileBytes, sQ0 = base + 2 * kDkvWgTileBytes,
+                 sO0 = base + 4 * kDkvWgTileBytes;  // Q / dO buffer b at sQ0 / sO0 + b * kDkvWgTileBytes
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t4 = lane & 3;
+  const int nh = p.nh, nkv = p.nkv, rep = nh / nkv, g = blockIdx.x, tile = blockIdx.y, B = p.B;
+  const int nt1 = (p.T1 + KN - 1) / KN;
+  const bool s1 = tile < nt1;
+  const int k0 = s1 ? tile * KN : (tile - nt1) * KN, klim = s1 ? p.T1 : p.T2;
+  auto koff = [&](int r) -> int64_t { return k0 + r < klim ? (static_cast<int64_t>(k0 + r) * nkv + g) * D : -1; };
+  auto stage64 = [&](uint32_t dst, const bf16* src, auto off) {  // 64 rows x 128 columns, SW128
+    for (int c = tid; c < 64 * 16; c += kDkvWgThreads) {
+      const int r = c >> 4, ch = c & 15;
+      const int64_t o = off(r);
+      cp_async16(dst + (ch >> 3) * (64 * 128) + wg::sw128_offset(r, (ch & 7) * 8), o >= 0 ? src + o + ch * 8 : src,
+                 o >= 0);
+    }
+  };
+  stage64(sK, s1 ? p.k1 : p.k2, koff);
+  stage64(sV, s1 ? p.v1 : p.v2, koff);
+  cp_async_commit();
+
+  // the chunks of 64 queries that can see a key of [k0, k0 + 64): context tile -> a valid block with a_j > k0
+  // (and, with a window, lo1 < k0 + 64 for one of its queries in the chunk); block tile -> the valid blocks owning
+  // those keys
+  int q_lo = 0, q_hi = p.Tq;
+  if (!s1) {
+    q_lo = (k0 / B) * B;
+    q_hi = min(p.Tq, ((min(k0 + KN, klim) - 1) / B + 1) * B);
+  }
+  const int nch = (q_hi - q_lo + QC - 1) / QC;
+  int nvis = 0;
+  for (int cb = 0; cb < nch; cb += kDkvWgThreads) {
+    const int c = cb + tid;
+    bool vis = false;
+    if (c < nch) {
+      const int qa = q_lo + c * QC, qb = min(qa + QC, q_hi);
+      for (int j = qa / B; j * B < qb && !vis; ++j) {
+        if (!p.valid[j]) continue;
+        if (!s1) {
+          vis = true;
+          continue;
+        }
+        int a = p.anchors[j];
+        a = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
+        const int i0 = max(qa - j * B, 0);  // the block's first slot in the chunk has the smallest lo1
+        vis = a > k0 && (!WIN || min(max(0, a + i0 - (p.window - 1)), a) < k0 + KN);
+      }
+    }
+    const unsigned bal = __ballot_sync(0xffffffffu, vis);
+    if (lane == 0) sWarp[warp] = __popc(bal);
+    __syncthreads();
+    int before = nvis, sum = 0;
+    DFLASH_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      before += w < warp ? sWarp[w] : 0;
+      sum += sWarp[w];
+    }
+    if (vis) sList[before + __popc(bal & ((1u << lane) - 1u))] = c;
+    nvis += sum;
+    __syncthreads();
+  }
+  const int items = nvis * rep;
+  auto load_item = [&](int it, int buf) {
+    const int c0 = q_lo + sList[it / rep] * QC, h = g * rep + it % rep;
+    auto qoff = [&](int r) -> int64_t {
+      return c0 + r < q_hi ? (static_cast<int64_t>(c0 + r) * nh + h) * D : -1;
+    };
+    stage64(sQ0 + buf * kDkvWgTileBytes, p.q, qoff);
+    stage64(sO0 + buf * kDkvWgTileBytes, p.dout, qoff);
+    if (tid < QC) {
+      const int q = c0 + tid;
+      int hi = -1, lo = 0;
+      float L = 0.f, Dq = 0.f;
+      if (q < q_hi) {
+        const int j = q / B;
+        if (p.valid[j]) {
+          int a = p.anchors[j];
+          a = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
+          hi = s1 ? a : j;
+          lo = s1 ? (WIN ? min(max(0, a + q % B - (p.window - 1)), a) : 0) : q % B;
+          L = p.lse[static_cast<int64_t>(q) * nh + h] * kLog2e;
+          Dq = p.Dr[static_cast<int64_t>(q) * nh + h];
+        }
+      }
+      sHi[buf][tid] = hi;
+      sLo[buf][tid] = lo;
+      sL[buf][tid] = L;
+      sDr[buf][tid] = Dq;
+    }
+  };
+  if (items > 0) load_item(0, 0);
+  cp_async_commit();
+
+  float dk[DT * 4], dv[DT * 4];
+  DFLASH_UNROLL
+  for (int n = 0; n < DT * 4; ++n) dk[n] = dv[n] = 0.f;
+  const float sl2 = p.scale * kLog2e;
+  int key[2], kblk[2], kslot[2];
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    key[i] = k0 + warp * 16 + (lane >> 2) + 8 * i;
+    kblk[i] = key[i] / B;
+    kslot[i] = key[i] % B;
+  }
+
+  for (int it = 0; it < items; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < items) load_item(it + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // K, V and item it have landed (this thread's copies)
+    wg::fence_proxy_async();
+    __syncthreads();
+    const uint32_t tQ = sQ0 + buf * kDkvWgTileBytes, tO = sO0 + buf * kDkvWgTileBytes;
+    float s[NT * 4], dp[NT * 4];
+    wg::fence();
+    DFLASH_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::wgmma_ss<QC>(s, wg::desc_kmajor(sK, KN, kk), wg::desc_kmajor(tQ, QC, kk), kk > 0);
+    wg::commit();
+    DFLASH_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::wgmma_ss<QC>(dp, wg::desc_kmajor(sV, KN, kk), wg::desc_kmajor(tO, QC, kk), kk > 0);
+    wg::commit();
+    wg::wait<1>();  // S^T is ready; dP^T may still run
+    wg::pin(s);
+    DFLASH_UNROLL
+    for (int n = 0; n < NT; ++n)
+      DFLASH_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = e >> 1, qc = n * 8 + 2 * t4 + (e & 1), hi = sHi[buf][qc];
+        // spec 2.3 as dflash_row_bounds: context keys [lo1, a_j), block keys of block j (a prefix with a window)
+        bool vis = key[i] < klim && (s1 ? key[i] < hi : (hi >= 0 && kblk[i] == hi));
+        if constexpr (WIN) vis = vis && (s1 ? key[i] >= sLo[buf][qc] : kslot[i] <= sLo[buf][qc]);
+        s[n * 4 + e] = vis ? exp2f(s[n * 4 + e] * sl2 - sL[buf][qc]) : 0.f;  // P^T
+      }
+    wg::wait<0>();
+    wg::pin(dp);
+    uint32_t pa[QC / 16][4], da[QC / 16][4];
+    DFLASH_UNROLL
+    for (int n = 0; n < NT; ++n) {
+      float d4[4];
+      DFLASH_UNROLL
+      for (int e = 0; e < 4; ++e) d4[e] = s[n * 4 + e] * (dp[n * 4 + e] - sDr[buf][n * 8 + 2 * t4 + (e & 1)]);  // dS^T
+      pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(s[n * 4 + 0], s[n * 4 + 1]);
+      pa[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(s[n * 4 + 2], s[n * 4 + 3]);
+      da[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(d4[0], d4[1]);
+      da[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(d4[2], d4[3]);
+    }
+    wg::fence();
+    DFLASH_UNROLL
+    for (int kc = 0; kc < QC / 16; ++kc) wg::wgmma_rs_tb<D>(dv, pa[kc], wg::desc_mnmajor(tO, QC, kc), 1);
+    DFLASH_UNROLL
+    for (int kc = 0; kc < QC / 16; ++kc) wg::wgmma_rs_tb<D>(dk, da[kc], wg::desc_mnmajor(tQ, QC, kc), 1);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(dv);
+    wg::pin(dk);
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+  }
+  cp_async_wait<0>();  // (no item: K / V copies still count as in flight)
+  bf16* dK = s1 ? p.dk1 : p.dk2;
+  bf16* dV = s1 ? p.dv1 : p.dv2;
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    if (key[i] >= klim) continue;
+    const int64_t off = (static_cast<int64_t>(key[i]) * nkv + g) * D;
+    DFLASH_UNROLL
+    for (int n = 0; n < DT; ++n) {
+      const int c = n * 8 + 2 * t4;
+      *reinterpret_cast<__nv_bfloat162*>(dK + off + c) =
+          __floats2bfloat162_rn(dk[n * 4 + 2 * i] * p.scale, dk[n * 4 + 2 * i + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dV + off + c) = __floats2bfloat162_rn(dv[n * 4 + 2 * i], dv[n * 4 + 2 * i + 1]);
+    }
+  }
+}
+
 template <class K>
 void allow_smem(K kernel, int smem_optin) {
   cudaFuncAttributes fa{};
@@ -225,9 +425,30 @@ void allow_smem(K kernel, int smem_optin) {
 size_t attn_wgmma_fwd_smem() { return kWgSmem; }
 
 void attention_wgmma_init_attributes(int smem_optin) {
-  if (static_cast<size_t>(smem_optin) < kWgSmem + 1024) return;  // never launched there
-  allow_smem(k_fwd_wg<false>, smem_optin);
-  allow_smem(k_fwd_wg<true>, smem_optin);
+  if (static_cast<size_t>(smem_optin) >= kWgSmem + 1024) {  // else never launched
+    allow_smem(k_fwd_wg<false>, smem_optin);
+    allow_smem(k_fwd_wg<true>, smem_optin);
+  }
+  if (static_cast<size_t>(smem_optin) >= kDkvWgSmem + kDkvWgStatic) {
+    allow_smem(k_dkv_wg<false>, smem_optin);
+    allow_smem(k_dkv_wg<true>, smem_optin);
+  }
+}
+
+bool launch_dflash_dkv_wgmma(Env& e, const AttnBwdParams& p) {
+  if (p.d != kWgD || p.Tq > kDkvWgMaxChunks * kDkvWgQ) return false;
+  if (kDkvWgSmem + kDkvWgStatic > static_cast<size_t>(e.smem_limit)) return false;
+  // (the caller, launch_dflash_backward_tc, has checked the 16-byte alignment of every tensor)
+  const int64_t tiles = (p.T1 + kDkvWgKeys - 1) / kDkvWgKeys + (p.T2 + kDkvWgKeys - 1) / kDkvWgKeys;
+  DFLASH_CHECK(tiles <= 65535, "dflash_attention_backward (cuda): too many keys (", p.T1, " + ", p.T2, ")");
+  if (tiles == 0) return true;
+  const dim3 grid(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles));
+  if (p.window > 0)
+    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<true>)(p);
+  else
+    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<false>)(p);
+  check_launch("dflash_attention_dkv_wgmma");
+  return true;
 }
 
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
@@ -254,6 +475,7 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
 size_t attn_wgmma_fwd_smem() { return 5 * size_t{128 * 128 * 2} + 1024; }
 void attention_wgmma_init_attributes(int) {}
 bool launch_attention_forward_wgmma(Env&, const AttnFwdParams&) { return false; }
+bool launch_dflash_dkv_wgmma(Env&, const AttnBwdParams&) { return false; }
 
 #endif
 
