@@ -142,9 +142,10 @@ void attention_tc_init_attributes(int smem_optin);
 // attn_wgmma_fwd_smem() bytes of shared memory; returns false (launching nothing) otherwise, and in the emulator.
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p);
 void attention_wgmma_init_attributes(int smem_optin);
-// The DFlash backward's dK / dV on warpgroup MMA (attention_wgmma.cu), launched by launch_dflash_backward_tc after
-// its dQ kernel: head dim 128, Tq <= 65536 and enough shared memory, else false (launching nothing).
-bool launch_dflash_dkv_wgmma(Env& e, const AttnBwdParams& p);
+// The DFlash backward (dQ, then dK / dV) on warpgroup MMA (attention_wgmma.cu), tried first by
+// launch_dflash_backward_tc once it has checked alignment: head dim 128, Tq <= 65536 and enough shared memory,
+// else false (launching nothing).
+bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p);
 size_t attn_wgmma_fwd_smem();
 // Shared memory of the tensor-core kernels for head dim D (64 or 128).
 size_t attn_tc_fwd_smem(int D);

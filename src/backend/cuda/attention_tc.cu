@@ -697,6 +697,7 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
                           static_cast<const void*>(p0.dv1), static_cast<const void*>(p0.dk2),
                           static_cast<const void*>(p0.dv2)})
     if (!aligned16(ptr)) return false;
+  if (launch_dflash_backward_wgmma(e, p0)) return true;  // Hopper warpgroup MMA (attention_wgmma.cu): head dim 128
   AttnBwdParams p = p0;
   attn_rows_tiling(p.nh, p.nkv, kTcRows, p.hc, p.mq);
   p.nk = kDqKeys;
@@ -709,7 +710,6 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
   auto launch = [&](auto dq_kernel, auto dkv_kernel) {
     DFLASH_LAUNCH(grid_q, kTcThreads, smem_q, e.stream, dq_kernel)(p);
     check_launch("dflash_attention_dq_tc");
-    if (launch_dflash_dkv_wgmma(e, p)) return;  // Hopper warpgroup MMA (attention_wgmma.cu): head dim 128
     if (tiles > 0) DFLASH_LAUNCH(grid_kv, kDkvThreads, smem_kv, e.stream, dkv_kernel)(p);
   };
   const bool win = p.window > 0;

@@ -39,13 +39,14 @@ constexpr size_t kWgSmem = 5 * size_t{kWgTileBytes} + 1024;  // Q, K x 2, V x 2,
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Copies 128 rows x 128 columns into a SW128 tile at dst; row r comes from src + off(r) (zeros when off(r) < 0).
-template <class Off>
+// Copies ROWS rows x 128 columns into a SW128 tile at dst (2 panels of ROWS rows) with the block's NTHREADS
+// threads; row r comes from src + off(r) (zeros when off(r) < 0).
+template <int ROWS, int NTHREADS, class Off>
 __device__ __forceinline__ void stage_tile(uint32_t dst, const bf16* src, Off off) {
-  for (int c = threadIdx.x; c < 128 * 16; c += kWgThreads) {
+  for (int c = threadIdx.x; c < ROWS * 16; c += NTHREADS) {
     const int r = c >> 4, ch = c & 15;
     const int64_t o = off(r);
-    const uint32_t d = dst + (ch >> 3) * (128 * 128) + wg::sw128_offset(r, (ch & 7) * 8);
+    const uint32_t d = dst + (ch >> 3) * (ROWS * 128) + wg::sw128_offset(r, (ch & 7) * 8);
     cp_async16(d, o >= 0 ? src + o + ch * 8 : src, o >= 0);
   }
 }
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_fwd_wg(AttnFwdParams p) {
   const bf16* Q = static_cast<const bf16*>(p.q);
 
   if (tid < 12) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
-  stage_tile(sQ, Q, [&](int r) -> int64_t {
+  stage_tile<128, kWgThreads>(sQ, Q, [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
     return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
   });
@@ -114,8 +115,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_fwd_wg(AttnFwdParams p) {
     auto off = [&](int r) -> int64_t {
       return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
     };
-    stage_tile(sK + buf * kWgTileBytes, static_cast<const bf16*>(s1 ? p.k1 : p.k2), off);
-    stage_tile(sV + buf * kWgTileBytes, static_cast<const bf16*>(s1 ? p.v1 : p.v2), off);
+    stage_tile<KT, kWgThreads>(sK + buf * kWgTileBytes, static_cast<const bf16*>(s1 ? p.k1 : p.k2), off);
+    stage_tile<KT, kWgThreads>(sV + buf * kWgTileBytes, static_cast<const bf16*>(s1 ? p.v1 : p.v2), off);
   };
   if (nt > 0) load_tile(0, 0);
   cp_async_commit();
@@ -212,6 +213,156 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_fwd_wg(AttnFwdParams p) {
   }
 }
 
+// ---- backward: dQ ------------------------------------------------------------------------------------------------
+// The forward's tiling (2 warpgroups = 128 query rows, the tiles with most keys first) over 64-key tiles: per tile
+// and warpgroup S = Q K^T and dP = dO V^T (m64n64k16, Q and dO stay in shared memory as the A operands),
+// P = exp2(S - lse) from the forward's lse, dS = P (dP - D), dQ += dS K (m64n128k16, dS from registers, K read
+// MN-major); dQ *= scale at the end.
+constexpr int kDqWgKeys = 64;
+constexpr uint32_t kDqWgKvBytes = kDqWgKeys * kWgD * 2;                          // [64][128] bf16: 16 KiB
+constexpr size_t kDqWgSmem = 2 * size_t{kWgTileBytes} + 4 * size_t{kDqWgKvBytes} + 1024;  // Q, dO, K x 2, V x 2
+
+template <bool WIN>
+__global__ void __launch_bounds__(kWgThreads, 1) k_dq_wg(AttnBwdParams p) {
+  constexpr int D = kWgD, KT = kDqWgKeys, NT = KT / 8, DT = D / 8;
+  DFLASH_DYN_SMEM(smem_raw);
+  __shared__ int sExt[3][4];  // as k_fwd_wg
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sO = base + kWgTileBytes, sK = base + 2 * kWgTileBytes, sV = sK + 2 * kDqWgKvBytes;
+  const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
+  const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
+  const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
+
+  if (tid < 12) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
+  auto qoff = [&](int r) -> int64_t {
+    const int hh = r / mq, qi = q0 + r % mq;
+    return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
+  };
+  stage_tile<128, kWgThreads>(sQ, p.q, qoff);
+  stage_tile<128, kWgThreads>(sO, p.dout, qoff);
+  cp_async_commit();
+
+  int lo1[2], hi1[2], lo2[2], hi2[2];
+  bool rok[2];
+  int64_t orow[2];
+  float lse2[2], Dr[2];
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int r = wgi * 64 + warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
+    rok[i] = hh < hc && qi < p.Tq;
+    orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
+    lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
+    lse2[i] = Dr[i] = 0.f;
+    if (rok[i]) {
+      attn_row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, nullptr, lo1[i], hi1[i],
+                      lo2[i], hi2[i]);
+      lse2[i] = p.lse[orow[i] / D] * kLog2e;
+      Dr[i] = p.Dr[orow[i] / D];
+    }
+  }
+  __syncthreads();
+  if (t4 == 0)
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i)
+      DFLASH_UNROLL
+      for (int xi = 0; xi < 2; ++xi) {
+        const int x = xi ? 1 + wgi : 0;
+        if (!WIN || hi1[i] > lo1[i]) {
+          atomicMax(&sExt[x][0], hi1[i]);
+          if (WIN) atomicMin(&sExt[x][3], lo1[i]);
+        }
+        if (hi2[i] > lo2[i]) {
+          atomicMin(&sExt[x][1], lo2[i]);
+          atomicMax(&sExt[x][2], hi2[i]);
+        }
+      }
+  __syncthreads();
+  const int ext1 = sExt[0][0], elo1 = WIN && ext1 > 0 ? sExt[0][3] : 0, ehi = sExt[0][2],
+            elo = ehi > 0 ? sExt[0][1] : 0;
+  const int wext1 = sExt[1 + wgi][0], welo1 = WIN && wext1 > 0 ? sExt[1 + wgi][3] : 0,
+            wehi = sExt[1 + wgi][2], welo = wehi > 0 ? sExt[1 + wgi][1] : 0;
+  const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+  auto load_tile = [&](int t, int buf) {
+    const bool s1 = t < nt1;
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
+    auto off = [&](int r) -> int64_t {
+      return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
+    };
+    stage_tile<KT, kWgThreads>(sK + buf * kDqWgKvBytes, s1 ? p.k1 : p.k2, off);
+    stage_tile<KT, kWgThreads>(sV + buf * kDqWgKvBytes, s1 ? p.v1 : p.v2, off);
+  };
+  if (nt > 0) load_tile(0, 0);
+  cp_async_commit();
+
+  float dq[DT * 4];
+  DFLASH_UNROLL
+  for (int n = 0; n < DT * 4; ++n) dq[n] = 0.f;
+  const float sl2 = p.scale * kLog2e;
+  const uint32_t sQw = sQ + wgi * 64 * 128, sOw = sO + wgi * 64 * 128;
+
+  for (int t = 0; t < nt; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < nt) load_tile(t + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    wg::fence_proxy_async();
+    __syncthreads();
+    const bool s1 = t < nt1;
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
+    const bool mine = s1 ? (kt < wext1 && (!WIN || kt + KT > welo1)) : (kt < wehi && kt + KT > welo);
+    if (mine) {
+      const uint32_t tK = sK + buf * kDqWgKvBytes, tV = sV + buf * kDqWgKvBytes;
+      float s[NT * 4], dp[NT * 4];
+      wg::fence();
+      DFLASH_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk)
+        wg::wgmma_ss<KT>(s, wg::desc_kmajor(sQw, kWgRows, kk), wg::desc_kmajor(tK, KT, kk), kk > 0);
+      wg::commit();
+      DFLASH_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk)
+        wg::wgmma_ss<KT>(dp, wg::desc_kmajor(sOw, kWgRows, kk), wg::desc_kmajor(tV, KT, kk), kk > 0);
+      wg::commit();
+      wg::wait<1>();  // S is ready; dP may still run
+      wg::pin(s);
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
+          const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
+          s[n * 4 + e] = vis ? exp2f(s[n * 4 + e] * sl2 - lse2[i]) : 0.f;  // P
+        }
+      wg::wait<0>();
+      wg::pin(dp);
+      uint32_t da[KT / 16][4];
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n) {
+        da[n >> 1][(n & 1) * 2 + 0] =
+            wg::pack_bf16x2(s[n * 4 + 0] * (dp[n * 4 + 0] - Dr[0]), s[n * 4 + 1] * (dp[n * 4 + 1] - Dr[0]));
+        da[n >> 1][(n & 1) * 2 + 1] =
+            wg::pack_bf16x2(s[n * 4 + 2] * (dp[n * 4 + 2] - Dr[1]), s[n * 4 + 3] * (dp[n * 4 + 3] - Dr[1]));
+      }
+      wg::fence();
+      DFLASH_UNROLL
+      for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(dq, da[kc], wg::desc_mnmajor(tK, KT, kc), 1);
+      wg::commit();
+      wg::wait<0>();
+      wg::pin(dq);
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    if (!rok[i]) continue;
+    DFLASH_UNROLL
+    for (int n = 0; n < DT; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(p.dq + orow[i] + n * 8 + 2 * t4) =
+          __floats2bfloat162_rn(dq[n * 4 + 2 * i] * p.scale, dq[n * 4 + 2 * i + 1] * p.scale);
+  }
+}
+
 // ---- backward: dK, dV --------------------------------------------------------------------------------------------
 // A CTA = 1 warpgroup owns 64 keys of one kv head (context tiles first, then block-key tiles, as k_dkv_tc) and walks
 // the items (chunk of 64 queries, head of the kv group) whose chunk can see the tile: the chunks are listed first
@@ -245,14 +396,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
   const bool s1 = tile < nt1;
   const int k0 = s1 ? tile * KN : (tile - nt1) * KN, klim = s1 ? p.T1 : p.T2;
   auto koff = [&](int r) -> int64_t { return k0 + r < klim ? (static_cast<int64_t>(k0 + r) * nkv + g) * D : -1; };
-  auto stage64 = [&](uint32_t dst, const bf16* src, auto off) {  // 64 rows x 128 columns, SW128
-    for (int c = tid; c < 64 * 16; c += kDkvWgThreads) {
-      const int r = c >> 4, ch = c & 15;
-      const int64_t o = off(r);
-      cp_async16(dst + (ch >> 3) * (64 * 128) + wg::sw128_offset(r, (ch & 7) * 8), o >= 0 ? src + o + ch * 8 : src,
-                 o >= 0);
-    }
-  };
+  auto stage64 = [&](uint32_t dst, const bf16* src, auto off) { stage_tile<64, kDkvWgThreads>(dst, src, off); };
   stage64(sK, s1 ? p.k1 : p.k2, koff);
   stage64(sV, s1 ? p.v1 : p.v2, koff);
   cp_async_commit();
@@ -429,16 +573,29 @@ void attention_wgmma_init_attributes(int smem_optin) {
     allow_smem(k_fwd_wg<false>, smem_optin);
     allow_smem(k_fwd_wg<true>, smem_optin);
   }
-  if (static_cast<size_t>(smem_optin) >= kDkvWgSmem + kDkvWgStatic) {
+  if (static_cast<size_t>(smem_optin) >= std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024)) {
+    allow_smem(k_dq_wg<false>, smem_optin);
+    allow_smem(k_dq_wg<true>, smem_optin);
     allow_smem(k_dkv_wg<false>, smem_optin);
     allow_smem(k_dkv_wg<true>, smem_optin);
   }
 }
 
-bool launch_dflash_dkv_wgmma(Env& e, const AttnBwdParams& p) {
-  if (p.d != kWgD || p.Tq > kDkvWgMaxChunks * kDkvWgQ) return false;
-  if (kDkvWgSmem + kDkvWgStatic > static_cast<size_t>(e.smem_limit)) return false;
+bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
+  if (p0.d != kWgD || p0.Tq > kDkvWgMaxChunks * kDkvWgQ) return false;
+  if (std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024) > static_cast<size_t>(e.smem_limit)) return false;
   // (the caller, launch_dflash_backward_tc, has checked the 16-byte alignment of every tensor)
+  AttnBwdParams p = p0;
+  attn_rows_tiling(p.nh, p.nkv, kWgRows, p.hc, p.mq);
+  p.nk = kDqWgKeys;
+  const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
+  DFLASH_CHECK(gy <= 65535, "dflash_attention_backward (cuda): too many heads (", p.nh, ")");
+  const dim3 grid_q(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
+  if (p.window > 0)
+    DFLASH_LAUNCH(grid_q, kWgThreads, kDqWgSmem, e.stream, k_dq_wg<true>)(p);
+  else
+    DFLASH_LAUNCH(grid_q, kWgThreads, kDqWgSmem, e.stream, k_dq_wg<false>)(p);
+  check_launch("dflash_attention_dq_wgmma");
   const int64_t tiles = (p.T1 + kDkvWgKeys - 1) / kDkvWgKeys + (p.T2 + kDkvWgKeys - 1) / kDkvWgKeys;
   DFLASH_CHECK(tiles <= 65535, "dflash_attention_backward (cuda): too many keys (", p.T1, " + ", p.T2, ")");
   if (tiles == 0) return true;
@@ -475,7 +632,7 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
 size_t attn_wgmma_fwd_smem() { return 5 * size_t{128 * 128 * 2} + 1024; }
 void attention_wgmma_init_attributes(int) {}
 bool launch_attention_forward_wgmma(Env&, const AttnFwdParams&) { return false; }
-bool launch_dflash_dkv_wgmma(Env&, const AttnBwdParams&) { return false; }
+bool launch_dflash_backward_wgmma(Env&, const AttnBwdParams&) { return false; }
 
 #endif
 
