@@ -10,10 +10,17 @@
 // repeats (count chosen to fit --budget-s seconds per measurement, at least 3). The inputs of the 4 sequences
 // (~110 MB each) do not fit in the 60 MB L2 together, so consecutive sequences read cold inputs anyway.
 //
+// Also the target's causal prefill attention (Context::attention_causal) of one sequence of --causal-T tokens (and
+// --causal-batch sequences of --causal-T-batch tokens, one call each) with the same heads: RESULT
+// name=attn_causal_<batch>x<T>,
+// FLOPs 4 * d * nh * T (T + 1) / 2 per sequence (the unmasked pairs, as bench_prefill counts them).
+//
 //   bench_attention [--seqs 4] [--S 3072] [--N 512] [--B 16] [--nh 32] [--nkv 8] [--d 128] [--seed 1]
-//                   [--budget-s 8] [--max-reps 20] [--window 0]
+//                   [--budget-s 8] [--max-reps 20] [--window 0] [--causal-T 3072] [--causal-batch 4]
+//                   [--causal-T-batch 1024]   (--causal-T 0: no causal rows)
 // --window W > 0: a sliding-window layer (FLOPs on the pairs the window leaves; W 0 = full attention, the
 // reference the windowed time is read against).
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -117,6 +124,22 @@ int main(int argc, char** argv) {
     result("name=attn_bwd impl=dflash ms=%.3f tflops=%.2f derived=fwd_bwd_minus_fwd", tb * 1e3,
            2.5 * flops_fwd / tb / 1e12);
     result("name=attn_first_call impl=dflash fwd_ms=%.3f fwd_bwd_ms=%.3f", t_first_fwd * 1e3, t_first_fb * 1e3);
+    // the target's causal prefill attention: 1 x T and batch x T_batch
+    const int64_t cT = args.i("causal-T", 3072), cB = args.i("causal-batch", 4), cTb = args.i("causal-T-batch", 1024);
+    for (const auto& [T, nseq] : {std::pair<int64_t, int64_t>{cT, 1}, std::pair<int64_t, int64_t>{cTb, cB}}) {
+      if (T <= 0 || nseq <= 0) continue;
+      std::vector<std::array<Tensor, 4>> cs;  // q, k, v, out per sequence
+      for (int64_t i = 0; i < nseq; ++i)
+        cs.push_back({pool.make(act, {T, nh, d}), pool.make(act, {T, nkv, d}), pool.make(act, {T, nkv, d}),
+                      ctx->empty(act, {T, nh, d})});
+      auto causal = [&] {
+        for (auto& c : cs) ctx->attention_causal(c[0], c[1], c[2], c[3], 0, 1.0f / std::sqrt(static_cast<float>(d)));
+      };
+      const double flops = 4.0 * double(d) * double(nh) * double(T) * double(T + 1) / 2.0 * double(nseq);
+      const auto [tc, rc] = measure(causal, once(causal));
+      result("name=attn_causal_%lldx%lld impl=dflash ms=%.3f tflops=%.2f reps=%d layout=per_sequence",
+             (long long)nseq, (long long)T, tc * 1e3, flops / tc / 1e12, rc);
+    }
     result("name=attn_mem impl=dflash peak_gib=%.3f", gib(double(ctx->memory().peak_bytes)));
     return 0;
   } catch (const std::exception& e) {

@@ -111,6 +111,11 @@ for name, label, goal in (("attn_fwd", "attention fwd", None), ("attn_fwd_bwd", 
     ot, tt = g(name, "dflash", "tflops"), g(name, "torch", "tflops")
     row(label, "%s ms (%s TF/s)" % (f(o, "%.2f"), f(ot)), "%s ms (%s TF/s)" % (f(t, "%.2f"), f(tt)), "",
         f(sp, "%.2fx"), ">= 2x faster" if goal else "(info)", verdict(sp >= goal) if (goal and sp) else "-")
+for name, label in (("attn_causal_1x3072", "causal prefill attn 1x3072"), ("attn_causal_4x1024", "causal prefill attn 4x1024")):
+    o, t = g(name, "dflash", "ms"), g(name, "torch", "ms")
+    ot, tt = g(name, "dflash", "tflops"), g(name, "torch", "tflops")
+    row(label, "%s ms (%s TF/s)" % (f(o, "%.2f"), f(ot)), "%s ms (%s TF/s, SDPA)" % (f(t, "%.2f"), f(tt)), "",
+        f(o and t and t / o, "%.2fx"), ">= 500 TF/s", verdict(ot >= 500) if ot else "-")
 o = g("attn_first_call", "dflash", "fwd_bwd_ms")
 tf_, tb_ = g("attn_first_call", "torch", "fwd_s"), g("attn_first_call", "torch", "bwd_s")
 t = (tf_ + tb_) * 1e3 if (tf_ is not None and tb_ is not None) else None

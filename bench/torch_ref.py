@@ -232,6 +232,22 @@ def part_attn(a):
     result("attn_mem", peak_gib=torch.cuda.max_memory_allocated() / 2**30)
     del qb, kb, vb, dout
     torch.cuda.empty_cache()
+    # the target's causal prefill attention: SDPA (is_causal) as HF transformers' sdpa path calls it (kv heads
+    # repeated to the query heads first, outside the timing), batched; bench_attention's attn_causal_* rows
+    for T, nseq in ((a.S, 1), (1024, 4)):
+        q = torch.randn(nseq, nh, T, d, device=dev, dtype=torch.bfloat16, generator=g)
+        k = torch.randn(nseq, nkv, T, d, device=dev, dtype=torch.bfloat16, generator=g).repeat_interleave(nh // nkv, 1)
+        v = torch.randn(nseq, nkv, T, d, device=dev, dtype=torch.bfloat16, generator=g).repeat_interleave(nh // nkv, 1)
+
+        def run_causal():
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+        run_causal()
+        torch.cuda.synchronize()
+        ms_c, rc = bench_events(run_causal, a.budget_s)
+        fl = 4.0 * d * nh * T * (T + 1) / 2.0 * nseq
+        result(f"attn_causal_{nseq}x{T}", ms=ms_c, tflops=fl / ms_c / 1e9, reps=rc, layout="batched")
+        del q, k, v
 
 
 # ---------------------------------------------------------------------------------------------------------------

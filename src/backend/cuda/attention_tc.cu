@@ -1,5 +1,6 @@
 // cuda/attention_tc.cu — the attention kernels on tensor cores (mma.sync m16n8k16: bf16 operands, fp32
-// accumulation) for head dims 64 and 128: the forward shared by attention_causal and dflash_attention (the
+// accumulation) for head dim 64, and for 128 where the Hopper kernels of attention_wgmma.cu do not apply (a lower
+// shared-memory limit, Tq > 65536): the forward shared by attention_causal and dflash_attention (the
 // two-segment visibility rule of attention.h), and DFlash attention's backward. Same math, masks and outputs as the
 // CUDA-core kernels of attention_fwd.cu / dflash_attention.cu, which still run for other head dims, under a
 // shared-memory cap too small for these tiles (case C07) and in the CPU emulator (no tensor cores there).

@@ -1,21 +1,26 @@
-// cuda/attention_wgmma.cu — the attention forward on Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for head
-// dim 128: the kernel behind attention_causal (the target's prefill) and dflash_attention's forward on the H200.
-// Same math, masks (attention.h: attn_row_bounds) and outputs (out, lse) as k_fwd_tc (attention_tc.cu), which still
-// runs for head dim 64, under a shared-memory cap too small for these tiles, and in the emulator.
+// cuda/attention_wgmma.cu — attention on Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for head dim 128: the
+// forward behind attention_causal (the target's prefill) and dflash_attention, and DFlash attention's backward (dQ,
+// dK / dV) on the H200. Same math, masks (attention.h: attn_row_bounds / dflash_row_bounds) and outputs as the
+// mma.sync kernels of attention_tc.cu, which still run for head dim 64, under a shared-memory cap too small for these
+// tiles (case C07) and in the emulator (no tensor cores there); tests/cuda's op table judges both against the CPU.
 //
 // FlashAttention-2's online softmax (Dao 2023) on FlashAttention-3's operands (Shah et al. 2024, arXiv 2407.08608,
-// section 3: wgmma with both S = Q K^T operands in shared memory and P from registers), without its warp
-// specialisation or TMA (the loads are cp.async, double buffered):
-//  * a CTA = 2 warpgroups = 128 query rows ((query, head) pairs of one kv head, attn_rows_tiling); warpgroup w owns
-//    rows 64 w .. 64 w + 63, the rows of one m64 wgmma;
-//  * key tiles of 128 keys (K and V, 2 x 32 KiB, two buffers) in the SW128 layout of wgmma.cuh, loaded by all 256
-//    threads while the previous tile is computed; Q (32 KiB) stays in shared memory as the A operand;
-//  * per tile and warpgroup: S = Q K^T (8 x m64n128k16, K-major A and B), mask, online softmax in the log2 domain
-//    on the accumulator fragments, O += P V (8 x m64n128k16, P rounded to bf16 in registers, V read MN-major);
-//    a warpgroup skips a tile none of its rows can see (the test is uniform over its 128 threads);
-//  * CTAs run the query tiles with the most keys first (causal: the last queries; DFlash: the last, sorted anchors).
-// Numerics as k_fwd_tc: fp32 accumulation, P rounded to bf16 for the second product (tests/cuda compares by
-// normalised mean square error for that reason).
+// section 3: wgmma with the first product's operands in shared memory and P / dS from registers), without its warp
+// specialisation or TMA (loads are cp.async by every thread, double buffered). Shared-memory tiles use wgmma.cuh's
+// SW128 layout.
+//  * forward (k_fwd_wg): a CTA = 2 warpgroups = 128 query rows ((query, head) pairs of one kv head,
+//    attn_rows_tiling); warpgroup w owns rows 64 w .. 64 w + 63 (one m64 wgmma). 128-key K / V tiles load while the
+//    previous tile computes; Q stays in shared memory as the A operand. Per tile and warpgroup: S = Q K^T
+//    (8 x m64n128k16), mask, online softmax in the log2 domain on the accumulator fragments, O += P V (P rounded to
+//    bf16 in registers, V read MN-major). A warpgroup skips a tile none of its rows can see (uniform over its 128
+//    threads). CTAs run the query tiles with the most keys first (causal: the last queries; DFlash: sorted anchors).
+//  * dQ (k_dq_wg): the forward's tiling over 64-key tiles: S = Q K^T, dP = dO V^T, P = exp2(S - lse), dS = P (dP - D),
+//    dQ += dS K (K read MN-major).
+//  * dK / dV (k_dkv_wg): one warpgroup per 64 keys; the visible 64-query chunks are listed first, then the items
+//    (chunk, head) run with Q / dO double buffered: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
+//    Deterministic: every gradient element is summed by one thread in a fixed order and written once.
+// Numerics as attention_tc.cu: fp32 accumulation, P and dS rounded to bf16 for the second products (tests/cuda
+// compares attention by normalised mean square error for that reason).
 #include <algorithm>
 #include <climits>
 
@@ -30,12 +35,12 @@ namespace dflash::cuda {
 
 namespace {
 
-constexpr int kWgThreads = 256;                             // 2 warpgroups
-constexpr int kWgRows = 128;                                // query rows per CTA
-constexpr int kWgKeys = 128;                                // keys per tile
 constexpr int kWgD = 128;                                   // head dim
-constexpr uint32_t kWgTileBytes = kWgKeys * kWgD * 2;       // one [128][128] bf16 SW128 tile: 32 KiB
-constexpr size_t kWgSmem = 5 * size_t{kWgTileBytes} + 1024;  // Q, K x 2, V x 2, 1024-byte alignment slack
+// Q, K x 2, V x 2 and the 1024-byte alignment slack, for NWG warpgroups and KT-key tiles
+constexpr size_t fwd_wg_smem(int nwg, int kt) { return static_cast<size_t>(64 * nwg + 4 * kt) * kWgD * 2 + 1024; }
+// The forward's tiling (bench/NOTES.md 9: 2 warpgroups x 128-key tiles beat 1 x 64 (2 CTAs per SM) and 2 x 64)
+constexpr int kFwdWgs = 2, kFwdWgKeys = 128;
+constexpr size_t kFwdWgSmem = fwd_wg_smem(kFwdWgs, kFwdWgKeys);
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -52,21 +57,22 @@ __device__ __forceinline__ void stage_tile(uint32_t dst, const bf16* src, Off of
 }
 
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
-template <bool WIN>
-__global__ void __launch_bounds__(kWgThreads, 1) k_fwd_wg(AttnFwdParams p) {
-  constexpr int D = kWgD, KT = kWgKeys, NT = KT / 8, DT = D / 8;
+template <int NWG, int KT, bool WIN>
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdParams p) {
+  constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG;
+  constexpr uint32_t TB = KT * D * 2;  // one K or V tile
   DFLASH_DYN_SMEM(smem_raw);
-  __shared__ int sExt[3][4];  // [0] the CTA's rows, [1 + w] warpgroup w's: max hi1, min lo2, max hi2, min lo1
+  __shared__ int sExt[1 + NWG][4];  // [0] the CTA's rows, [1 + w] warpgroup w's: max hi1, min lo2, max hi2, min lo1
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base, sK = base + kWgTileBytes, sV = base + 3 * kWgTileBytes;
+  const uint32_t sQ = base, sK = base + ROWS * D * 2, sV = sK + 2 * TB;
   const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // most keys first
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
   const bf16* Q = static_cast<const bf16*>(p.q);
 
-  if (tid < 12) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
-  stage_tile<128, kWgThreads>(sQ, Q, [&](int r) -> int64_t {
+  if (tid < 4 * (1 + NWG)) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
+  stage_tile<ROWS, THREADS>(sQ, Q, [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
     return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
   });
@@ -115,8 +121,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_fwd_wg(AttnFwdParams p) {
     auto off = [&](int r) -> int64_t {
       return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
     };
-    stage_tile<KT, kWgThreads>(sK + buf * kWgTileBytes, static_cast<const bf16*>(s1 ? p.k1 : p.k2), off);
-    stage_tile<KT, kWgThreads>(sV + buf * kWgTileBytes, static_cast<const bf16*>(s1 ? p.v1 : p.v2), off);
+    stage_tile<KT, THREADS>(sK + buf * TB, static_cast<const bf16*>(s1 ? p.k1 : p.k2), off);
+    stage_tile<KT, THREADS>(sV + buf * TB, static_cast<const bf16*>(s1 ? p.v1 : p.v2), off);
   };
   if (nt > 0) load_tile(0, 0);
   cp_async_commit();
@@ -139,12 +145,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_fwd_wg(AttnFwdParams p) {
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
     const bool mine = s1 ? (kt < wext1 && (!WIN || kt + KT > welo1)) : (kt < wehi && kt + KT > welo);
     if (mine) {
-      const uint32_t tK = sK + buf * kWgTileBytes, tV = sV + buf * kWgTileBytes;
+      const uint32_t tK = sK + buf * TB, tV = sV + buf * TB;
       float s[NT * 4];
       wg::fence();
       DFLASH_UNROLL
       for (int kk = 0; kk < D / 16; ++kk)
-        wg::wgmma_ss<KT>(s, wg::desc_kmajor(sQw, kWgRows, kk), wg::desc_kmajor(tK, KT, kk), kk > 0);
+        wg::wgmma_ss<KT>(s, wg::desc_kmajor(sQw, ROWS, kk), wg::desc_kmajor(tK, KT, kk), kk > 0);
       wg::commit();
       wg::wait<0>();
       wg::pin(s);
@@ -220,27 +226,30 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_fwd_wg(AttnFwdParams p) {
 // MN-major); dQ *= scale at the end.
 constexpr int kDqWgKeys = 64;
 constexpr uint32_t kDqWgKvBytes = kDqWgKeys * kWgD * 2;                          // [64][128] bf16: 16 KiB
-constexpr size_t kDqWgSmem = 2 * size_t{kWgTileBytes} + 4 * size_t{kDqWgKvBytes} + 1024;  // Q, dO, K x 2, V x 2
+// Q, dO, K x 2, V x 2 and the alignment slack, for NWG warpgroups
+constexpr size_t dq_wg_smem(int nwg) { return static_cast<size_t>(2 * 64 * nwg) * kWgD * 2 + 4 * size_t{kDqWgKvBytes} + 1024; }
+constexpr int kDqWgs = 2;  // 2 warpgroups (1 CTA per SM) beat 1 (2 CTAs per SM): bench/NOTES.md 9
+constexpr size_t kDqWgSmem = dq_wg_smem(kDqWgs);
 
-template <bool WIN>
-__global__ void __launch_bounds__(kWgThreads, 1) k_dq_wg(AttnBwdParams p) {
-  constexpr int D = kWgD, KT = kDqWgKeys, NT = KT / 8, DT = D / 8;
+template <int NWG, bool WIN>
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdParams p) {
+  constexpr int D = kWgD, KT = kDqWgKeys, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG;
   DFLASH_DYN_SMEM(smem_raw);
-  __shared__ int sExt[3][4];  // as k_fwd_wg
+  __shared__ int sExt[1 + NWG][4];  // as k_fwd_wg
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base, sO = base + kWgTileBytes, sK = base + 2 * kWgTileBytes, sV = sK + 2 * kDqWgKvBytes;
+  const uint32_t sQ = base, sO = base + ROWS * D * 2, sK = sO + ROWS * D * 2, sV = sK + 2 * kDqWgKvBytes;
   const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
 
-  if (tid < 12) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
+  if (tid < 4 * (1 + NWG)) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
   auto qoff = [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
     return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
   };
-  stage_tile<128, kWgThreads>(sQ, p.q, qoff);
-  stage_tile<128, kWgThreads>(sO, p.dout, qoff);
+  stage_tile<ROWS, THREADS>(sQ, p.q, qoff);
+  stage_tile<ROWS, THREADS>(sO, p.dout, qoff);
   cp_async_commit();
 
   int lo1[2], hi1[2], lo2[2], hi2[2];
@@ -289,8 +298,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_dq_wg(AttnBwdParams p) {
     auto off = [&](int r) -> int64_t {
       return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
     };
-    stage_tile<KT, kWgThreads>(sK + buf * kDqWgKvBytes, s1 ? p.k1 : p.k2, off);
-    stage_tile<KT, kWgThreads>(sV + buf * kDqWgKvBytes, s1 ? p.v1 : p.v2, off);
+    stage_tile<KT, THREADS>(sK + buf * kDqWgKvBytes, s1 ? p.k1 : p.k2, off);
+    stage_tile<KT, THREADS>(sV + buf * kDqWgKvBytes, s1 ? p.v1 : p.v2, off);
   };
   if (nt > 0) load_tile(0, 0);
   cp_async_commit();
@@ -317,11 +326,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_dq_wg(AttnBwdParams p) {
       wg::fence();
       DFLASH_UNROLL
       for (int kk = 0; kk < D / 16; ++kk)
-        wg::wgmma_ss<KT>(s, wg::desc_kmajor(sQw, kWgRows, kk), wg::desc_kmajor(tK, KT, kk), kk > 0);
+        wg::wgmma_ss<KT>(s, wg::desc_kmajor(sQw, ROWS, kk), wg::desc_kmajor(tK, KT, kk), kk > 0);
       wg::commit();
       DFLASH_UNROLL
       for (int kk = 0; kk < D / 16; ++kk)
-        wg::wgmma_ss<KT>(dp, wg::desc_kmajor(sOw, kWgRows, kk), wg::desc_kmajor(tV, KT, kk), kk > 0);
+        wg::wgmma_ss<KT>(dp, wg::desc_kmajor(sOw, ROWS, kk), wg::desc_kmajor(tV, KT, kk), kk > 0);
       wg::commit();
       wg::wait<1>();  // S is ready; dP may still run
       wg::pin(s);
@@ -566,19 +575,38 @@ void allow_smem(K kernel, int smem_optin) {
 
 }  // namespace
 
-size_t attn_wgmma_fwd_smem() { return kWgSmem; }
+size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
 
 void attention_wgmma_init_attributes(int smem_optin) {
-  if (static_cast<size_t>(smem_optin) >= kWgSmem + 1024) {  // else never launched
-    allow_smem(k_fwd_wg<false>, smem_optin);
-    allow_smem(k_fwd_wg<true>, smem_optin);
+  if (static_cast<size_t>(smem_optin) >= kFwdWgSmem + 1024) {  // else never launched
+    allow_smem(k_fwd_wg<kFwdWgs, kFwdWgKeys, false>, smem_optin);
+    allow_smem(k_fwd_wg<kFwdWgs, kFwdWgKeys, true>, smem_optin);
   }
   if (static_cast<size_t>(smem_optin) >= std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024)) {
-    allow_smem(k_dq_wg<false>, smem_optin);
-    allow_smem(k_dq_wg<true>, smem_optin);
+    allow_smem(k_dq_wg<kDqWgs, false>, smem_optin);
+    allow_smem(k_dq_wg<kDqWgs, true>, smem_optin);
     allow_smem(k_dkv_wg<false>, smem_optin);
     allow_smem(k_dkv_wg<true>, smem_optin);
   }
+}
+
+bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
+  if (p0.d != kWgD) return false;
+  if (kFwdWgSmem + 1024 > static_cast<size_t>(e.smem_limit)) return false;  // + the static __shared__ extents
+  if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
+  if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
+  AttnFwdParams p = p0;
+  attn_rows_tiling(p.nh, p.nkv, 64 * kFwdWgs, p.hc, p.mq);
+  p.nk = kFwdWgKeys;
+  const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
+  DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
+  const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
+  if (p.mode == kAttnDFlash && p.window > 0)
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true>)(p);
+  else
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false>)(p);
+  check_launch("attention_forward_wgmma");
+  return true;
 }
 
 bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
@@ -586,15 +614,15 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   if (std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024) > static_cast<size_t>(e.smem_limit)) return false;
   // (the caller, launch_dflash_backward_tc, has checked the 16-byte alignment of every tensor)
   AttnBwdParams p = p0;
-  attn_rows_tiling(p.nh, p.nkv, kWgRows, p.hc, p.mq);
+  attn_rows_tiling(p.nh, p.nkv, 64 * kDqWgs, p.hc, p.mq);
   p.nk = kDqWgKeys;
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "dflash_attention_backward (cuda): too many heads (", p.nh, ")");
   const dim3 grid_q(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
   if (p.window > 0)
-    DFLASH_LAUNCH(grid_q, kWgThreads, kDqWgSmem, e.stream, k_dq_wg<true>)(p);
+    DFLASH_LAUNCH(grid_q, 128 * kDqWgs, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, true>)(p);
   else
-    DFLASH_LAUNCH(grid_q, kWgThreads, kDqWgSmem, e.stream, k_dq_wg<false>)(p);
+    DFLASH_LAUNCH(grid_q, 128 * kDqWgs, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, false>)(p);
   check_launch("dflash_attention_dq_wgmma");
   const int64_t tiles = (p.T1 + kDkvWgKeys - 1) / kDkvWgKeys + (p.T2 + kDkvWgKeys - 1) / kDkvWgKeys;
   DFLASH_CHECK(tiles <= 65535, "dflash_attention_backward (cuda): too many keys (", p.T1, " + ", p.T2, ")");
@@ -605,25 +633,6 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   else
     DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<false>)(p);
   check_launch("dflash_attention_dkv_wgmma");
-  return true;
-}
-
-bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
-  if (p0.d != kWgD) return false;
-  if (kWgSmem + 1024 > static_cast<size_t>(e.smem_limit)) return false;  // + the static __shared__ extents
-  if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
-  if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
-  AttnFwdParams p = p0;
-  attn_rows_tiling(p.nh, p.nkv, kWgRows, p.hc, p.mq);
-  p.nk = kWgKeys;
-  const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
-  DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
-  const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
-  if (p.mode == kAttnDFlash && p.window > 0)
-    DFLASH_LAUNCH(grid, kWgThreads, kWgSmem, e.stream, k_fwd_wg<true>)(p);
-  else
-    DFLASH_LAUNCH(grid, kWgThreads, kWgSmem, e.stream, k_fwd_wg<false>)(p);
-  check_launch("attention_forward_wgmma");
   return true;
 }
 
