@@ -56,6 +56,50 @@ __device__ __forceinline__ void stage_tile(uint32_t dst, const bf16* src, Off of
   }
 }
 
+// Key ranges of a CTA's tiles: segment 1 tiles cover [lo1, hi1), segment 2 tiles [lo2, hi2).
+struct KeySpan {
+  int lo1, hi1, lo2, hi2;
+};
+// The ranges the CTA loads (cta) and the ones warpgroup wgi computes (mine), from the bounds of each thread's two
+// rows (attn_row_bounds) through the shared sExt[1 + NWG][4] (max hi1, min lo2, max hi2, min lo1). Every thread of
+// the CTA calls it (it holds __syncthreads).
+template <int NWG, bool WIN>
+__device__ __forceinline__ void key_spans(int (*sExt)[4], int wgi, const int (&lo1)[2], const int (&hi1)[2],
+                                          const int (&lo2)[2], const int (&hi2)[2], KeySpan& cta, KeySpan& mine) {
+  const int tid = threadIdx.x;
+  if (tid < 4 * (1 + NWG)) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
+  __syncthreads();
+  if ((tid & 3) == 0)
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i)
+      DFLASH_UNROLL
+      for (int xi = 0; xi < 2; ++xi) {
+        const int x = xi ? 1 + wgi : 0;
+        if (!WIN || hi1[i] > lo1[i]) {
+          atomicMax(&sExt[x][0], hi1[i]);
+          if (WIN) atomicMin(&sExt[x][3], lo1[i]);
+        }
+        if (hi2[i] > lo2[i]) {
+          atomicMin(&sExt[x][1], lo2[i]);
+          atomicMax(&sExt[x][2], hi2[i]);
+        }
+      }
+  __syncthreads();
+  auto read = [&](int x, KeySpan& k) {
+    k.hi1 = sExt[x][0];
+    k.lo1 = WIN && k.hi1 > 0 ? sExt[x][3] : 0;
+    k.hi2 = sExt[x][2];
+    k.lo2 = k.hi2 > 0 ? sExt[x][1] : 0;
+  };
+  read(0, cta);
+  read(1 + wgi, mine);
+}
+// Whether a warpgroup with key ranges `mine` sees a key of tile [kt, kt + KT) of segment 1 (s1) or 2.
+template <bool WIN>
+__device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int kt, int KT) {
+  return s1 ? (kt < mine.hi1 && (!WIN || kt + KT > mine.lo1)) : (kt < mine.hi2 && kt + KT > mine.lo2);
+}
+
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
 template <int NWG, int KT, bool WIN>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdParams p) {
@@ -71,7 +115,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
   const bf16* Q = static_cast<const bf16*>(p.q);
 
-  if (tid < 4 * (1 + NWG)) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
   stage_tile<ROWS, THREADS>(sQ, Q, [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
     return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
@@ -92,28 +135,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     else
       lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
   }
-  __syncthreads();
-  if (t4 == 0)
-    DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i)
-      DFLASH_UNROLL
-      for (int xi = 0; xi < 2; ++xi) {
-        const int x = xi ? 1 + wgi : 0;
-        if (!WIN || hi1[i] > lo1[i]) {
-          atomicMax(&sExt[x][0], hi1[i]);
-          if (WIN) atomicMin(&sExt[x][3], lo1[i]);
-        }
-        if (hi2[i] > lo2[i]) {
-          atomicMin(&sExt[x][1], lo2[i]);
-          atomicMax(&sExt[x][2], hi2[i]);
-        }
-      }
-  __syncthreads();
-  // segment 1 tiles cover [elo1, ext1), segment 2 tiles [elo, ehi): the CTA's, and this warpgroup's (w*)
-  const int ext1 = sExt[0][0], elo1 = WIN && ext1 > 0 ? sExt[0][3] : 0, ehi = sExt[0][2],
-            elo = ehi > 0 ? sExt[0][1] : 0;
-  const int wext1 = sExt[1 + wgi][0], welo1 = WIN && wext1 > 0 ? sExt[1 + wgi][3] : 0,
-            wehi = sExt[1 + wgi][2], welo = wehi > 0 ? sExt[1 + wgi][1] : 0;
+  KeySpan ks, mine;  // the CTA's key ranges (the tiles it loads) and this warpgroup's
+  key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
+  const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
   auto load_tile = [&](int t, int buf) {
     const bool s1 = t < nt1;
@@ -143,8 +167,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     __syncthreads();
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
-    const bool mine = s1 ? (kt < wext1 && (!WIN || kt + KT > welo1)) : (kt < wehi && kt + KT > welo);
-    if (mine) {
+    if (tile_visible<WIN>(mine, s1, kt, KT)) {
       const uint32_t tK = sK + buf * TB, tV = sV + buf * TB;
       float s[NT * 4];
       wg::fence();
@@ -243,7 +266,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
 
-  if (tid < 4 * (1 + NWG)) sExt[tid >> 2][tid & 3] = (tid & 1) ? INT_MAX : 0;
   auto qoff = [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
     return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
@@ -270,27 +292,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
       Dr[i] = p.Dr[orow[i] / D];
     }
   }
-  __syncthreads();
-  if (t4 == 0)
-    DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i)
-      DFLASH_UNROLL
-      for (int xi = 0; xi < 2; ++xi) {
-        const int x = xi ? 1 + wgi : 0;
-        if (!WIN || hi1[i] > lo1[i]) {
-          atomicMax(&sExt[x][0], hi1[i]);
-          if (WIN) atomicMin(&sExt[x][3], lo1[i]);
-        }
-        if (hi2[i] > lo2[i]) {
-          atomicMin(&sExt[x][1], lo2[i]);
-          atomicMax(&sExt[x][2], hi2[i]);
-        }
-      }
-  __syncthreads();
-  const int ext1 = sExt[0][0], elo1 = WIN && ext1 > 0 ? sExt[0][3] : 0, ehi = sExt[0][2],
-            elo = ehi > 0 ? sExt[0][1] : 0;
-  const int wext1 = sExt[1 + wgi][0], welo1 = WIN && wext1 > 0 ? sExt[1 + wgi][3] : 0,
-            wehi = sExt[1 + wgi][2], welo = wehi > 0 ? sExt[1 + wgi][1] : 0;
+  KeySpan ks, mine;  // the CTA's key ranges (the tiles it loads) and this warpgroup's
+  key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
+  const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
   auto load_tile = [&](int t, int buf) {
     const bool s1 = t < nt1;
@@ -319,8 +323,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
     __syncthreads();
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
-    const bool mine = s1 ? (kt < wext1 && (!WIN || kt + KT > welo1)) : (kt < wehi && kt + KT > welo);
-    if (mine) {
+    if (tile_visible<WIN>(mine, s1, kt, KT)) {
       const uint32_t tK = sK + buf * kDqWgKvBytes, tV = sV + buf * kDqWgKvBytes;
       float s[NT * 4], dp[NT * 4];
       wg::fence();
