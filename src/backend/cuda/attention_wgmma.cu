@@ -454,35 +454,52 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     __syncthreads();
   }
   const int items = nvis * rep;
-  auto load_item = [&](int it, int buf) {
+  // An item's Q / dO go to shared memory by cp.async; its per-query values (validity, anchor, lse, D) are loaded
+  // into registers one item ahead (fetch_meta) and only written to shared memory (put_meta) after the current
+  // item's products, so their latency hides behind them.
+  struct Meta {
+    int q, a;
+    unsigned char valid;
+    float lse, dr;
+  };
+  auto stage_item = [&](int it, int buf) {
     const int c0 = q_lo + sList[it / rep] * QC, h = g * rep + it % rep;
     auto qoff = [&](int r) -> int64_t {
       return c0 + r < q_hi ? (static_cast<int64_t>(c0 + r) * nh + h) * D : -1;
     };
     stage64(sQ0 + buf * kDkvWgTileBytes, p.q, qoff);
     stage64(sO0 + buf * kDkvWgTileBytes, p.dout, qoff);
-    if (tid < QC) {
-      const int q = c0 + tid;
-      int hi = -1, lo = 0;
-      float L = 0.f, Dq = 0.f;
-      if (q < q_hi) {
-        const int j = q / B;
-        if (p.valid[j]) {
-          int a = p.anchors[j];
-          a = a < 0 ? 0 : (a > p.T1 ? p.T1 : a);
-          hi = s1 ? a : j;
-          lo = s1 ? (WIN ? min(max(0, a + q % B - (p.window - 1)), a) : 0) : q % B;
-          L = p.lse[static_cast<int64_t>(q) * nh + h] * kLog2e;
-          Dq = p.Dr[static_cast<int64_t>(q) * nh + h];
-        }
-      }
-      sHi[buf][tid] = hi;
-      sLo[buf][tid] = lo;
-      sL[buf][tid] = L;
-      sDr[buf][tid] = Dq;
-    }
   };
-  if (items > 0) load_item(0, 0);
+  auto fetch_meta = [&](int it) {
+    Meta m{0, 0, 0, 0.f, 0.f};
+    m.q = q_lo + sList[it / rep] * QC + tid;
+    if (tid < QC && m.q < q_hi) {
+      const int j = m.q / B;
+      const int64_t row = static_cast<int64_t>(m.q) * nh + g * rep + it % rep;
+      m.valid = p.valid[j];
+      m.a = p.anchors[j];
+      m.lse = p.lse[row];
+      m.dr = p.Dr[row];
+    }
+    return m;
+  };
+  auto put_meta = [&](const Meta& m, int buf) {
+    if (tid >= QC) return;
+    int hi = -1, lo = 0;
+    if (m.valid) {
+      const int a = m.a < 0 ? 0 : (m.a > p.T1 ? p.T1 : m.a), j = m.q / B;
+      hi = s1 ? a : j;
+      lo = s1 ? (WIN ? min(max(0, a + m.q % B - (p.window - 1)), a) : 0) : m.q % B;
+    }
+    sHi[buf][tid] = hi;
+    sLo[buf][tid] = lo;
+    sL[buf][tid] = m.valid ? m.lse * kLog2e : 0.f;
+    sDr[buf][tid] = m.valid ? m.dr : 0.f;
+  };
+  if (items > 0) {
+    stage_item(0, 0);
+    put_meta(fetch_meta(0), 0);
+  }
   cp_async_commit();
 
   float dk[DT * 4], dv[DT * 4];
@@ -499,7 +516,11 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
 
   for (int it = 0; it < items; ++it) {
     const int buf = it & 1;
-    if (it + 1 < items) load_item(it + 1, buf ^ 1);
+    Meta next{0, 0, 0, 0.f, 0.f};
+    if (it + 1 < items) {
+      stage_item(it + 1, buf ^ 1);
+      next = fetch_meta(it + 1);
+    }
     cp_async_commit();
     cp_async_wait<1>();  // K, V and item it have landed (this thread's copies)
     wg::fence_proxy_async();
@@ -549,6 +570,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     wg::wait<0>();
     wg::pin(dv);
     wg::pin(dk);
+    if (it + 1 < items) put_meta(next, buf ^ 1);
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
   cp_async_wait<0>();  // (no item: K / V copies still count as in flight)
