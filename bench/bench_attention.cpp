@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
     result("name=attn_bwd impl=dflash ms=%.3f tflops=%.2f derived=fwd_bwd_minus_fwd", tb * 1e3,
            2.5 * flops_fwd / tb / 1e12);
     result("name=attn_first_call impl=dflash fwd_ms=%.3f fwd_bwd_ms=%.3f", t_first_fwd * 1e3, t_first_fb * 1e3);
+    result("name=attn_mem impl=dflash peak_gib=%.3f", gib(double(ctx->memory().peak_bytes)));
     // the target's causal prefill attention: 1 x T and batch x T_batch
     const int64_t cT = args.i("causal-T", 3072), cB = args.i("causal-batch", 4), cTb = args.i("causal-T-batch", 1024);
     for (const auto& [T, nseq] : {std::pair<int64_t, int64_t>{cT, 1}, std::pair<int64_t, int64_t>{cTb, cB}}) {
@@ -140,7 +141,6 @@ int main(int argc, char** argv) {
       result("name=attn_causal_%lldx%lld impl=dflash ms=%.3f tflops=%.2f reps=%d layout=per_sequence",
              (long long)nseq, (long long)T, tc * 1e3, flops / tc / 1e12, rc);
     }
-    result("name=attn_mem impl=dflash peak_gib=%.3f", gib(double(ctx->memory().peak_bytes)));
     return 0;
   } catch (const std::exception& e) {
     std::printf("RESULT name=attn_error impl=dflash msg=\"%s\"\n", e.what());
