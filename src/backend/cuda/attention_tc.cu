@@ -638,28 +638,10 @@ size_t attn_tc_dkv_smem(int D) {  // K, V and two groups' Q, dO; also holds the 
   return std::max(static_cast<size_t>(2 * kDkvKeys + 4 * kDkvQ) * (D + 8) * 2, size_t{2} * kDkvKeys * D * 4);
 }
 
-// The kernels' static shared memory (a few ints) counts against the opt-in limit too.
-template <class K>
-void allow_dynamic_smem(K kernel, int smem_optin) {
-  cudaFuncAttributes fa{};
-  DFLASH_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         smem_optin - static_cast<int>(fa.sharedSizeBytes)));
-}
-
 void attention_tc_init_attributes(int smem_optin) {
-  allow_dynamic_smem(k_fwd_tc<64, false>, smem_optin);
-  allow_dynamic_smem(k_fwd_tc<128, false>, smem_optin);
-  allow_dynamic_smem(k_dq_tc<64, false>, smem_optin);
-  allow_dynamic_smem(k_dq_tc<128, false>, smem_optin);
-  allow_dynamic_smem(k_dkv_tc<64, false>, smem_optin);
-  allow_dynamic_smem(k_dkv_tc<128, false>, smem_optin);
-  allow_dynamic_smem(k_fwd_tc<64, true>, smem_optin);
-  allow_dynamic_smem(k_fwd_tc<128, true>, smem_optin);
-  allow_dynamic_smem(k_dq_tc<64, true>, smem_optin);
-  allow_dynamic_smem(k_dq_tc<128, true>, smem_optin);
-  allow_dynamic_smem(k_dkv_tc<64, true>, smem_optin);
-  allow_dynamic_smem(k_dkv_tc<128, true>, smem_optin);
+  allow_dynamic_smem(smem_optin, k_fwd_tc<64, false>, k_fwd_tc<128, false>, k_dq_tc<64, false>, k_dq_tc<128, false>,
+                     k_dkv_tc<64, false>, k_dkv_tc<128, false>, k_fwd_tc<64, true>, k_fwd_tc<128, true>,
+                     k_dq_tc<64, true>, k_dq_tc<128, true>, k_dkv_tc<64, true>, k_dkv_tc<128, true>);
 }
 
 bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {

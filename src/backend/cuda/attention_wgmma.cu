@@ -171,9 +171,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
       const uint32_t tK = sK + buf * TB, tV = sV + buf * TB;
       float s[NT * 4];
       wg::fence();
-      DFLASH_UNROLL
-      for (int kk = 0; kk < D / 16; ++kk)
-        wg::wgmma_ss<KT>(s, wg::desc_kmajor(sQw, ROWS, kk), wg::desc_kmajor(tK, KT, kk), kk > 0);
+      wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
       wg::commit();
       wg::wait<0>();
       wg::pin(s);
@@ -328,13 +326,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
       const uint32_t tK = sK + buf * kDqWgKvBytes, tV = sV + buf * kDqWgKvBytes;
       float s[NT * 4], dp[NT * 4];
       wg::fence();
-      DFLASH_UNROLL
-      for (int kk = 0; kk < D / 16; ++kk)
-        wg::wgmma_ss<KT>(s, wg::desc_kmajor(sQw, ROWS, kk), wg::desc_kmajor(tK, KT, kk), kk > 0);
+      wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
       wg::commit();
-      DFLASH_UNROLL
-      for (int kk = 0; kk < D / 16; ++kk)
-        wg::wgmma_ss<KT>(dp, wg::desc_kmajor(sOw, ROWS, kk), wg::desc_kmajor(tV, KT, kk), kk > 0);
+      wg::gemm_ss_kmajor<KT, D / 16>(dp, sOw, ROWS, tV, KT);
       wg::commit();
       wg::wait<1>();  // S is ready; dP may still run
       wg::pin(s);
@@ -530,13 +524,9 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     const uint32_t tQ = sQ0 + buf * kDkvWgTileBytes, tO = sO0 + buf * kDkvWgTileBytes;
     float s[NT * 4], dp[NT * 4];
     wg::fence();
-    DFLASH_UNROLL
-    for (int kk = 0; kk < D / 16; ++kk)
-      wg::wgmma_ss<QC>(s, wg::desc_kmajor(sK, KN, kk), wg::desc_kmajor(tQ, QC, kk), kk > 0);
+    wg::gemm_ss_kmajor<QC, D / 16>(s, sK, KN, tQ, QC);
     wg::commit();
-    DFLASH_UNROLL
-    for (int kk = 0; kk < D / 16; ++kk)
-      wg::wgmma_ss<QC>(dp, wg::desc_kmajor(sV, KN, kk), wg::desc_kmajor(tO, QC, kk), kk > 0);
+    wg::gemm_ss_kmajor<QC, D / 16>(dp, sV, KN, tO, QC);
     wg::commit();
     wg::wait<1>();  // S^T is ready; dP^T may still run
     wg::pin(s);
@@ -592,28 +582,16 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
   }
 }
 
-template <class K>
-void allow_smem(K kernel, int smem_optin) {
-  cudaFuncAttributes fa{};
-  DFLASH_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         smem_optin - static_cast<int>(fa.sharedSizeBytes)));
-}
-
 }  // namespace
 
 size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
 
 void attention_wgmma_init_attributes(int smem_optin) {
   if (static_cast<size_t>(smem_optin) >= kFwdWgSmem + 1024) {  // else never launched
-    allow_smem(k_fwd_wg<kFwdWgs, kFwdWgKeys, false>, smem_optin);
-    allow_smem(k_fwd_wg<kFwdWgs, kFwdWgKeys, true>, smem_optin);
+    allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true>);
   }
   if (static_cast<size_t>(smem_optin) >= std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024)) {
-    allow_smem(k_dq_wg<kDqWgs, false>, smem_optin);
-    allow_smem(k_dq_wg<kDqWgs, true>, smem_optin);
-    allow_smem(k_dkv_wg<false>, smem_optin);
-    allow_smem(k_dkv_wg<true>, smem_optin);
+    allow_dynamic_smem(smem_optin, k_dq_wg<kDqWgs, false>, k_dq_wg<kDqWgs, true>, k_dkv_wg<false>, k_dkv_wg<true>);
   }
 }
 

@@ -42,6 +42,21 @@ inline unsigned grid_for(int64_t n, int threads, int num_sms) {
   return static_cast<unsigned>(g > 0 ? g : 1);
 }
 
+#ifndef DFLASH_CUDA_EMU
+// Lets each kernel use up to smem_optin bytes of shared memory per block: the dynamic-size attribute set to the
+// device's opt-in maximum less the kernel's own static __shared__ (which counts against the same limit).
+template <class... K>
+void allow_dynamic_smem(int smem_optin, K... kernels) {
+  auto one = [smem_optin](auto kernel) {
+    cudaFuncAttributes fa{};
+    DFLASH_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+    DFLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           smem_optin - static_cast<int>(fa.sharedSizeBytes)));
+  };
+  (one(kernels), ...);
+}
+#endif
+
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 template <class T>

@@ -124,6 +124,14 @@ __device__ __forceinline__ void wgmma_rs_tb<128>(float (&d)[64], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
+// d (64 x N) = A B^T over KSTEPS k-steps of 16: A = 64 rows of a SW128 tile at a (a_rows rows per panel), B = N rows
+// of a SW128 tile at b (b_rows rows per panel), both K-major. Issues the products only (no commit / wait).
+template <int N, int KSTEPS>
+__device__ __forceinline__ void gemm_ss_kmajor(float (&d)[N / 2], uint32_t a, int a_rows, uint32_t b, int b_rows) {
+  DFLASH_UNROLL
+  for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<N>(d, desc_kmajor(a, a_rows, kk), desc_kmajor(b, b_rows, kk), kk > 0);
+}
+
 #endif  // DFLASH_CUDA_EMU
 
 }  // namespace dflash::cuda::wg
