@@ -56,6 +56,33 @@ __device__ __forceinline__ void stage_tile(uint32_t dst, const bf16* src, Off of
   }
 }
 
+// Copies rows [0, ROWS) x 128 columns of a row-strided bf16 matrix into a SW128 tile at dst with the block's NTHREADS
+// threads: row r comes from row0 + r * stride (elements); rows r >= nvalid are zero-filled (nvalid >= 1: row0 is a
+// valid address). Thread t copies 16-byte chunk t % 16 of rows t / 16 + (NTHREADS / 16) j, so its shared-memory
+// offsets are fixed (the swizzle repeats every 8 rows) and each further row costs one address add.
+template <int ROWS, int NTHREADS>
+__device__ __forceinline__ void stage_rows(uint32_t dst, const bf16* row0, int64_t stride, int nvalid) {
+  constexpr int RSTEP = NTHREADS / 16;
+  static_assert(RSTEP % 8 == 0 && ROWS % RSTEP == 0, "stage_rows: rows per pass must keep the swizzle phase");
+  const int ch = threadIdx.x & 15, r0 = (threadIdx.x >> 4) % RSTEP;
+  const uint32_t d0 = dst + (ch >> 3) * (ROWS * 128) + r0 * 128 + ((((ch & 7) ^ r0) & 7) << 4);
+  const bf16* src = row0 + r0 * stride + ch * 8;
+  const int64_t step = stride * RSTEP;
+  DFLASH_UNROLL
+  for (int j = 0; j < ROWS / RSTEP; ++j) {
+    const bool ok = r0 + RSTEP * j < nvalid;
+    cp_async16(d0 + j * RSTEP * 128, ok ? src + j * step : row0, ok);
+  }
+}
+
+// 2^x on the special-function unit, denormal results flushed to zero (one MUFU.EX2; exp2f without -ftz adds the
+// denormal range handling around it). Probabilities below 2^-126 do not matter here.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Key ranges of a CTA's tiles: segment 1 tiles cover [lo1, hi1), segment 2 tiles [lo2, hi2).
 struct KeySpan {
   int lo1, hi1, lo2, hi2;
@@ -139,14 +166,13 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+  const int64_t kstride = static_cast<int64_t>(nkv) * D;
   auto load_tile = [&](int t, int buf) {
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
-    auto off = [&](int r) -> int64_t {
-      return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
-    };
-    stage_tile<KT, THREADS>(sK + buf * TB, static_cast<const bf16*>(s1 ? p.k1 : p.k2), off);
-    stage_tile<KT, THREADS>(sV + buf * TB, static_cast<const bf16*>(s1 ? p.v1 : p.v2), off);
+    const int64_t o0 = kt * kstride + g * D;
+    stage_rows<KT, THREADS>(sK + buf * TB, static_cast<const bf16*>(s1 ? p.k1 : p.k2) + o0, kstride, khi - kt);
+    stage_rows<KT, THREADS>(sV + buf * TB, static_cast<const bf16*>(s1 ? p.v1 : p.v2) + o0, kstride, khi - kt);
   };
   if (nt > 0) load_tile(0, 0);
   cp_async_commit();
@@ -175,32 +201,46 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
       wg::commit();
       wg::wait<0>();
       wg::pin(s);
-      float mx[2] = {-INFINITY, -INFINITY};
+      // Raw scores: the max is taken before scaling (scale > 0) and exp2(s * sl2 - m) is one FFMA + MUFU. A warp
+      // whose 16 rows all see the whole tile skips the mask.
+      bool full = true;
       DFLASH_UNROLL
-      for (int n = 0; n < NT; ++n)
+      for (int i = 0; i < 2; ++i)
+        full = full && (s1 ? ((!WIN || kt >= lo1[i]) && kt + KT <= hi1[i]) : (kt >= lo2[i] && kt + KT <= hi2[i]));
+      full = __all_sync(0xffffffffu, full);
+      float mx[2] = {-INFINITY, -INFINITY};
+      if (full) {
         DFLASH_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-          const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
-          const float v = vis ? s[n * 4 + e] * sl2 : -INFINITY;
-          s[n * 4 + e] = v;
-          mx[i] = fmaxf(mx[i], v);
-        }
+        for (int n = 0; n < NT; ++n)
+          DFLASH_UNROLL
+          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n * 4 + e]);
+      } else {
+        DFLASH_UNROLL
+        for (int n = 0; n < NT; ++n)
+          DFLASH_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
+            const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
+            const float v = vis ? s[n * 4 + e] : -INFINITY;
+            s[n * 4 + e] = v;
+            mx[i] = fmaxf(mx[i], v);
+          }
+      }
       float alpha[2], mref[2], rs[2] = {0.f, 0.f};
       DFLASH_UNROLL
       for (int i = 0; i < 2; ++i) {
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-        const float mn = fmaxf(m[i], mx[i]);
+        const float mn = fmaxf(m[i], mx[i] * sl2);
         mref[i] = mn == -INFINITY ? 0.f : mn;  // no -inf - -inf while a row has seen nothing
-        alpha[i] = exp2f(m[i] - mref[i]);
+        alpha[i] = exp2_ftz(m[i] - mref[i]);
         m[i] = mn;
       }
       uint32_t pa[KT / 16][4];
       DFLASH_UNROLL
       for (int n = 0; n < NT; ++n) {
-        const float p0 = exp2f(s[n * 4 + 0] - mref[0]), p1 = exp2f(s[n * 4 + 1] - mref[0]);
-        const float p2 = exp2f(s[n * 4 + 2] - mref[1]), p3 = exp2f(s[n * 4 + 3] - mref[1]);
+        const float p0 = exp2_ftz(fmaf(s[n * 4 + 0], sl2, -mref[0])), p1 = exp2_ftz(fmaf(s[n * 4 + 1], sl2, -mref[0]));
+        const float p2 = exp2_ftz(fmaf(s[n * 4 + 2], sl2, -mref[1])), p3 = exp2_ftz(fmaf(s[n * 4 + 3], sl2, -mref[1]));
         rs[0] += p0 + p1;
         rs[1] += p2 + p3;
         pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(p0, p1);
@@ -295,14 +335,13 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+  const int64_t kstride = static_cast<int64_t>(nkv) * D;
   auto load_tile = [&](int t, int buf) {
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
-    auto off = [&](int r) -> int64_t {
-      return kt + r < khi ? (static_cast<int64_t>(kt + r) * nkv + g) * D : -1;
-    };
-    stage_tile<KT, THREADS>(sK + buf * kDqWgKvBytes, s1 ? p.k1 : p.k2, off);
-    stage_tile<KT, THREADS>(sV + buf * kDqWgKvBytes, s1 ? p.v1 : p.v2, off);
+    const int64_t o0 = kt * kstride + g * D;
+    stage_rows<KT, THREADS>(sK + buf * kDqWgKvBytes, (s1 ? p.k1 : p.k2) + o0, kstride, khi - kt);
+    stage_rows<KT, THREADS>(sV + buf * kDqWgKvBytes, (s1 ? p.v1 : p.v2) + o0, kstride, khi - kt);
   };
   if (nt > 0) load_tile(0, 0);
   cp_async_commit();
@@ -332,14 +371,23 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
       wg::commit();
       wg::wait<1>();  // S is ready; dP may still run
       wg::pin(s);
+      bool full = true;  // as k_fwd_wg: the warp's rows all see the whole tile
       DFLASH_UNROLL
-      for (int n = 0; n < NT; ++n)
+      for (int i = 0; i < 2; ++i)
+        full = full && (s1 ? ((!WIN || kt >= lo1[i]) && kt + KT <= hi1[i]) : (kt >= lo2[i] && kt + KT <= hi2[i]));
+      if (__all_sync(0xffffffffu, full)) {
         DFLASH_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-          const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
-          s[n * 4 + e] = vis ? exp2f(s[n * 4 + e] * sl2 - lse2[i]) : 0.f;  // P
-        }
+        for (int n = 0; n < NT * 4; ++n) s[n] = exp2_ftz(fmaf(s[n], sl2, -lse2[(n >> 1) & 1]));  // P
+      } else {
+        DFLASH_UNROLL
+        for (int n = 0; n < NT; ++n)
+          DFLASH_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
+            const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
+            s[n * 4 + e] = vis ? exp2_ftz(fmaf(s[n * 4 + e], sl2, -lse2[i])) : 0.f;  // P
+          }
+      }
       wg::wait<0>();
       wg::pin(dp);
       uint32_t da[KT / 16][4];
@@ -392,7 +440,9 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sList[kDkvWgMaxChunks];
   __shared__ int sWarp[4];
-  __shared__ float sL[2][QC], sDr[2][QC];
+  __shared__ alignas(16) float sL[2][QC];  // (float2 reads)
+  __shared__ alignas(16) float sDr[2][QC];
+  __shared__ int sFull[2][2];             // per buffer and half of the chunk: see put_meta
   __shared__ int sHi[2][QC], sLo[2][QC];  // per query: a_j (context tile) or j (block tile), -1 = sees nothing;
                                           // lo1 (context) or the slot (block), used with a window
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -403,10 +453,11 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
   const int nt1 = (p.T1 + KN - 1) / KN;
   const bool s1 = tile < nt1;
   const int k0 = s1 ? tile * KN : (tile - nt1) * KN, klim = s1 ? p.T1 : p.T2;
-  auto koff = [&](int r) -> int64_t { return k0 + r < klim ? (static_cast<int64_t>(k0 + r) * nkv + g) * D : -1; };
-  auto stage64 = [&](uint32_t dst, const bf16* src, auto off) { stage_tile<64, kDkvWgThreads>(dst, src, off); };
-  stage64(sK, s1 ? p.k1 : p.k2, koff);
-  stage64(sV, s1 ? p.v1 : p.v2, koff);
+  const int64_t kstride = static_cast<int64_t>(nkv) * D, qstride = static_cast<int64_t>(nh) * D;
+  if (k0 < klim) {  // (a tile past klim has no items either)
+    stage_rows<KN, kDkvWgThreads>(sK, (s1 ? p.k1 : p.k2) + k0 * kstride + g * D, kstride, klim - k0);
+    stage_rows<KN, kDkvWgThreads>(sV, (s1 ? p.v1 : p.v2) + k0 * kstride + g * D, kstride, klim - k0);
+  }
   cp_async_commit();
 
   // the chunks of 64 queries that can see a key of [k0, k0 + 64): context tile -> a valid block with a_j > k0
@@ -460,11 +511,9 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
   };
   auto stage_item = [&](int it, int buf) {
     const int c0 = q_lo + sList[it / rep] * QC, h = g * rep + it % rep;
-    auto qoff = [&](int r) -> int64_t {
-      return c0 + r < q_hi ? (static_cast<int64_t>(c0 + r) * nh + h) * D : -1;
-    };
-    stage64(sQ0 + buf * kDkvWgTileBytes, p.q, qoff);
-    stage64(sO0 + buf * kDkvWgTileBytes, p.dout, qoff);
+    const int64_t o0 = c0 * qstride + h * D;
+    stage_rows<QC, kDkvWgThreads>(sQ0 + buf * kDkvWgTileBytes, p.q + o0, qstride, q_hi - c0);
+    stage_rows<QC, kDkvWgThreads>(sO0 + buf * kDkvWgTileBytes, p.dout + o0, qstride, q_hi - c0);
   };
   auto fetch_meta = [&](int it) {
     Meta m{0, 0, 0, 0.f, 0.f};
@@ -479,6 +528,8 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     }
     return m;
   };
+  // put_meta also sets sFull[buf][w] (warps 0 and 1, 32 queries each): every query of the half sees every key of
+  // the (context) tile, so the item's products need no mask.
   auto put_meta = [&](const Meta& m, int buf) {
     if (tid >= QC) return;
     int hi = -1, lo = 0;
@@ -487,6 +538,9 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
       hi = s1 ? a : j;
       lo = s1 ? (WIN ? min(max(0, a + m.q % B - (p.window - 1)), a) : 0) : m.q % B;
     }
+    const bool full = m.valid && s1 && k0 + KN <= hi && k0 + KN <= klim && (!WIN || lo <= k0);
+    const bool all = __all_sync(0xffffffffu, full);
+    if (lane == 0) sFull[buf][warp] = all;
     sHi[buf][tid] = hi;
     sLo[buf][tid] = lo;
     sL[buf][tid] = m.valid ? m.lse * kLog2e : 0.f;
@@ -530,24 +584,34 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     wg::commit();
     wg::wait<1>();  // S^T is ready; dP^T may still run
     wg::pin(s);
-    DFLASH_UNROLL
-    for (int n = 0; n < NT; ++n)
+    if (sFull[buf][0] && sFull[buf][1]) {
       DFLASH_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int i = e >> 1, qc = n * 8 + 2 * t4 + (e & 1), hi = sHi[buf][qc];
-        // spec 2.3 as dflash_row_bounds: context keys [lo1, a_j), block keys of block j (a prefix with a window)
-        bool vis = key[i] < klim && (s1 ? key[i] < hi : (hi >= 0 && kblk[i] == hi));
-        if constexpr (WIN) vis = vis && (s1 ? key[i] >= sLo[buf][qc] : kslot[i] <= sLo[buf][qc]);
-        s[n * 4 + e] = vis ? exp2f(s[n * 4 + e] * sl2 - sL[buf][qc]) : 0.f;  // P^T
+      for (int n = 0; n < NT; ++n) {
+        const float2 l2 = *reinterpret_cast<const float2*>(&sL[buf][n * 8 + 2 * t4]);
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) s[n * 4 + e] = exp2_ftz(fmaf(s[n * 4 + e], sl2, -((e & 1) ? l2.y : l2.x)));  // P^T
       }
+    } else {
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
+        DFLASH_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int i = e >> 1, qc = n * 8 + 2 * t4 + (e & 1), hi = sHi[buf][qc];
+          // spec 2.3 as dflash_row_bounds: context keys [lo1, a_j), block keys of block j (a prefix with a window)
+          bool vis = key[i] < klim && (s1 ? key[i] < hi : (hi >= 0 && kblk[i] == hi));
+          if constexpr (WIN) vis = vis && (s1 ? key[i] >= sLo[buf][qc] : kslot[i] <= sLo[buf][qc]);
+          s[n * 4 + e] = vis ? exp2_ftz(fmaf(s[n * 4 + e], sl2, -sL[buf][qc])) : 0.f;  // P^T
+        }
+    }
     wg::wait<0>();
     wg::pin(dp);
     uint32_t pa[QC / 16][4], da[QC / 16][4];
     DFLASH_UNROLL
     for (int n = 0; n < NT; ++n) {
       float d4[4];
+      const float2 dr2 = *reinterpret_cast<const float2*>(&sDr[buf][n * 8 + 2 * t4]);
       DFLASH_UNROLL
-      for (int e = 0; e < 4; ++e) d4[e] = s[n * 4 + e] * (dp[n * 4 + e] - sDr[buf][n * 8 + 2 * t4 + (e & 1)]);  // dS^T
+      for (int e = 0; e < 4; ++e) d4[e] = s[n * 4 + e] * (dp[n * 4 + e] - ((e & 1) ? dr2.y : dr2.x));  // dS^T
       pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(s[n * 4 + 0], s[n * 4 + 1]);
       pa[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(s[n * 4 + 2], s[n * 4 + 3]);
       da[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(d4[0], d4[1]);
