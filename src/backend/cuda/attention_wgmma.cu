@@ -23,6 +23,7 @@
 // compares attention by normalised mean square error for that reason).
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention.h"
@@ -128,7 +129,7 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 }
 
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
-template <int NWG, int KT, bool WIN>
+template <int NWG, int KT, bool WIN, bool PIPE>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdParams p) {
   constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG;
   constexpr uint32_t TB = KT * D * 2;  // one K or V tile
@@ -167,14 +168,18 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
   const int64_t kstride = static_cast<int64_t>(nkv) * D;
-  auto load_tile = [&](int t, int buf) {
+  // tile t's K (kv = 0) or V (kv = 1) into buffer buf
+  auto load_tile = [&](int t, int buf, int kv) {
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
-    const int64_t o0 = kt * kstride + g * D;
-    stage_rows<KT, THREADS>(sK + buf * TB, static_cast<const bf16*>(s1 ? p.k1 : p.k2) + o0, kstride, khi - kt);
-    stage_rows<KT, THREADS>(sV + buf * TB, static_cast<const bf16*>(s1 ? p.v1 : p.v2) + o0, kstride, khi - kt);
+    const void* src = kv ? (s1 ? p.v1 : p.v2) : (s1 ? p.k1 : p.k2);
+    stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + kt * kstride + g * D, kstride,
+                            khi - kt);
   };
-  if (nt > 0) load_tile(0, 0);
+  if (nt > 0) {
+    load_tile(0, 0, 0);
+    if (!PIPE) load_tile(0, 0, 1);
+  }
   cp_async_commit();
 
   float o[DT * 4];
@@ -184,85 +189,160 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   const float sl2 = p.scale * kLog2e;
   const uint32_t sQw = sQ + wgi * 64 * 128;  // this warpgroup's 64 rows in each Q panel
 
-  for (int t = 0; t < nt; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < nt) load_tile(t + 1, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();  // Q and tile t have landed (this thread's copies)
-    wg::fence_proxy_async();
-    __syncthreads();
-    const bool s1 = t < nt1;
-    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
-    if (tile_visible<WIN>(mine, s1, kt, KT)) {
-      const uint32_t tK = sK + buf * TB, tV = sV + buf * TB;
-      float s[NT * 4];
-      wg::fence();
-      wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
-      wg::commit();
-      wg::wait<0>();
-      wg::pin(s);
-      // Raw scores: the max is taken before scaling (scale > 0) and exp2(s * sl2 - m) is one FFMA + MUFU. A warp
-      // whose 16 rows all see the whole tile skips the mask.
-      bool full = true;
+  // The online softmax of one tile's scores s (raw Q K^T of keys kt..kt + KT - 1 of segment 1 or 2): s becomes
+  // P = exp2(s * sl2 - m_new) (fp32), m the new row maxima (log2 domain), alpha the factor for O and l, rs P's row
+  // sums. Raw scores: the max is taken before scaling (scale > 0) and exp2(s * sl2 - m) is one FFMA + MUFU. A warp
+  // whose 16 rows all see the whole tile skips the mask.
+  auto softmax_tile = [&](float(&s)[NT * 4], bool s1, int kt, float(&alpha)[2], float(&rs)[2]) {
+    bool full = true;
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i)
+      full = full && (s1 ? ((!WIN || kt >= lo1[i]) && kt + KT <= hi1[i]) : (kt >= lo2[i] && kt + KT <= hi2[i]));
+    full = __all_sync(0xffffffffu, full);
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (full) {
       DFLASH_UNROLL
-      for (int i = 0; i < 2; ++i)
-        full = full && (s1 ? ((!WIN || kt >= lo1[i]) && kt + KT <= hi1[i]) : (kt >= lo2[i] && kt + KT <= hi2[i]));
-      full = __all_sync(0xffffffffu, full);
-      float mx[2] = {-INFINITY, -INFINITY};
-      if (full) {
+      for (int n = 0; n < NT; ++n)
         DFLASH_UNROLL
-        for (int n = 0; n < NT; ++n)
-          DFLASH_UNROLL
-          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n * 4 + e]);
-      } else {
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n * 4 + e]);
+    } else {
+      DFLASH_UNROLL
+      for (int n = 0; n < NT; ++n)
         DFLASH_UNROLL
-        for (int n = 0; n < NT; ++n)
-          DFLASH_UNROLL
-          for (int e = 0; e < 4; ++e) {
-            const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-            const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
-            const float v = vis ? s[n * 4 + e] : -INFINITY;
-            s[n * 4 + e] = v;
-            mx[i] = fmaxf(mx[i], v);
-          }
-      }
-      float alpha[2], mref[2], rs[2] = {0.f, 0.f};
-      DFLASH_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-        const float mn = fmaxf(m[i], mx[i] * sl2);
-        mref[i] = mn == -INFINITY ? 0.f : mn;  // no -inf - -inf while a row has seen nothing
-        alpha[i] = exp2_ftz(m[i] - mref[i]);
-        m[i] = mn;
-      }
-      uint32_t pa[KT / 16][4];
-      DFLASH_UNROLL
-      for (int n = 0; n < NT; ++n) {
-        const float p0 = exp2_ftz(fmaf(s[n * 4 + 0], sl2, -mref[0])), p1 = exp2_ftz(fmaf(s[n * 4 + 1], sl2, -mref[0]));
-        const float p2 = exp2_ftz(fmaf(s[n * 4 + 2], sl2, -mref[1])), p3 = exp2_ftz(fmaf(s[n * 4 + 3], sl2, -mref[1]));
-        rs[0] += p0 + p1;
-        rs[1] += p2 + p3;
-        pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(p0, p1);
-        pa[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(p2, p3);
-      }
-      l[0] = l[0] * alpha[0] + rs[0];
-      l[1] = l[1] * alpha[1] + rs[1];
-      DFLASH_UNROLL
-      for (int n = 0; n < DT; ++n) {
-        o[n * 4 + 0] *= alpha[0];
-        o[n * 4 + 1] *= alpha[0];
-        o[n * 4 + 2] *= alpha[1];
-        o[n * 4 + 3] *= alpha[1];
-      }
-      wg::fence();
-      DFLASH_UNROLL
-      for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(o, pa[kc], wg::desc_mnmajor(tV, KT, kc), 1);
-      wg::commit();
-      wg::wait<0>();
-      wg::pin(o);
+        for (int e = 0; e < 4; ++e) {
+          const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
+          const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
+          const float v = vis ? s[n * 4 + e] : -INFINITY;
+          s[n * 4 + e] = v;
+          mx[i] = fmaxf(mx[i], v);
+        }
     }
-    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+    float mref[2];
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float mn = fmaxf(m[i], mx[i] * sl2);
+      mref[i] = mn == -INFINITY ? 0.f : mn;  // no -inf - -inf while a row has seen nothing
+      alpha[i] = exp2_ftz(m[i] - mref[i]);
+      m[i] = mn;
+      rs[i] = 0.f;
+    }
+    DFLASH_UNROLL
+    for (int n = 0; n < NT * 4; ++n) {
+      s[n] = exp2_ftz(fmaf(s[n], sl2, -mref[(n >> 1) & 1]));
+      rs[(n >> 1) & 1] += s[n];
+    }
+  };
+  // O and l rescaled by alpha, then P (s) rounded to bf16 pairs: the A fragments of O += P V.
+  auto rescale_pack = [&](const float(&s)[NT * 4], const float(&alpha)[2], const float(&rs)[2],
+                          uint32_t(&pa)[KT / 16][4]) {
+    l[0] = l[0] * alpha[0] + rs[0];
+    l[1] = l[1] * alpha[1] + rs[1];
+    DFLASH_UNROLL
+    for (int n = 0; n < DT * 4; ++n) o[n] *= alpha[(n >> 1) & 1];
+    DFLASH_UNROLL
+    for (int n = 0; n < NT; ++n) {
+      pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(s[n * 4 + 0], s[n * 4 + 1]);
+      pa[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(s[n * 4 + 2], s[n * 4 + 3]);
+    }
+  };
+
+  if constexpr (PIPE) {
+    // FlashAttention-3's intra-warpgroup overlap (arXiv 2407.08608, 3.2): iteration t issues S_t = Q K_t^T and then
+    // O += P_{t-1} V_{t-1}, waits for S_t only, and runs tile t's softmax while the P V product runs. So V lags K by
+    // one tile: iteration t loads K_{t+1} and V_t (commit group t + 1; group t = K_t and V_{t-1}), and iteration nt
+    // only finishes the last P V. P_{t-1} is pending (held in pa) when this warpgroup saw tile t - 1.
+    uint32_t pa[KT / 16][4] = {};
+    bool pending = false;
+    for (int t = 0; t <= nt; ++t) {
+      const int buf = t & 1;
+      if (t < nt) {
+        if (t + 1 < nt) load_tile(t + 1, buf ^ 1, 0);
+        load_tile(t, buf, 1);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();  // K_t and V_{t-1} have landed (this thread's copies)
+      wg::fence_proxy_async();
+      __syncthreads();
+      const bool s1 = t < nt1;
+      const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
+      const bool vis = t < nt && tile_visible<WIN>(mine, s1, kt, KT);
+      // (each case issues and waits for its own products: ptxas serialises wgmma issued in one branch and waited for
+      // in another)
+      const uint32_t tK = sK + buf * TB, tVp = sV + (buf ^ 1) * TB;
+      float s[NT * 4], alpha[2], rs[2];
+      if (vis && pending) {
+        wg::pin(o);
+        wg::pin(pa);
+        wg::fence();
+        wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
+        wg::commit();
+        DFLASH_UNROLL
+        for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(o, pa[kc], wg::desc_mnmajor(tVp, KT, kc), 1);
+        wg::commit();
+        wg::wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
+        wg::pin(s);
+        softmax_tile(s, s1, kt, alpha, rs);
+        wg::wait<0>();
+        wg::pin(o);
+        wg::pin(pa);
+        rescale_pack(s, alpha, rs, pa);
+      } else if (vis) {
+        wg::fence();
+        wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
+        wg::commit();
+        wg::wait<0>();
+        wg::pin(s);
+        softmax_tile(s, s1, kt, alpha, rs);
+        rescale_pack(s, alpha, rs, pa);
+      } else if (pending) {
+        wg::pin(o);
+        wg::pin(pa);
+        wg::fence();
+        DFLASH_UNROLL
+        for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(o, pa[kc], wg::desc_mnmajor(tVp, KT, kc), 1);
+        wg::commit();
+        wg::wait<0>();
+        wg::pin(o);
+        wg::pin(pa);
+      }
+      pending = vis;
+      __syncthreads();  // K_t's and V_{t-1}'s buffers are refilled by the next iteration's loads
+    }
+  } else {
+    for (int t = 0; t < nt; ++t) {
+      const int buf = t & 1;
+      if (t + 1 < nt) {
+        load_tile(t + 1, buf ^ 1, 0);
+        load_tile(t + 1, buf ^ 1, 1);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();  // Q and tile t have landed (this thread's copies)
+      wg::fence_proxy_async();
+      __syncthreads();
+      const bool s1 = t < nt1;
+      const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
+      if (tile_visible<WIN>(mine, s1, kt, KT)) {
+        float s[NT * 4];
+        wg::fence();
+        wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, sK + buf * TB, KT);
+        wg::commit();
+        wg::wait<0>();
+        wg::pin(s);
+        float alpha[2], rs[2];
+        softmax_tile(s, s1, kt, alpha, rs);
+        uint32_t pa[KT / 16][4];
+        rescale_pack(s, alpha, rs, pa);
+        wg::fence();
+        DFLASH_UNROLL
+        for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(o, pa[kc], wg::desc_mnmajor(sV + buf * TB, KT, kc), 1);
+        wg::commit();
+        wg::wait<0>();
+        wg::pin(o);
+      }
+      __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+    }
   }
   cp_async_wait<0>();  // (no tile: Q's copies are still in flight)
   bf16* O = static_cast<bf16*>(p.out);
@@ -652,7 +732,8 @@ size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
 
 void attention_wgmma_init_attributes(int smem_optin) {
   if (static_cast<size_t>(smem_optin) >= kFwdWgSmem + 1024) {  // else never launched
-    allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true>);
+    allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, true>,
+                       k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>);
   }
   if (static_cast<size_t>(smem_optin) >= std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024)) {
     allow_dynamic_smem(smem_optin, k_dq_wg<kDqWgs, false>, k_dq_wg<kDqWgs, true>, k_dkv_wg<false>, k_dkv_wg<true>);
@@ -670,10 +751,19 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
-  if (p.mode == kAttnDFlash && p.window > 0)
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true>)(p);
-  else
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false>)(p);
+  static const bool pipe = std::getenv("DFLASH_FWD_NOPIPE") == nullptr;  // TEMP: A/B of the pipelined loop
+  const bool win = p.mode == kAttnDFlash && p.window > 0;
+  if (pipe) {
+    if (win)
+      DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, true>)(p);
+    else
+      DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p);
+  } else {
+    if (win)
+      DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p);
+    else
+      DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p);
+  }
   check_launch("attention_forward_wgmma");
   return true;
 }

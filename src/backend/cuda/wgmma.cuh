@@ -76,6 +76,15 @@ __device__ __forceinline__ void pin(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for A fragments held in registers (an RS product's operand).
+template <int R>
+__device__ __forceinline__ void pin(uint32_t (&a)[R][4]) {
+  DFLASH_UNROLL
+  for (int i = 0; i < R; ++i)
+    DFLASH_UNROLL
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
 // d (64 x N, fp32) (+)= A (64 x 16, K-major descriptor) * B (16 x N, K-major descriptor); accumulate = 0: d = A B.
 template <int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);
