@@ -5,14 +5,15 @@
 // tiles (case C07) and in the emulator (no tensor cores there); tests/cuda's op table judges both against the CPU.
 //
 // FlashAttention-2's online softmax (Dao 2023) on FlashAttention-3's operands (Shah et al. 2024, arXiv 2407.08608,
-// section 3: wgmma with the first product's operands in shared memory and P / dS from registers), without its warp
-// specialisation or TMA (loads are cp.async by every thread, double buffered). Shared-memory tiles use wgmma.cuh's
-// SW128 layout.
+// section 3: wgmma with the first product's operands in shared memory and P / dS from registers; in the forward its
+// intra-warpgroup overlap of the softmax with the P V product), without its warp specialisation or TMA (loads are
+// cp.async by every thread, double buffered, each thread at fixed shared-memory offsets: stage_rows). Shared-memory
+// tiles use wgmma.cuh's SW128 layout. Masks are applied only on tiles a warp does not see whole.
 //  * forward (k_fwd_wg): a CTA = 2 warpgroups = 128 query rows ((query, head) pairs of one kv head,
 //    attn_rows_tiling); warpgroup w owns rows 64 w .. 64 w + 63 (one m64 wgmma). 128-key K / V tiles load while the
 //    previous tile computes; Q stays in shared memory as the A operand. Per tile and warpgroup: S = Q K^T
 //    (8 x m64n128k16), mask, online softmax in the log2 domain on the accumulator fragments, O += P V (P rounded to
-//    bf16 in registers, V read MN-major). A warpgroup skips a tile none of its rows can see (uniform over its 128
+//    bf16 in registers, V read MN-major); tile t's softmax runs while tile t - 1's P V product does. A warpgroup skips a tile none of its rows can see (uniform over its 128
 //    threads). CTAs run the query tiles with the most keys first (causal: the last queries; DFlash: sorted anchors).
 //  * dQ (k_dq_wg): the forward's tiling over 64-key tiles: S = Q K^T, dP = dO V^T, P = exp2(S - lse), dS = P (dP - D),
 //    dQ += dS K (K read MN-major).
@@ -23,7 +24,6 @@
 // compares attention by normalised mean square error for that reason).
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention.h"
@@ -129,7 +129,7 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 }
 
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
-template <int NWG, int KT, bool WIN, bool PIPE>
+template <int NWG, int KT, bool WIN>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdParams p) {
   constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG;
   constexpr uint32_t TB = KT * D * 2;  // one K or V tile
@@ -176,10 +176,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + kt * kstride + g * D, kstride,
                             khi - kt);
   };
-  if (nt > 0) {
-    load_tile(0, 0, 0);
-    if (!PIPE) load_tile(0, 0, 1);
-  }
+  if (nt > 0) load_tile(0, 0, 0);
   cp_async_commit();
 
   float o[DT * 4];
@@ -248,7 +245,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     }
   };
 
-  if constexpr (PIPE) {
+  {
     // FlashAttention-3's intra-warpgroup overlap (arXiv 2407.08608, 3.2): iteration t issues S_t = Q K_t^T and then
     // O += P_{t-1} V_{t-1}, waits for S_t only, and runs tile t's softmax while the P V product runs. So V lags K by
     // one tile: iteration t loads K_{t+1} and V_t (commit group t + 1; group t = K_t and V_{t-1}), and iteration nt
@@ -309,39 +306,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
       }
       pending = vis;
       __syncthreads();  // K_t's and V_{t-1}'s buffers are refilled by the next iteration's loads
-    }
-  } else {
-    for (int t = 0; t < nt; ++t) {
-      const int buf = t & 1;
-      if (t + 1 < nt) {
-        load_tile(t + 1, buf ^ 1, 0);
-        load_tile(t + 1, buf ^ 1, 1);
-      }
-      cp_async_commit();
-      cp_async_wait<1>();  // Q and tile t have landed (this thread's copies)
-      wg::fence_proxy_async();
-      __syncthreads();
-      const bool s1 = t < nt1;
-      const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
-      if (tile_visible<WIN>(mine, s1, kt, KT)) {
-        float s[NT * 4];
-        wg::fence();
-        wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, sK + buf * TB, KT);
-        wg::commit();
-        wg::wait<0>();
-        wg::pin(s);
-        float alpha[2], rs[2];
-        softmax_tile(s, s1, kt, alpha, rs);
-        uint32_t pa[KT / 16][4];
-        rescale_pack(s, alpha, rs, pa);
-        wg::fence();
-        DFLASH_UNROLL
-        for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(o, pa[kc], wg::desc_mnmajor(sV + buf * TB, KT, kc), 1);
-        wg::commit();
-        wg::wait<0>();
-        wg::pin(o);
-      }
-      __syncthreads();  // this buffer is refilled by the next iteration's prefetch
     }
   }
   cp_async_wait<0>();  // (no tile: Q's copies are still in flight)
@@ -732,8 +696,7 @@ size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
 
 void attention_wgmma_init_attributes(int smem_optin) {
   if (static_cast<size_t>(smem_optin) >= kFwdWgSmem + 1024) {  // else never launched
-    allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, true>,
-                       k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>);
+    allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true>);
   }
   if (static_cast<size_t>(smem_optin) >= std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024)) {
     allow_dynamic_smem(smem_optin, k_dq_wg<kDqWgs, false>, k_dq_wg<kDqWgs, true>, k_dkv_wg<false>, k_dkv_wg<true>);
@@ -751,19 +714,10 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
-  static const bool pipe = std::getenv("DFLASH_FWD_NOPIPE") == nullptr;  // TEMP: A/B of the pipelined loop
-  const bool win = p.mode == kAttnDFlash && p.window > 0;
-  if (pipe) {
-    if (win)
-      DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, true>)(p);
-    else
-      DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p);
-  } else {
-    if (win)
-      DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p);
-    else
-      DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p);
-  }
+  if (p.mode == kAttnDFlash && p.window > 0)
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true>)(p);
+  else
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false>)(p);
   check_launch("attention_forward_wgmma");
   return true;
 }
