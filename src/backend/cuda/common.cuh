@@ -70,6 +70,29 @@ __device__ __forceinline__ bf16 from_f<bf16>(float x) {
   return __float2bfloat16(x);  // round to nearest even
 }
 
+// Eight bf16 values (one 16-byte load or store) to floats and back (round to nearest even).
+__device__ __forceinline__ void bf16x8_to_f(const uint4& v, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  DFLASH_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    const float2 t = __bfloat1622float2(h[k]);
+    f[2 * k] = t.x;
+    f[2 * k + 1] = t.y;
+  }
+}
+__device__ __forceinline__ uint4 f_to_bf16x8(const float (&f)[8]) {
+  uint4 v;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+  DFLASH_UNROLL
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+  return v;
+}
+// Whether a bf16 elementwise op over n elements can move 8 at a time: n % 8 == 0 and every pointer 16-byte aligned.
+template <class... P>
+inline bool bf16x8_ok(int64_t n, const P*... p) {
+  return n % 8 == 0 && ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+}
+
 template <class V>
 __device__ __forceinline__ V warp_sum(V v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -10,6 +10,7 @@
 // Note: dz is rounded to BF16 before the dh product (the GEMM's operands are BF16), a relative error of at most
 // 2^-9 per element of dz.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "backend/cuda/common.cuh"
@@ -34,15 +35,96 @@ struct LossRowParams {
   int* err;
 };
 
+constexpr float kL2e = 1.4426950408889634f;
+// e^x as 2^(x log2 e) on the special-function unit (ex2.approx.ftz: relative error ~2^-22; results below 2^-126
+// flushed to zero, which no sum here notices).
+__device__ __forceinline__ float fast_exp(float x) {
+#ifdef DFLASH_CUDA_EMU
+  return std::exp2(x * kL2e);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * kL2e));
+  return y;
+#endif
+}
+
+// Online log-sum-exp state (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): running max m,
+// sum of exp(x - m), and the first index of the max.
+struct Lse {
+  float m = -INFINITY, s = 0.f;
+  int i = 0x7fffffff;
+  // four consecutive values from index i0 (one max update, then the four terms)
+  __device__ __forceinline__ void add4(float4 x, int i0) {
+    float lm = x.x;
+    int li = i0;
+    if (x.y > lm) { lm = x.y; li = i0 + 1; }
+    if (x.z > lm) { lm = x.z; li = i0 + 2; }
+    if (x.w > lm) { lm = x.w; li = i0 + 3; }
+    if (lm > m) {
+      s *= fast_exp(m - lm);  // (m = -inf: s = 0 stays 0)
+      m = lm;
+      i = li;
+    }
+    s += fast_exp(x.x - m) + fast_exp(x.y - m) + fast_exp(x.z - m) + fast_exp(x.w - m);
+  }
+  __device__ __forceinline__ void add1(float x, int xi) {
+    if (x > m) {
+      s *= fast_exp(m - x);
+      m = x;
+      i = xi;
+    }
+    s += fast_exp(x - m);
+  }
+  // the union of two states; ties keep the smaller index
+  __device__ __forceinline__ void merge(float om, float os, int oi) {
+    const float M = fmaxf(m, om);
+    const float a = m == M ? 1.f : fast_exp(m - M), b = om == M ? 1.f : fast_exp(om - M);
+    s = s * a + os * b;
+    if (om > m || (om == m && oi < i)) i = oi;
+    m = M;
+  }
+  // the whole block's state in every thread (scratch: 3 x 32 words of shared memory)
+  __device__ __forceinline__ void block_reduce(float* sm, float* ss, int* si) {
+    for (int o = 16; o > 0; o >>= 1)
+      merge(__shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, i, o));
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();  // (scratch reuse)
+    if (lane == 0) {
+      sm[w] = m;
+      ss[w] = s;
+      si[w] = i;
+    }
+    __syncthreads();
+    m = lane < nw ? sm[lane] : -INFINITY;
+    s = lane < nw ? ss[lane] : 0.f;
+    i = lane < nw ? si[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1)
+      merge(__shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o), __shfl_xor_sync(0xffffffffu, i, o));
+  }
+};
+
+// Calls f(v, x) for the 4-aligned groups of a row of V floats (float4 loads when V % 4 == 0, else one at a time);
+// thread tid takes groups tid, tid + blockDim.x, ...
+template <class F4, class F1>
+__device__ __forceinline__ void row_for_each(const float* row, int64_t V, F4 f4, F1 f1) {
+  if ((V & 3) == 0) {
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    for (int64_t g = threadIdx.x; g < V / 4; g += blockDim.x) f4(static_cast<int>(g * 4), __ldg(r4 + g));
+  } else {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) f1(static_cast<int>(v), __ldg(row + v));
+  }
+}
+
+// One block per row, two passes over the logits: (1) online max / first argmax / sum of exp of z (and of zt),
+// (2) KL and dz. Was four passes with accurate expf (bench/NOTES.md 10).
 __global__ void __launch_bounds__(kRowThreads) k_loss_row(LossRowParams p) {
-  __shared__ float s_f[32];
+  __shared__ float s_m[32], s_s[32];
   __shared__ int s_i[32];
-  __shared__ float s_tmp[32];
   const int64_t V = p.V;
   const int r = blockIdx.x;
   const float* z = p.z + static_cast<int64_t>(r) * V;
   const float* zt = p.zt ? p.zt + static_cast<int64_t>(r) * V : nullptr;
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+  const int tid = threadIdx.x;
   int y = p.labels[r];
   const bool y_ok = y >= 0 && y < V;
   if (!y_ok) {
@@ -50,83 +132,51 @@ __global__ void __launch_bounds__(kRowThreads) k_loss_row(LossRowParams p) {
     y = -1;
   }
 
-  // pass 1: max and first argmax of z; max of zt
-  float bv = -INFINITY, tmax = -INFINITY;
-  int bi = 0x7fffffff;
-  for (int64_t v = tid; v < V; v += blockDim.x) {
-    const float x = z[v];
-    if (bi == 0x7fffffff || x > bv) {
-      bv = x;
-      bi = static_cast<int>(v);
-    }
-    if (zt) tmax = fmaxf(tmax, zt[v]);
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
-  tmax = warp_max(tmax);
-  if (lane == 0) {
-    s_f[w] = bv;
-    s_i[w] = bi;
-    s_tmp[w] = tmax;
-  }
-  __syncthreads();
-  {
-    float v2 = lane < nw ? s_f[lane] : -INFINITY;
-    int i2 = lane < nw ? s_i[lane] : 0x7fffffff;
-    float t2 = lane < nw ? s_tmp[lane] : -INFINITY;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, v2, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, i2, o);
-      if (ov > v2 || (ov == v2 && oi < i2)) {
-        v2 = ov;
-        i2 = oi;
-      }
-    }
-    t2 = warp_max(t2);
-    bv = v2;  // every warp computes the same block-wide result
-    bi = i2;
-    tmax = t2;
-  }
-  const float mx = bv;
-  const int am = bi;
+  // pass 1
+  Lse q, t;
+  row_for_each(z, V, [&](int v, float4 x) { q.add4(x, v); }, [&](int v, float x) { q.add1(x, v); });
+  if (zt) row_for_each(zt, V, [&](int v, float4 x) { t.add4(x, v); }, [&](int v, float x) { t.add1(x, v); });
+  q.block_reduce(s_m, s_s, s_i);
+  if (zt) t.block_reduce(s_m, s_s, s_i);
+  const float lse = q.m + logf(q.s);
+  const float tlse = zt ? t.m + logf(t.s) : 0.f;
+  const int am = q.i;
 
-  // pass 2: sums of exponentials
-  float se = 0.f, tse = 0.f;
-  for (int64_t v = tid; v < V; v += blockDim.x) {
-    se += expf(z[v] - mx);
-    if (zt) tse += expf(zt[v] - tmax);
-  }
-  se = block_sum(se, s_f);
-  if (zt) tse = block_sum(tse, s_tmp);
-  const float lse = mx + logf(se);
-  const float tlse = zt ? tmax + logf(tse) : 0.f;
-
-  // pass 3: KL(p || q)
+  // pass 2: KL(p || q) = sum p (log p - log q) with p = softmax(zt), q = softmax(z); dz = coef [(q - onehot(y)) +
+  // kl_weight (q - p)]
   float kl = 0.f;
-  if (zt) {
-    for (int64_t v = tid; v < V; v += blockDim.x) {
-      const float lp = zt[v] - tlse;
-      kl += expf(lp) * (lp - (z[v] - lse));
-    }
-    kl = block_sum(kl, s_f);
-  }
-
-  // pass 4: dz
-  if (p.dz) {
-    const float coef = p.weights[r] * p.grad_scale;
-    bf16* dz = p.dz + static_cast<int64_t>(r) * V;
-    for (int64_t v = tid; v < V; v += blockDim.x) {
-      const float q = expf(z[v] - lse);
-      float gv = q - (v == y ? 1.f : 0.f);
-      if (zt) gv += p.kl_weight * (q - expf(zt[v] - tlse));
-      dz[v] = __float2bfloat16(coef * gv);
-    }
+  if (zt || p.dz) {
+    const float coef = p.weights[r] * p.grad_scale, klw = p.kl_weight;
+    bf16* dz = p.dz ? p.dz + static_cast<int64_t>(r) * V : nullptr;
+    auto one = [&](float zv, int v, float ztv) -> float {  // dz's value before coef
+      const float lq = zv - lse, qv = fast_exp(lq);
+      float gv = qv - (v == y ? 1.f : 0.f);
+      if (zt) {
+        const float lp = ztv - tlse, pv = fast_exp(lp);
+        kl += pv * (lp - lq);
+        gv += klw * (qv - pv);
+      }
+      return coef * gv;
+    };
+    row_for_each(
+        z, V,
+        [&](int v, float4 x) {
+          const float4 xt = zt ? __ldg(reinterpret_cast<const float4*>(zt + v)) : float4{0.f, 0.f, 0.f, 0.f};
+          const float g0 = one(x.x, v, xt.x), g1 = one(x.y, v + 1, xt.y), g2 = one(x.z, v + 2, xt.z),
+                      g3 = one(x.w, v + 3, xt.w);
+          if (dz) {
+            __nv_bfloat162 lo = __floats2bfloat162_rn(g0, g1), hi = __floats2bfloat162_rn(g2, g3);
+            uint2 pk;
+            pk.x = *reinterpret_cast<uint32_t*>(&lo);
+            pk.y = *reinterpret_cast<uint32_t*>(&hi);
+            *reinterpret_cast<uint2*>(dz + v) = pk;
+          }
+        },
+        [&](int v, float x) {
+          const float g = one(x, v, zt ? __ldg(zt + v) : 0.f);
+          if (dz) dz[v] = __float2bfloat16(g);
+        });
+    if (zt) kl = block_sum(kl, s_m);
   }
   if (tid == 0) {
     p.ce[r] = y_ok ? static_cast<double>(lse) - static_cast<double>(z[y]) : 0.0;

@@ -34,6 +34,37 @@ __global__ void k_rmsnorm(const T* x, const T* __restrict__ w, T* y, float* __re
   for (int i = lane; i < D; i += 32) yr[i] = from_f<T>(to_f(xr[i]) * inv * to_f(w[i]));
 }
 
+// The forward for BF16 rows with D % 8 == 0, 16-byte aligned: 8 values per lane and load (y may alias x: a lane
+// reads each of its chunks before writing it).
+__global__ void k_rmsnorm_bf16x8(const bf16* x, const bf16* __restrict__ w, bf16* y, float* __restrict__ rstd,
+                                 int64_t R, int D, float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= R) return;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * D);
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  const int C = D / 8;
+  float ss = 0.f;
+  for (int c = lane; c < C; c += 32) {
+    float xf[8];
+    bf16x8_to_f(xr[c], xf);
+    DFLASH_UNROLL
+    for (int k = 0; k < 8; ++k) ss += xf[k] * xf[k];
+  }
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  if (rstd != nullptr && lane == 0) rstd[row] = inv;
+  uint4* yr = reinterpret_cast<uint4*>(y + row * D);
+  for (int c = lane; c < C; c += 32) {
+    float xf[8], wf[8];
+    bf16x8_to_f(xr[c], xf);
+    bf16x8_to_f(wr[c], wf);
+    DFLASH_UNROLL
+    for (int k = 0; k < 8; ++k) xf[k] = xf[k] * inv * wf[k];
+    yr[c] = f_to_bf16x8(xf);
+  }
+}
+
 template <class T>
 __global__ void k_rmsnorm_dx(const T* dy, const T* __restrict__ x, const T* __restrict__ w,
                              const float* __restrict__ rstd, T* dx, int64_t R, int D, float beta) {
@@ -54,18 +85,8 @@ __global__ void k_rmsnorm_dx(const T* dy, const T* __restrict__ x, const T* __re
   }
 }
 
-#ifndef DFLASH_CUDA_EMU  // (vector types are not emulated; the emulator runs k_rmsnorm_dx)
 // The same for BF16 rows with D % 8 == 0 (16-byte aligned): each lane moves 8 values per load (one uint4), and
 // nothing aliases (dx == dy is read before it is written, element by element within the lane).
-__device__ __forceinline__ void bf16x8_to_f(const uint4& v, float (&f)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-  DFLASH_UNROLL
-  for (int k = 0; k < 4; ++k) {
-    const float2 t = __bfloat1622float2(h[k]);
-    f[2 * k] = t.x;
-    f[2 * k + 1] = t.y;
-  }
-}
 __global__ void k_rmsnorm_dx_bf16x8(const bf16* dy, const bf16* __restrict__ x, const bf16* __restrict__ w,
                                     const float* __restrict__ rstd, bf16* dx, int64_t R, int D, float beta) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -109,26 +130,43 @@ __global__ void k_rmsnorm_dx_bf16x8(const bf16* dy, const bf16* __restrict__ x, 
     o[c] = out;
   }
 }
-#endif
 
 // Stage 1: partial[p, i] = sum over rows r of partition p of dy[r, i] * x[r, i] * rstd[r].
-// grid (ceil(D/32), P), block (32, 8).
-template <class T>
+// grid (ceil(D / (32 VEC)), P), block (32, 8); VEC = 8: BF16 with D % 8 == 0 and 16-byte aligned rows, thread x
+// owning 8 adjacent columns (one 16-byte load per row), else VEC = 1.
+template <class T, int VEC>
 __global__ void k_rmsnorm_dw_partial(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ rstd,
                                      int64_t R, int D, int64_t rows_per_part, float* __restrict__ partial) {
-  __shared__ float red[8][33];
-  const int col = blockIdx.x * 32 + threadIdx.x;
+  __shared__ float red[8][32 * VEC + 1];
+  const int col = (blockIdx.x * 32 + threadIdx.x) * VEC;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_part;
   const int64_t r1 = r0 + rows_per_part < R ? r0 + rows_per_part : R;
-  float acc = 0.f;
+  float acc[VEC];
+  DFLASH_UNROLL
+  for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
   if (col < D)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += to_f(dy[r * D + col]) * to_f(x[r * D + col]) * rstd[r];
-  red[threadIdx.y][threadIdx.x] = acc;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      if constexpr (VEC == 8) {
+        float gf[8], xf[8];
+        bf16x8_to_f(*reinterpret_cast<const uint4*>(dy + r * D + col), gf);
+        bf16x8_to_f(*reinterpret_cast<const uint4*>(x + r * D + col), xf);
+        const float rs = rstd[r];
+        DFLASH_UNROLL
+        for (int k = 0; k < 8; ++k) acc[k] += gf[k] * xf[k] * rs;
+      } else {
+        acc[0] += to_f(dy[r * D + col]) * to_f(x[r * D + col]) * rstd[r];
+      }
+    }
+  DFLASH_UNROLL
+  for (int k = 0; k < VEC; ++k) red[threadIdx.y][threadIdx.x * VEC + k] = acc[k];
   __syncthreads();
   if (threadIdx.y == 0 && col < D) {
-    float s = 0.f;
-    for (int k = 0; k < 8; ++k) s += red[k][threadIdx.x];
-    partial[static_cast<int64_t>(blockIdx.y) * D + col] = s;
+    DFLASH_UNROLL
+    for (int k = 0; k < VEC; ++k) {
+      float s = 0.f;
+      for (int j = 0; j < 8; ++j) s += red[j][threadIdx.x * VEC + k];
+      partial[static_cast<int64_t>(blockIdx.y) * D + col + k] = s;
+    }
   }
 }
 
@@ -152,6 +190,15 @@ __global__ void k_colsum_final(const float* __restrict__ partial, int P, int D, 
 template <class T>
 void launch_forward(Env& e, const Tensor& x, const Tensor& w, const Tensor& y, float* rs, int64_t R, int D, float eps) {
   const unsigned g = static_cast<unsigned>((R + kWarps - 1) / kWarps);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (bf16x8_ok(D, x.data, w.data, y.data)) {
+      DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm_bf16x8)(static_cast<const bf16*>(x.data),
+                                                                  static_cast<const bf16*>(w.data),
+                                                                  static_cast<bf16*>(y.data), rs, R, D, eps);
+      check_launch("rmsnorm_bf16x8");
+      return;
+    }
+  }
   DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm<T>)(static_cast<const T*>(x.data), static_cast<const T*>(w.data),
                                                             static_cast<T*>(y.data), rs, R, D, eps);
   check_launch("rmsnorm");
@@ -166,19 +213,28 @@ void launch_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w,
     const int64_t P = std::max<int64_t>(1, std::min<int64_t>(512, (R + 63) / 64));
     const int64_t rpp = (R + P - 1) / P;
     Tensor partial = e.alloc(DType::F32, {P, D});
-    const dim3 grid(static_cast<unsigned>((D + 31) / 32), static_cast<unsigned>(P));
-    DFLASH_LAUNCH(grid, dim3(32, 8), 0, e.stream, k_rmsnorm_dw_partial<T>)(dyp, xp, rstd.ptr<float>(), R, D, rpp,
-                                                                           partial.ptr<float>());
+    bool vec = false;
+    if constexpr (std::is_same_v<T, bf16>) {
+      vec = bf16x8_ok(D, dy.data, x.data);
+      if (vec) {
+        const dim3 grid(static_cast<unsigned>((D + 255) / 256), static_cast<unsigned>(P));
+        DFLASH_LAUNCH(grid, dim3(32, 8), 0, e.stream, k_rmsnorm_dw_partial<T, 8>)(dyp, xp, rstd.ptr<float>(), R, D,
+                                                                                  rpp, partial.ptr<float>());
+      }
+    }
+    if (!vec) {
+      const dim3 grid(static_cast<unsigned>((D + 31) / 32), static_cast<unsigned>(P));
+      DFLASH_LAUNCH(grid, dim3(32, 8), 0, e.stream, k_rmsnorm_dw_partial<T, 1>)(dyp, xp, rstd.ptr<float>(), R, D, rpp,
+                                                                                partial.ptr<float>());
+    }
     check_launch("rmsnorm_dw_partial");
     DFLASH_LAUNCH((D + 31) / 32, dim3(32, 8), 0, e.stream, k_colsum_final)(partial.ptr<float>(), static_cast<int>(P),
                                                                             D, dw.ptr<float>());
     check_launch("rmsnorm_dw_final");
   }
   const unsigned g = static_cast<unsigned>((R + kWarps - 1) / kWarps);
-#ifndef DFLASH_CUDA_EMU
-  const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   if constexpr (std::is_same_v<T, bf16>) {
-    if (D % 8 == 0 && a16(dy.data) && a16(x.data) && a16(w.data) && a16(dx.data)) {
+    if (bf16x8_ok(D, dy.data, x.data, w.data, dx.data)) {
       DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm_dx_bf16x8)(dyp, xp, static_cast<const bf16*>(w.data),
                                                                      rstd.ptr<float>(), static_cast<bf16*>(dx.data),
                                                                      R, D, beta);
@@ -186,7 +242,6 @@ void launch_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w,
       return;
     }
   }
-#endif
   DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm_dx<T>)(dyp, xp, static_cast<const T*>(w.data), rstd.ptr<float>(),
                                                                static_cast<T*>(dx.data), R, D, beta);
   check_launch("rmsnorm_dx");

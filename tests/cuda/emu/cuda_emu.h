@@ -250,6 +250,30 @@ inline float __bfloat162float(__nv_bfloat16 h) {
   return f;
 }
 
+struct __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16(a), __float2bfloat16(b)}; }
+
+// ---- vector types, read-only loads ----------------------------------------------------------------------------------
+struct float4 {
+  float x, y, z, w;
+};
+struct uint2 {
+  uint32_t x, y;
+};
+struct uint4 {
+  uint32_t x, y, z, w;
+};
+struct float2 {
+  float x, y;
+};
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return {__bfloat162float(h.x), __bfloat162float(h.y)}; }
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+
 // ---- device math and atomics ------------------------------------------------------------------------------------
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
