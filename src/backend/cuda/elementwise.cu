@@ -138,6 +138,20 @@ __global__ void k_sumsq_partial(const T* __restrict__ x, int64_t n, double* __re
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+// The same over F32 with n % 4 == 0, 16-byte aligned: one float4 per load (the optimizer's gradient norms).
+__global__ void k_sumsq_partial_f32x4(const float4* __restrict__ x, int64_t n4, double* __restrict__ partial) {
+  __shared__ double scratch[32];
+  double acc = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = x[i];
+    acc += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y + static_cast<double>(v.z) * v.z +
+           static_cast<double>(v.w) * v.w;
+  }
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
 __global__ void k_sum_final(const double* __restrict__ partial, int n, double* __restrict__ out) {
   __shared__ double scratch[32];
   double acc = 0;
@@ -282,7 +296,9 @@ double sum_squares(Env& e, const Tensor& x) {
   const int blocks = static_cast<int>(std::min<int64_t>(1024, (n + kThreads * 4 - 1) / (kThreads * 4)));
   Tensor partial = e.alloc(DType::F64, {blocks + 1});
   double* p = partial.ptr<double>();
-  if (x.dtype == DType::F32) {
+  if (x.dtype == DType::F32 && n % 4 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+    DFLASH_LAUNCH(blocks, kThreads, 0, e.stream, k_sumsq_partial_f32x4)(static_cast<const float4*>(x.data), n / 4, p);
+  } else if (x.dtype == DType::F32) {
     DFLASH_LAUNCH(blocks, kThreads, 0, e.stream, k_sumsq_partial<float>)(x.ptr<float>(), n, p);
   } else if (x.dtype == DType::BF16) {
     DFLASH_LAUNCH(blocks, kThreads, 0, e.stream, k_sumsq_partial<bf16>)(static_cast<const bf16*>(x.data), n, p);

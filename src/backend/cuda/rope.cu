@@ -2,7 +2,8 @@
 //   for i < d/2, t = pos * inv_freq[i] (formed in fp32, as transformers does):
 //   (x_i, x_{i+d/2}) -> (x_i cos t - x_{i+d/2} sin t, x_{i+d/2} cos t + x_i sin t);  inverse: rotate by -t.
 // One thread per (token, head, i); cos/sin are the accurate cosf/sinf (full range reduction: positions reach
-// thousands of radians). Math in fp32, stored in x's dtype (BF16 or F32).
+// thousands of radians). Math in fp32, stored in x's dtype (BF16 or F32). BF16 heads with d % 16 == 0 move 8
+// values per load (k_rope_bf16x8).
 #include "backend/cuda/common.cuh"
 
 namespace dflash::cuda {
@@ -27,6 +28,35 @@ __global__ void k_rope(T* __restrict__ x, const int* __restrict__ pos, const flo
   }
 }
 
+// The same for BF16 with half % 8 == 0 and x 16-byte aligned: thread = (token, head, 8 consecutive i), one 16-byte
+// load and store for x_i.. and one for x_{i+half}..
+__global__ void k_rope_bf16x8(bf16* __restrict__ x, const int* __restrict__ pos, const float* __restrict__ inv_freq,
+                              int64_t Tn, int heads, int half, float sgn) {
+  const int hc = half / 8;  // chunks per half head
+  const int64_t n = Tn * heads * hc;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int i0 = static_cast<int>(idx % hc) * 8;
+    const int64_t th = idx / hc;  // token * heads + head
+    const float p = static_cast<float>(pos[th / heads]);
+    uint4* v = reinterpret_cast<uint4*>(x + th * (2 * half) + i0);
+    uint4* w = reinterpret_cast<uint4*>(x + th * (2 * half) + half + i0);
+    float a[8], b[8];
+    bf16x8_to_f(*v, a);
+    bf16x8_to_f(*w, b);
+    DFLASH_UNROLL
+    for (int k = 0; k < 8; ++k) {
+      const float ang = p * inv_freq[i0 + k];
+      const float c = cosf(ang), sn = sgn * sinf(ang);
+      const float ak = a[k], bk = b[k];
+      a[k] = ak * c - bk * sn;
+      b[k] = bk * c + ak * sn;
+    }
+    *v = f_to_bf16x8(a);
+    *w = f_to_bf16x8(b);
+  }
+}
+
 }  // namespace
 
 void rope(Env& e, const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) {
@@ -42,7 +72,11 @@ void rope(Env& e, const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bo
   if (n == 0) return;
   const float sgn = inverse ? -1.f : 1.f;
   const unsigned g = grid_for(n, 256, e.num_sms);
-  if (x.dtype == DType::BF16) {
+  if (x.dtype == DType::BF16 && bf16x8_ok(half, x.data)) {
+    DFLASH_LAUNCH(grid_for(n / 8, 256, e.num_sms), 256, 0, e.stream, k_rope_bf16x8)(
+        static_cast<bf16*>(x.data), pos.ptr<int>(), inv_freq.ptr<float>(), Tn, static_cast<int>(heads),
+        static_cast<int>(half), sgn);
+  } else if (x.dtype == DType::BF16) {
     DFLASH_LAUNCH(g, 256, 0, e.stream, k_rope<bf16>)(static_cast<bf16*>(x.data), pos.ptr<int>(), inv_freq.ptr<float>(),
                                                      Tn, static_cast<int>(heads), static_cast<int>(half), sgn);
   } else if (x.dtype == DType::F32) {
