@@ -647,27 +647,37 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
           s[n * 4 + e] = vis ? exp2_ftz(fmaf(s[n * 4 + e], sl2, -sL[buf][qc])) : 0.f;  // P^T
         }
     }
-    wg::wait<0>();
-    wg::pin(dp);
+    // dV += P^T dO is issued before dS^T is formed (it needs only P^T), so dS^T's arithmetic runs under it
     uint32_t pa[QC / 16][4], da[QC / 16][4];
+    DFLASH_UNROLL
+    for (int n = 0; n < NT; ++n) {
+      pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(s[n * 4 + 0], s[n * 4 + 1]);
+      pa[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(s[n * 4 + 2], s[n * 4 + 3]);
+    }
+    wg::pin(dv);
+    wg::fence();
+    DFLASH_UNROLL
+    for (int kc = 0; kc < QC / 16; ++kc) wg::wgmma_rs_tb<D>(dv, pa[kc], wg::desc_mnmajor(tO, QC, kc), 1);
+    wg::commit();
+    wg::wait<1>();  // dP^T is ready (S^T was); dV's product may still run
+    wg::pin(dp);
     DFLASH_UNROLL
     for (int n = 0; n < NT; ++n) {
       float d4[4];
       const float2 dr2 = *reinterpret_cast<const float2*>(&sDr[buf][n * 8 + 2 * t4]);
       DFLASH_UNROLL
       for (int e = 0; e < 4; ++e) d4[e] = s[n * 4 + e] * (dp[n * 4 + e] - ((e & 1) ? dr2.y : dr2.x));  // dS^T
-      pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(s[n * 4 + 0], s[n * 4 + 1]);
-      pa[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(s[n * 4 + 2], s[n * 4 + 3]);
       da[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(d4[0], d4[1]);
       da[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(d4[2], d4[3]);
     }
+    wg::pin(dk);
     wg::fence();
-    DFLASH_UNROLL
-    for (int kc = 0; kc < QC / 16; ++kc) wg::wgmma_rs_tb<D>(dv, pa[kc], wg::desc_mnmajor(tO, QC, kc), 1);
     DFLASH_UNROLL
     for (int kc = 0; kc < QC / 16; ++kc) wg::wgmma_rs_tb<D>(dk, da[kc], wg::desc_mnmajor(tQ, QC, kc), 1);
     wg::commit();
     wg::wait<0>();
+    wg::pin(pa);
+    wg::pin(da);
     wg::pin(dv);
     wg::pin(dk);
     if (it + 1 < items) put_meta(next, buf ^ 1);
