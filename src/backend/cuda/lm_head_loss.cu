@@ -2,7 +2,8 @@
 // For each chunk of at most chunk_rows selected rows (so at most chunk_rows x V logits exist at once):
 //   hx = h[rows]                                   (gather)
 //   z  = hx W^T  (F32 [c, V], cuBLASLt),  zt = teacher_h W^T when soft labels are on
-//   one block per row:  ce = logsumexp(z) - z_y;  correct = (argmax z == y, first index on ties)
+//   one block per row, two passes over the row (k_loss_row: online log-sum-exp, then KL and dz):
+//                       ce = logsumexp(z) - z_y;  correct = (argmax z == y, first index on ties)
 //                       kl = sum p (log p - log q),  p = softmax(zt), q = softmax(z)
 //                       dz = w c [(q - onehot(y)) + kl_weight (q - p)]   (BF16 [c, V], c = grad_scale)
 //   dh[rows] = dz W  (cuBLASLt, BF16) scattered back (rows not selected are untouched).
