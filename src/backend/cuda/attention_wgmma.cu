@@ -442,12 +442,15 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
         da[n >> 1][(n & 1) * 2 + 1] =
             wg::pack_bf16x2(s[n * 4 + 2] * (dp[n * 4 + 2] - Dr[1]), s[n * 4 + 3] * (dp[n * 4 + 3] - Dr[1]));
       }
+      wg::pin(dq);
+      wg::pin(da);
       wg::fence();
       DFLASH_UNROLL
       for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(dq, da[kc], wg::desc_mnmajor(tK, KT, kc), 1);
       wg::commit();
       wg::wait<0>();
       wg::pin(dq);
+      wg::pin(da);
     }
     __syncthreads();
   }
@@ -655,6 +658,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
       pa[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(s[n * 4 + 2], s[n * 4 + 3]);
     }
     wg::pin(dv);
+    wg::pin(pa);
     wg::fence();
     DFLASH_UNROLL
     for (int kc = 0; kc < QC / 16; ++kc) wg::wgmma_rs_tb<D>(dv, pa[kc], wg::desc_mnmajor(tO, QC, kc), 1);
@@ -671,6 +675,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
       da[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(d4[2], d4[3]);
     }
     wg::pin(dk);
+    wg::pin(da);
     wg::fence();
     DFLASH_UNROLL
     for (int kc = 0; kc < QC / 16; ++kc) wg::wgmma_rs_tb<D>(dk, da[kc], wg::desc_mnmajor(tQ, QC, kc), 1);
