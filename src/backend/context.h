@@ -18,7 +18,9 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "backend/op_profile.h"
 #include "core/rng.h"
@@ -168,6 +170,14 @@ class Context {
   // positions 0..Tk-1 (a prefix, e.g. a KV cache); query t sees keys 0..q_offset+t. out [T, nh, d].
   virtual void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                 int64_t q_offset, float scale) = 0;
+  // The same for several sequences packed along T (a prefill batch without cache): rows [b, e) of q, k, v, out for
+  // each (b, e) in `rows` form one sequence that sees only its own keys (q_offset 0). Rows outside every range are
+  // untouched. The default runs attention_causal per sequence; the CUDA backend launches once for all of them.
+  virtual void attention_causal_packed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                       std::span<const std::pair<int64_t, int64_t>> rows, float scale) {
+    for (const auto& [b, e] : rows)
+      if (e > b) attention_causal(q.slice(b, e), k.slice(b, e), v.slice(b, e), out.slice(b, e), 0, scale);
+  }
   // DFlash block attention, forward: out [N*B, nh, d] act, lse [N*B, nh] F32 (log-sum-exp of the scaled
   // scores per row; -inf for rows that see nothing).
   virtual void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) = 0;

@@ -403,6 +403,32 @@ void causal_case(int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t d) {
              });
 }
 
+// Several sequences packed along T (a prefill batch): one call, each sequence sees only its own rows.
+void causal_packed_case(const std::vector<int64_t>& lens, int64_t nh, int64_t nkv, int64_t d) {
+  int64_t T = 0;
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (int64_t n : lens) {
+    rows.emplace_back(T, T + n);
+    T += n;
+  }
+  const Tensor q = rnd({T, nh, d}, 43), k = rnd({T, nkv, d}, 44), v = rnd({T, nkv, d}, 45);
+  check_case(cat("attention_causal_packed ", lens.size(), " sequences, T", T, " nh/nkv ", nh, "/", nkv, " d", d),
+             {{"out", Kind::Nmse, true, double(T + d), kAttnOutNmse}}, [&](Context& c) {
+               Tensor o = nan_out(c, {T, nh, d});
+               c.attention_causal_packed(put(c, q), put(c, k), put(c, v), o, rows,
+                                         1.0f / std::sqrt(static_cast<float>(d)));
+               return Outs{get(c, o)};
+             });
+}
+
+TEST(CudaOps, AttentionCausalPacked) {
+  causal_packed_case({17, 0, 30}, 4, 2, 64);  // head dim 64: one launch per sequence
+  std::vector<int64_t> many;                  // more than kAttnMaxSegs sequences: two packed launches
+  for (int i = 0; i < 40; ++i) many.push_back(1 + (i * 7) % 23);
+  causal_packed_case(many, 4, 2, 128);
+  if (!kEmu) causal_packed_case({100, 0, 37, 300, 1, 129, 1024}, 32, 8, 128);
+}
+
 TEST(CudaOps, AttentionCausal) {
   causal_case(17, 17, 4, 2, 64);
   causal_case(1, 40, 4, 1, 128);

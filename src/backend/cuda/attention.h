@@ -42,6 +42,14 @@ struct AttnFwdParams {
   int* err;
 };
 
+// Several causal sequences packed along T in one launch (attention_causal_packed, the wgmma forward only): CTA z of
+// the grid handles rows [begin[z], begin[z] + len[z]) of q, k, v, out (each sequence sees its own keys, q_offset 0).
+constexpr int kAttnMaxSegs = 32;
+struct AttnSegs {
+  int n = 0;  // 0: one sequence, the whole of AttnFwdParams
+  int begin[kAttnMaxSegs], len[kAttnMaxSegs];
+};
+
 // DFlash attention backward (dflash_attention.cu, attention_tc.cu): inputs, the forward's lse, D = rowsum(dO * O)
 // and the five gradients, all device pointers.
 struct AttnBwdParams {
@@ -140,7 +148,8 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p);
 void attention_tc_init_attributes(int smem_optin);
 // Hopper warpgroup-MMA forward (attention_wgmma.cu): head dim exactly 128, 16-byte aligned tensors and
 // attn_wgmma_fwd_smem() bytes of shared memory; returns false (launching nothing) otherwise, and in the emulator.
-bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p);
+// segs.n > 0: causal, several sequences in one launch (p.Tq = the longest; see AttnSegs).
+bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p, const AttnSegs& segs = AttnSegs{});
 void attention_wgmma_init_attributes(int smem_optin);
 // The DFlash backward (dQ, then dK / dV) on warpgroup MMA (attention_wgmma.cu), tried first by
 // launch_dflash_backward_tc once it has checked alignment: head dim 128, Tq <= 65536 and enough shared memory,

@@ -2,14 +2,21 @@
 //   out[t, h] = softmax_{k <= q_offset + t}(q[t, h] . k[k, g] * scale) v[k, g],  g = h / (nh / nkv)
 // q [T, nh, d], k/v [Tk, nkv, d] (a prefix: the cache), BF16. Runs the shared flash-style forward kernel
 // (attention_fwd.cu) with one key segment whose length for query t is q_offset + t + 1: no T x Tk buffer.
+// attention_causal_packed: several sequences packed along T (a prefill batch), one launch of the wgmma forward per
+// kAttnMaxSegs of them (one launch per sequence on the other kernels).
+#include <algorithm>
+#include <span>
+#include <utility>
+
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
 
 namespace dflash::cuda {
 
-void attention_causal(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
-                      float scale) {
-  const char* op = "attention_causal";
+namespace {
+// The checks and parameters shared by attention_causal and attention_causal_packed.
+AttnFwdParams causal_params(Env& e, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, int64_t q_offset, float scale) {
   check_dev(op, q, "q", DType::BF16);
   check_dev(op, k, "k", DType::BF16);
   check_dev(op, v, "v", DType::BF16);
@@ -37,7 +44,42 @@ void attention_causal(Env& e, const Tensor& q, const Tensor& k, const Tensor& v,
   p.q_offset = static_cast<int>(q_offset);
   p.B = 1;
   p.err = e.err_flag;
-  launch_attention_forward(e, p);
+  return p;
+}
+}  // namespace
+
+void attention_causal(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
+                      float scale) {
+  launch_attention_forward(e, causal_params(e, "attention_causal", q, k, v, out, q_offset, scale));
+}
+
+void attention_causal_packed(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             std::span<const std::pair<int64_t, int64_t>> rows, float scale) {
+  const char* op = "attention_causal_packed";
+  AttnFwdParams p = causal_params(e, op, q, k, v, out, 0, scale);
+  DFLASH_CHECK(k.dim(0) == q.dim(0), op, ": q has ", q.dim(0), " rows, k ", k.dim(0), " (packed sequences share rows)");
+  for (const auto& [b, en] : rows)
+    DFLASH_CHECK(b >= 0 && b <= en && en <= q.dim(0), op, ": sequence rows [", b, ", ", en, ") outside [0, ",
+                 q.dim(0), ")");
+  for (size_t i0 = 0; i0 < rows.size(); i0 += kAttnMaxSegs) {
+    AttnSegs segs;
+    int longest = 0;
+    for (size_t i = i0; i < rows.size() && segs.n < kAttnMaxSegs; ++i) {
+      if (rows[i].second == rows[i].first) continue;
+      segs.begin[segs.n] = static_cast<int>(rows[i].first);
+      segs.len[segs.n] = static_cast<int>(rows[i].second - rows[i].first);
+      longest = std::max(longest, segs.len[segs.n]);
+      ++segs.n;
+    }
+    if (segs.n == 0) continue;
+    AttnFwdParams pp = p;
+    pp.Tq = pp.T1 = longest;
+    if (launch_attention_forward_wgmma(e, pp, segs)) continue;
+    for (int i = 0; i < segs.n; ++i) {  // the other kernels take one sequence per launch
+      const int64_t b = segs.begin[i], en = b + segs.len[i];
+      attention_causal(e, q.slice(b, en), k.slice(b, en), v.slice(b, en), out.slice(b, en), 0, scale);
+    }
+  }
 }
 
 }  // namespace dflash::cuda

@@ -129,8 +129,9 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 }
 
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
-template <int NWG, int KT, bool WIN>
-__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdParams p) {
+// PACKED: causal over the sequences of segs (grid.z = segs.n), each row and key index offset by its sequence's begin.
+template <int NWG, int KT, bool WIN, bool PACKED>
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs) {
   constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG;
   constexpr uint32_t TB = KT * D * 2;  // one K or V tile
   DFLASH_DYN_SMEM(smem_raw);
@@ -141,11 +142,19 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // most keys first
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
+  // packed: this CTA's sequence is rows [rb, rb + len) of q, k, v, out (and lse); rb joins the row indices (a
+  // pointer per tensor would cost registers the kernel does not have)
+  int Tq = p.Tq, T1 = p.T1, rb = 0;
+  if constexpr (PACKED) {
+    rb = segs.begin[blockIdx.z];
+    Tq = T1 = segs.len[blockIdx.z];
+    if (q0 >= Tq) return;  // (past a shorter sequence's end; uniform over the CTA, before any barrier)
+  }
   const bf16* Q = static_cast<const bf16*>(p.q);
 
   stage_tile<ROWS, THREADS>(sQ, Q, [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
-    return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
+    return hh < hc && qi < Tq ? (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D : -1;
   });
   cp_async_commit();
 
@@ -155,10 +164,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   DFLASH_UNROLL
   for (int i = 0; i < 2; ++i) {
     const int r = wgi * 64 + warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
-    rok[i] = hh < hc && qi < p.Tq;
-    orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
+    rok[i] = hh < hc && qi < Tq;
+    orow[i] = (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D;
     if (rok[i])
-      attn_row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1[i],
+      attn_row_bounds(p.mode, qi, p.q_offset, T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1[i],
                       hi1[i], lo2[i], hi2[i]);
     else
       lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
@@ -173,8 +182,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
     const void* src = kv ? (s1 ? p.v1 : p.v2) : (s1 ? p.k1 : p.k2);
-    stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + kt * kstride + g * D, kstride,
-                            khi - kt);
+    stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + (rb + kt) * kstride + g * D,
+                            kstride, khi - kt);
   };
   if (nt > 0) load_tile(0, 0, 0);
   cp_async_commit();
@@ -711,14 +720,15 @@ size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
 
 void attention_wgmma_init_attributes(int smem_optin) {
   if (static_cast<size_t>(smem_optin) >= kFwdWgSmem + 1024) {  // else never launched
-    allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true>);
+    allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>,
+                       k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>);
   }
   if (static_cast<size_t>(smem_optin) >= std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024)) {
     allow_dynamic_smem(smem_optin, k_dq_wg<kDqWgs, false>, k_dq_wg<kDqWgs, true>, k_dkv_wg<false>, k_dkv_wg<true>);
   }
 }
 
-bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
+bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
   if (p0.d != kWgD) return false;
   if (kFwdWgSmem + 1024 > static_cast<size_t>(e.smem_limit)) return false;  // + the static __shared__ extents
   if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
@@ -728,11 +738,17 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0) {
   p.nk = kFwdWgKeys;
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
-  const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
-  if (p.mode == kAttnDFlash && p.window > 0)
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true>)(p);
-  else
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false>)(p);
+  // (packed: p.Tq is the longest sequence; the CTAs past a shorter one's end return at once)
+  const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy),
+                  static_cast<unsigned>(std::max(segs.n, 1)));
+  if (segs.n > 0) {
+    DFLASH_CHECK(p.mode == kAttnCausal && p.q_offset == 0 && p.k2 == nullptr, "attention (cuda): packed sequences are causal");
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs);
+  } else if (p.mode == kAttnDFlash && p.window > 0) {
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs);
+  } else {
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p, segs);
+  }
   check_launch("attention_forward_wgmma");
   return true;
 }
@@ -768,7 +784,7 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
 
 size_t attn_wgmma_fwd_smem() { return 5 * size_t{128 * 128 * 2} + 1024; }
 void attention_wgmma_init_attributes(int) {}
-bool launch_attention_forward_wgmma(Env&, const AttnFwdParams&) { return false; }
+bool launch_attention_forward_wgmma(Env&, const AttnFwdParams&, const AttnSegs&) { return false; }
 bool launch_dflash_backward_wgmma(Env&, const AttnBwdParams&) { return false; }
 
 #endif
