@@ -20,7 +20,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <utility>
 
 #include "backend/op_profile.h"
 #include "core/rng.h"
@@ -87,6 +86,15 @@ class Event {
 
 struct MemoryStats {
   int64_t in_use_bytes = 0, peak_bytes = 0, limit_bytes = 0;
+};
+
+// One sequence of Context::attention_causal_batch: queries = rows [begin, end) of the batch's q / out, at positions
+// q_offset, q_offset + 1, ...; k, v [Tk, nkv, d] its keys (a KV cache prefix, or rows of the batch's own k / v), with
+// q_offset + (end - begin) <= Tk.
+struct CausalSeq {
+  int64_t begin = 0, end = 0;
+  Tensor k, v;
+  int64_t q_offset = 0;
 };
 
 class Context {
@@ -170,13 +178,15 @@ class Context {
   // positions 0..Tk-1 (a prefix, e.g. a KV cache); query t sees keys 0..q_offset+t. out [T, nh, d].
   virtual void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                 int64_t q_offset, float scale) = 0;
-  // The same for several sequences packed along T (a prefill batch without cache): rows [b, e) of q, k, v, out for
-  // each (b, e) in `rows` form one sequence that sees only its own keys (q_offset 0). Rows outside every range are
-  // untouched. The default runs attention_causal per sequence; the CUDA backend launches once for all of them.
-  virtual void attention_causal_packed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                       std::span<const std::pair<int64_t, int64_t>> rows, float scale) {
-    for (const auto& [b, e] : rows)
-      if (e > b) attention_causal(q.slice(b, e), k.slice(b, e), v.slice(b, e), out.slice(b, e), 0, scale);
+  // The same for a batch of sequences stacked along T (the target's forward over several sequences): for each s
+  // of seqs, rows [s.begin, s.end) of q and out attend to s.k / s.v as attention_causal(q rows, s.k, s.v, out rows,
+  // s.q_offset). Rows outside every sequence are untouched. The default runs attention_causal per sequence; the
+  // CUDA backend launches once for the whole batch (up to 32 sequences per launch).
+  virtual void attention_causal_batch(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
+                                      float scale) {
+    for (const CausalSeq& s : seqs)
+      if (s.end > s.begin)
+        attention_causal(q.slice(s.begin, s.end), s.k, s.v, out.slice(s.begin, s.end), s.q_offset, scale);
   }
   // DFlash block attention, forward: out [N*B, nh, d] act, lse [N*B, nh] F32 (log-sum-exp of the scaled
   // scores per row; -inf for rows that see nothing).

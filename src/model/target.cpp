@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -193,9 +192,7 @@ Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, s
   Tensor g = ctx.empty(dt, {R, I});
   Tensor u = ctx.empty(dt, {R, I});
   Tensor none;
-  std::vector<std::pair<int64_t, int64_t>> own_rows;  // the rows of the sequences without a cache
-  for (const Segment& s : segs)
-    if (!s.cache) own_rows.emplace_back(s.begin, s.end);
+  std::vector<CausalSeq> attn(segs.size());
   for (int64_t l = 0; l < run_layers; ++l) {
     const TargetLayer& L = w_.layers[l];
     ctx.rmsnorm(h, L.in_norm, eps, x, none);
@@ -209,17 +206,28 @@ Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, s
     }
     ctx.rope(q, pos, w_.inv_freq, false);
     ctx.rope(k, pos, w_.inv_freq, false);
-    // attention per sequence: over its cache, or causally among its own rows (those all in one packed call)
-    for (const Segment& s : segs) {
-      if (!s.cache) continue;
+    // attention per sequence, all in one call: over its cache (the new rows appended first), or causally among
+    // its own rows
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const Segment& s = segs[i];
       const int64_t T = s.end - s.begin;
-      KVCache& c = *s.cache;
-      ctx.copy(c.k[l].slice(s.start, s.start + T), k.slice(s.begin, s.end));
-      ctx.copy(c.v[l].slice(s.start, s.start + T), v.slice(s.begin, s.end));
-      ctx.attention_causal(q.slice(s.begin, s.end), c.k[l].slice(0, s.start + T), c.v[l].slice(0, s.start + T),
-                           o.slice(s.begin, s.end), s.start, scale);
+      CausalSeq& a = attn[i];
+      a.begin = s.begin;
+      a.end = s.end;
+      if (s.cache) {
+        KVCache& c = *s.cache;
+        ctx.copy(c.k[l].slice(s.start, s.start + T), k.slice(s.begin, s.end));
+        ctx.copy(c.v[l].slice(s.start, s.start + T), v.slice(s.begin, s.end));
+        a.k = c.k[l].slice(0, s.start + T);
+        a.v = c.v[l].slice(0, s.start + T);
+        a.q_offset = s.start;
+      } else {
+        a.k = k.slice(s.begin, s.end);
+        a.v = v.slice(s.begin, s.end);
+        a.q_offset = 0;
+      }
     }
-    if (!own_rows.empty()) ctx.attention_causal_packed(q, k, v, o, own_rows, scale);
+    ctx.attention_causal_batch(q, o, attn, scale);
     ctx.linear(o.reshape({R, nh * d}), L.wo, nullptr, h, 1.0f);  // h += o Wo^T
     ctx.rmsnorm(h, L.post_norm, eps, x, none);
     ctx.linear(x, L.w_gate, nullptr, g);

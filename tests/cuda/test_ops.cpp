@@ -403,30 +403,53 @@ void causal_case(int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t d) {
              });
 }
 
-// Several sequences packed along T (a prefill batch): one call, each sequence sees only its own rows.
-void causal_packed_case(const std::vector<int64_t>& lens, int64_t nh, int64_t nkv, int64_t d) {
+// A batch of sequences in one call (the target's forward over several sequences): sequence i has lens[i] query rows
+// stacked in q; with cache[i] > 0 its keys are a separate [cache + len] cache (queries at positions cache..), else
+// its own rows of the stacked k / v.
+void causal_batch_case(const std::vector<int64_t>& lens, const std::vector<int64_t>& cache, int64_t nh, int64_t nkv,
+                       int64_t d) {
   int64_t T = 0;
-  std::vector<std::pair<int64_t, int64_t>> rows;
-  for (int64_t n : lens) {
-    rows.emplace_back(T, T + n);
-    T += n;
-  }
+  for (int64_t n : lens) T += n;
   const Tensor q = rnd({T, nh, d}, 43), k = rnd({T, nkv, d}, 44), v = rnd({T, nkv, d}, 45);
-  check_case(cat("attention_causal_packed ", lens.size(), " sequences, T", T, " nh/nkv ", nh, "/", nkv, " d", d),
+  std::vector<Tensor> ck, cv;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    ck.push_back(rnd({cache[i] + lens[i], nkv, d}, 46 + 2 * i));
+    cv.push_back(rnd({cache[i] + lens[i], nkv, d}, 47 + 2 * i));
+  }
+  check_case(cat("attention_causal_batch ", lens.size(), " sequences, T", T, " nh/nkv ", nh, "/", nkv, " d", d),
              {{"out", Kind::Nmse, true, double(T + d), kAttnOutNmse}}, [&](Context& c) {
                Tensor o = nan_out(c, {T, nh, d});
-               c.attention_causal_packed(put(c, q), put(c, k), put(c, v), o, rows,
-                                         1.0f / std::sqrt(static_cast<float>(d)));
+               const Tensor qd = put(c, q), kd = put(c, k), vd = put(c, v);
+               std::vector<CausalSeq> seqs;
+               int64_t b = 0;
+               for (size_t i = 0; i < lens.size(); ++i) {
+                 CausalSeq s;
+                 s.begin = b;
+                 s.end = b + lens[i];
+                 s.k = cache[i] > 0 ? put(c, ck[i]) : kd.slice(s.begin, s.end);
+                 s.v = cache[i] > 0 ? put(c, cv[i]) : vd.slice(s.begin, s.end);
+                 s.q_offset = cache[i];
+                 seqs.push_back(s);
+                 b = s.end;
+               }
+               c.attention_causal_batch(qd, o, seqs, 1.0f / std::sqrt(static_cast<float>(d)));
                return Outs{get(c, o)};
              });
 }
 
-TEST(CudaOps, AttentionCausalPacked) {
-  causal_packed_case({17, 0, 30}, 4, 2, 64);  // head dim 64: one launch per sequence
-  std::vector<int64_t> many;                  // more than kAttnMaxSegs sequences: two packed launches
-  for (int i = 0; i < 40; ++i) many.push_back(1 + (i * 7) % 23);
-  causal_packed_case(many, 4, 2, 128);
-  if (!kEmu) causal_packed_case({100, 0, 37, 300, 1, 129, 1024}, 32, 8, 128);
+TEST(CudaOps, AttentionCausalBatch) {
+  causal_batch_case({17, 0, 30}, {0, 0, 5}, 4, 2, 64);  // head dim 64: one launch per sequence
+  std::vector<int64_t> many, none;                      // more than kAttnMaxSegs sequences: two batched launches
+  for (int i = 0; i < 40; ++i) {
+    many.push_back(1 + (i * 7) % 23);
+    none.push_back(i % 3 == 0 ? 0 : (i * 5) % 31);
+  }
+  causal_batch_case(many, none, 4, 2, 128);
+  causal_batch_case({kEmu ? 40 : 300}, {7}, 4, 2, 128);  // one sequence: the plain launch
+  if (!kEmu) {
+    causal_batch_case({100, 0, 37, 300, 1, 129, 1024}, {0, 0, 0, 0, 0, 0, 0}, 32, 8, 128);
+    causal_batch_case({1024, 1024, 1024, 1024}, {0, 64, 0, 2000}, 32, 8, 128);
+  }
 }
 
 TEST(CudaOps, AttentionCausal) {

@@ -42,12 +42,15 @@ struct AttnFwdParams {
   int* err;
 };
 
-// Several causal sequences packed along T in one launch (attention_causal_packed, the wgmma forward only): CTA z of
-// the grid handles rows [begin[z], begin[z] + len[z]) of q, k, v, out (each sequence sees its own keys, q_offset 0).
+// A batch of causal sequences in one launch (attention_causal_batch, the wgmma forward only): CTA z of the grid
+// handles query rows [begin[z], begin[z] + len[z]) of q / out, at positions q_offset[z].., over keys k[z], v[z]
+// ([tk[z], nkv, d] BF16, device pointers).
 constexpr int kAttnMaxSegs = 32;
 struct AttnSegs {
   int n = 0;  // 0: one sequence, the whole of AttnFwdParams
-  int begin[kAttnMaxSegs], len[kAttnMaxSegs];
+  int begin[kAttnMaxSegs], len[kAttnMaxSegs], q_offset[kAttnMaxSegs], tk[kAttnMaxSegs];
+  const void* k[kAttnMaxSegs];
+  const void* v[kAttnMaxSegs];
 };
 
 // DFlash attention backward (dflash_attention.cu, attention_tc.cu): inputs, the forward's lse, D = rowsum(dO * O)

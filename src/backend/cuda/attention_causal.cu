@@ -2,11 +2,12 @@
 //   out[t, h] = softmax_{k <= q_offset + t}(q[t, h] . k[k, g] * scale) v[k, g],  g = h / (nh / nkv)
 // q [T, nh, d], k/v [Tk, nkv, d] (a prefix: the cache), BF16. Runs the shared flash-style forward kernel
 // (attention_fwd.cu) with one key segment whose length for query t is q_offset + t + 1: no T x Tk buffer.
-// attention_causal_packed: several sequences packed along T (a prefill batch), one launch of the wgmma forward per
-// kAttnMaxSegs of them (one launch per sequence on the other kernels).
+// attention_causal_batch: the sequences of a batch in one launch of the wgmma forward per kAttnMaxSegs of them (one
+// launch per sequence on the other kernels).
 #include <algorithm>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
@@ -53,31 +54,48 @@ void attention_causal(Env& e, const Tensor& q, const Tensor& k, const Tensor& v,
   launch_attention_forward(e, causal_params(e, "attention_causal", q, k, v, out, q_offset, scale));
 }
 
-void attention_causal_packed(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                             std::span<const std::pair<int64_t, int64_t>> rows, float scale) {
-  const char* op = "attention_causal_packed";
-  AttnFwdParams p = causal_params(e, op, q, k, v, out, 0, scale);
-  DFLASH_CHECK(k.dim(0) == q.dim(0), op, ": q has ", q.dim(0), " rows, k ", k.dim(0), " (packed sequences share rows)");
-  for (const auto& [b, en] : rows)
-    DFLASH_CHECK(b >= 0 && b <= en && en <= q.dim(0), op, ": sequence rows [", b, ", ", en, ") outside [0, ",
-                 q.dim(0), ")");
-  for (size_t i0 = 0; i0 < rows.size(); i0 += kAttnMaxSegs) {
+void attention_causal_batch(Env& e, const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
+                            float scale) {
+  const char* op = "attention_causal_batch";
+  std::vector<const CausalSeq*> live;
+  for (const CausalSeq& s : seqs) {
+    DFLASH_CHECK(s.begin >= 0 && s.begin <= s.end && s.end <= q.dim(0), op, ": sequence rows [", s.begin, ", ",
+                 s.end, ") outside q's ", q.dim(0));
+    if (s.end > s.begin) live.push_back(&s);
+  }
+  if (live.size() == 1) {  // one sequence: the plain launch
+    const CausalSeq& s = *live[0];
+    attention_causal(e, q.slice(s.begin, s.end), s.k, s.v, out.slice(s.begin, s.end), s.q_offset, scale);
+    return;
+  }
+  for (size_t i0 = 0; i0 < live.size(); i0 += kAttnMaxSegs) {
+    const size_t i1 = std::min(live.size(), i0 + kAttnMaxSegs);
     AttnSegs segs;
+    AttnFwdParams p{};
     int longest = 0;
-    for (size_t i = i0; i < rows.size() && segs.n < kAttnMaxSegs; ++i) {
-      if (rows[i].second == rows[i].first) continue;
-      segs.begin[segs.n] = static_cast<int>(rows[i].first);
-      segs.len[segs.n] = static_cast<int>(rows[i].second - rows[i].first);
-      longest = std::max(longest, segs.len[segs.n]);
-      ++segs.n;
+    for (size_t i = i0; i < i1; ++i) {
+      const CausalSeq& s = *live[i];
+      // the checks (and, for the first, the parameters) of the one-sequence op
+      const AttnFwdParams ps =
+          causal_params(e, op, q.slice(s.begin, s.end), s.k, s.v, out.slice(s.begin, s.end), s.q_offset, scale);
+      if (i == i0) p = ps;
+      DFLASH_CHECK(ps.nh == p.nh && ps.nkv == p.nkv && ps.d == p.d, op, ": sequence ", i, " has other heads");
+      const int z = segs.n++;
+      segs.begin[z] = static_cast<int>(s.begin);
+      segs.len[z] = ps.Tq;
+      segs.q_offset[z] = ps.q_offset;
+      segs.tk[z] = ps.T1;
+      segs.k[z] = ps.k1;
+      segs.v[z] = ps.v1;
+      longest = std::max(longest, ps.Tq);
     }
-    if (segs.n == 0) continue;
-    AttnFwdParams pp = p;
-    pp.Tq = pp.T1 = longest;
-    if (launch_attention_forward_wgmma(e, pp, segs)) continue;
-    for (int i = 0; i < segs.n; ++i) {  // the other kernels take one sequence per launch
-      const int64_t b = segs.begin[i], en = b + segs.len[i];
-      attention_causal(e, q.slice(b, en), k.slice(b, en), v.slice(b, en), out.slice(b, en), 0, scale);
+    p.q = q.data;  // rows are offset inside the kernel
+    p.out = out.data;
+    p.Tq = longest;
+    if (launch_attention_forward_wgmma(e, p, segs)) continue;
+    for (size_t i = i0; i < i1; ++i) {  // the other kernels take one sequence per launch
+      const CausalSeq& s = *live[i];
+      attention_causal(e, q.slice(s.begin, s.end), s.k, s.v, out.slice(s.begin, s.end), s.q_offset, scale);
     }
   }
 }

@@ -129,7 +129,8 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 }
 
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
-// PACKED: causal over the sequences of segs (grid.z = segs.n), each row and key index offset by its sequence's begin.
+// PACKED: causal over the sequences of segs (grid.z = segs.n): query rows offset by the sequence's begin, its own
+// keys and query offset.
 template <int NWG, int KT, bool WIN, bool PACKED>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs) {
   constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG;
@@ -142,12 +143,17 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // most keys first
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
-  // packed: this CTA's sequence is rows [rb, rb + len) of q, k, v, out (and lse); rb joins the row indices (a
-  // pointer per tensor would cost registers the kernel does not have)
-  int Tq = p.Tq, T1 = p.T1, rb = 0;
+  // packed: this CTA's sequence has query rows [rb, rb + len) of q / out (rb joins the row indices) and its own keys
+  int Tq = p.Tq, T1 = p.T1, rb = 0, q_offset = p.q_offset;
+  const void *k1 = p.k1, *v1 = p.v1;
   if constexpr (PACKED) {
-    rb = segs.begin[blockIdx.z];
-    Tq = T1 = segs.len[blockIdx.z];
+    const int z = blockIdx.z;
+    rb = segs.begin[z];
+    Tq = segs.len[z];
+    T1 = segs.tk[z];
+    q_offset = segs.q_offset[z];
+    k1 = segs.k[z];
+    v1 = segs.v[z];
     if (q0 >= Tq) return;  // (past a shorter sequence's end; uniform over the CTA, before any barrier)
   }
   const bf16* Q = static_cast<const bf16*>(p.q);
@@ -167,7 +173,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     rok[i] = hh < hc && qi < Tq;
     orow[i] = (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D;
     if (rok[i])
-      attn_row_bounds(p.mode, qi, p.q_offset, T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1[i],
+      attn_row_bounds(p.mode, qi, q_offset, T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1[i],
                       hi1[i], lo2[i], hi2[i]);
     else
       lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
@@ -181,9 +187,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   auto load_tile = [&](int t, int buf, int kv) {
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
-    const void* src = kv ? (s1 ? p.v1 : p.v2) : (s1 ? p.k1 : p.k2);
-    stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + (rb + kt) * kstride + g * D,
-                            kstride, khi - kt);
+    const void* src = kv ? (s1 ? v1 : p.v2) : (s1 ? k1 : p.k2);
+    stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + kt * kstride + g * D, kstride,
+                            khi - kt);
   };
   if (nt > 0) load_tile(0, 0, 0);
   cp_async_commit();
@@ -742,7 +748,7 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy),
                   static_cast<unsigned>(std::max(segs.n, 1)));
   if (segs.n > 0) {
-    DFLASH_CHECK(p.mode == kAttnCausal && p.q_offset == 0 && p.k2 == nullptr, "attention (cuda): packed sequences are causal");
+    DFLASH_CHECK(p.mode == kAttnCausal && p.k2 == nullptr, "attention (cuda): batched sequences are causal");
     DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs);
   } else if (p.mode == kAttnDFlash && p.window > 0) {
     DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs);

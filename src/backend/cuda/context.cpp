@@ -340,10 +340,10 @@ class CudaContext final : public Context {
     const OpScope scope = op("attention_causal");
     cuda::attention_causal(env_, q, k, v, out, q_offset, scale);
   }
-  void attention_causal_packed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                               std::span<const std::pair<int64_t, int64_t>> rows, float scale) override {
+  void attention_causal_batch(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
+                              float scale) override {
     const OpScope scope = op("attention_causal");
-    cuda::attention_causal_packed(env_, q, k, v, out, rows, scale);
+    cuda::attention_causal_batch(env_, q, out, seqs, scale);
   }
   void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
     const OpScope scope =

@@ -14,9 +14,8 @@
 // sum_squares).
 #pragma once
 #include <functional>
-#include <span>
-#include <utility>
 #include <memory>
+#include <span>
 #include <string>
 
 #ifdef DFLASH_CUDA_EMU
@@ -89,8 +88,8 @@ void fill_normal(Env& e, const Tensor& out, double stdev, uint64_t seed, RngPurp
 // ---- attention ----------------------------------------------------------------------------------------------
 void attention_causal(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                       int64_t q_offset, float scale);
-void attention_causal_packed(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                             std::span<const std::pair<int64_t, int64_t>> rows, float scale);
+void attention_causal_batch(Env& e, const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
+                            float scale);
 void dflash_attention(Env& e, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse);
 void dflash_attention_backward(Env& e, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
                                const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
