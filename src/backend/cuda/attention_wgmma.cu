@@ -290,8 +290,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
         wg::fence();
         wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
         wg::commit();
-        DFLASH_UNROLL
-        for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(o, pa[kc], wg::desc_mnmajor(tVp, KT, kc), 1);
+        wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
         wg::commit();
         wg::wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
         wg::pin(s);
@@ -312,8 +311,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
         wg::pin(o);
         wg::pin(pa);
         wg::fence();
-        DFLASH_UNROLL
-        for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(o, pa[kc], wg::desc_mnmajor(tVp, KT, kc), 1);
+        wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
         wg::commit();
         wg::wait<0>();
         wg::pin(o);
@@ -460,8 +458,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
       wg::pin(dq);
       wg::pin(da);
       wg::fence();
-      DFLASH_UNROLL
-      for (int kc = 0; kc < KT / 16; ++kc) wg::wgmma_rs_tb<D>(dq, da[kc], wg::desc_mnmajor(tK, KT, kc), 1);
+      wg::gemm_rs_mnmajor<D, KT / 16>(dq, da, tK, KT);
       wg::commit();
       wg::wait<0>();
       wg::pin(dq);
@@ -675,8 +672,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     wg::pin(dv);
     wg::pin(pa);
     wg::fence();
-    DFLASH_UNROLL
-    for (int kc = 0; kc < QC / 16; ++kc) wg::wgmma_rs_tb<D>(dv, pa[kc], wg::desc_mnmajor(tO, QC, kc), 1);
+    wg::gemm_rs_mnmajor<D, QC / 16>(dv, pa, tO, QC);
     wg::commit();
     wg::wait<1>();  // dP^T is ready (S^T was); dV's product may still run
     wg::pin(dp);
@@ -692,8 +688,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     wg::pin(dk);
     wg::pin(da);
     wg::fence();
-    DFLASH_UNROLL
-    for (int kc = 0; kc < QC / 16; ++kc) wg::wgmma_rs_tb<D>(dk, da[kc], wg::desc_mnmajor(tQ, QC, kc), 1);
+    wg::gemm_rs_mnmajor<D, QC / 16>(dk, da, tQ, QC);
     wg::commit();
     wg::wait<0>();
     wg::pin(pa);

@@ -141,6 +141,15 @@ __device__ __forceinline__ void gemm_ss_kmajor(float (&d)[N / 2], uint32_t a, in
   for (int kk = 0; kk < KSTEPS; ++kk) wgmma_ss<N>(d, desc_kmajor(a, a_rows, kk), desc_kmajor(b, b_rows, kk), kk > 0);
 }
 
+// d (64 x N) += A B over KSTEPS k-steps of 16: A from registers (a[k] = k-step k's fragment), B = KSTEPS * 16 rows of
+// a SW128 tile at b (b_rows rows), read MN-major. Issues the products only (no commit / wait).
+template <int N, int KSTEPS>
+__device__ __forceinline__ void gemm_rs_mnmajor(float (&d)[N / 2], const uint32_t (&a)[KSTEPS][4], uint32_t b,
+                                                int b_rows) {
+  DFLASH_UNROLL
+  for (int kk = 0; kk < KSTEPS; ++kk) wgmma_rs_tb<N>(d, a[kk], desc_mnmajor(b, b_rows, kk), 1);
+}
+
 #endif  // DFLASH_CUDA_EMU
 
 }  // namespace dflash::cuda::wg
