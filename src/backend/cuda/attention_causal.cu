@@ -73,6 +73,7 @@ void attention_causal_batch(Env& e, const Tensor& q, const Tensor& out, std::spa
     AttnSegs segs;
     AttnFwdParams p{};
     int longest = 0;
+    bool aligned = true;  // (the wgmma launch checks the first sequence's pointers; these are the others')
     for (size_t i = i0; i < i1; ++i) {
       const CausalSeq& s = *live[i];
       // the checks (and, for the first, the parameters) of the one-sequence op
@@ -88,11 +89,12 @@ void attention_causal_batch(Env& e, const Tensor& q, const Tensor& out, std::spa
       segs.k[z] = ps.k1;
       segs.v[z] = ps.v1;
       longest = std::max(longest, ps.Tq);
+      aligned = aligned && aligned16(ps.k1) && aligned16(ps.v1);
     }
     p.q = q.data;  // rows are offset inside the kernel
     p.out = out.data;
     p.Tq = longest;
-    if (launch_attention_forward_wgmma(e, p, segs)) continue;
+    if (aligned && launch_attention_forward_wgmma(e, p, segs)) continue;
     for (size_t i = i0; i < i1; ++i) {  // the other kernels take one sequence per launch
       const CausalSeq& s = *live[i];
       attention_causal(e, q.slice(s.begin, s.end), s.k, s.v, out.slice(s.begin, s.end), s.q_offset, scale);
