@@ -308,14 +308,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
         softmax_tile(s, s1, kt, alpha, rs);
         rescale_pack(s, alpha, rs, pa);
       } else if (pending) {
-        wg::pin(o);
-        wg::pin(pa);
-        wg::fence();
-        wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
-        wg::commit();
-        wg::wait<0>();
-        wg::pin(o);
-        wg::pin(pa);
+        wg::gemm_rs_mnmajor_sync<D, KT / 16>(o, pa, tVp, KT);
       }
       pending = vis;
       __syncthreads();  // K_t's and V_{t-1}'s buffers are refilled by the next iteration's loads
@@ -455,14 +448,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
         da[n >> 1][(n & 1) * 2 + 1] =
             wg::pack_bf16x2(s[n * 4 + 2] * (dp[n * 4 + 2] - Dr[1]), s[n * 4 + 3] * (dp[n * 4 + 3] - Dr[1]));
       }
-      wg::pin(dq);
-      wg::pin(da);
-      wg::fence();
-      wg::gemm_rs_mnmajor<D, KT / 16>(dq, da, tK, KT);
-      wg::commit();
-      wg::wait<0>();
-      wg::pin(dq);
-      wg::pin(da);
+      wg::gemm_rs_mnmajor_sync<D, KT / 16>(dq, da, tK, KT);
     }
     __syncthreads();
   }

@@ -150,6 +150,21 @@ __device__ __forceinline__ void gemm_rs_mnmajor(float (&d)[N / 2], const uint32_
   for (int kk = 0; kk < KSTEPS; ++kk) wgmma_rs_tb<N>(d, a[kk], desc_mnmajor(b, b_rows, kk), 1);
 }
 
+// The same product issued and waited for: the operands pinned before wgmma.fence and after the wait, so the
+// compiler keeps their accesses out of the asynchronous window.
+template <int N, int KSTEPS>
+__device__ __forceinline__ void gemm_rs_mnmajor_sync(float (&d)[N / 2], uint32_t (&a)[KSTEPS][4], uint32_t b,
+                                                     int b_rows) {
+  pin(d);
+  pin(a);
+  fence();
+  gemm_rs_mnmajor<N, KSTEPS>(d, a, b, b_rows);
+  commit();
+  wait<0>();
+  pin(d);
+  pin(a);
+}
+
 #endif  // DFLASH_CUDA_EMU
 
 }  // namespace dflash::cuda::wg
