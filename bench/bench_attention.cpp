@@ -10,8 +10,9 @@
 // repeats (count chosen to fit --budget-s seconds per measurement, at least 3). The inputs of the 4 sequences
 // (~110 MB each) do not fit in the 60 MB L2 together, so consecutive sequences read cold inputs anyway.
 //
-// Also the target's causal prefill attention (Context::attention_causal) of one sequence of --causal-T tokens (and
-// --causal-batch sequences of --causal-T-batch tokens, one call each) with the same heads: RESULT
+// Also the target's causal prefill attention (Context::attention_causal_batch, as Target::run calls it) of one
+// sequence of --causal-T tokens and of --causal-batch stacked sequences of --causal-T-batch tokens (one call, one
+// launch on the H200) with the same heads: RESULT
 // name=attn_causal_<batch>x<T>,
 // FLOPs 4 * d * nh * T (T + 1) / 2 per sequence (the unmasked pairs, as bench_prefill counts them).
 //
@@ -20,7 +21,6 @@
 //                   [--causal-T-batch 1024]   (--causal-T 0: no causal rows)
 // --window W > 0: a sliding-window layer (FLOPs on the pairs the window leaves; W 0 = full attention, the
 // reference the windowed time is read against).
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -129,16 +129,22 @@ int main(int argc, char** argv) {
     const int64_t cT = args.i("causal-T", 3072), cB = args.i("causal-batch", 4), cTb = args.i("causal-T-batch", 1024);
     for (const auto& [T, nseq] : {std::pair<int64_t, int64_t>{cT, 1}, std::pair<int64_t, int64_t>{cTb, cB}}) {
       if (T <= 0 || nseq <= 0) continue;
-      std::vector<std::array<Tensor, 4>> cs;  // q, k, v, out per sequence
-      for (int64_t i = 0; i < nseq; ++i)
-        cs.push_back({pool.make(act, {T, nh, d}), pool.make(act, {T, nkv, d}), pool.make(act, {T, nkv, d}),
-                      ctx->empty(act, {T, nh, d})});
-      auto causal = [&] {
-        for (auto& c : cs) ctx->attention_causal(c[0], c[1], c[2], c[3], 0, 1.0f / std::sqrt(static_cast<float>(d)));
-      };
+      // the sequences stacked as the target stacks a batch: one attention_causal_batch call (one launch)
+      const Tensor q = pool.make(act, {nseq * T, nh, d}), k = pool.make(act, {nseq * T, nkv, d}),
+                   v = pool.make(act, {nseq * T, nkv, d}), out = ctx->empty(act, {nseq * T, nh, d});
+      std::vector<CausalSeq> seqs;
+      for (int64_t i = 0; i < nseq; ++i) {
+        CausalSeq c;
+        c.begin = i * T;
+        c.end = (i + 1) * T;
+        c.k = k.slice(c.begin, c.end);
+        c.v = v.slice(c.begin, c.end);
+        seqs.push_back(c);
+      }
+      auto causal = [&] { ctx->attention_causal_batch(q, out, seqs, 1.0f / std::sqrt(static_cast<float>(d))); };
       const double flops = 4.0 * double(d) * double(nh) * double(T) * double(T + 1) / 2.0 * double(nseq);
       const auto [tc, rc] = measure(causal, once(causal));
-      result("name=attn_causal_%lldx%lld impl=dflash ms=%.3f tflops=%.2f reps=%d layout=per_sequence",
+      result("name=attn_causal_%lldx%lld impl=dflash ms=%.3f tflops=%.2f reps=%d layout=batched",
              (long long)nseq, (long long)T, tc * 1e3, flops / tc / 1e12, rc);
     }
     return 0;
