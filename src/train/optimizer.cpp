@@ -16,6 +16,8 @@ double lr_at(const OptimConfig& c, int64_t step, int64_t total) {
 }
 
 double global_grad_sq(Context& ctx, const ParamSet& ps) {
+  // one pass and one synchronisation over the flat buffer when the gradients live in one (its gaps are zero)
+  if (ps.flat_grad().defined()) return ctx.sum_squares(ps.flat_grad());
   double s = 0;
   for (const auto& p : ps.all()) s += ctx.sum_squares(p.grad);
   return s;
@@ -48,10 +50,8 @@ StepResult optimizer_step(Context& ctx, ParamSet& ps, const OptimConfig& c, doub
   const StepResult r = clip_for(c, step_index, grad_sq);
   const AdamWArgs a = adamw_args(c, lr, step_index, r);
   ps.init_moments(ctx);
-  for (auto& p : ps.all()) {
-    ctx.adamw(p.master, p.grad, p.m, p.v, a, p.compute);
-    ctx.zero(p.grad);
-  }
+  for (auto& p : ps.all()) ctx.adamw(p.master, p.grad, p.m, p.v, a, p.compute);
+  ps.zero_grad(ctx);  // (one memset when the gradients are flat)
   return r;
 }
 

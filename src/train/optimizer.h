@@ -35,7 +35,8 @@ struct OptimConfig {
 // or lr (constant).
 double lr_at(const OptimConfig& c, int64_t step, int64_t total);
 
-// Sum over every parameter of sum(grad^2) (this worker's gradients). Synchronises.
+// Sum over every parameter of sum(grad^2) (this worker's gradients): one sum_squares over the flat gradient buffer
+// when ps has one (flatten_grads), else one per parameter. Synchronises (once per sum_squares call).
 double global_grad_sq(Context& ctx, const ParamSet& ps);
 
 struct StepResult {
