@@ -118,6 +118,55 @@ inline void attn_rows_tiling(int nh, int nkv, int rows, int& hc, int& mq) {
     if (rep % c == 0) hc = c;
   mq = rows / hc;
 }
+// The forward's epilogue, shared by the tensor-core kernels (attention_tc.cu, attention_wgmma.cu): a thread's two rows
+// i = 0, 1 (the m16n8 C layout: 4 lanes per row, lane quad index t4) get their row sums l summed over the quad, then
+// out = o / l as bf16 pairs (acc(n, k) = accumulator element k of column tile n, k = 2 i, 2 i + 1) at element offset
+// orow[i], and lse = (m + log2 l) ln 2 (m in the log2 domain; -inf for a row that saw no key).
+template <int DT, class Acc>
+__device__ __forceinline__ void attn_fwd_store(const AttnFwdParams& p, int D, const bool (&rok)[2],
+                                               const int64_t (&orow)[2], float (&l)[2], const float (&m)[2], int t4,
+                                               Acc acc) {
+  constexpr float kLn2f = 0.6931471805599453f;
+  bf16* O = static_cast<bf16*>(p.out);
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    if (!rok[i]) continue;
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    DFLASH_UNROLL
+    for (int n = 0; n < DT; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(O + orow[i] + n * 8 + 2 * t4) =
+          __floats2bfloat162_rn(acc(n, 2 * i) * inv, acc(n, 2 * i + 1) * inv);
+    if (p.lse != nullptr && t4 == 0)
+      p.lse[orow[i] / D] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2f : -INFINITY;
+  }
+}
+
+// The dQ kernels' per-row set-up (attention_tc.cu, attention_wgmma.cu): a thread's rows r0 and r0 + 8 of its CTA are
+// (query q0 + r % mq, head h0 + r / mq); rok = the row exists, orow = its element offset in q / dq, the key bounds of
+// attn_row_bounds (DFlash), lse2 = the forward's lse in the log2 domain, Dr = rowsum(dO * O); zeros for idle rows.
+template <bool WIN>
+__device__ __forceinline__ void attn_dq_rows(const AttnBwdParams& p, int r0, int q0, int mq, int hc, int h0, int D,
+                                             bool (&rok)[2], int64_t (&orow)[2], int (&lo1)[2], int (&hi1)[2],
+                                             int (&lo2)[2], int (&hi2)[2], float (&lse2)[2], float (&Dr)[2]) {
+  constexpr float kLog2ef = 1.4426950408889634f;
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int r = r0 + 8 * i, hh = r / mq, qi = q0 + r % mq;
+    rok[i] = hh < hc && qi < p.Tq;
+    orow[i] = (static_cast<int64_t>(qi) * p.nh + h0 + hh) * D;
+    lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
+    lse2[i] = Dr[i] = 0.f;
+    if (rok[i]) {
+      attn_row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, nullptr, lo1[i], hi1[i],
+                      lo2[i], hi2[i]);
+      lse2[i] = p.lse[orow[i] / D] * kLog2ef;
+      Dr[i] = p.Dr[orow[i] / D];
+    }
+  }
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Head-dim bucket D (64, 128 or 256) the kernels are compiled for; any d <= D runs in bucket D. 0 if d > 256.

@@ -44,7 +44,6 @@ constexpr int kDkvKeys = 64;     // keys per CTA (dK/dV)
 constexpr int kDkvQ = 32;        // query rows per chunk (dK/dV)
 constexpr size_t kStaticSmemSlack = 1024;  // bytes of static __shared__ per kernel, at most
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -265,20 +264,7 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
     }
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
-  bf16* O = static_cast<bf16*>(p.out);
-  DFLASH_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    if (!rok[i]) continue;
-    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-    DFLASH_UNROLL
-    for (int n = 0; n < DT; ++n)
-      *reinterpret_cast<__nv_bfloat162*>(O + orow[i] + n * 8 + 2 * t4) =
-          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    if (p.lse != nullptr && t4 == 0)
-      p.lse[orow[i] / D] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2 : -INFINITY;
-  }
+  attn_fwd_store<DT>(p, D, rok, orow, l, m, t4, [&](int n, int k) { return o[n][k]; });
 }
 
 // ---- backward: dQ ----------------------------------------------------------------------------------------------
@@ -299,20 +285,7 @@ __global__ void __launch_bounds__(kTcThreads) k_dq_tc(AttnBwdParams p) {
   bool rok[2];
   int64_t orow[2];
   float lse2[2], Dr[2];
-  DFLASH_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    const int r = warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
-    rok[i] = hh < hc && qi < p.Tq;
-    orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
-    lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
-    lse2[i] = Dr[i] = 0.f;
-    if (rok[i]) {
-      attn_row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, nullptr, lo1[i], hi1[i],
-                 lo2[i], hi2[i]);
-      lse2[i] = p.lse[orow[i] / D] * kLog2e;
-      Dr[i] = p.Dr[orow[i] / D];
-    }
-  }
+  attn_dq_rows<WIN>(p, warp * 16 + (lane >> 2), q0, mq, hc, h0, D, rok, orow, lo1, hi1, lo2, hi2, lse2, Dr);
   if (tid == 0) {
     sExt[0] = 0;
     sExt[1] = INT_MAX;

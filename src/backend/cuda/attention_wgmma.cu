@@ -43,7 +43,6 @@ constexpr size_t fwd_wg_smem(int nwg, int kt) { return static_cast<size_t>(64 * 
 constexpr int kFwdWgs = 2, kFwdWgKeys = 128;
 constexpr size_t kFwdWgSmem = fwd_wg_smem(kFwdWgs, kFwdWgKeys);
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Copies ROWS rows x 128 columns into a SW128 tile at dst (2 panels of ROWS rows) with the block's NTHREADS
 // threads; row r comes from src + off(r) (zeros when off(r) < 0).
@@ -315,20 +314,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     }
   }
   cp_async_wait<0>();  // (no tile: Q's copies are still in flight)
-  bf16* O = static_cast<bf16*>(p.out);
-  DFLASH_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    if (!rok[i]) continue;
-    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-    DFLASH_UNROLL
-    for (int n = 0; n < DT; ++n)
-      *reinterpret_cast<__nv_bfloat162*>(O + orow[i] + n * 8 + 2 * t4) =
-          __floats2bfloat162_rn(o[n * 4 + 2 * i] * inv, o[n * 4 + 2 * i + 1] * inv);
-    if (p.lse != nullptr && t4 == 0)
-      p.lse[orow[i] / D] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2 : -INFINITY;
-  }
+  attn_fwd_store<DT>(p, D, rok, orow, l, m, t4, [&](int n, int k) { return o[n * 4 + k]; });
 }
 
 // ---- backward: dQ ------------------------------------------------------------------------------------------------
@@ -367,20 +353,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   bool rok[2];
   int64_t orow[2];
   float lse2[2], Dr[2];
-  DFLASH_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    const int r = wgi * 64 + warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
-    rok[i] = hh < hc && qi < p.Tq;
-    orow[i] = (static_cast<int64_t>(qi) * nh + h0 + hh) * D;
-    lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
-    lse2[i] = Dr[i] = 0.f;
-    if (rok[i]) {
-      attn_row_bounds(kAttnDFlash, qi, 0, p.T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, nullptr, lo1[i], hi1[i],
-                      lo2[i], hi2[i]);
-      lse2[i] = p.lse[orow[i] / D] * kLog2e;
-      Dr[i] = p.Dr[orow[i] / D];
-    }
-  }
+  attn_dq_rows<WIN>(p, wgi * 64 + warp * 16 + (lane >> 2), q0, mq, hc, h0, D, rok, orow, lo1, hi1, lo2, hi2, lse2, Dr);
   KeySpan ks, mine;  // the CTA's key ranges (the tiles it loads) and this warpgroup's
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
