@@ -268,14 +268,16 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     bool pending = false;
     for (int t = 0; t <= nt; ++t) {
       const int buf = t & 1;
+      cp_async_wait<0>();  // K_t and V_{t-1} have landed (this thread's copies)
+      wg::fence_proxy_async();
+      __syncthreads();  // ... everyone's; and every warpgroup is done with tile t - 1's products
+      // K_{t+1} and V_t overwrite K_{t-1} and V_{t-2}, last read by iteration t - 1's (completed) products: one
+      // barrier per tile
       if (t < nt) {
         if (t + 1 < nt) load_tile(t + 1, buf ^ 1, 0);
         load_tile(t, buf, 1);
       }
       cp_async_commit();
-      cp_async_wait<1>();  // K_t and V_{t-1} have landed (this thread's copies)
-      wg::fence_proxy_async();
-      __syncthreads();
       const bool s1 = t < nt1;
       const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
       const bool vis = t < nt && tile_visible<WIN>(mine, s1, kt, KT);
@@ -310,7 +312,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
         wg::gemm_rs_mnmajor_sync<D, KT / 16>(o, pa, tVp, KT);
       }
       pending = vis;
-      __syncthreads();  // K_t's and V_{t-1}'s buffers are refilled by the next iteration's loads
     }
   }
   cp_async_wait<0>();  // (no tile: Q's copies are still in flight)
@@ -377,11 +378,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
 
   for (int t = 0; t < nt; ++t) {
     const int buf = t & 1;
+    cp_async_wait<0>();  // tile t has landed (this thread's copies)
+    wg::fence_proxy_async();
+    __syncthreads();  // ... everyone's; tile t - 1's buffer is free (its products completed): one barrier per tile
     if (t + 1 < nt) load_tile(t + 1, buf ^ 1);
     cp_async_commit();
-    cp_async_wait<1>();
-    wg::fence_proxy_async();
-    __syncthreads();
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
     if (tile_visible<WIN>(mine, s1, kt, KT)) {
@@ -423,7 +424,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
       }
       wg::gemm_rs_mnmajor_sync<D, KT / 16>(dq, da, tK, KT);
     }
-    __syncthreads();
   }
   cp_async_wait<0>();
   DFLASH_UNROLL
@@ -439,7 +439,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
 // ---- backward: dK, dV --------------------------------------------------------------------------------------------
 // A CTA = 1 warpgroup owns 64 keys of one kv head (context tiles first, then block-key tiles, as k_dkv_tc) and walks
 // the items (chunk of 64 queries, head of the kv group) whose chunk can see the tile: the chunks are listed first
-// (sList, in query order), then Q / dO of item i + 1 load (cp.async) while item i computes:
+// (sList, in query order) and run last chunk first, then Q / dO of item i + 1 load (cp.async) while item i computes:
 //   S^T = K Q^T, dP^T = V dO^T (m64n64k16, K-major operands), P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D),
 //   dV += P^T dO, dK += dS^T Q (m64n128k16, P^T / dS^T from registers, dO / Q read MN-major).
 // Each key's gradients are summed by one thread in item order and written once: deterministic, no atomics.
@@ -527,15 +527,19 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     unsigned char valid;
     float lse, dr;
   };
+  // Items run from the last visible chunk down (chunk nvis - 1 - it / rep): every context tile sees the last chunks,
+  // so the CTAs resident together read the same Q / dO rows at about the same time and find them in L2 (in query
+  // order each tile started at its own first chunk and the concurrent CTAs streamed all of Q / dO from DRAM).
+  auto chunk_of = [&](int it) { return q_lo + sList[nvis - 1 - it / rep] * QC; };
   auto stage_item = [&](int it, int buf) {
-    const int c0 = q_lo + sList[it / rep] * QC, h = g * rep + it % rep;
+    const int c0 = chunk_of(it), h = g * rep + it % rep;
     const int64_t o0 = c0 * qstride + h * D;
     stage_rows<QC, kDkvWgThreads>(sQ0 + buf * kDkvWgTileBytes, p.q + o0, qstride, q_hi - c0);
     stage_rows<QC, kDkvWgThreads>(sO0 + buf * kDkvWgTileBytes, p.dout + o0, qstride, q_hi - c0);
   };
   auto fetch_meta = [&](int it) {
     Meta m{0, 0, 0, 0.f, 0.f};
-    m.q = q_lo + sList[it / rep] * QC + tid;
+    m.q = chunk_of(it) + tid;
     if (tid < QC && m.q < q_hi) {
       const int j = m.q / B;
       const int64_t row = static_cast<int64_t>(m.q) * nh + g * rep + it % rep;
@@ -584,15 +588,15 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
 
   for (int it = 0; it < items; ++it) {
     const int buf = it & 1;
+    cp_async_wait<0>();  // K, V and item it have landed (this thread's copies)
+    wg::fence_proxy_async();
+    __syncthreads();  // ... everyone's, and item it's metadata; item it - 1's buffers are free: one barrier per item
     Meta next{0, 0, 0, 0.f, 0.f};
     if (it + 1 < items) {
       stage_item(it + 1, buf ^ 1);
       next = fetch_meta(it + 1);
     }
     cp_async_commit();
-    cp_async_wait<1>();  // K, V and item it have landed (this thread's copies)
-    wg::fence_proxy_async();
-    __syncthreads();
     const uint32_t tQ = sQ0 + buf * kDkvWgTileBytes, tO = sO0 + buf * kDkvWgTileBytes;
     float s[NT * 4], dp[NT * 4];
     wg::fence();
@@ -654,8 +658,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     wg::pin(da);
     wg::pin(dv);
     wg::pin(dk);
-    if (it + 1 < items) put_meta(next, buf ^ 1);
-    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+    if (it + 1 < items) put_meta(next, buf ^ 1);  // (buffer buf ^ 1's metadata was last read in item it - 1)
   }
   cp_async_wait<0>();  // (no item: K / V copies still count as in flight)
   bf16* dK = s1 ? p.dk1 : p.dk2;
