@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
     big.validate();
     Drafter drafter(*ctx, big, seed);  // the library's constructor: weights drawn on the device (fill_normal)
     ParamSet& ps = drafter.params();
-    ps.init_moments(*ctx);  // AdamW's moments now, as the trainer allocates them before its first step
+    ps.flatten_grads(*ctx);  // the gradients in one buffer and AdamW's moments now, as the trainer's drafter worker
+    ps.init_moments(*ctx);   // (train/drafter_worker.cpp) sets them up before its first step
     ctx->synchronize();
     const double t_drafter = now_s() - t_dr0;
     note("drafter: %lld parameters (%.3e), created on the device in %.3f s; in use %.2f GiB", (long long)ps.numel(),

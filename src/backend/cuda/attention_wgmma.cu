@@ -43,6 +43,7 @@ constexpr size_t fwd_wg_smem(int nwg, int kt) { return static_cast<size_t>(64 * 
 constexpr int kFwdWgs = 2, kFwdWgKeys = 128;
 constexpr size_t kFwdWgSmem = fwd_wg_smem(kFwdWgs, kFwdWgKeys);
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLazyLog2 = 8.f;  // the forward's lazy rescaling threshold (log2 domain): P <= 2^8
 
 // Copies ROWS rows x 128 columns into a SW128 tile at dst (2 panels of ROWS rows) with the block's NTHREADS
 // threads; row r comes from src + off(r) (zeros when off(r) < 0).
@@ -201,10 +202,14 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   const uint32_t sQw = sQ + wgi * 64 * 128;  // this warpgroup's 64 rows in each Q panel
 
   // The online softmax of one tile's scores s (raw Q K^T of keys kt..kt + KT - 1 of segment 1 or 2): s becomes
-  // P = exp2(s * sl2 - m_new) (fp32), m the new row maxima (log2 domain), alpha the factor for O and l, rs P's row
+  // P = exp2(s * sl2 - m) (fp32), m the row maxima used (log2 domain), alpha the factor for O and l, rs P's row
   // sums. Raw scores: the max is taken before scaling (scale > 0) and exp2(s * sl2 - m) is one FFMA + MUFU. A warp
   // whose 16 rows all see the whole tile skips the mask.
-  auto softmax_tile = [&](float(&s)[NT * 4], bool s1, int kt, float(&alpha)[2], float(&rs)[2]) {
+  // Lazy rescaling (FlashAttention-4's: Zadouri et al. 2025): m moves only when a row's maximum exceeds it by more
+  // than kLazyLog2 (P <= 2^8 otherwise, far from fp32 / bf16 limits; O and l stay relative to the same m, so the
+  // result is the same up to rounding); the decision is uniform over the warp, and when nothing moves the O rescale
+  // is skipped (returns false).
+  auto softmax_tile = [&](float(&s)[NT * 4], bool s1, int kt, float(&alpha)[2], float(&rs)[2]) -> bool {
     bool full = true;
     DFLASH_UNROLL
     for (int i = 0; i < 2; ++i)
@@ -228,15 +233,25 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
           mx[i] = fmaxf(mx[i], v);
         }
     }
-    float mref[2];
+    bool move = false;
     DFLASH_UNROLL
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float mn = fmaxf(m[i], mx[i] * sl2);
-      mref[i] = mn == -INFINITY ? 0.f : mn;  // no -inf - -inf while a row has seen nothing
-      alpha[i] = exp2_ftz(m[i] - mref[i]);
-      m[i] = mn;
+      mx[i] *= sl2;
+      move = move || mx[i] > m[i] + kLazyLog2;  // (false for a row that has seen nothing yet: -inf > -inf)
+    }
+    move = __any_sync(0xffffffffu, move);
+    float mref[2];
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      alpha[i] = 1.f;
+      if (move) {
+        const float mn = fmaxf(m[i], mx[i]);
+        alpha[i] = exp2_ftz(m[i] - (mn == -INFINITY ? 0.f : mn));
+        m[i] = mn;
+      }
+      mref[i] = m[i] == -INFINITY ? 0.f : m[i];  // no -inf - -inf while a row has seen nothing
       rs[i] = 0.f;
     }
     DFLASH_UNROLL
@@ -244,14 +259,16 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
       s[n] = exp2_ftz(fmaf(s[n], sl2, -mref[(n >> 1) & 1]));
       rs[(n >> 1) & 1] += s[n];
     }
+    return move;
   };
-  // O and l rescaled by alpha, then P (s) rounded to bf16 pairs: the A fragments of O += P V.
-  auto rescale_pack = [&](const float(&s)[NT * 4], const float(&alpha)[2], const float(&rs)[2],
+  // O and l rescaled by alpha (when m moved), then P (s) rounded to bf16 pairs: the A fragments of O += P V.
+  auto rescale_pack = [&](const float(&s)[NT * 4], bool moved, const float(&alpha)[2], const float(&rs)[2],
                           uint32_t(&pa)[KT / 16][4]) {
     l[0] = l[0] * alpha[0] + rs[0];
     l[1] = l[1] * alpha[1] + rs[1];
-    DFLASH_UNROLL
-    for (int n = 0; n < DT * 4; ++n) o[n] *= alpha[(n >> 1) & 1];
+    if (moved)
+      DFLASH_UNROLL
+      for (int n = 0; n < DT * 4; ++n) o[n] *= alpha[(n >> 1) & 1];
     DFLASH_UNROLL
     for (int n = 0; n < NT; ++n) {
       pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(s[n * 4 + 0], s[n * 4 + 1]);
@@ -295,19 +312,19 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
         wg::commit();
         wg::wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
         wg::pin(s);
-        softmax_tile(s, s1, kt, alpha, rs);
+        const bool moved = softmax_tile(s, s1, kt, alpha, rs);
         wg::wait<0>();
         wg::pin(o);
         wg::pin(pa);
-        rescale_pack(s, alpha, rs, pa);
+        rescale_pack(s, moved, alpha, rs, pa);
       } else if (vis) {
         wg::fence();
         wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
         wg::commit();
         wg::wait<0>();
         wg::pin(s);
-        softmax_tile(s, s1, kt, alpha, rs);
-        rescale_pack(s, alpha, rs, pa);
+        const bool moved = softmax_tile(s, s1, kt, alpha, rs);
+        rescale_pack(s, moved, alpha, rs, pa);
       } else if (pending) {
         wg::gemm_rs_mnmajor_sync<D, KT / 16>(o, pa, tVp, KT);
       }
