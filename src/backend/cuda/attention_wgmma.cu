@@ -145,15 +145,12 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
   // packed: this CTA's sequence has query rows [rb, rb + len) of q / out (rb joins the row indices) and its own keys
   int Tq = p.Tq, T1 = p.T1, rb = 0, q_offset = p.q_offset;
-  const void *k1 = p.k1, *v1 = p.v1;
   if constexpr (PACKED) {
     const int z = blockIdx.z;
     rb = segs.begin[z];
     Tq = segs.len[z];
     T1 = segs.tk[z];
     q_offset = segs.q_offset[z];
-    k1 = segs.k[z];
-    v1 = segs.v[z];
     if (q0 >= Tq) return;  // (past a shorter sequence's end; uniform over the CTA, before any barrier)
   }
   const bf16* Q = static_cast<const bf16*>(p.q);
@@ -187,7 +184,13 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   auto load_tile = [&](int t, int buf, int kv) {
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
-    const void* src = kv ? (s1 ? v1 : p.v2) : (s1 ? k1 : p.k2);
+    // (packed: the sequence's K / V pointers are read from the kernel parameters at each load rather than held in
+    // registers for the whole loop; that instance is at the 255-register cap)
+    const void* src;
+    if constexpr (PACKED)
+      src = kv ? segs.v[blockIdx.z] : segs.k[blockIdx.z];
+    else
+      src = kv ? (s1 ? p.v1 : p.v2) : (s1 ? p.k1 : p.k2);
     stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + kt * kstride + g * D, kstride,
                             khi - kt);
   };
@@ -547,19 +550,29 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
   // Items run from the last visible chunk down (chunk nvis - 1 - it / rep): every context tile sees the last chunks,
   // so the CTAs resident together read the same Q / dO rows at about the same time and find them in L2 (in query
   // order each tile started at its own first chunk and the concurrent CTAs streamed all of Q / dO from DRAM).
-  auto chunk_of = [&](int it) { return q_lo + sList[nvis - 1 - it / rep] * QC; };
-  auto stage_item = [&](int it, int buf) {
-    const int c0 = chunk_of(it), h = g * rep + it % rep;
-    const int64_t o0 = c0 * qstride + h * D;
-    stage_rows<QC, kDkvWgThreads>(sQ0 + buf * kDkvWgTileBytes, p.q + o0, qstride, q_hi - c0);
-    stage_rows<QC, kDkvWgThreads>(sO0 + buf * kDkvWgTileBytes, p.dout + o0, qstride, q_hi - c0);
+  // An item is (chunk slot ci: chunk sList[nvis - 1 - ci], first query row c0; head hh of the kv group), advanced
+  // incrementally (head fastest) so the loop holds no division by rep.
+  struct ItemPos {
+    int ci, hh, c0;
   };
-  auto fetch_meta = [&](int it) {
+  auto chunk_row = [&](int ci) { return ci < nvis ? q_lo + sList[nvis - 1 - ci] * QC : q_lo; };
+  auto advance = [&](ItemPos& ip) {
+    if (++ip.hh == rep) {
+      ip.hh = 0;
+      ip.c0 = chunk_row(++ip.ci);
+    }
+  };
+  auto stage_item = [&](const ItemPos& ip, int buf) {
+    const int64_t o0 = ip.c0 * qstride + (g * rep + ip.hh) * D;
+    stage_rows<QC, kDkvWgThreads>(sQ0 + buf * kDkvWgTileBytes, p.q + o0, qstride, q_hi - ip.c0);
+    stage_rows<QC, kDkvWgThreads>(sO0 + buf * kDkvWgTileBytes, p.dout + o0, qstride, q_hi - ip.c0);
+  };
+  auto fetch_meta = [&](const ItemPos& ip) {
     Meta m{0, 0, 0, 0.f, 0.f};
-    m.q = chunk_of(it) + tid;
+    m.q = ip.c0 + tid;
     if (tid < QC && m.q < q_hi) {
       const int j = m.q / B;
-      const int64_t row = static_cast<int64_t>(m.q) * nh + g * rep + it % rep;
+      const int64_t row = static_cast<int64_t>(m.q) * nh + g * rep + ip.hh;
       m.valid = p.valid[j];
       m.a = p.anchors[j];
       m.lse = p.lse[row];
@@ -585,9 +598,11 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     sL[buf][tid] = m.valid ? m.lse * kLog2e : 0.f;
     sDr[buf][tid] = m.valid ? m.dr : 0.f;
   };
+  ItemPos nxt{0, 0, chunk_row(0)};  // item 0, then (in the loop) item it + 1
   if (items > 0) {
-    stage_item(0, 0);
-    put_meta(fetch_meta(0), 0);
+    stage_item(nxt, 0);
+    put_meta(fetch_meta(nxt), 0);
+    advance(nxt);
   }
   cp_async_commit();
 
@@ -608,10 +623,12 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     cp_async_wait<0>();  // K, V and item it have landed (this thread's copies)
     wg::fence_proxy_async();
     __syncthreads();  // ... everyone's, and item it's metadata; item it - 1's buffers are free: one barrier per item
+    const bool nomask = sFull[buf][0] && sFull[buf][1];  // (read before the products: its latency hides)
     Meta next{0, 0, 0, 0.f, 0.f};
     if (it + 1 < items) {
-      stage_item(it + 1, buf ^ 1);
-      next = fetch_meta(it + 1);
+      stage_item(nxt, buf ^ 1);
+      next = fetch_meta(nxt);
+      advance(nxt);  // (item it + 2's chunk row is read from sList here, used in the next iteration)
     }
     cp_async_commit();
     const uint32_t tQ = sQ0 + buf * kDkvWgTileBytes, tO = sO0 + buf * kDkvWgTileBytes;
@@ -623,7 +640,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
     wg::commit();
     wg::wait<1>();  // S^T is ready; dP^T may still run
     wg::pin(s);
-    if (sFull[buf][0] && sFull[buf][1]) {
+    if (nomask) {
       DFLASH_UNROLL
       for (int n = 0; n < NT; ++n) {
         const float2 l2 = *reinterpret_cast<const float2*>(&sL[buf][n * 8 + 2 * t4]);
