@@ -252,14 +252,17 @@ TEST(CudaOps, Linear) {
 TEST(CudaOps, RmsNorm) {
   const std::vector<std::pair<int64_t, int64_t>> shapes =
       kEmu ? std::vector<std::pair<int64_t, int64_t>>{{9, 16}, {33, 128}}
-           : std::vector<std::pair<int64_t, int64_t>>{{9, 16}, {1024, 128}, {300, 4096}, {4, 5000}};
+           // D 128 / 512 / 4096 / 8192: the TPR-threads-per-row kernels (TPR 16, 64, 256 with 2 and 4 chunks per
+           // thread), {40000, 128} and {2048, 4096} with blocks of several steps; D 3584 and 5000 fall back
+           : std::vector<std::pair<int64_t, int64_t>>{{9, 16},     {1024, 128}, {40000, 128}, {1000, 512}, {300, 4096},
+                                                      {2048, 4096}, {64, 8192},  {200, 3584},  {4, 5000}};
   for (auto [R, D] : shapes) {
     const Tensor x = rnd({R, D}, 11, 2.0), w = rnd({D}, 12, 0.3, 1.0), dy = rnd({R, D}, 13), dx0 = rnd({R, D}, 14);
     const Tensor dw0 = rnd({D}, 15);
     check_case(cat("rmsnorm R", R, " D", D),
                {{"y", Kind::TwoX, true, double(D)}, {"rstd", Kind::TwoX, false, double(D)},
                 {"dx beta1", Kind::TwoX, true, double(D)}, {"dw", Kind::TwoX, false, double(R)},
-                {"y in place", Kind::TwoX, true, double(D)}},
+                {"y in place", Kind::TwoX, true, double(D)}, {"dx=dy beta0 no dw", Kind::TwoX, true, double(D)}},
                [&](Context& c) {
                  Tensor xd = put(c, x), wd = put(c, w);
                  Tensor y = nan_out(c, {R, D}), rstd = nan_out(c, {R}, false);
@@ -268,7 +271,9 @@ TEST(CudaOps, RmsNorm) {
                  c.rmsnorm_backward(put(c, dy), xd, wd, rstd, dx, dw, 1.0f);
                  Tensor xi = put(c, x), none;
                  c.rmsnorm(xi, wd, 1e-6f, xi, none);
-                 return Outs{get(c, y), get(c, rstd), get(c, dx), get(c, dw), get(c, xi)};
+                 Tensor g = put(c, dy);
+                 c.rmsnorm_backward(g, xd, wd, rstd, g, none, 0.0f);
+                 return Outs{get(c, y), get(c, rstd), get(c, dx), get(c, dw), get(c, xi), get(c, g)};
                });
   }
 }

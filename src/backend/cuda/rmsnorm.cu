@@ -1,9 +1,11 @@
 // cuda/rmsnorm.cu — RMSNorm (Zhang & Sennrich 2019) as in HF Llama/Qwen, over the last dim D of x [R, D]:
 //   forward:  r = 1 / sqrt(mean(x^2) + eps),  y = x r w  (rstd [R] F32 saved when defined; y may alias x)
 //   backward: u = x r,  dw += sum_rows dy * u,  dx = r (dy w - u mean(dy w u)) (+ beta dx)
-// One warp per row (fp32 accumulation). dw uses a deterministic two-stage column reduction (fixed row
-// partitions -> F32 partials -> one ordered sum per column), no float atomics. dw is computed before dx, so dx may
-// alias dy.
+// BF16 rows of D = 64 .. 8192 (a power of two), 16-byte aligned: TPR threads per row, 8 values per load
+// (k_rmsnorm_rows; the backward in one pass over dy and x, k_rmsnorm_bwd_rows). Other D and F32: one warp per row.
+// fp32 accumulation throughout. dw uses a deterministic two-stage column reduction (fixed row partitions -> F32
+// partials -> one ordered sum per column), no float atomics. dx may alias dy (the one-pass kernel reads a chunk
+// before writing it; the two-kernel path computes dw before dx).
 #include <algorithm>
 #include <type_traits>
 
@@ -187,11 +189,278 @@ __global__ void k_colsum_final(const float* __restrict__ partial, int P, int D, 
   }
 }
 
+// ---- BF16 rows of D = 64 .. 8192 (a power of two), 16-byte aligned: TPR threads per row -----------------------------
+// A row of D bf16 is C = D / 8 chunks of 8 values (one uint4 load or store). A block of kRowThreads threads is
+// NS = kRowThreads / TPR row slots of TPR threads: thread slot s = tid % TPR owns the chunks s + TPR j (j < CPT,
+// C = TPR CPT: a warp's loads are contiguous), row slot q = tid / TPR. A step covers NS RB consecutive rows (row
+// base + k NS + q, k < RB), each thread loading all of its chunks of the step before it uses any. TPR, CPT (and
+// so D) are compile-time: the largest TPR <= 256 with C / TPR in {1, 2, 4}, i.e. D = 64 .. 2048: TPR = D / 8,
+// CPT 1; D = 4096: TPR 256, CPT 2; D = 8192: TPR 256, CPT 4 (row_kernel_for). Other D take the kernels above.
+constexpr int kRowThreads = 256;
+
+// Rows per row slot and step: RB (the forward: RB CPT = 4 chunks of x per thread in flight; the backward: RB CPT = 2
+// chunks of dy, x and dx each for CPT 1 and 2, 4 for CPT 4), and the blocks per SM the backward is built for (its
+// __launch_bounds__ minimum: ptxas fits it in 64, 80, 128 registers without spills; RB CPT = 4 for CPT 1 takes
+// about 100 and 2 blocks per SM).
+template <int CPT>
+constexpr int kFwdRowsPerSlot = 4 / CPT;
+template <int CPT>
+constexpr int kBwdRowsPerSlot = CPT == 1 ? 2 : 1;
+template <int CPT>
+constexpr int kBwdBlocksPerSm = CPT == 1 ? 4 : CPT == 2 ? 3 : 2;
+
+// Sums v[k] (k < RB) over the TPR threads of each row slot, in a fixed order; every thread of the slot gets the
+// same bits. A xor butterfly over min(TPR, 32) lanes (aligned lane groups); for TPR > 32 then the TPR / 32 warp
+// sums of the slot, in order, through red[RB * 8] in shared memory after one __syncthreads (a caller that calls
+// again before another barrier passes the other of two buffers: every thread has read this one before it can
+// reach the next call's barrier, so the write after that barrier cannot overtake a read).
+template <int TPR, int RB>
+__device__ __forceinline__ void row_sums(float (&v)[RB], float* red) {
+  constexpr int L = TPR < 32 ? TPR : 32;
+  DFLASH_UNROLL
+  for (int o = L / 2; o > 0; o >>= 1) {
+    DFLASH_UNROLL
+    for (int k = 0; k < RB; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+  }
+  if constexpr (TPR > 32) {
+    constexpr int W = TPR / 32;
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) {
+      DFLASH_UNROLL
+      for (int k = 0; k < RB; ++k) red[k * 8 + warp] = v[k];
+    }
+    __syncthreads();
+    const int w0 = warp & ~(W - 1);  // the first warp of this row slot
+    DFLASH_UNROLL
+    for (int k = 0; k < RB; ++k) {
+      float t = red[k * 8 + w0];
+      DFLASH_UNROLL
+      for (int i = 1; i < W; ++i) t += red[k * 8 + w0 + i];
+      v[k] = t;
+    }
+  }
+}
+
+// bf16x8_to_f by integer ops (a bf16 is the high half of its float): the same values, but not an expression the
+// compiler can share with an earlier bf16x8_to_f of the same words, so across the backward's row sum it keeps the
+// 4 packed words of a chunk alive rather than its 8 floats, and converts again (1 instruction per value).
+__device__ __forceinline__ void bf16x8_to_f_alu(const uint4& v, float (&f)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+  DFLASH_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    f[2 * k] = __uint_as_float(u[k] << 16);
+    f[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+  }
+}
+
+// The forward, one step per block: rows blockIdx.x NS RB + k NS + q. Same arithmetic as k_rmsnorm_bf16x8 (y may
+// alias x: a thread reads each of its chunks before writing it).
+template <int TPR, int CPT>
+__global__ void __launch_bounds__(kRowThreads) k_rmsnorm_rows(const bf16* x, const bf16* __restrict__ w, bf16* y,
+                                                              float* __restrict__ rstd, int64_t R, float eps) {
+  constexpr int D = 8 * TPR * CPT, NS = kRowThreads / TPR, RB = kFwdRowsPerSlot<CPT>;
+  __shared__ float red[RB * 8];
+  const int s = threadIdx.x % TPR, q = threadIdx.x / TPR;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * (NS * RB) + q;
+  uint4 xv[RB][CPT], wv[CPT];
+  float ss[RB];
+  DFLASH_UNROLL
+  for (int j = 0; j < CPT; ++j) wv[j] = reinterpret_cast<const uint4*>(w)[s + TPR * j];
+  DFLASH_UNROLL
+  for (int k = 0; k < RB; ++k) {
+    const int64_t row = base + k * NS;
+    DFLASH_UNROLL
+    for (int j = 0; j < CPT; ++j)
+      xv[k][j] = row < R ? reinterpret_cast<const uint4*>(x)[row * (D / 8) + s + TPR * j] : uint4{};
+  }
+  DFLASH_UNROLL
+  for (int k = 0; k < RB; ++k) {
+    ss[k] = 0.f;
+    DFLASH_UNROLL
+    for (int j = 0; j < CPT; ++j) {
+      float xf[8];
+      bf16x8_to_f(xv[k][j], xf);
+      DFLASH_UNROLL
+      for (int e = 0; e < 8; ++e) ss[k] += xf[e] * xf[e];
+    }
+  }
+  row_sums<TPR, RB>(ss, red);
+  DFLASH_UNROLL
+  for (int k = 0; k < RB; ++k) {
+    const int64_t row = base + k * NS;
+    if (row >= R) continue;
+    const float inv = 1.0f / sqrtf(ss[k] / static_cast<float>(D) + eps);
+    if (rstd != nullptr && s == 0) rstd[row] = inv;
+    DFLASH_UNROLL
+    for (int j = 0; j < CPT; ++j) {
+      float xf[8], wf[8];
+      bf16x8_to_f(xv[k][j], xf);
+      bf16x8_to_f(wv[j], wf);
+      DFLASH_UNROLL
+      for (int e = 0; e < 8; ++e) xf[e] = xf[e] * inv * wf[e];
+      reinterpret_cast<uint4*>(y)[row * (D / 8) + s + TPR * j] = f_to_bf16x8(xf);
+    }
+  }
+}
+
+// The backward in one pass over dy, x (and dx when beta != 0): block b takes the rows [b rows_per_block,
+// (b + 1) rows_per_block) (rows_per_block a multiple of NS RB), step by step. Per row, with u = x r:
+//   dot = sum_i dy_i w_i x_i (over the TPR threads: row_sums), mean = dot r / D,
+//   dx = r (dy w - x r mean) (+ beta dx)   (fp32, one bf16 rounding at the store: k_rmsnorm_dx_bf16x8's formula)
+// and, when DW, each thread accumulates dy x r over the block's rows for its 8 CPT columns in fp32 registers; at
+// the end the NS row slots are added in order (q = 0, 1, ...) into partial[b, D] (F32), which k_colsum_final sums
+// over the blocks in order: a fixed row partition and reduction order, no atomics (deterministic). dx may alias dy
+// or x: a thread reads its chunks of a row before it writes them, and no other thread touches them.
+template <int TPR, int CPT, bool DW>
+__global__ void __launch_bounds__(kRowThreads, kBwdBlocksPerSm<CPT>)
+    k_rmsnorm_bwd_rows(const bf16* dy, const bf16* x, const bf16* __restrict__ w, const float* __restrict__ rstd,
+                       bf16* dx, int64_t R, int64_t rows_per_block, float beta, float* __restrict__ partial) {
+  constexpr int D = 8 * TPR * CPT, NS = kRowThreads / TPR, RB = kBwdRowsPerSlot<CPT>;
+  __shared__ float red[2][RB * 8];
+  const int s = threadIdx.x % TPR, q = threadIdx.x / TPR;
+  uint4 wv[CPT];  // the same chunks of w for every row
+  DFLASH_UNROLL
+  for (int j = 0; j < CPT; ++j) wv[j] = reinterpret_cast<const uint4*>(w)[s + TPR * j];
+  float acc[CPT][8];
+  DFLASH_UNROLL
+  for (int j = 0; j < CPT; ++j)
+    DFLASH_UNROLL
+    for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < R ? r0 + rows_per_block : R;
+  int buf = 0;
+  for (int64_t step = r0; step < r1; step += NS * RB, buf ^= 1) {  // the same trip count in every thread
+    const int64_t base = step + q;
+    uint4 gv[RB][CPT], xv[RB][CPT], ov[RB][CPT];
+    float inv[RB], dot[RB];
+    DFLASH_UNROLL
+    for (int k = 0; k < RB; ++k) {  // every load of the step first (rows past r1: zeros)
+      const int64_t row = base + k * NS;
+      const bool in = row < r1;
+      const int64_t off = in ? row * (D / 8) : 0;
+      DFLASH_UNROLL
+      for (int j = 0; j < CPT; ++j) {
+        const int64_t c = off + s + TPR * j;
+        gv[k][j] = in ? reinterpret_cast<const uint4*>(dy)[c] : uint4{};
+        xv[k][j] = in ? reinterpret_cast<const uint4*>(x)[c] : uint4{};
+        ov[k][j] = in && beta != 0.f ? reinterpret_cast<const uint4*>(dx)[c] : uint4{};
+      }
+      inv[k] = in ? rstd[row] : 0.f;
+    }
+    DFLASH_UNROLL
+    for (int k = 0; k < RB; ++k) {  // dot, and dw's terms (they do not need the row sum)
+      dot[k] = 0.f;
+      DFLASH_UNROLL
+      for (int j = 0; j < CPT; ++j) {
+        float gf[8], xf[8], wf[8];
+        bf16x8_to_f(gv[k][j], gf);
+        bf16x8_to_f(xv[k][j], xf);
+        bf16x8_to_f(wv[j], wf);
+        DFLASH_UNROLL
+        for (int e = 0; e < 8; ++e) dot[k] += gf[e] * wf[e] * xf[e];
+        if constexpr (DW) {  // rows past r1 add 0 * 0 * 0
+          DFLASH_UNROLL
+          for (int e = 0; e < 8; ++e) acc[j][e] += gf[e] * xf[e] * inv[k];
+        }
+      }
+    }
+    row_sums<TPR, RB>(dot, red[buf]);
+    DFLASH_UNROLL
+    for (int k = 0; k < RB; ++k) {
+      const int64_t row = base + k * NS;
+      if (row >= r1) continue;
+      const float mean = dot[k] * inv[k] / static_cast<float>(D);
+      DFLASH_UNROLL
+      for (int j = 0; j < CPT; ++j) {
+        float gf[8], xf[8], wf[8], of[8];
+        bf16x8_to_f_alu(gv[k][j], gf);
+        bf16x8_to_f_alu(xv[k][j], xf);
+        bf16x8_to_f(wv[j], wf);
+        bf16x8_to_f_alu(ov[k][j], of);
+        uint4 out;
+        __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&out);
+        DFLASH_UNROLL
+        for (int h = 0; h < 4; ++h) {
+          float v0 = inv[k] * (gf[2 * h] * wf[2 * h] - xf[2 * h] * inv[k] * mean);
+          float v1 = inv[k] * (gf[2 * h + 1] * wf[2 * h + 1] - xf[2 * h + 1] * inv[k] * mean);
+          if (beta != 0.f) {
+            v0 += beta * of[2 * h];
+            v1 += beta * of[2 * h + 1];
+          }
+          oh[h] = __floats2bfloat162_rn(v0, v1);
+        }
+        reinterpret_cast<uint4*>(dx)[row * (D / 8) + s + TPR * j] = out;
+      }
+    }
+  }
+  if constexpr (DW) {
+    float* out = partial + static_cast<int64_t>(blockIdx.x) * D;
+    if constexpr (NS == 1) {
+      DFLASH_UNROLL
+      for (int j = 0; j < CPT; ++j) {
+        float4* o4 = reinterpret_cast<float4*>(out + (s + TPR * j) * 8);
+        o4[0] = float4{acc[j][0], acc[j][1], acc[j][2], acc[j][3]};
+        o4[1] = float4{acc[j][4], acc[j][5], acc[j][6], acc[j][7]};
+      }
+    } else {
+      __shared__ float slot_sum[NS][D];
+      DFLASH_UNROLL
+      for (int j = 0; j < CPT; ++j)
+        DFLASH_UNROLL
+        for (int e = 0; e < 8; ++e) slot_sum[q][(s + TPR * j) * 8 + e] = acc[j][e];
+      __syncthreads();
+      for (int c = threadIdx.x; c < D; c += kRowThreads) {
+        float t = slot_sum[0][c];
+        DFLASH_UNROLL
+        for (int p = 1; p < NS; ++p) t += slot_sum[p][c];
+        out[c] = t;
+      }
+    }
+  }
+}
+
+// Calls f(TPR, CPT) (std::integral_constant's) for the D the row kernels take; false for any other D.
+template <class F>
+bool row_kernel_for(int64_t D, F&& f) {
+  switch (D) {
+    case 64: f(std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{}); return true;
+    case 128: f(std::integral_constant<int, 16>{}, std::integral_constant<int, 1>{}); return true;
+    case 256: f(std::integral_constant<int, 32>{}, std::integral_constant<int, 1>{}); return true;
+    case 512: f(std::integral_constant<int, 64>{}, std::integral_constant<int, 1>{}); return true;
+    case 1024: f(std::integral_constant<int, 128>{}, std::integral_constant<int, 1>{}); return true;
+    case 2048: f(std::integral_constant<int, 256>{}, std::integral_constant<int, 1>{}); return true;
+    case 4096: f(std::integral_constant<int, 256>{}, std::integral_constant<int, 2>{}); return true;
+    case 8192: f(std::integral_constant<int, 256>{}, std::integral_constant<int, 4>{}); return true;
+    default: return false;
+  }
+}
+
+// The most blocks (= dw partials) of the one-pass backward: one wave of an H200 (132 SMs) at kBwdBlocksPerSm. A
+// constant, not the device's SM count, so that the row partition, and so dw's bits, are the same on every GPU. The
+// emulator uses 3, so that its small test shapes still give blocks of several steps.
+template <int CPT>
+constexpr int64_t max_row_blocks() {
+#ifdef DFLASH_CUDA_EMU
+  return 3;
+#else
+  return 132 * kBwdBlocksPerSm<CPT>;
+#endif
+}
+
 template <class T>
 void launch_forward(Env& e, const Tensor& x, const Tensor& w, const Tensor& y, float* rs, int64_t R, int D, float eps) {
   const unsigned g = static_cast<unsigned>((R + kWarps - 1) / kWarps);
   if constexpr (std::is_same_v<T, bf16>) {
     if (bf16x8_ok(D, x.data, w.data, y.data)) {
+      const bool rows = row_kernel_for(D, [&](auto tpr, auto cpt) {
+        constexpr int TPR = decltype(tpr)::value, CPT = decltype(cpt)::value;
+        constexpr int64_t step = kRowThreads / TPR * kFwdRowsPerSlot<CPT>;
+        DFLASH_LAUNCH(static_cast<unsigned>((R + step - 1) / step), kRowThreads, 0, e.stream,
+                      k_rmsnorm_rows<TPR, CPT>)(static_cast<const bf16*>(x.data), static_cast<const bf16*>(w.data),
+                                                static_cast<bf16*>(y.data), rs, R, eps);
+        check_launch("rmsnorm_rows");
+      });
+      if (rows) return;
       DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm_bf16x8)(static_cast<const bf16*>(x.data),
                                                                   static_cast<const bf16*>(w.data),
                                                                   static_cast<bf16*>(y.data), rs, R, D, eps);
@@ -209,6 +478,32 @@ void launch_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w,
                      const Tensor& dw, float beta, int64_t R, int D) {
   const T* dyp = static_cast<const T*>(dy.data);
   const T* xp = static_cast<const T*>(x.data);
+  if constexpr (std::is_same_v<T, bf16>) {
+    // one pass (k_rmsnorm_bwd_rows), then k_colsum_final over its P partials
+    const auto one_pass = [&](auto tpr, auto cpt) {
+      constexpr int TPR = decltype(tpr)::value, CPT = decltype(cpt)::value;
+      constexpr int64_t step = kRowThreads / TPR * kBwdRowsPerSlot<CPT>;  // rows per block and step
+      const int64_t P0 = std::min<int64_t>((R + step - 1) / step, max_row_blocks<CPT>());
+      const int64_t rpb = ((R + P0 - 1) / P0 + step - 1) / step * step;  // rows per block: whole steps
+      const int64_t P = (R + rpb - 1) / rpb;
+      const bf16* wp = static_cast<const bf16*>(w.data);
+      bf16* dxp = static_cast<bf16*>(dx.data);
+      if (dw.defined()) {
+        Tensor partial = e.alloc(DType::F32, {P, D});
+        DFLASH_LAUNCH(static_cast<unsigned>(P), kRowThreads, 0, e.stream, k_rmsnorm_bwd_rows<TPR, CPT, true>)(
+            dyp, xp, wp, rstd.ptr<float>(), dxp, R, rpb, beta, partial.ptr<float>());
+        check_launch("rmsnorm_bwd_rows");
+        DFLASH_LAUNCH((D + 31) / 32, dim3(32, 8), 0, e.stream, k_colsum_final)(partial.ptr<float>(),
+                                                                                static_cast<int>(P), D, dw.ptr<float>());
+        check_launch("rmsnorm_dw_final");
+      } else {
+        DFLASH_LAUNCH(static_cast<unsigned>(P), kRowThreads, 0, e.stream, k_rmsnorm_bwd_rows<TPR, CPT, false>)(
+            dyp, xp, wp, rstd.ptr<float>(), dxp, R, rpb, beta, nullptr);
+        check_launch("rmsnorm_bwd_rows");
+      }
+    };
+    if (bf16x8_ok(D, dy.data, x.data, w.data, dx.data) && row_kernel_for(D, one_pass)) return;
+  }
   if (dw.defined()) {
     const int64_t P = std::max<int64_t>(1, std::min<int64_t>(512, (R + 63) / 64));
     const int64_t rpp = (R + P - 1) / P;

@@ -275,6 +275,11 @@ inline T __ldg(const T* p) {
 }
 
 // ---- device math and atomics ------------------------------------------------------------------------------------
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }

@@ -138,22 +138,45 @@ void test_linear() {
 // ---- row ops ------------------------------------------------------------------------------------------------------
 void test_rmsnorm() {
   cuda::Env e = make_env();
-  for (auto [R, D] : {std::pair{7, 16}, std::pair{70, 100}, std::pair{9, 256}}) {
+  // {7,16} {70,100}: the warp-per-row kernels (D < 64; D % 8 != 0); {6,3584}: D % 8 == 0 but not a power of two
+  // (C = 448), the bf16x8 warp-per-row kernels; the rest the row kernels (TPR threads per row, D = 8 TPR CPT): D 64
+  // (TPR 8), 128 (16), 256 (32), 512 (64: a shared-memory row sum), 1024 (128), 2048 (256), 4096 (256, CPT 2),
+  // 8192 (256, CPT 4); R not a multiple of a step's rows, and (the emulator caps the backward at 3 blocks) blocks
+  // of several steps, the last one short.
+  for (auto [R, D] : {std::pair{7, 16}, std::pair{70, 100}, std::pair{9, 256}, std::pair{6, 3584}, std::pair{300, 64},
+                      std::pair{200, 128}, std::pair{70, 256}, std::pair{100, 512}, std::pair{45, 1024},
+                      std::pair{21, 2048}, std::pair{10, 4096}, std::pair{5, 8192}}) {
     Tensor x = randn({R, D}, 10), w = randn({D}, 11, 0.3);
     for (float& v : w.span<float>()) v = round_bf16(v + 1.0f);
     Tensor yc = cpu_empty(DType::F32, {R, D}), rc = cpu_empty(DType::F32, {R});
     g_cpu->rmsnorm(x, w, 1e-6f, yc, rc);
     Tensor yd = e.alloc(DType::BF16, {R, D}), rd = e.alloc(DType::F32, {R});
     cuda::rmsnorm(e, dev(x, DType::BF16), dev(w, DType::BF16), 1e-6f, yd, rd);
-    report(cat("rmsnorm y R", R, " D", D), max_abs_diff(vals(yd), vals(yc)), 2 * std::ldexp(max_abs(vals(yc)), -8));
+    const double ytol = 2 * std::ldexp(max_abs(vals(yc)), -8);
+    report(cat("rmsnorm y R", R, " D", D), max_abs_diff(vals(yd), vals(yc)), ytol);
     report(cat("rmsnorm rstd R", R, " D", D), max_abs_diff(vals(rd), vals(rc)), 1e-5 * max_abs(vals(rc)));
+    Tensor xi = dev(x, DType::BF16);  // y = x in place, no rstd
+    cuda::rmsnorm(e, xi, dev(w, DType::BF16), 1e-6f, xi, Tensor{});
+    report(cat("rmsnorm y in place R", R, " D", D), max_abs_diff(vals(xi), vals(yc)), ytol);
     Tensor dy = randn({R, D}, 12), dx0 = randn({R, D}, 13), dw0 = randn({D}, 14);
     Tensor dxc = cpu_clone(dx0), dwc = cpu_clone(dw0);
     g_cpu->rmsnorm_backward(dy, x, w, rc, dxc, dwc, 1.0f);
     Tensor dxd = dev(dx0, DType::BF16), dwd = dev(dw0, DType::F32);
     cuda::rmsnorm_backward(e, dev(dy, DType::BF16), dev(x, DType::BF16), dev(w, DType::BF16), dev(rc, DType::F32), dxd, dwd, 1.0f);
+    const double dwtol = 1e-5 * max_abs(vals(dwc)) + 1e-6;
     report(cat("rmsnorm_backward dx R", R, " D", D), max_abs_diff(vals(dxd), vals(dxc)), 2 * std::ldexp(max_abs(vals(dxc)), -8));
-    report(cat("rmsnorm_backward dw R", R, " D", D), max_abs_diff(vals(dwd), vals(dwc)), 1e-5 * max_abs(vals(dwc)) + 1e-6);
+    report(cat("rmsnorm_backward dw R", R, " D", D), max_abs_diff(vals(dwd), vals(dwc)), dwtol);
+    // beta 0 with dx = dy (in place): with dw, and without (dw undefined)
+    Tensor dx0c = cpu_clone(dx0), dw0c = cpu_clone(dw0);
+    g_cpu->rmsnorm_backward(dy, x, w, rc, dx0c, dw0c, 0.0f);
+    const double dx0tol = 2 * std::ldexp(max_abs(vals(dx0c)), -8);
+    Tensor g1 = dev(dy, DType::BF16), dw1 = dev(dw0, DType::F32);
+    cuda::rmsnorm_backward(e, g1, dev(x, DType::BF16), dev(w, DType::BF16), dev(rc, DType::F32), g1, dw1, 0.0f);
+    report(cat("rmsnorm_backward dx=dy beta0 R", R, " D", D), max_abs_diff(vals(g1), vals(dx0c)), dx0tol);
+    report(cat("rmsnorm_backward dx=dy beta0 dw R", R, " D", D), max_abs_diff(vals(dw1), vals(dw0c)), dwtol);
+    Tensor g2 = dev(dy, DType::BF16);
+    cuda::rmsnorm_backward(e, g2, dev(x, DType::BF16), dev(w, DType::BF16), dev(rc, DType::F32), g2, Tensor{}, 0.0f);
+    report(cat("rmsnorm_backward dx=dy beta0 no dw R", R, " D", D), max_abs_diff(vals(g2), vals(dx0c)), dx0tol);
   }
 }
 
