@@ -37,10 +37,14 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kWgD = 128;                                   // head dim
-// Q, K x 2, V x 2 and the 1024-byte alignment slack, for NWG warpgroups and KT-key tiles
-constexpr size_t fwd_wg_smem(int nwg, int kt) { return static_cast<size_t>(64 * nwg + 4 * kt) * kWgD * 2 + 1024; }
-// The forward's tiling (bench/NOTES.md 9: 2 warpgroups x 128-key tiles beat 1 x 64 (2 CTAs per SM) and 2 x 64)
-constexpr int kFwdWgs = 2, kFwdWgKeys = 128;
+// The forward's tiling (bench/NOTES.md 9: 2 warpgroups x 128-key tiles beat 1 x 64 (2 CTAs per SM) and 2 x 64),
+// its K / V stages (3: a warpgroup may run up to a tile ahead of the other, see k_fwd_wg) and the named barriers of
+// its ping-pong (ids kBarTurn, kBarTurn + 1; 0 is __syncthreads)
+constexpr int kFwdWgs = 2, kFwdWgKeys = 128, kFwdStages = 3, kBarTurn = 1;
+// Q, K x stages, V x stages and the 1024-byte alignment slack, for NWG warpgroups and KT-key tiles
+constexpr size_t fwd_wg_smem(int nwg, int kt) {
+  return static_cast<size_t>(64 * nwg + 2 * kFwdStages * kt) * kWgD * 2 + 1024;
+}
 constexpr size_t kFwdWgSmem = fwd_wg_smem(kFwdWgs, kFwdWgKeys);
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLazyLog2 = 8.f;  // the forward's lazy rescaling threshold (log2 domain): P <= 2^8
@@ -132,13 +136,15 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 // PACKED: causal over the sequences of segs (grid.z = segs.n): query rows offset by the sequence's begin, its own
 // keys and query offset.
 template <int NWG, int KT, bool WIN, bool PACKED>
-__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs) {
-  constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG;
+__global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs) {
+  constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG, NS = kFwdStages;
   constexpr uint32_t TB = KT * D * 2;  // one K or V tile
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sExt[1 + NWG][4];  // [0] the CTA's rows, [1 + w] warpgroup w's: max hi1, min lo2, max hi2, min lo1
+  // mbarriers: Q full; per stage K full, V full (every thread's copies landed), K empty, V empty (every warp read it)
+  __shared__ alignas(8) uint64_t sBar[1 + 4 * NS];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base, sK = base + ROWS * D * 2, sV = sK + 2 * TB;
+  const uint32_t sQ = base, sK = base + ROWS * D * 2, sV = sK + NS * TB;
   const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // most keys first
@@ -154,12 +160,25 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     if (q0 >= Tq) return;  // (past a shorter sequence's end; uniform over the CTA, before any barrier)
   }
   const bf16* Q = static_cast<const bf16*>(p.q);
+  const uint32_t bFullQ = smem_u32(&sBar[0]), bFullK = bFullQ + 8, bFullV = bFullK + 8 * NS, bEmptyK = bFullV + 8 * NS,
+                 bEmptyV = bEmptyK + 8 * NS;  // (stage s: + 8 s)
+  if (tid == 0) {
+    mbar_init(bFullQ, THREADS);
+    DFLASH_UNROLL
+    for (int st = 0; st < NS; ++st) {
+      mbar_init(bFullK + 8 * st, THREADS);
+      mbar_init(bFullV + 8 * st, THREADS);
+      mbar_init(bEmptyK + 8 * st, 4 * NWG);
+      mbar_init(bEmptyV + 8 * st, 4 * NWG);
+    }
+  }
+  __syncthreads();
 
   stage_tile<ROWS, THREADS>(sQ, Q, [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
     return hh < hc && qi < Tq ? (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D : -1;
   });
-  cp_async_commit();
+  cp_async_mbar_arrive(bFullQ);
 
   int lo1[2], hi1[2], lo2[2], hi2[2];
   bool rok[2];
@@ -180,7 +199,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
   const int64_t kstride = static_cast<int64_t>(nkv) * D;
-  // tile t's K (kv = 0) or V (kv = 1) into buffer buf
+  // tile t's K (kv = 0) or V (kv = 1) into stage buf
   auto load_tile = [&](int t, int buf, int kv) {
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
@@ -194,8 +213,16 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
     stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + kt * kstride + g * D, kstride,
                             khi - kt);
   };
-  if (nt > 0) load_tile(0, 0, 0);
-  cp_async_commit();
+  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS by every thread, once every warp has released the stage's
+  // previous tile j - NS (its empty mbarrier), then this thread's arrival on the stage's full mbarrier when its copies
+  // have landed. Stage and phase follow j: j % NS, (j / NS) & 1.
+  auto load = [&](int j, int st, int ph, int kv) {
+    if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
+    load_tile(j, st, kv);
+    cp_async_mbar_arrive((kv ? bFullV : bFullK) + 8 * st);
+  };
+
+  if (nt > 0) load(0, 0, 0, 0);
 
   float o[DT * 4];
   DFLASH_UNROLL
@@ -281,38 +308,51 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
 
   {
     // FlashAttention-3's intra-warpgroup overlap (arXiv 2407.08608, 3.2): iteration t issues S_t = Q K_t^T and then
-    // O += P_{t-1} V_{t-1}, waits for S_t only, and runs tile t's softmax while the P V product runs. So V lags K by
-    // one tile: iteration t loads K_{t+1} and V_t (commit group t + 1; group t = K_t and V_{t-1}), and iteration nt
-    // only finishes the last P V. P_{t-1} is pending (held in pa) when this warpgroup saw tile t - 1.
+    // O += P_{t-1} V_{t-1}, waits for S_t only, and runs tile t's softmax while the P V product runs; iteration nt
+    // only finishes the last P V. P_{t-1} is pending (held in pa) when this warpgroup saw tile t - 1. So V lags K by
+    // one tile: iteration t loads K_{t+1} and V_t.
+    // And its ping-pong of the two warpgroups (3.1): each issues its products after the other has issued its own
+    // (named barriers kBarTurn + w), so one warpgroup's softmax runs under the other's products. No barrier of the
+    // whole CTA: the tiles' full / empty mbarriers let a warpgroup run up to NS - 2 tiles ahead. A warpgroup waits
+    // for tile t's K and tile t - 1's V on their full mbarriers also when it skips them, so that its releases
+    // count towards the right phase.
     uint32_t pa[KT / 16][4] = {};
     bool pending = false;
+    int stK = 0, phK = 0, stV = NS - 1, phV = 1;  // tile t's K stage / phase; tile t - 1's V stage / phase
+    mbar_wait(bFullQ, 0);
+    if (wgi == 1) named_arrive(kBarTurn + 0, 256);  // warpgroup 0 issues first
     for (int t = 0; t <= nt; ++t) {
-      const int buf = t & 1;
-      cp_async_wait<0>();  // K_t and V_{t-1} have landed (this thread's copies)
-      wg::fence_proxy_async();
-      __syncthreads();  // ... everyone's; and every warpgroup is done with tile t - 1's products
-      // K_{t+1} and V_t overwrite K_{t-1} and V_{t-2}, last read by iteration t - 1's (completed) products: one
-      // barrier per tile
       if (t < nt) {
-        if (t + 1 < nt) load_tile(t + 1, buf ^ 1, 0);
-        load_tile(t, buf, 1);
+        const int stK1 = stK + 1 == NS ? 0 : stK + 1;
+        if (t + 1 < nt) load(t + 1, stK1, stK1 == 0 ? phK ^ 1 : phK, 0);
+        load(t, stV + 1 == NS ? 0 : stV + 1, stV + 1 == NS ? phV ^ 1 : phV, 1);
+        mbar_wait(bFullK + 8 * stK, phK);
       }
-      cp_async_commit();
+      if (t > 0) mbar_wait(bFullV + 8 * stV, phV);
+      wg::fence_proxy_async();  // the cp.async writes (every thread's), seen by this thread's wgmma
       const bool s1 = t < nt1;
       const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
       const bool vis = t < nt && tile_visible<WIN>(mine, s1, kt, KT);
+      // my turn to issue; then the other warpgroup's (not after the last iteration of warpgroup 1: warpgroup 0 has
+      // no further turn to wait for)
+      auto turn = [&] { named_sync(kBarTurn + wgi, 256); };
+      auto pass = [&] {
+        if (wgi == 0 || t < nt) named_arrive(kBarTurn + (wgi ^ 1), 256);
+      };
       // (each case issues and waits for its own products: ptxas serialises wgmma issued in one branch and waited for
       // in another)
-      const uint32_t tK = sK + buf * TB, tVp = sV + (buf ^ 1) * TB;
+      const uint32_t tK = sK + stK * TB, tVp = sV + stV * TB;
       float s[NT * 4], alpha[2], rs[2];
       if (vis && pending) {
         wg::pin(o);
         wg::pin(pa);
+        turn();
         wg::fence();
         wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
         wg::commit();
         wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
         wg::commit();
+        pass();
         wg::wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
         wg::pin(s);
         const bool moved = softmax_tile(s, s1, kt, alpha, rs);
@@ -321,20 +361,39 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_fwd_wg(AttnFwdP
         wg::pin(pa);
         rescale_pack(s, moved, alpha, rs, pa);
       } else if (vis) {
+        turn();
         wg::fence();
         wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
         wg::commit();
+        pass();
         wg::wait<0>();
         wg::pin(s);
         const bool moved = softmax_tile(s, s1, kt, alpha, rs);
         rescale_pack(s, moved, alpha, rs, pa);
       } else if (pending) {
-        wg::gemm_rs_mnmajor_sync<D, KT / 16>(o, pa, tVp, KT);
+        wg::pin(o);
+        wg::pin(pa);
+        turn();
+        wg::fence();
+        wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
+        wg::commit();
+        pass();
+        wg::wait<0>();
+        wg::pin(o);
+        wg::pin(pa);
+      } else {
+        turn();
+        pass();
       }
       pending = vis;
+      if (lane == 0) {  // this warp is done with K_t and V_{t-1}
+        if (t < nt) mbar_arrive(bEmptyK + 8 * stK);
+        if (t > 0) mbar_arrive(bEmptyV + 8 * stV);
+      }
+      if (++stK == NS) stK = 0, phK ^= 1;
+      if (++stV == NS) stV = 0, phV ^= 1;
     }
   }
-  cp_async_wait<0>();  // (no tile: Q's copies are still in flight)
   attn_fwd_store<DT>(p, D, rok, orow, l, m, t4, [&](int n, int k) { return o[n * 4 + k]; });
 }
 
