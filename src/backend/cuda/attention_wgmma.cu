@@ -6,20 +6,23 @@
 //
 // FlashAttention-2's online softmax (Dao 2023) on FlashAttention-3's operands (Shah et al. 2024, arXiv 2407.08608,
 // section 3: wgmma with the first product's operands in shared memory and P / dS from registers; in the forward its
-// intra-warpgroup overlap of the softmax with the P V product), without its warp specialisation or TMA (loads are
-// cp.async by every thread, double buffered, each thread at fixed shared-memory offsets: stage_rows). Shared-memory
-// tiles use wgmma.cuh's SW128 layout. Masks are applied only on tiles a warp does not see whole.
+// intra-warpgroup overlap of the softmax with the P V product and its ping-pong of two warpgroups), without its
+// producer warp or TMA (loads are cp.async by every thread, each thread at fixed shared-memory offsets: stage_rows).
+// Shared-memory tiles use wgmma.cuh's SW128 layout. Masks are applied only on tiles a warp does not see whole.
 //  * forward (k_fwd_wg): a CTA = 2 warpgroups = 128 query rows ((query, head) pairs of one kv head,
-//    attn_rows_tiling); warpgroup w owns rows 64 w .. 64 w + 63 (one m64 wgmma). 128-key K / V tiles load while the
-//    previous tile computes; Q stays in shared memory as the A operand. Per tile and warpgroup: S = Q K^T
-//    (8 x m64n128k16), mask, online softmax in the log2 domain on the accumulator fragments, O += P V (P rounded to
-//    bf16 in registers, V read MN-major); tile t's softmax runs while tile t - 1's P V product does. A warpgroup skips a tile none of its rows can see (uniform over its 128
-//    threads). CTAs run the query tiles with the most keys first (causal: the last queries; DFlash: sorted anchors).
-//  * dQ (k_dq_wg): the forward's tiling over 64-key tiles: S = Q K^T, dP = dO V^T, P = exp2(S - lse), dS = P (dP - D),
-//    dQ += dS K (K read MN-major).
+//    attn_rows_tiling); warpgroup w owns rows 64 w .. 64 w + 63 (one m64 wgmma). 128-key K / V tiles in 3 stages
+//    with full / empty mbarriers, no CTA barrier; Q stays in shared memory as the A operand. Per tile and
+//    warpgroup: S = Q K^T (8 x m64n128k16), mask, online softmax in the log2 domain on the accumulator fragments
+//    (lazy rescaling), O += P V (P rounded to bf16 in registers, V read MN-major); tile t's softmax runs while tile
+//    t - 1's P V product does, and while the other warpgroup's products run. A warpgroup skips a tile none of its rows
+//    can see (uniform over its 128 threads). CTAs run the query tiles with the most keys first (causal: the last
+//    queries; DFlash: sorted anchors).
+//  * dQ (k_dq_wg): the forward's tiling over 64-key tiles, double buffered, one barrier per tile: S = Q K^T,
+//    dP = dO V^T, P = exp2(S - lse), dS = P (dP - D), dQ += dS K (K read MN-major).
 //  * dK / dV (k_dkv_wg): one warpgroup per 64 keys; the visible 64-query chunks are listed first, then the items
-//    (chunk, head) run with Q / dO double buffered: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
-//    Deterministic: every gradient element is summed by one thread in a fixed order and written once.
+//    (chunk, head) run last chunk first with Q / dO double buffered: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
+//    dK += dS^T Q. Deterministic: every gradient element is summed by one thread in a fixed order and written once.
+// bench/NOTES.md 9-11 has every variant tried, with its prediction and outcome.
 // Numerics as attention_tc.cu: fp32 accumulation, P and dS rounded to bf16 for the second products (tests/cuda
 // compares attention by normalised mean square error for that reason).
 #include <algorithm>
