@@ -35,20 +35,27 @@
 
 namespace dflash::cuda {
 
-#ifndef DFLASH_CUDA_EMU
-
 namespace {
 
-constexpr int kWgD = 128;                                   // head dim
-// The forward's tiling (bench/NOTES.md 9: 2 warpgroups x 128-key tiles beat 1 x 64 (2 CTAs per SM) and 2 x 64),
-// its K / V stages (3: a warpgroup may run up to a tile ahead of the other, see k_fwd_wg) and the named barriers of
-// its ping-pong (ids kBarTurn, kBarTurn + 1; 0 is __syncthreads)
-constexpr int kFwdWgs = 2, kFwdWgKeys = 128, kFwdStages = 3, kBarTurn = 1;
+constexpr int kWgD = 128;  // head dim
+// The forward's tiling (bench/NOTES.md 9: 2 warpgroups x 128-key tiles beat 1 x 64 (2 CTAs per SM) and 2 x 64) and
+// its K / V stages (3: a warpgroup may run up to a tile ahead of the other, see k_fwd_wg)
+constexpr int kFwdWgs = 2, kFwdWgKeys = 128, kFwdStages = 3;
 // Q, K x stages, V x stages and the 1024-byte alignment slack, for NWG warpgroups and KT-key tiles
 constexpr size_t fwd_wg_smem(int nwg, int kt) {
   return static_cast<size_t>(64 * nwg + 2 * kFwdStages * kt) * kWgD * 2 + 1024;
 }
 constexpr size_t kFwdWgSmem = fwd_wg_smem(kFwdWgs, kFwdWgKeys);
+
+}  // namespace
+
+size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
+
+#ifndef DFLASH_CUDA_EMU
+
+namespace {
+
+constexpr int kBarTurn = 1;  // the forward's ping-pong: named barriers kBarTurn, kBarTurn + 1 (0 is __syncthreads)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLazyLog2 = 8.f;  // the forward's lazy rescaling threshold (log2 domain): P <= 2^8
 
@@ -775,8 +782,6 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
 
 }  // namespace
 
-size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
-
 void attention_wgmma_init_attributes(int smem_optin) {
   if (static_cast<size_t>(smem_optin) >= kFwdWgSmem + 1024) {  // else never launched
     allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>,
@@ -841,7 +846,6 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
 
 #else  // DFLASH_CUDA_EMU: no warpgroup MMA in the emulator
 
-size_t attn_wgmma_fwd_smem() { return 5 * size_t{128 * 128 * 2} + 1024; }
 void attention_wgmma_init_attributes(int) {}
 bool launch_attention_forward_wgmma(Env&, const AttnFwdParams&, const AttnSegs&) { return false; }
 bool launch_dflash_backward_wgmma(Env&, const AttnBwdParams&) { return false; }
