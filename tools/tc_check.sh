@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools/tc_check.sh — on the GPU machine: build the CUDA tests and benches, run the attention / drafter rows of the
-# op table (tests/cuda), then bench/run_all.sh (ours vs PyTorch). Logs under $OUT. Carry .deps (PCRE2 dev files).
+# op table (tests/cuda), then bench/run_all.sh (ours vs PyTorch). Under $OUT: summary.txt, results.txt, profile.txt,
+# tests.log and logs_tc.tgz (every other log: the device returns at most 8 files). Carry .deps (PCRE2 dev files).
 set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.." || exit 1
@@ -20,3 +21,8 @@ if [ "${RUN_BENCH:-1}" = 1 ]; then
   sed -n '/^PROFILE mode=normal/,/^total/p' "$OUT/profile.txt" 2>/dev/null | head -14
 fi
 echo "[+$(( $(date +%s) - T0 ))s] done"
+# The device returns at most 8 files from $OUT: keep the table, the RESULT lines, the profile and the test log as
+# they are, and every other file of $OUT in logs_tc.tgz (a caller's own files too; folders are left alone).
+( cd "$OUT" && rest=$(find . -maxdepth 1 -type f ! -name summary.txt ! -name results.txt ! -name profile.txt \
+    ! -name tests.log ! -name logs_tc.tgz -printf '%f\n') &&
+  if [ -n "$rest" ]; then echo "$rest" | tar czf logs_tc.tgz -T - && echo "$rest" | xargs rm -f; fi )
