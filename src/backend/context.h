@@ -139,8 +139,10 @@ class Context {
   virtual void reset_peak_memory() = 0;
 
   // ---- dense algebra ------------------------------------------------------------------------------------
-  // y[M,N] = x[M,K] @ w[N,K]^T (+ bias[N]) + beta * y
-  virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta = 0.f) = 0;
+  // y[M,N] = x[M,K] @ w[N,K]^T (+ bias[N]) + beta * c, with c[M,N] of y's dtype, or y itself when c is null (an
+  // accumulation). c != y: a residual add without a copy (the drafter's h_mid = h_in + o Wo^T; h_in is kept).
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta = 0.f,
+                      const Tensor* c = nullptr) = 0;
   // dx[M,K] = dy[M,N] @ w[N,K] + beta * dx
   virtual void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta = 0.f) = 0;
   // dw[N,K] += dy[M,N]^T @ x[M,K] (F32);  db[N] += sum_rows dy (F32) when db != nullptr

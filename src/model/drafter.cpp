@@ -258,8 +258,7 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
   a.lse = ctx.empty(st, {NB, nh});
   ctx.dflash_attention(at, a.o, a.lse);
   a.h_mid = ctx.empty(dt, {NB, H});
-  ctx.copy(a.h_mid, h_in);
-  ctx.linear(a.o.reshape({NB, nh * d}), P.wo->compute, nullptr, a.h_mid, 1.0f);
+  ctx.linear(a.o.reshape({NB, nh * d}), P.wo->compute, nullptr, a.h_mid, 1.0f, &h_in);  // h_in + o Wo^T
   // MLP
   a.xn2 = ctx.empty(dt, {NB, H});
   a.rstd_post = ctx.empty(st, {NB});
@@ -270,8 +269,7 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
   ctx.linear(a.xn2, P.gate->compute, nullptr, a.gate);
   ctx.linear(a.xn2, P.up->compute, nullptr, a.up);
   ctx.silu_mul(a.gate, a.up, a.act);
-  ctx.copy(h_out, a.h_mid);
-  ctx.linear(a.act, P.down->compute, nullptr, h_out, 1.0f);
+  ctx.linear(a.act, P.down->compute, nullptr, h_out, 1.0f, &a.h_mid);  // h_mid + down(act)
 }
 
 void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, const Tensor& Ht, const LayerActs& a,

@@ -55,9 +55,9 @@ class CpuContext final : public Context {
   void reset_peak_memory() override {}
 
   // ---- ops: the dispatch point (each timed when profiling) -------------------------------------------------
-  void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta) override {
+  void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta, const Tensor* c) override {
     const OpScope scope = op_gemm("linear", x.numel() / w.shape.back(), w.shape[0], w.shape.back());
-    cpu::linear(pool_, x, w, b, y, beta);
+    cpu::linear(pool_, x, w, b, y, beta, c);
   }
   void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
     const OpScope scope = op_gemm("linear_dx", dy.numel() / w.shape[0], w.shape[0], w.shape.back());

@@ -1,6 +1,7 @@
 // cpu/linear.cpp — y = x W^T (+b) and its two backward products, through OpenBLAS ?gemm.
 #include <cblas.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "backend/cpu/ops.h"
@@ -65,7 +66,8 @@ void gemm_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* A
               ldb, beta, C, ldc);
 }
 
-void linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta) {
+void linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta,
+            const Tensor* c) {
   dispatch_float("linear", x.dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr DType dt = float_dtype<T>();
@@ -75,6 +77,11 @@ void linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias
     const int64_t K = x.dim(-1), N = w.dim(0), M = x.rows();
     DFLASH_CHECK(w.ndim() == 2 && w.dim(1) == K && y.dim(-1) == N && y.rows() == M, "linear: x ",
                  shape_str(x.shape), " w ", shape_str(w.shape), " y ", shape_str(y.shape));
+    if (c && c->data != y.data) {  // y = c first, then the accumulation into y
+      check_float("linear", *c, "c", dt);
+      DFLASH_CHECK(c->numel() == y.numel(), "linear: c ", shape_str(c->shape), " vs y ", shape_str(y.shape));
+      std::copy_n(c->ptr<T>(), y.numel(), y.ptr<T>());
+    }
     if (M == 0) return;
     pgemm(tp, false, true, M, N, K, x.ptr<T>(), K, w.ptr<T>(), K, static_cast<T>(beta), y.ptr<T>(), N);
     if (bias) {

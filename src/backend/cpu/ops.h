@@ -8,7 +8,8 @@
 
 namespace dflash::cpu {
 
-void linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta);
+void linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta,
+            const Tensor* c);
 void linear_dx(ThreadPool& tp, const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
 void linear_dw(ThreadPool& tp, const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
 

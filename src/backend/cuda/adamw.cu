@@ -23,20 +23,53 @@ struct AdamWParams {
   float b1, b2, one_minus_b1, one_minus_b2, eps, gs, step_size, bc2_sqrt, decay;
 };
 
+// One element (the CPU op's sequence of rounded operations).
+__device__ __forceinline__ void adamw_one(const AdamWParams& a, float g, float& p, float& m, float& v) {
+  const float gi = __fmul_rn(g, a.gs);
+  p = __fmul_rn(p, a.decay);
+  m = __fadd_rn(__fmul_rn(a.b1, m), __fmul_rn(a.one_minus_b1, gi));
+  v = __fadd_rn(__fmul_rn(a.b2, v), __fmul_rn(__fmul_rn(a.one_minus_b2, gi), gi));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), a.bc2_sqrt), a.eps);
+  p = __fsub_rn(p, __fdiv_rn(__fmul_rn(a.step_size, m), denom));
+}
+
 __global__ void k_adamw(AdamWParams a) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < a.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float gi = __fmul_rn(a.g[i], a.gs);
-    float p = __fmul_rn(a.p[i], a.decay);
-    const float m = __fadd_rn(__fmul_rn(a.b1, a.m[i]), __fmul_rn(a.one_minus_b1, gi));
-    const float v = __fadd_rn(__fmul_rn(a.b2, a.v[i]), __fmul_rn(__fmul_rn(a.one_minus_b2, gi), gi));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), a.bc2_sqrt), a.eps);
-    p = __fsub_rn(p, __fdiv_rn(__fmul_rn(a.step_size, m), denom));
+    float p = a.p[i], m = a.m[i], v = a.v[i];
+    adamw_one(a, a.g[i], p, m, v);
     a.m[i] = m;
     a.v[i] = v;
     a.p[i] = p;
     if (a.pc_bf16) a.pc_bf16[i] = __float2bfloat16(p);
     if (a.pc_f32) a.pc_f32[i] = p;
+  }
+}
+
+// The same, four elements per thread with 16-byte loads and stores (n % 4 == 0, every pointer 16-byte aligned,
+// the BF16 copy 8-byte aligned): the op is bound by its 30 bytes per parameter of traffic.
+__global__ void k_adamw4(AdamWParams a) {
+  const int64_t n4 = a.n / 4;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float4 p = reinterpret_cast<const float4*>(a.p)[i], m = reinterpret_cast<const float4*>(a.m)[i],
+           v = reinterpret_cast<const float4*>(a.v)[i];
+    const float4 g = reinterpret_cast<const float4*>(a.g)[i];
+    adamw_one(a, g.x, p.x, m.x, v.x);
+    adamw_one(a, g.y, p.y, m.y, v.y);
+    adamw_one(a, g.z, p.z, m.z, v.z);
+    adamw_one(a, g.w, p.w, m.w, v.w);
+    reinterpret_cast<float4*>(a.m)[i] = m;
+    reinterpret_cast<float4*>(a.v)[i] = v;
+    reinterpret_cast<float4*>(a.p)[i] = p;
+    if (a.pc_bf16) {
+      __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
+      uint2 pk;
+      pk.x = *reinterpret_cast<uint32_t*>(&lo);
+      pk.y = *reinterpret_cast<uint32_t*>(&hi);
+      reinterpret_cast<uint2*>(a.pc_bf16)[i] = pk;
+    }
+    if (a.pc_f32) reinterpret_cast<float4*>(a.pc_f32)[i] = p;
   }
 }
 
@@ -81,7 +114,11 @@ void adamw(Env& e, const Tensor& param, const Tensor& grad, const Tensor& m, con
   p.eps = a.eps;
   p.gs = a.grad_scale;
   if (n == 0) return;
-  DFLASH_LAUNCH(grid_for(n, 256, e.num_sms), 256, 0, e.stream, k_adamw)(p);
+  auto al = [](const void* q, uintptr_t b) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % b == 0; };
+  if (n % 4 == 0 && al(p.p, 16) && al(p.g, 16) && al(p.m, 16) && al(p.v, 16) && al(p.pc_f32, 16) && al(p.pc_bf16, 8))
+    DFLASH_LAUNCH(grid_for(n / 4, 256, e.num_sms), 256, 0, e.stream, k_adamw4)(p);
+  else
+    DFLASH_LAUNCH(grid_for(n, 256, e.num_sms), 256, 0, e.stream, k_adamw)(p);
   check_launch("adamw");
 }
 

@@ -276,9 +276,9 @@ class CudaContext final : public Context {
   void reset_peak_memory() override { st_->peak.store(st_->in_use.load()); }
 
   // ---- ops: the dispatch point ----------------------------------------------------------------------------------
-  void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta) override {
+  void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta, const Tensor* c) override {
     const OpScope scope = op_gemm("linear", x.numel() / w.shape.back(), w.shape[0], w.shape.back());
-    cuda::linear(env_, x, w, b, y, beta);
+    cuda::linear(env_, x, w, b, y, beta, c);
   }
   void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
     const OpScope scope = op_gemm("linear_dx", dy.numel() / w.shape[0], w.shape[0], w.shape.back());

@@ -84,8 +84,9 @@ __global__ void k_colsum_add(const float* __restrict__ partial, int P, int64_t N
 }  // namespace
 
 void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
-          int64_t ldb, float beta, void* C, DType c_type, int64_t ldc) {
+          int64_t ldb, float beta, void* C, DType c_type, int64_t ldc, const void* C_in) {
   DFLASH_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size");
+  if (!C_in) C_in = C;
   if (M == 0 || N == 0) return;
   DFLASH_CHECK(K > 0, "gemm: K = 0");
   // Row-major C[M,N] = op(A)[M,K] op(B)[K,N]  <=>  column-major C^T[N,M] = op(B)^T[N,K] op(A)^T[K,M].
@@ -118,7 +119,7 @@ void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void*
   DFLASH_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   const uint32_t al_a = alignment_of(B, ldb, 2), al_b = alignment_of(A, lda, 2);
-  const uint32_t al_c = alignment_of(C, ldc, dtype_size(c_type));
+  const uint32_t al_c = std::min(alignment_of(C, ldc, dtype_size(c_type)), alignment_of(C_in, ldc, dtype_size(c_type)));
   DFLASH_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
   DFLASH_CUBLAS_CHECK(
@@ -133,11 +134,11 @@ void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void*
   DFLASH_CHECK(found > 0 && res.state == CUBLAS_STATUS_SUCCESS, "gemm (cuBLASLt): no algorithm for M ", M, " N ", N,
                " K ", K, " ta ", ta, " tb ", tb, " lda ", lda, " ldb ", ldb, " ldc ", ldc, " C ", dtype_name(c_type));
   const float alpha = 1.0f;
-  DFLASH_CUBLAS_CHECK(cublasLtMatmul(e.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &res.algo,
+  DFLASH_CUBLAS_CHECK(cublasLtMatmul(e.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C_in, d.c, C, d.c, &res.algo,
                                      e.lt_workspace, ws, e.stream));
 }
 
-void linear(Env& e, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta) {
+void linear(Env& e, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta, const Tensor* c) {
   const char* op = "linear";
   check_dev(op, x, "x", DType::BF16);
   check_dev(op, w, "w", DType::BF16);
@@ -145,8 +146,12 @@ void linear(Env& e, const Tensor& x, const Tensor& w, const Tensor* bias, const 
   const int64_t K = x.dim(-1), N = w.dim(0), M = x.rows();
   DFLASH_CHECK(w.ndim() == 2 && w.dim(1) == K && y.dim(-1) == N && y.rows() == M, "linear: x ", shape_str(x.shape),
                " w ", shape_str(w.shape), " y ", shape_str(y.shape));
+  if (c && c->data != y.data) {
+    check_dev(op, *c, "c", y.dtype);
+    DFLASH_CHECK(c->numel() == y.numel(), "linear: c ", shape_str(c->shape), " vs y ", shape_str(y.shape));
+  }
   if (M == 0) return;
-  gemm(e, false, true, M, N, K, x.data, K, w.data, K, beta, y.data, y.dtype, N);
+  gemm(e, false, true, M, N, K, x.data, K, w.data, K, beta, y.data, y.dtype, N, c ? c->data : nullptr);
   if (bias) {
     check_dev(op, *bias, "bias", y.dtype);
     DFLASH_CHECK(bias->numel() == N, "linear: bias ", shape_str(bias->shape), " for N = ", N);

@@ -1,15 +1,20 @@
 // cuda/lm_head_loss.cu — fused, chunked lm_head + cross-entropy (+ KL to soft labels), spec 2.4.
 // For each chunk of at most chunk_rows selected rows (so at most chunk_rows x V logits exist at once):
 //   hx = h[rows]                                   (gather)
-//   z  = hx W^T  (F32 [c, V], cuBLASLt),  zt = teacher_h W^T when soft labels are on
-//   one block per row, two passes over the row (k_loss_row: online log-sum-exp, then KL and dz):
+//   z  = hx W^T  (BF16 [c, V], cuBLASLt, fp32 accumulation),  zt = teacher_h W^T when soft labels are on
+//   k_loss_row, one block per row (a grid of num_sms blocks walking the rows), two passes over the row: online
+//   log-sum-exp, then KL and dz:
 //                       ce = logsumexp(z) - z_y;  correct = (argmax z == y, first index on ties)
 //                       kl = sum p (log p - log q),  p = softmax(zt), q = softmax(z)
 //                       dz = w c [(q - onehot(y)) + kl_weight (q - p)]   (BF16 [c, V], c = grad_scale)
 //   dh[rows] = dz W  (cuBLASLt, BF16) scattered back (rows not selected are untouched).
 // Per-row stats are kept on the device (double) and copied to the host once at the end (one synchronisation).
-// Note: dz is rounded to BF16 before the dh product (the GEMM's operands are BF16), a relative error of at most
-// 2^-9 per element of dz.
+// Rounding: the logits are the GEMM's fp32 sums rounded to BF16, as in PyTorch's bf16 lm_head (bench/torch_ref.py)
+// and the CPU backend in bf16 (cpu/lm_head_loss.cpp computes z in T): a relative error of at most 2^-8 per logit.
+// The softmax, sums and KL are fp32 / double from there. dz is rounded to BF16 before the dh product (the GEMM's
+// operands are BF16). bench/NOTES.md 10 and 12: the row kernel reads each bf16 logit twice and writes dz once; with
+// one row per SM in flight (132 x 304 KB for Qwen3's V = 151936) and L2 eviction hints, pass 2 finds most of its row
+// in L2 (ncu, one 1024-row chunk: 405 MB read from DRAM for 311 MB of logits, 256 us).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -20,11 +25,11 @@ namespace dflash::cuda {
 
 namespace {
 
-constexpr int kRowThreads = 512;
+constexpr int kRowThreads = 1024;
 
 struct LossRowParams {
-  const float* z;    // [c, V]
-  const float* zt;   // [c, V] or null
+  const bf16* z;     // [c, V]
+  const bf16* zt;    // [c, V] or null
   bf16* dz;          // [c, V] or null
   const int* labels;     // chunk's labels
   const float* weights;  // chunk's weights
@@ -32,6 +37,7 @@ struct LossRowParams {
   double* kl;
   unsigned char* correct;
   int64_t V;
+  int rows;
   float kl_weight, grad_scale;
   int* err;
 };
@@ -49,24 +55,50 @@ __device__ __forceinline__ float fast_exp(float x) {
 #endif
 }
 
+// 16-byte load with an L2 eviction priority: pass 1 marks the row evict_last so that pass 2, which reads it again
+// right after, finds it in L2; pass 2 marks it evict_first (PTX ISA: createpolicy, ld .L2::cache_hint).
+template <bool LAST>
+__device__ __forceinline__ uint4 ld_row16(const uint4* p) {
+#ifdef DFLASH_CUDA_EMU
+  return *p;
+#else
+  uint64_t pol;
+  if constexpr (LAST)
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  else
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  uint4 v;
+  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(pol));
+  return v;
+#endif
+}
+
 // Online log-sum-exp state (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): running max m,
 // sum of exp(x - m), and the first index of the max.
 struct Lse {
   float m = -INFINITY, s = 0.f;
   int i = 0x7fffffff;
-  // four consecutive values from index i0 (one max update, then the four terms)
-  __device__ __forceinline__ void add4(float4 x, int i0) {
-    float lm = x.x;
+  // eight consecutive values from index i0 (one max update, then the eight terms)
+  __device__ __forceinline__ void add8(const float (&x)[8], int i0) {
+    float lm = x[0];
     int li = i0;
-    if (x.y > lm) { lm = x.y; li = i0 + 1; }
-    if (x.z > lm) { lm = x.z; li = i0 + 2; }
-    if (x.w > lm) { lm = x.w; li = i0 + 3; }
+    DFLASH_UNROLL
+    for (int k = 1; k < 8; ++k)
+      if (x[k] > lm) {
+        lm = x[k];
+        li = i0 + k;
+      }
     if (lm > m) {
       s *= fast_exp(m - lm);  // (m = -inf: s = 0 stays 0)
       m = lm;
       i = li;
     }
-    s += fast_exp(x.x - m) + fast_exp(x.y - m) + fast_exp(x.z - m) + fast_exp(x.w - m);
+    float t = 0.f;
+    DFLASH_UNROLL
+    for (int k = 0; k < 8; ++k) t += fast_exp(x[k] - m);
+    s += t;
   }
   __device__ __forceinline__ void add1(float x, int xi) {
     if (x > m) {
@@ -104,85 +136,100 @@ struct Lse {
   }
 };
 
-// Calls f(v, x) for the 4-aligned groups of a row of V floats (float4 loads when V % 4 == 0, else one at a time);
-// thread tid takes groups tid, tid + blockDim.x, ...
-template <class F4, class F1>
-__device__ __forceinline__ void row_for_each(const float* row, int64_t V, F4 f4, F1 f1) {
-  if ((V & 3) == 0) {
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    for (int64_t g = threadIdx.x; g < V / 4; g += blockDim.x) f4(static_cast<int>(g * 4), __ldg(r4 + g));
+// Calls f8(v, x) for the groups of 8 logits of a row of V (16-byte loads, four in flight per thread, when V % 8 == 0;
+// thread tid takes groups tid, tid + blockDim.x, ...), else f1(v, x) for one logit at a time.
+template <bool LAST, class F8, class F1>
+__device__ __forceinline__ void row_for_each(const bf16* row, int64_t V, F8 f8, F1 f1) {
+  if ((V & 7) == 0) {
+    constexpr int U = 4;  // loads in flight per thread: one block per SM needs ~64 KB in flight to reach bandwidth
+    const uint4* r8 = reinterpret_cast<const uint4*>(row);
+    const int n8 = static_cast<int>(V / 8), nt = blockDim.x;
+    int gi = threadIdx.x;
+    float x[8];
+    for (; gi + (U - 1) * nt < n8; gi += U * nt) {
+      uint4 a[U];
+      DFLASH_UNROLL
+      for (int u = 0; u < U; ++u) a[u] = ld_row16<LAST>(r8 + gi + u * nt);
+      DFLASH_UNROLL
+      for (int u = 0; u < U; ++u) {
+        bf16x8_to_f(a[u], x);
+        f8((gi + u * nt) * 8, x);
+      }
+    }
+    for (; gi < n8; gi += nt) {
+      bf16x8_to_f(ld_row16<LAST>(r8 + gi), x);
+      f8(gi * 8, x);
+    }
   } else {
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) f1(static_cast<int>(v), __ldg(row + v));
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) f1(static_cast<int>(v), __bfloat162float(row[v]));
   }
 }
 
-// One block per row, two passes over the logits: (1) online max / first argmax / sum of exp of z (and of zt),
-// (2) KL and dz. Was four passes with accurate expf (bench/NOTES.md 10).
+// Blocks walk the rows (r = blockIdx.x, + gridDim.x, ...), two passes over each: (1) online max / first argmax / sum
+// of exp of z (and of zt), (2) KL and dz. Was four passes with accurate expf (bench/NOTES.md 10).
 __global__ void __launch_bounds__(kRowThreads) k_loss_row(LossRowParams p) {
   __shared__ float s_m[32], s_s[32];
   __shared__ int s_i[32];
   const int64_t V = p.V;
-  const int r = blockIdx.x;
-  const float* z = p.z + static_cast<int64_t>(r) * V;
-  const float* zt = p.zt ? p.zt + static_cast<int64_t>(r) * V : nullptr;
   const int tid = threadIdx.x;
-  int y = p.labels[r];
-  const bool y_ok = y >= 0 && y < V;
-  if (!y_ok) {
-    if (tid == 0) atomicOr(p.err, kErrLossLabel);
-    y = -1;
-  }
+  for (int r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const bf16* z = p.z + static_cast<int64_t>(r) * V;
+    const bf16* zt = p.zt ? p.zt + static_cast<int64_t>(r) * V : nullptr;
+    int y = p.labels[r];
+    const bool y_ok = y >= 0 && y < V;
+    if (!y_ok) {
+      if (tid == 0) atomicOr(p.err, kErrLossLabel);
+      y = -1;
+    }
 
-  // pass 1
-  Lse q, t;
-  row_for_each(z, V, [&](int v, float4 x) { q.add4(x, v); }, [&](int v, float x) { q.add1(x, v); });
-  if (zt) row_for_each(zt, V, [&](int v, float4 x) { t.add4(x, v); }, [&](int v, float x) { t.add1(x, v); });
-  q.block_reduce(s_m, s_s, s_i);
-  if (zt) t.block_reduce(s_m, s_s, s_i);
-  const float lse = q.m + logf(q.s);
-  const float tlse = zt ? t.m + logf(t.s) : 0.f;
-  const int am = q.i;
+    // pass 1
+    Lse q, t;
+    row_for_each<true>(z, V, [&](int v, const float (&x)[8]) { q.add8(x, v); }, [&](int v, float x) { q.add1(x, v); });
+    if (zt)
+      row_for_each<true>(zt, V, [&](int v, const float (&x)[8]) { t.add8(x, v); }, [&](int v, float x) { t.add1(x, v); });
+    q.block_reduce(s_m, s_s, s_i);
+    if (zt) t.block_reduce(s_m, s_s, s_i);
+    const float lse = q.m + logf(q.s);
+    const float tlse = zt ? t.m + logf(t.s) : 0.f;
+    const int am = q.i;
 
-  // pass 2: KL(p || q) = sum p (log p - log q) with p = softmax(zt), q = softmax(z); dz = coef [(q - onehot(y)) +
-  // kl_weight (q - p)]
-  float kl = 0.f;
-  if (zt || p.dz) {
-    const float coef = p.weights[r] * p.grad_scale, klw = p.kl_weight;
-    bf16* dz = p.dz ? p.dz + static_cast<int64_t>(r) * V : nullptr;
-    auto one = [&](float zv, int v, float ztv) -> float {  // dz's value before coef
-      const float lq = zv - lse, qv = fast_exp(lq);
-      float gv = qv - (v == y ? 1.f : 0.f);
-      if (zt) {
-        const float lp = ztv - tlse, pv = fast_exp(lp);
-        kl += pv * (lp - lq);
-        gv += klw * (qv - pv);
-      }
-      return coef * gv;
-    };
-    row_for_each(
-        z, V,
-        [&](int v, float4 x) {
-          const float4 xt = zt ? __ldg(reinterpret_cast<const float4*>(zt + v)) : float4{0.f, 0.f, 0.f, 0.f};
-          const float g0 = one(x.x, v, xt.x), g1 = one(x.y, v + 1, xt.y), g2 = one(x.z, v + 2, xt.z),
-                      g3 = one(x.w, v + 3, xt.w);
-          if (dz) {
-            __nv_bfloat162 lo = __floats2bfloat162_rn(g0, g1), hi = __floats2bfloat162_rn(g2, g3);
-            uint2 pk;
-            pk.x = *reinterpret_cast<uint32_t*>(&lo);
-            pk.y = *reinterpret_cast<uint32_t*>(&hi);
-            *reinterpret_cast<uint2*>(dz + v) = pk;
-          }
-        },
-        [&](int v, float x) {
-          const float g = one(x, v, zt ? __ldg(zt + v) : 0.f);
-          if (dz) dz[v] = __float2bfloat16(g);
-        });
-    if (zt) kl = block_sum(kl, s_m);
-  }
-  if (tid == 0) {
-    p.ce[r] = y_ok ? static_cast<double>(lse) - static_cast<double>(z[y]) : 0.0;
-    p.kl[r] = static_cast<double>(kl);
-    p.correct[r] = (y_ok && am == y) ? 1 : 0;
+    // pass 2: KL(p || q) = sum p (log p - log q) with p = softmax(zt), q = softmax(z); dz = coef [(q - onehot(y)) +
+    // kl_weight (q - p)]
+    float kl = 0.f;
+    if (zt || p.dz) {
+      const float coef = p.weights[r] * p.grad_scale, klw = p.kl_weight;
+      bf16* dz = p.dz ? p.dz + static_cast<int64_t>(r) * V : nullptr;
+      auto one = [&](float zv, int v, float ztv) -> float {  // dz's value before coef
+        const float lq = zv - lse, qv = fast_exp(lq);
+        float gv = qv - (v == y ? 1.f : 0.f);
+        if (zt) {
+          const float lp = ztv - tlse, pv = fast_exp(lp);
+          kl += pv * (lp - lq);
+          gv += klw * (qv - pv);
+        }
+        return coef * gv;
+      };
+      row_for_each<false>(
+          z, V,
+          [&](int v, const float (&x)[8]) {
+            float xt[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, g[8];
+            if (zt) bf16x8_to_f(ld_row16<false>(reinterpret_cast<const uint4*>(zt + v)), xt);
+            DFLASH_UNROLL
+            for (int k = 0; k < 8; ++k) g[k] = one(x[k], v + k, xt[k]);
+            if (dz) *reinterpret_cast<uint4*>(dz + v) = f_to_bf16x8(g);
+          },
+          [&](int v, float x) {
+            const float g = one(x, v, zt ? __bfloat162float(zt[v]) : 0.f);
+            if (dz) dz[v] = __float2bfloat16(g);
+          });
+      if (zt) kl = block_sum(kl, s_m);
+    }
+    if (tid == 0) {
+      p.ce[r] = y_ok ? static_cast<double>(lse) - static_cast<double>(__bfloat162float(z[y])) : 0.0;
+      p.kl[r] = static_cast<double>(kl);
+      p.correct[r] = (y_ok && am == y) ? 1 : 0;
+    }
+    __syncthreads();  // (s_m .. s_i are reused by the next row)
   }
 }
 
@@ -220,8 +267,8 @@ LossStats lm_head_loss(Env& e, const LossArgs& a) {
   const int64_t C = std::min<int64_t>(std::max<int64_t>(1, a.chunk_rows), Rs);
   Tensor ce = e.alloc(DType::F64, {Rs}), kl = e.alloc(DType::F64, {Rs}), correct = e.alloc(DType::U8, {Rs});
   Tensor hx = e.alloc(DType::BF16, {C, H});
-  Tensor z = e.alloc(DType::F32, {C, V});
-  Tensor zt = teacher ? e.alloc(DType::F32, {C, V}) : Tensor{};
+  Tensor z = e.alloc(DType::BF16, {C, V});
+  Tensor zt = teacher ? e.alloc(DType::BF16, {C, V}) : Tensor{};
   Tensor dz = grad ? e.alloc(DType::BF16, {C, V}) : Tensor{};
   Tensor dhr = grad ? e.alloc(DType::BF16, {C, H}) : Tensor{};
   for (int64_t c0 = 0; c0 < Rs; c0 += C) {
@@ -229,14 +276,14 @@ LossStats lm_head_loss(Env& e, const LossArgs& a) {
     const Tensor rows_c = a.rows.slice(c0, c0 + c);
     const Tensor hx_c = hx.slice(0, c);
     gather_rows(e, hx_c, a.h.reshape({R, H}), rows_c);
-    gemm(e, false, true, c, V, H, hx_c.data, H, a.lm_head.data, H, 0.f, z.data, DType::F32, V);
+    gemm(e, false, true, c, V, H, hx_c.data, H, a.lm_head.data, H, 0.f, z.data, DType::BF16, V);
     if (teacher) {
       const Tensor th = a.teacher_h.reshape({Rs, H}).slice(c0, c0 + c);
-      gemm(e, false, true, c, V, H, th.data, H, a.lm_head.data, H, 0.f, zt.data, DType::F32, V);
+      gemm(e, false, true, c, V, H, th.data, H, a.lm_head.data, H, 0.f, zt.data, DType::BF16, V);
     }
     LossRowParams p{};
-    p.z = z.ptr<float>();
-    p.zt = teacher ? zt.ptr<float>() : nullptr;
+    p.z = static_cast<const bf16*>(z.data);
+    p.zt = teacher ? static_cast<const bf16*>(zt.data) : nullptr;
     p.dz = grad ? static_cast<bf16*>(dz.data) : nullptr;
     p.labels = a.labels.ptr<int>() + c0;
     p.weights = a.weights.ptr<float>() + c0;
@@ -244,10 +291,13 @@ LossStats lm_head_loss(Env& e, const LossArgs& a) {
     p.kl = kl.ptr<double>() + c0;
     p.correct = correct.ptr<uint8_t>() + c0;
     p.V = V;
+    p.rows = static_cast<int>(c);
     p.kl_weight = teacher ? a.kl_weight : 0.f;
     p.grad_scale = a.grad_scale;
     p.err = e.err_flag;
-    DFLASH_LAUNCH(static_cast<unsigned>(c), kRowThreads, 0, e.stream, k_loss_row)(p);
+    // one block of 1024 threads per SM (63 registers each): ~num_sms rows in flight, whose pass 2 finds them in L2
+    const int64_t grid = std::min<int64_t>(c, std::max(1, e.num_sms));
+    DFLASH_LAUNCH(static_cast<unsigned>(grid), kRowThreads, 0, e.stream, k_loss_row)(p);
     check_launch("lm_head_loss_rows");
     if (grad) {
       // dh_rows[c, H] = dz[c, V] W[V, H]

@@ -58,11 +58,11 @@ void check_on_dev(const char* op, const Tensor& t, const char* name);
 void convert(Env& e, const Tensor& dst, const Tensor& src);  // device F32 <-> BF16 (or same dtype: copy)
 
 // ---- dense algebra (linear.cu) ------------------------------------------------------------------------------
-// Row-major C[M,N] = op(A)[M,K] op(B)[K,N] + beta C through cuBLASLt, A and B BF16, fp32 accumulation, C BF16 or
-// F32. op(A) = A^T when ta (A stored [K,M]), likewise B.
+// Row-major C[M,N] = op(A)[M,K] op(B)[K,N] + beta C_in through cuBLASLt, A and B BF16, fp32 accumulation, C BF16 or
+// F32. op(A) = A^T when ta (A stored [K,M]), likewise B. C_in (C's dtype and ldc) is C itself when null.
 void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
-          int64_t ldb, float beta, void* C, DType c_type, int64_t ldc);
-void linear(Env& e, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta);
+          int64_t ldb, float beta, void* C, DType c_type, int64_t ldc, const void* C_in = nullptr);
+void linear(Env& e, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta, const Tensor* c);
 void linear_dx(Env& e, const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
 void linear_dw(Env& e, const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
 
