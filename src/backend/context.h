@@ -1,6 +1,6 @@
 // backend/context.h — the per-device, per-worker execution context and the op interface.
-// defines: Context (abstract), Event, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, make_context, ContextOptions,
-//          lazy_init_count, note_lazy_init
+// defines: Context (abstract), Event, RopeArgs, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, make_context,
+//          ContextOptions, lazy_init_count, note_lazy_init
 //
 // One Context per device per worker thread. It owns everything mutable that executing ops needs: on the CPU a
 // thread pool; on CUDA the stream, the cuBLASLt handle, its workspace and a stream-ordered memory pool. There is
@@ -26,6 +26,15 @@
 #include "core/tensor.h"
 
 namespace dflash {
+
+// The RoPE that rmsnorm / rmsnorm_backward apply to their rows (the per-head q / k norms of attention, RoPE fused
+// in): the rows of x [R, D] are (token, head) pairs, row r of token r / heads at position pos[r / heads]; angles
+// pos * inv_freq[i], the rotate-half convention of Context::rope (D = head_dim, R = T heads).
+struct RopeArgs {
+  Tensor pos;         // [T] I32, T = R / heads
+  Tensor inv_freq;    // [D/2] F32, from rope_inv_freq()
+  int64_t heads = 1;  // rows per token
+};
 
 // DFlash attention (spec 2.2-2.3) of one sequence. Block j (anchor a_j, slot i) attends to context keys
 // k < a_j (strictly) and to the B keys of its own block (bidirectional); a padding block (valid_j = 0) attends
@@ -150,11 +159,16 @@ class Context {
 
   // ---- normalisation, activations, elementwise -----------------------------------------------------------
   // y = x / sqrt(mean(x^2) + eps) * w over the last dim D; x, y [R, D]; w [D]; rstd [R] F32 (saved for
-  // backward) when defined. y may alias x.
-  virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) = 0;
-  // dx = d/dx (+ beta*dx); dw [D] F32 += d/dw. Needs the forward's x and rstd.
+  // backward) when defined. y may alias x. With rope: y = RoPE(x / sqrt(mean(x^2) + eps) * w), each row rotated
+  // at its token's position (RopeArgs; R = T heads, D = head_dim even); rstd is still the norm's.
+  virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+                       const RopeArgs* rope = nullptr) = 0;
+  // dx = d/dx (+ beta*dx); dw [D] F32 += d/dw. Needs the forward's x and rstd. dx may alias dy or x. With rope
+  // (the forward's): dy is the gradient of the rotated y; it is rotated back (rope(..., inverse = true)) and the
+  // above runs on that. dy itself is not modified (unless dx aliases it).
   virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                const Tensor& dx, const Tensor& dw, float beta = 0.f) = 0;
+                                const Tensor& dx, const Tensor& dw, float beta = 0.f,
+                                const RopeArgs* rope = nullptr) = 0;
   // In-place rotate-half RoPE of x [T, heads, d] at positions pos [T] (I32), angles pos * inv_freq[i]
   // (inv_freq [d/2] F32, computed by rope_inv_freq() incl. rope scaling). inverse = rotate by -angle
   // (the backward of RoPE).

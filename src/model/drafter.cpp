@@ -229,16 +229,17 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
   ctx.linear(a.xn, P.wq->compute, nullptr, a.q_pre);
   a.q = ctx.empty(dt, {NB, nh, d});
   a.rstd_q = ctx.empty(st, {NB * nh});
-  ctx.rmsnorm(a.q_pre.reshape({NB * nh, d}), P.q_norm->compute, eps, a.q.reshape({NB * nh, d}), a.rstd_q);
-  ctx.rope(a.q, in.block_pos, inv_freq_, false);
+  const RopeArgs rope_q{in.block_pos, inv_freq_, nh};  // the RoPE, applied by the per-head norms
+  ctx.rmsnorm(a.q_pre.reshape({NB * nh, d}), P.q_norm->compute, eps, a.q.reshape({NB * nh, d}), a.rstd_q, &rope_q);
   // keys/values of the context (Ht; same Wk/Wv as the block) unless already given (the inference cache)
   if (!a.kc.defined()) {
     a.kc_pre = ctx.empty(dt, {S, nkv * d});
     ctx.linear(Ht, P.wk->compute, nullptr, a.kc_pre);
     a.kc = ctx.empty(dt, {S, nkv, d});
     a.rstd_kc = ctx.empty(st, {S * nkv});
-    ctx.rmsnorm(a.kc_pre.reshape({S * nkv, d}), P.k_norm->compute, eps, a.kc.reshape({S * nkv, d}), a.rstd_kc);
-    ctx.rope(a.kc, in.ctx_pos, inv_freq_, false);
+    const RopeArgs rope_kc{in.ctx_pos, inv_freq_, nkv};
+    ctx.rmsnorm(a.kc_pre.reshape({S * nkv, d}), P.k_norm->compute, eps, a.kc.reshape({S * nkv, d}), a.rstd_kc,
+                &rope_kc);
     a.vc = ctx.empty(dt, {S, nkv, d});
     ctx.linear(Ht, P.wv->compute, nullptr, a.vc.reshape({S, nkv * d}));
   }
@@ -247,8 +248,9 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
   ctx.linear(a.xn, P.wk->compute, nullptr, a.kb_pre);
   a.kb = ctx.empty(dt, {NB, nkv, d});
   a.rstd_kb = ctx.empty(st, {NB * nkv});
-  ctx.rmsnorm(a.kb_pre.reshape({NB * nkv, d}), P.k_norm->compute, eps, a.kb.reshape({NB * nkv, d}), a.rstd_kb);
-  ctx.rope(a.kb, in.block_pos, inv_freq_, false);
+  const RopeArgs rope_kb{in.block_pos, inv_freq_, nkv};
+  ctx.rmsnorm(a.kb_pre.reshape({NB * nkv, d}), P.k_norm->compute, eps, a.kb.reshape({NB * nkv, d}), a.rstd_kb,
+              &rope_kb);
   a.vb = ctx.empty(dt, {NB, nkv, d});
   ctx.linear(a.xn, P.wv->compute, nullptr, a.vb.reshape({NB, nkv * d}));
   // DFlash attention
@@ -303,19 +305,18 @@ void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, con
   DFlashAttnArgs at{a.q, a.kc, a.vc, a.kb, a.vb, in.anchors, in.valid, static_cast<int>(cfg_.block_size),
                     1.0f / std::sqrt(static_cast<float>(d)), cfg_.window_of(l)};
   ctx.dflash_attention_backward(at, a.o, a.lse, d_o, dq, dkc, dvc, dkb, dvb);
-  // RoPE backward (rotation by -angle), then the per-head RMSNorms
-  ctx.rope(dq, in.block_pos, inv_freq_, true);
-  ctx.rope(dkc, in.ctx_pos, inv_freq_, true);
-  ctx.rope(dkb, in.block_pos, inv_freq_, true);
+  // the per-head RMSNorms with their RoPE (dq, dkc, dkb rotated back by -angle inside)
+  const RopeArgs rope_q{in.block_pos, inv_freq_, nh}, rope_kc{in.ctx_pos, inv_freq_, nkv},
+      rope_kb{in.block_pos, inv_freq_, nkv};
   Tensor dq_pre = ctx.empty(dt, {NB, nh * d});
   ctx.rmsnorm_backward(dq.reshape({NB * nh, d}), a.q_pre.reshape({NB * nh, d}), P.q_norm->compute, a.rstd_q,
-                       dq_pre.reshape({NB * nh, d}), P.q_norm->grad);
+                       dq_pre.reshape({NB * nh, d}), P.q_norm->grad, 0.0f, &rope_q);
   Tensor dkc_pre = ctx.empty(dt, {S, nkv * d});
   ctx.rmsnorm_backward(dkc.reshape({S * nkv, d}), a.kc_pre.reshape({S * nkv, d}), P.k_norm->compute, a.rstd_kc,
-                       dkc_pre.reshape({S * nkv, d}), P.k_norm->grad);
+                       dkc_pre.reshape({S * nkv, d}), P.k_norm->grad, 0.0f, &rope_kc);
   Tensor dkb_pre = ctx.empty(dt, {NB, nkv * d});
   ctx.rmsnorm_backward(dkb.reshape({NB * nkv, d}), a.kb_pre.reshape({NB * nkv, d}), P.k_norm->compute, a.rstd_kb,
-                       dkb_pre.reshape({NB * nkv, d}), P.k_norm->grad);
+                       dkb_pre.reshape({NB * nkv, d}), P.k_norm->grad, 0.0f, &rope_kb);
   // projections: block side into xn, context side into Ht
   Tensor d_xn = ctx.empty(dt, {NB, H});
   Tensor dvb2 = dvb.reshape({NB, nkv * d}), dvc2 = dvc.reshape({S, nkv * d});
@@ -454,13 +455,12 @@ void Drafter::extend_cache(Context& ctx, Cache& c, const Tensor& features) const
   ctx.rmsnorm(Ht, params_.get("hidden_norm.weight").compute, eps, Ht, none);
   std::vector<int32_t> ph(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) ph[t] = static_cast<int32_t>(c.len + t);
-  Tensor pos = ctx.to_device(cpu_tensor_i32(ph, {T}));
+  const RopeArgs rope_k{ctx.to_device(cpu_tensor_i32(ph, {T})), inv_freq_, nkv};
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const LayerParams P = layer(l);
     Tensor k = c.k[l].slice(c.len, c.len + T), v = c.v[l].slice(c.len, c.len + T);
     ctx.linear(Ht, P.wk->compute, nullptr, k.reshape({T, nkv * d}));
-    ctx.rmsnorm(k.reshape({T * nkv, d}), P.k_norm->compute, eps, k.reshape({T * nkv, d}), none);
-    ctx.rope(k, pos, inv_freq_, false);
+    ctx.rmsnorm(k.reshape({T * nkv, d}), P.k_norm->compute, eps, k.reshape({T * nkv, d}), none, &rope_k);
     ctx.linear(Ht, P.wv->compute, nullptr, v.reshape({T, nkv * d}));
   }
   c.len += T;

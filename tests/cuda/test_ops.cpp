@@ -282,6 +282,50 @@ TEST(CudaOps, RmsNorm) {
   }
 }
 
+// rmsnorm / rmsnorm_backward with RopeArgs (the per-head q / k norms): BF16 rows of D = 64, 128, 256 run the row
+// kernels with the RoPE fused (one rounding of y; dy rotated back in fp32); D = 96, 512 and F32 rows the composition
+// with rope (BF16: y and the rotated dy rounded to bf16 in between, so y, dx and dw are Nmse there).
+TEST(CudaOps, RmsNormRope) {
+  struct S {
+    int64_t T, heads, D;
+    bool f32;
+  };
+  const std::vector<S> shapes = kEmu ? std::vector<S>{{5, 2, 64, false}, {3, 3, 128, false}, {3, 2, 96, false}}
+                                     : std::vector<S>{{700, 8, 128, false}, {5000, 4, 128, false}, {300, 4, 64, false},
+                                                      {200, 2, 256, false}, {100, 4, 96, false}, {64, 2, 512, false},
+                                                      {50, 4, 128, true}};
+  for (const S& sh : shapes) {
+    const int64_t R = sh.T * sh.heads, D = sh.D;
+    const bool fused = !sh.f32 && D <= 256 && (D & (D - 1)) == 0, act = !sh.f32;
+    std::vector<int32_t> pos(static_cast<size_t>(sh.T));
+    for (int64_t t = 0; t < sh.T; ++t) pos[t] = static_cast<int32_t>((t * 37) % 4096);
+    Tensor inv = cpu_empty(DType::F32, {D / 2});
+    for (int64_t i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(1e6f, static_cast<float>(2 * i) / D);
+    const Tensor x = rnd({R, D}, 41, 2.0), w = rnd({D}, 42, 0.3, 1.0), dy = rnd({R, D}, 43), dx0 = rnd({R, D}, 44);
+    const Tensor dw0 = rnd({D}, 45);
+    const Kind k = fused || sh.f32 ? Kind::TwoX : Kind::Nmse;
+    const double nt = 1e-5;  // Nmse: two bf16 roundings (about 2.6e-6)
+    check_case(cat("rmsnorm+rope T", sh.T, " heads", sh.heads, " D", D, sh.f32 ? " F32" : "", fused ? " (fused)" : ""),
+               {{"y", k, act, double(D), nt}, {"rstd", Kind::TwoX, false, double(D)},
+                {"dx beta1", k, act, double(D), nt}, {"dw", k, false, double(R), nt},
+                {"y in place", k, act, double(D), nt}, {"dx=dy beta0 no dw", k, act, double(D), nt},
+                {"dy kept", Kind::Exact, act}},
+               [&](Context& c) {
+                 const RopeArgs rope{put_i32(c, pos), put_raw(c, inv), sh.heads};
+                 Tensor xd = put(c, x, act), wd = put(c, w, act);
+                 Tensor y = nan_out(c, {R, D}, act), rstd = nan_out(c, {R}, false);
+                 c.rmsnorm(xd, wd, 1e-6f, y, rstd, &rope);
+                 Tensor dx = put(c, dx0, act), dw = put(c, dw0, false), dyd = put(c, dy, act);
+                 c.rmsnorm_backward(dyd, xd, wd, rstd, dx, dw, 1.0f, &rope);
+                 Tensor xi = put(c, x, act), none;
+                 c.rmsnorm(xi, wd, 1e-6f, xi, none, &rope);
+                 Tensor g = put(c, dy, act);
+                 c.rmsnorm_backward(g, xd, wd, rstd, g, none, 0.0f, &rope);
+                 return Outs{get(c, y), get(c, rstd), get(c, dx), get(c, dw), get(c, xi), get(c, g), get(c, dyd)};
+               });
+  }
+}
+
 TEST(CudaOps, Elementwise) {
   const int64_t T = kEmu ? 9 : 700, Hh = 8, d = 128;
   std::vector<int32_t> pos(static_cast<size_t>(T));

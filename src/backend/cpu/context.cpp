@@ -9,6 +9,15 @@ namespace dflash {
 
 namespace {
 
+// t [R, D] viewed as [R / heads, heads, D], the layout cpu::rope takes (checked against r.pos).
+Tensor rope_rows(const char* op, const Tensor& t, const RopeArgs& r) {
+  const int64_t R = t.rows(), D = t.dim(-1);
+  DFLASH_CHECK(r.heads > 0 && R % r.heads == 0, op, ": ", R, " rows are not whole tokens of ", r.heads, " heads");
+  DFLASH_CHECK(r.pos.dtype == DType::I32 && r.pos.numel() == R / r.heads, op, ": rope pos must be I32 [", R / r.heads,
+               "] (", R, " rows / ", r.heads, " heads), got ", dtype_name(r.pos.dtype), " ", shape_str(r.pos.shape));
+  return t.reshape({R / r.heads, r.heads, D});
+}
+
 class CpuContext final : public Context {
  public:
   CpuContext(const ContextOptions& o, DType dt)
@@ -67,15 +76,25 @@ class CpuContext final : public Context {
     const OpScope scope = op_gemm("linear_dw", dy.numel() / dw.shape[0], dw.shape[0], dw.shape.back());
     cpu::linear_dw(pool_, dy, x, dw, db);
   }
-  void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
+  // With rope: the composition, rmsnorm then rope on y (the backward: rope inverse on a copy of dy, then the
+  // backward), on the rows viewed as [T, heads, D].
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+               const RopeArgs* rope) override {
     const OpScope scope = op_rows("rmsnorm", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
     cpu::rmsnorm(pool_, x, w, eps, y, rstd);
+    if (rope) cpu::rope(pool_, rope_rows("rmsnorm", y, *rope), rope->pos, rope->inv_freq, false);
   }
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                        const Tensor& dw, float beta) override {
+                        const Tensor& dw, float beta, const RopeArgs* rope) override {
     const OpScope scope =
         op_rows("rmsnorm_backward", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
-    cpu::rmsnorm_backward(pool_, dy, x, w, rstd, dx, dw, beta);
+    if (!rope) {
+      cpu::rmsnorm_backward(pool_, dy, x, w, rstd, dx, dw, beta);
+      return;
+    }
+    const Tensor g = cpu_clone(dy);
+    cpu::rope(pool_, rope_rows("rmsnorm_backward", g, *rope), rope->pos, rope->inv_freq, true);
+    cpu::rmsnorm_backward(pool_, g, x, w, rstd, dx, dw, beta);
   }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
     const OpScope scope = op("rope");

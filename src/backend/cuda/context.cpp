@@ -288,15 +288,18 @@ class CudaContext final : public Context {
     const OpScope scope = op_gemm("linear_dw", dy.numel() / dw.shape[0], dw.shape[0], dw.shape.back());
     cuda::linear_dw(env_, dy, x, dw, db);
   }
-  void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+               const RopeArgs* rope) override {
     const OpScope scope = op_rows("rmsnorm", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
-    cuda::rmsnorm(env_, x, w, eps, y, rstd);
+    const RopeArgs r = rope ? on_device(*rope) : RopeArgs{};
+    cuda::rmsnorm(env_, x, w, eps, y, rstd, rope ? &r : nullptr);
   }
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                        const Tensor& dw, float beta) override {
+                        const Tensor& dw, float beta, const RopeArgs* rope) override {
     const OpScope scope =
         op_rows("rmsnorm_backward", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
-    cuda::rmsnorm_backward(env_, dy, x, w, rstd, dx, dw, beta);
+    const RopeArgs r = rope ? on_device(*rope) : RopeArgs{};
+    cuda::rmsnorm_backward(env_, dy, x, w, rstd, dx, dw, beta, rope ? &r : nullptr);
   }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
     const OpScope scope = op("rope");
@@ -463,6 +466,7 @@ class CudaContext final : public Context {
     if (!t.defined() || t.device == Device::CUDA) return t;
     return to_device(t);
   }
+  RopeArgs on_device(const RopeArgs& r) { return {on_device(r.pos), on_device(r.inv_freq), r.heads}; }
   DFlashAttnArgs on_device(const DFlashAttnArgs& a) {
     DFlashAttnArgs d = a;
     d.anchors = on_device(a.anchors);

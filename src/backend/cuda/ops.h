@@ -67,9 +67,13 @@ void linear_dx(Env& e, const Tensor& dy, const Tensor& w, const Tensor& dx, floa
 void linear_dw(Env& e, const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
 
 // ---- normalisation, activations, elementwise ----------------------------------------------------------------
-void rmsnorm(Env& e, const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
+// rope: pos and inv_freq on the device. BF16 rows of D = 64, 128, 256 (16-byte aligned) fuse the RoPE into the
+// one-pass row kernels; other rows run the composition (rmsnorm then rope on y; rope inverse on a copy of dy, then
+// the backward).
+void rmsnorm(Env& e, const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+             const RopeArgs* rope = nullptr);
 void rmsnorm_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dw, float beta);
+                      const Tensor& dx, const Tensor& dw, float beta, const RopeArgs* rope = nullptr);
 void rope(Env& e, const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse);
 void silu_mul(Env& e, const Tensor& gate, const Tensor& up, const Tensor& out);
 void silu_mul_backward(Env& e, const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,

@@ -6,6 +6,9 @@
 // fp32 accumulation throughout. dw uses a deterministic two-stage column reduction (fixed row partitions -> F32
 // partials -> one ordered sum per column), no float atomics. dx may alias dy (the one-pass kernel reads a chunk
 // before writing it; the two-kernel path computes dw before dx).
+// With RopeArgs (the per-head q / k norms): y = RoPE(y) and dy -> RoPE^-1(dy) before the backward, fused into the
+// row kernels for BF16 rows of D = 64, 128, 256 (ROPE: the rotate-half partner of a thread's chunk is a lane of its
+// warp); other rows run the composition with rope.cu's kernel (forward: rope on y; backward: on a copy of dy).
 #include <algorithm>
 #include <type_traits>
 
@@ -201,13 +204,14 @@ constexpr int kRowThreads = 256;
 // Rows per row slot and step: RB (the forward: RB CPT = 4 chunks of x per thread in flight; the backward: RB CPT = 2
 // chunks of dy, x and dx each for CPT 1 and 2, 4 for CPT 4), and the blocks per SM the backward is built for (its
 // __launch_bounds__ minimum: ptxas fits it in 64, 80, 128 registers without spills; RB CPT = 4 for CPT 1 takes
-// about 100 and 2 blocks per SM).
+// about 100 and 2 blocks per SM). The backward with the RoPE fused (CPT 1) keeps dy in fp32 (rotated) and needs 74
+// (80 with dw): 3 blocks per SM (4 spill). The forward has no minimum (80 registers with the RoPE, 48 without).
 template <int CPT>
 constexpr int kFwdRowsPerSlot = 4 / CPT;
 template <int CPT>
 constexpr int kBwdRowsPerSlot = CPT == 1 ? 2 : 1;
-template <int CPT>
-constexpr int kBwdBlocksPerSm = CPT == 1 ? 4 : CPT == 2 ? 3 : 2;
+template <int CPT, bool ROPE>
+constexpr int kBwdBlocksPerSm = ROPE ? 3 : CPT == 1 ? 4 : CPT == 2 ? 3 : 2;
 
 // Sums v[k] (k < RB) over the TPR threads of each row slot, in a fixed order; every thread of the slot gets the
 // same bits. A xor butterfly over min(TPR, 32) lanes (aligned lane groups); for TPR > 32 then the TPR / 32 warp
@@ -253,19 +257,58 @@ __device__ __forceinline__ void bf16x8_to_f_alu(const uint4& v, float (&f)[8]) {
   }
 }
 
+// ---- the fused RoPE (ROPE row kernels: CPT 1, TPR <= 32, i.e. D = 64, 128, 256) ------------------------------------
+// Row r is head r mod heads of token r / heads, at position pos[r / heads]. Thread s holds the elements 8s .. 8s+7 of
+// its row; rotate-half pairs element i < D/2 with i + D/2, i.e. thread s with its partner s ^ TPR/2, a lane of the
+// same warp (row slots are aligned groups of TPR <= 32 lanes), whose chunk comes by __shfl_xor_sync.
+struct RopeRows {
+  const int* pos = nullptr;         // [R / heads] I32
+  const float* inv_freq = nullptr;  // [D/2] F32
+  int heads = 1;
+};
+constexpr int64_t kRopeMaxD = 256;
+
+// The partner's 4 packed words of the same row (every lane of the warp must call: a warp-wide shuffle).
+template <int TPR>
+__device__ __forceinline__ uint4 rope_partner(const uint4& v) {
+  return {__shfl_xor_sync(0xffffffffu, v.x, TPR / 2), __shfl_xor_sync(0xffffffffu, v.y, TPR / 2),
+          __shfl_xor_sync(0xffffffffu, v.z, TPR / 2), __shfl_xor_sync(0xffffffffu, v.w, TPR / 2)};
+}
+
+// v = thread s's 8 values, p = its partner's: with t = pos * inv_freq[8 (s mod TPR/2) + e] (formed in fp32),
+//   first half (s < TPR/2):  v_e cos t - p_e sin t,   second half:  v_e cos t + p_e sin t
+// (rope.cu's (a cos - b sin, b cos + a sin)); sgn = -1: the inverse (rotation by -t). cosf / sinf as rope.cu's.
+template <int TPR>
+__device__ __forceinline__ void rope_chunk(float (&v)[8], const float (&p)[8], int pos, const float* inv_freq, int s,
+                                           float sgn) {
+  constexpr int H = TPR / 2;
+  const float sg = s < H ? -sgn : sgn;
+  const float* f = inv_freq + 8 * (s & (H - 1));
+  DFLASH_UNROLL
+  for (int e = 0; e < 8; ++e) {
+    const float ang = static_cast<float>(pos) * f[e];
+    const float c = cosf(ang), sn = sg * sinf(ang);
+    v[e] = v[e] * c + p[e] * sn;
+  }
+}
+
 // The forward, one step per block: rows blockIdx.x NS RB + k NS + q. Same arithmetic as k_rmsnorm_bf16x8 (y may
-// alias x: a thread reads each of its chunks before writing it).
-template <int TPR, int CPT>
+// alias x: a thread reads each of its chunks before writing it). ROPE: the partner's y (its x, by shuffle, times
+// r and its w) rotates the fp32 y before the one rounding at the store.
+template <int TPR, int CPT, bool ROPE>
 __global__ void __launch_bounds__(kRowThreads) k_rmsnorm_rows(const bf16* x, const bf16* __restrict__ w, bf16* y,
-                                                              float* __restrict__ rstd, int64_t R, float eps) {
+                                                              float* __restrict__ rstd, int64_t R, float eps,
+                                                              RopeRows rope) {
+  static_assert(!ROPE || (CPT == 1 && TPR <= 32), "the fused RoPE exchanges chunks within a warp");
   constexpr int D = 8 * TPR * CPT, NS = kRowThreads / TPR, RB = kFwdRowsPerSlot<CPT>;
   __shared__ float red[RB * 8];
   const int s = threadIdx.x % TPR, q = threadIdx.x / TPR;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * (NS * RB) + q;
-  uint4 xv[RB][CPT], wv[CPT];
+  uint4 xv[RB][CPT], wv[CPT], wp{};  // wp: the partner's chunk of w (ROPE)
   float ss[RB];
   DFLASH_UNROLL
   for (int j = 0; j < CPT; ++j) wv[j] = reinterpret_cast<const uint4*>(w)[s + TPR * j];
+  if constexpr (ROPE) wp = reinterpret_cast<const uint4*>(w)[s ^ (TPR / 2)];
   DFLASH_UNROLL
   for (int k = 0; k < RB; ++k) {
     const int64_t row = base + k * NS;
@@ -288,6 +331,8 @@ __global__ void __launch_bounds__(kRowThreads) k_rmsnorm_rows(const bf16* x, con
   DFLASH_UNROLL
   for (int k = 0; k < RB; ++k) {
     const int64_t row = base + k * NS;
+    uint4 xp{};
+    if constexpr (ROPE) xp = rope_partner<TPR>(xv[k][0]);  // before the row test: all lanes shuffle
     if (row >= R) continue;
     const float inv = 1.0f / sqrtf(ss[k] / static_cast<float>(D) + eps);
     if (rstd != nullptr && s == 0) rstd[row] = inv;
@@ -298,6 +343,14 @@ __global__ void __launch_bounds__(kRowThreads) k_rmsnorm_rows(const bf16* x, con
       bf16x8_to_f(wv[j], wf);
       DFLASH_UNROLL
       for (int e = 0; e < 8; ++e) xf[e] = xf[e] * inv * wf[e];
+      if constexpr (ROPE) {
+        float pf[8];
+        bf16x8_to_f(xp, pf);
+        bf16x8_to_f(wp, wf);
+        DFLASH_UNROLL
+        for (int e = 0; e < 8; ++e) pf[e] = pf[e] * inv * wf[e];
+        rope_chunk<TPR>(xf, pf, rope.pos[row / rope.heads], rope.inv_freq, s, 1.f);
+      }
       reinterpret_cast<uint4*>(y)[row * (D / 8) + s + TPR * j] = f_to_bf16x8(xf);
     }
   }
@@ -311,10 +364,14 @@ __global__ void __launch_bounds__(kRowThreads) k_rmsnorm_rows(const bf16* x, con
 // the end the NS row slots are added in order (q = 0, 1, ...) into partial[b, D] (F32), which k_colsum_final sums
 // over the blocks in order: a fixed row partition and reduction order, no atomics (deterministic). dx may alias dy
 // or x: a thread reads its chunks of a row before it writes them, and no other thread touches them.
-template <int TPR, int CPT, bool DW>
-__global__ void __launch_bounds__(kRowThreads, kBwdBlocksPerSm<CPT>)
+// ROPE: dy is rotated back (RoPE^-1 in fp32, not rounded) right after the loads, the partner's chunk by shuffle
+// (before any store of the step); that dy is the dy of everything above.
+template <int TPR, int CPT, bool DW, bool ROPE>
+__global__ void __launch_bounds__(kRowThreads, kBwdBlocksPerSm<CPT, ROPE>)
     k_rmsnorm_bwd_rows(const bf16* dy, const bf16* x, const bf16* __restrict__ w, const float* __restrict__ rstd,
-                       bf16* dx, int64_t R, int64_t rows_per_block, float beta, float* __restrict__ partial) {
+                       bf16* dx, int64_t R, int64_t rows_per_block, float beta, float* __restrict__ partial,
+                       RopeRows rope) {
+  static_assert(!ROPE || (CPT == 1 && TPR <= 32), "the fused RoPE exchanges chunks within a warp");
   constexpr int D = 8 * TPR * CPT, NS = kRowThreads / TPR, RB = kBwdRowsPerSlot<CPT>;
   __shared__ float red[2][RB * 8];
   const int s = threadIdx.x % TPR, q = threadIdx.x / TPR;
@@ -347,13 +404,29 @@ __global__ void __launch_bounds__(kRowThreads, kBwdBlocksPerSm<CPT>)
       }
       inv[k] = in ? rstd[row] : 0.f;
     }
+    [[maybe_unused]] float gr[RB][8];  // ROPE: dy rotated back, fp32
+    if constexpr (ROPE) {
+      DFLASH_UNROLL
+      for (int k = 0; k < RB; ++k) {
+        const int64_t row = base + k * NS;
+        float pf[8];
+        bf16x8_to_f(gv[k][0], gr[k]);
+        bf16x8_to_f(rope_partner<TPR>(gv[k][0]), pf);
+        rope_chunk<TPR>(gr[k], pf, row < r1 ? rope.pos[row / rope.heads] : 0, rope.inv_freq, s, -1.f);
+      }
+    }
     DFLASH_UNROLL
     for (int k = 0; k < RB; ++k) {  // dot, and dw's terms (they do not need the row sum)
       dot[k] = 0.f;
       DFLASH_UNROLL
       for (int j = 0; j < CPT; ++j) {
         float gf[8], xf[8], wf[8];
-        bf16x8_to_f(gv[k][j], gf);
+        if constexpr (ROPE) {
+          DFLASH_UNROLL
+          for (int e = 0; e < 8; ++e) gf[e] = gr[k][e];
+        } else {
+          bf16x8_to_f(gv[k][j], gf);
+        }
         bf16x8_to_f(xv[k][j], xf);
         bf16x8_to_f(wv[j], wf);
         DFLASH_UNROLL
@@ -373,7 +446,12 @@ __global__ void __launch_bounds__(kRowThreads, kBwdBlocksPerSm<CPT>)
       DFLASH_UNROLL
       for (int j = 0; j < CPT; ++j) {
         float gf[8], xf[8], wf[8], of[8];
-        bf16x8_to_f_alu(gv[k][j], gf);
+        if constexpr (ROPE) {
+          DFLASH_UNROLL
+          for (int e = 0; e < 8; ++e) gf[e] = gr[k][e];
+        } else {
+          bf16x8_to_f_alu(gv[k][j], gf);
+        }
         bf16x8_to_f_alu(xv[k][j], xf);
         bf16x8_to_f(wv[j], wf);
         bf16x8_to_f_alu(ov[k][j], of);
@@ -435,16 +513,63 @@ bool row_kernel_for(int64_t D, F&& f) {
   }
 }
 
+// The same for the row kernels with the RoPE fused: D = 64, 128, 256 (TPR <= 32, CPT 1); false for any other D.
+template <class F>
+bool rope_row_kernel_for(int64_t D, F&& f) {
+  return D <= kRopeMaxD && row_kernel_for(D, [&](auto tpr, auto cpt) {
+           if constexpr (decltype(tpr)::value <= 32) f(tpr, cpt);
+         });
+}
+
 // The most blocks (= dw partials) of the one-pass backward: one wave of an H200 (132 SMs) at kBwdBlocksPerSm. A
 // constant, not the device's SM count, so that the row partition, and so dw's bits, are the same on every GPU. The
 // emulator uses 3, so that its small test shapes still give blocks of several steps.
-template <int CPT>
+template <int CPT, bool ROPE>
 constexpr int64_t max_row_blocks() {
 #ifdef DFLASH_CUDA_EMU
   return 3;
 #else
-  return 132 * kBwdBlocksPerSm<CPT>;
+  return 132 * kBwdBlocksPerSm<CPT, ROPE>;
 #endif
+}
+
+// k_rmsnorm_rows<TPR, CPT, ROPE> over the R rows.
+template <int TPR, int CPT, bool ROPE>
+void launch_fwd_rows(Env& e, const Tensor& x, const Tensor& w, const Tensor& y, float* rs, int64_t R, float eps,
+                     const RopeRows& rope) {
+  constexpr int64_t step = kRowThreads / TPR * kFwdRowsPerSlot<CPT>;
+  DFLASH_LAUNCH(static_cast<unsigned>((R + step - 1) / step), kRowThreads, 0, e.stream,
+                k_rmsnorm_rows<TPR, CPT, ROPE>)(static_cast<const bf16*>(x.data), static_cast<const bf16*>(w.data),
+                                                static_cast<bf16*>(y.data), rs, R, eps, rope);
+  check_launch("rmsnorm_rows");
+}
+
+// The one pass (k_rmsnorm_bwd_rows<TPR, CPT, DW, ROPE>) over the R rows, then k_colsum_final over its P partials.
+template <int TPR, int CPT, bool ROPE>
+void launch_bwd_rows(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                     const Tensor& dw, float beta, int64_t R, const RopeRows& rope) {
+  constexpr int D = 8 * TPR * CPT;
+  constexpr int64_t step = kRowThreads / TPR * kBwdRowsPerSlot<CPT>;  // rows per block and step
+  const int64_t P0 = std::min<int64_t>((R + step - 1) / step, max_row_blocks<CPT, ROPE>());
+  const int64_t rpb = ((R + P0 - 1) / P0 + step - 1) / step * step;  // rows per block: whole steps
+  const int64_t P = (R + rpb - 1) / rpb;
+  const bf16* dyp = static_cast<const bf16*>(dy.data);
+  const bf16* xp = static_cast<const bf16*>(x.data);
+  const bf16* wp = static_cast<const bf16*>(w.data);
+  bf16* dxp = static_cast<bf16*>(dx.data);
+  if (dw.defined()) {
+    Tensor partial = e.alloc(DType::F32, {P, D});
+    DFLASH_LAUNCH(static_cast<unsigned>(P), kRowThreads, 0, e.stream, k_rmsnorm_bwd_rows<TPR, CPT, true, ROPE>)(
+        dyp, xp, wp, rstd.ptr<float>(), dxp, R, rpb, beta, partial.ptr<float>(), rope);
+    check_launch("rmsnorm_bwd_rows");
+    DFLASH_LAUNCH((D + 31) / 32, dim3(32, 8), 0, e.stream, k_colsum_final)(partial.ptr<float>(), static_cast<int>(P), D,
+                                                                            dw.ptr<float>());
+    check_launch("rmsnorm_dw_final");
+  } else {
+    DFLASH_LAUNCH(static_cast<unsigned>(P), kRowThreads, 0, e.stream, k_rmsnorm_bwd_rows<TPR, CPT, false, ROPE>)(
+        dyp, xp, wp, rstd.ptr<float>(), dxp, R, rpb, beta, nullptr, rope);
+    check_launch("rmsnorm_bwd_rows");
+  }
 }
 
 template <class T>
@@ -453,12 +578,7 @@ void launch_forward(Env& e, const Tensor& x, const Tensor& w, const Tensor& y, f
   if constexpr (std::is_same_v<T, bf16>) {
     if (bf16x8_ok(D, x.data, w.data, y.data)) {
       const bool rows = row_kernel_for(D, [&](auto tpr, auto cpt) {
-        constexpr int TPR = decltype(tpr)::value, CPT = decltype(cpt)::value;
-        constexpr int64_t step = kRowThreads / TPR * kFwdRowsPerSlot<CPT>;
-        DFLASH_LAUNCH(static_cast<unsigned>((R + step - 1) / step), kRowThreads, 0, e.stream,
-                      k_rmsnorm_rows<TPR, CPT>)(static_cast<const bf16*>(x.data), static_cast<const bf16*>(w.data),
-                                                static_cast<bf16*>(y.data), rs, R, eps);
-        check_launch("rmsnorm_rows");
+        launch_fwd_rows<decltype(tpr)::value, decltype(cpt)::value, false>(e, x, w, y, rs, R, eps, RopeRows{});
       });
       if (rows) return;
       DFLASH_LAUNCH(g, kWarps * 32, 0, e.stream, k_rmsnorm_bf16x8)(static_cast<const bf16*>(x.data),
@@ -479,30 +599,11 @@ void launch_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w,
   const T* dyp = static_cast<const T*>(dy.data);
   const T* xp = static_cast<const T*>(x.data);
   if constexpr (std::is_same_v<T, bf16>) {
-    // one pass (k_rmsnorm_bwd_rows), then k_colsum_final over its P partials
-    const auto one_pass = [&](auto tpr, auto cpt) {
-      constexpr int TPR = decltype(tpr)::value, CPT = decltype(cpt)::value;
-      constexpr int64_t step = kRowThreads / TPR * kBwdRowsPerSlot<CPT>;  // rows per block and step
-      const int64_t P0 = std::min<int64_t>((R + step - 1) / step, max_row_blocks<CPT>());
-      const int64_t rpb = ((R + P0 - 1) / P0 + step - 1) / step * step;  // rows per block: whole steps
-      const int64_t P = (R + rpb - 1) / rpb;
-      const bf16* wp = static_cast<const bf16*>(w.data);
-      bf16* dxp = static_cast<bf16*>(dx.data);
-      if (dw.defined()) {
-        Tensor partial = e.alloc(DType::F32, {P, D});
-        DFLASH_LAUNCH(static_cast<unsigned>(P), kRowThreads, 0, e.stream, k_rmsnorm_bwd_rows<TPR, CPT, true>)(
-            dyp, xp, wp, rstd.ptr<float>(), dxp, R, rpb, beta, partial.ptr<float>());
-        check_launch("rmsnorm_bwd_rows");
-        DFLASH_LAUNCH((D + 31) / 32, dim3(32, 8), 0, e.stream, k_colsum_final)(partial.ptr<float>(),
-                                                                                static_cast<int>(P), D, dw.ptr<float>());
-        check_launch("rmsnorm_dw_final");
-      } else {
-        DFLASH_LAUNCH(static_cast<unsigned>(P), kRowThreads, 0, e.stream, k_rmsnorm_bwd_rows<TPR, CPT, false>)(
-            dyp, xp, wp, rstd.ptr<float>(), dxp, R, rpb, beta, nullptr);
-        check_launch("rmsnorm_bwd_rows");
-      }
-    };
-    if (bf16x8_ok(D, dy.data, x.data, w.data, dx.data) && row_kernel_for(D, one_pass)) return;
+    if (bf16x8_ok(D, dy.data, x.data, w.data, dx.data) && row_kernel_for(D, [&](auto tpr, auto cpt) {
+          launch_bwd_rows<decltype(tpr)::value, decltype(cpt)::value, false>(e, dy, x, w, rstd, dx, dw, beta, R,
+                                                                             RopeRows{});
+        }))
+      return;
   }
   if (dw.defined()) {
     const int64_t P = std::max<int64_t>(1, std::min<int64_t>(512, (R + 63) / 64));
@@ -542,9 +643,23 @@ void launch_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w,
   check_launch("rmsnorm_dx");
 }
 
+// The row kernels' view of r (checked against x [R, D]).
+RopeRows rope_rows(const char* op, const Tensor& x, const RopeArgs& r) {
+  const int64_t D = x.dim(-1), R = x.rows();
+  check_dev(op, r.pos, "pos", DType::I32);
+  check_dev(op, r.inv_freq, "inv_freq", DType::F32);
+  DFLASH_CHECK(r.heads > 0 && R % r.heads == 0, op, ": ", R, " rows are not whole tokens of ", r.heads, " heads");
+  DFLASH_CHECK(r.pos.numel() == R / r.heads, op, ": rope pos must be I32 [", R / r.heads, "] (", R, " rows / ",
+               r.heads, " heads), got ", shape_str(r.pos.shape));
+  DFLASH_CHECK(D % 2 == 0 && r.inv_freq.numel() == D / 2, op, ": rope inv_freq has ", r.inv_freq.numel(),
+               " entries, head_dim ", D);
+  return {r.pos.ptr<int>(), r.inv_freq.ptr<float>(), static_cast<int>(r.heads)};
+}
+
 }  // namespace
 
-void rmsnorm(Env& e, const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
+void rmsnorm(Env& e, const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+             const RopeArgs* rope) {
   check_on_dev("rmsnorm", x, "x");
   check_dev("rmsnorm", w, "w", x.dtype);
   check_dev("rmsnorm", y, "y", x.dtype);
@@ -557,17 +672,24 @@ void rmsnorm(Env& e, const Tensor& x, const Tensor& w, float eps, const Tensor& 
     DFLASH_CHECK(rstd.numel() == R, "rmsnorm: rstd ", shape_str(rstd.shape), " for ", R, " rows");
     rs = rstd.ptr<float>();
   }
+  const RopeRows rr = rope ? rope_rows("rmsnorm", x, *rope) : RopeRows{};
   if (R == 0 || D == 0) return;
+  if (rope && x.dtype == DType::BF16 && bf16x8_ok(D, x.data, w.data, y.data) &&
+      rope_row_kernel_for(D, [&](auto tpr, auto cpt) {
+        launch_fwd_rows<decltype(tpr)::value, decltype(cpt)::value, true>(e, x, w, y, rs, R, eps, rr);
+      }))
+    return;
   if (x.dtype == DType::BF16)
     launch_forward<bf16>(e, x, w, y, rs, R, static_cast<int>(D), eps);
   else if (x.dtype == DType::F32)
     launch_forward<float>(e, x, w, y, rs, R, static_cast<int>(D), eps);
   else
     DFLASH_FAIL("rmsnorm (cuda): dtype ", dtype_name(x.dtype), " (BF16 or F32)");
+  if (rope) cuda::rope(e, y.reshape({R / rope->heads, rope->heads, D}), rope->pos, rope->inv_freq, false);
 }
 
 void rmsnorm_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dw, float beta) {
+                      const Tensor& dw, float beta, const RopeArgs* rope) {
   const char* op = "rmsnorm_backward";
   check_on_dev(op, x, "x");
   check_dev(op, dy, "dy", x.dtype);
@@ -582,11 +704,23 @@ void rmsnorm_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w
     check_dev(op, dw, "dw", DType::F32);
     DFLASH_CHECK(dw.numel() == D, op, ": dw ", shape_str(dw.shape));
   }
+  const RopeRows rr = rope ? rope_rows(op, x, *rope) : RopeRows{};
   if (R == 0 || D == 0) return;
+  if (rope && x.dtype == DType::BF16 && bf16x8_ok(D, dy.data, x.data, w.data, dx.data) &&
+      rope_row_kernel_for(D, [&](auto tpr, auto cpt) {
+        launch_bwd_rows<decltype(tpr)::value, decltype(cpt)::value, true>(e, dy, x, w, rstd, dx, dw, beta, R, rr);
+      }))
+    return;
+  Tensor g = dy;  // the composition: RoPE^-1 on a copy of dy
+  if (rope) {
+    g = e.alloc(dy.dtype, dy.shape);
+    convert(e, g, dy);
+    cuda::rope(e, g.reshape({R / rope->heads, rope->heads, D}), rope->pos, rope->inv_freq, true);
+  }
   if (x.dtype == DType::BF16)
-    launch_backward<bf16>(e, dy, x, w, rstd, dx, dw, beta, R, static_cast<int>(D));
+    launch_backward<bf16>(e, g, x, w, rstd, dx, dw, beta, R, static_cast<int>(D));
   else if (x.dtype == DType::F32)
-    launch_backward<float>(e, dy, x, w, rstd, dx, dw, beta, R, static_cast<int>(D));
+    launch_backward<float>(e, g, x, w, rstd, dx, dw, beta, R, static_cast<int>(D));
   else
     DFLASH_FAIL("rmsnorm_backward (cuda): dtype ", dtype_name(x.dtype), " (BF16 or F32)");
 }

@@ -180,6 +180,58 @@ void test_rmsnorm() {
   }
 }
 
+// rmsnorm with RopeArgs against the CPU's rmsnorm then rope (backward: rope inverse on dy, then the backward). D 64,
+// 128, 256: the row kernels with the RoPE fused (TPR 8, 16, 32; several row slots per warp for 64 and 128; blocks of
+// several steps, the last one short); D 96 and 512: the composition (rmsnorm, then rope.cu; a bf16 y / rotated dy in
+// between: twice the tolerance).
+void test_rmsnorm_rope() {
+  cuda::Env e = make_env();
+  for (auto [T, Hh, D] : {std::tuple{50, 4, 64}, std::tuple{30, 3, 128}, std::tuple{20, 2, 256}, std::tuple{7, 3, 96},
+                          std::tuple{5, 2, 512}}) {
+    const int R = T * Hh;
+    const bool fused = D <= 256 && (D & (D - 1)) == 0;
+    const double f = fused ? 2 : 4;
+    Tensor x = randn({R, D}, 30), w = randn({D}, 31, 0.3), dy = randn({R, D}, 32), dx0 = randn({R, D}, 33);
+    Tensor dw0 = randn({D}, 34);
+    for (float& v : w.span<float>()) v = round_bf16(v + 1.0f);
+    std::vector<int32_t> pos(T);
+    for (int t = 0; t < T; ++t) pos[t] = 97 * t + 3;
+    Tensor inv = cpu_empty(DType::F32, {D / 2});
+    for (int i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(10000.f, 2.f * i / D);
+    const RopeArgs rc{cpu_tensor_i32(pos, {T}), inv, Hh}, rd{dev_i32(pos), dev(inv, DType::F32), Hh};
+    const std::string nm = cat(" T", T, " heads", Hh, " D", D, fused ? " (fused)" : "");
+    Tensor yc = cpu_empty(DType::F32, {R, D}), rsc = cpu_empty(DType::F32, {R});
+    g_cpu->rmsnorm(x, w, 1e-6f, yc, rsc);
+    g_cpu->rope(yc.reshape({T, Hh, D}), rc.pos, inv, false);
+    Tensor yd = e.alloc(DType::BF16, {R, D}), rsd = e.alloc(DType::F32, {R});
+    cuda::rmsnorm(e, dev(x, DType::BF16), dev(w, DType::BF16), 1e-6f, yd, rsd, &rd);
+    const double ytol = f * std::ldexp(max_abs(vals(yc)), -8);
+    report("rmsnorm+rope y" + nm, max_abs_diff(vals(yd), vals(yc)), ytol);
+    report("rmsnorm+rope rstd" + nm, max_abs_diff(vals(rsd), vals(rsc)), 1e-5 * max_abs(vals(rsc)));
+    Tensor xi = dev(x, DType::BF16);
+    cuda::rmsnorm(e, xi, dev(w, DType::BF16), 1e-6f, xi, Tensor{}, &rd);
+    report("rmsnorm+rope y in place" + nm, max_abs_diff(vals(xi), vals(yc)), ytol);
+    // backward: the CPU's rope inverse on dy, then its backward
+    Tensor g = cpu_clone(dy);
+    g_cpu->rope(g.reshape({T, Hh, D}), rc.pos, inv, true);
+    Tensor dxc = cpu_clone(dx0), dwc = cpu_clone(dw0);
+    g_cpu->rmsnorm_backward(g, x, w, rsc, dxc, dwc, 1.0f);
+    Tensor dyd = dev(dy, DType::BF16), dxd = dev(dx0, DType::BF16), dwd = dev(dw0, DType::F32);
+    cuda::rmsnorm_backward(e, dyd, dev(x, DType::BF16), dev(w, DType::BF16), dev(rsc, DType::F32), dxd, dwd, 1.0f, &rd);
+    report("rmsnorm+rope backward dx" + nm, max_abs_diff(vals(dxd), vals(dxc)), f * std::ldexp(max_abs(vals(dxc)), -8));
+    report("rmsnorm+rope backward dw" + nm, max_abs_diff(vals(dwd), vals(dwc)),
+           fused ? 1e-5 * max_abs(vals(dwc)) + 1e-6 : std::ldexp(max_abs(vals(dwc)), -6));
+    report("rmsnorm+rope backward dy kept" + nm, max_abs_diff(vals(dyd), vals(dy)), 0);
+    Tensor dx0c = cpu_clone(dx0);
+    g_cpu->rmsnorm_backward(g, x, w, rsc, dx0c, Tensor{}, 0.0f);
+    Tensor g1 = dev(dy, DType::BF16);
+    cuda::rmsnorm_backward(e, g1, dev(x, DType::BF16), dev(w, DType::BF16), dev(rsc, DType::F32), g1, Tensor{}, 0.0f,
+                           &rd);
+    report("rmsnorm+rope backward dx=dy beta0" + nm, max_abs_diff(vals(g1), vals(dx0c)),
+           f * std::ldexp(max_abs(vals(dx0c)), -8));
+  }
+}
+
 void test_elementwise() {
   cuda::Env e = make_env();
   {  // rope forward then inverse
@@ -474,6 +526,7 @@ int main(int argc, char** argv) {
   };
   guarded("linear", test_linear);
   guarded("rmsnorm", test_rmsnorm);
+  guarded("rmsnorm", test_rmsnorm_rope);
   guarded("elementwise", test_elementwise);
   guarded("attention", test_attention);
   guarded("loss", test_loss);
