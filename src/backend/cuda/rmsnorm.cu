@@ -260,12 +260,26 @@ __device__ __forceinline__ void bf16x8_to_f_alu(const uint4& v, float (&f)[8]) {
 // ---- the fused RoPE (ROPE row kernels: CPT 1, TPR <= 32, i.e. D = 64, 128, 256) ------------------------------------
 // Row r is head r mod heads of token r / heads, at position pos[r / heads]. Thread s holds the elements 8s .. 8s+7 of
 // its row; rotate-half pairs element i < D/2 with i + D/2, i.e. thread s with its partner s ^ TPR/2, a lane of the
-// same warp (row slots are aligned groups of TPR <= 32 lanes), whose chunk comes by __shfl_xor_sync.
+// same warp (row slots are aligned groups of TPR <= 32 lanes), whose chunk comes by __shfl_xor_sync. The cos / sin
+// of each (token, i) are computed once, by k_rope_table, into cs[token][i] (the accurate cosf / sinf cost ~40
+// instructions each: in the row kernels every thread of a pair and every head of a token would repeat them; bench/
+// NOTES.md 12).
 struct RopeRows {
-  const int* pos = nullptr;         // [R / heads] I32
-  const float* inv_freq = nullptr;  // [D/2] F32
+  const float2* cs = nullptr;  // [R / heads, D/2] (cos t, sin t), t = pos[token] * inv_freq[i]
   int heads = 1;
 };
+
+// cs[t, i] = (cos, sin)(pos[t] * inv_freq[i]) for t < T, i < half: the angle formed in fp32 and the accurate cosf /
+// sinf, as rope.cu (positions reach thousands of radians).
+__global__ void k_rope_table(const int* __restrict__ pos, const float* __restrict__ inv_freq, int64_t T, int half,
+                             float2* __restrict__ cs) {
+  const int64_t n = T * half;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float ang = static_cast<float>(pos[idx / half]) * inv_freq[idx % half];
+    cs[idx] = float2{cosf(ang), sinf(ang)};
+  }
+}
 constexpr int64_t kRopeMaxD = 256;
 
 // The partner's 4 packed words of the same row (every lane of the warp must call: a warp-wide shuffle).
@@ -275,20 +289,20 @@ __device__ __forceinline__ uint4 rope_partner(const uint4& v) {
           __shfl_xor_sync(0xffffffffu, v.z, TPR / 2), __shfl_xor_sync(0xffffffffu, v.w, TPR / 2)};
 }
 
-// v = thread s's 8 values, p = its partner's: with t = pos * inv_freq[8 (s mod TPR/2) + e] (formed in fp32),
+// v = thread s's 8 values, p = its partner's: with t = pos * inv_freq[8 (s mod TPR/2) + e] (cs: the token's row of
+// the table),
 //   first half (s < TPR/2):  v_e cos t - p_e sin t,   second half:  v_e cos t + p_e sin t
-// (rope.cu's (a cos - b sin, b cos + a sin)); sgn = -1: the inverse (rotation by -t). cosf / sinf as rope.cu's.
+// (rope.cu's (a cos - b sin, b cos + a sin)); sgn = -1: the inverse (rotation by -t).
 template <int TPR>
-__device__ __forceinline__ void rope_chunk(float (&v)[8], const float (&p)[8], int pos, const float* inv_freq, int s,
-                                           float sgn) {
+__device__ __forceinline__ void rope_chunk(float (&v)[8], const float (&p)[8], const float2* cs, int s, float sgn) {
   constexpr int H = TPR / 2;
   const float sg = s < H ? -sgn : sgn;
-  const float* f = inv_freq + 8 * (s & (H - 1));
+  const float4* c4 = reinterpret_cast<const float4*>(cs + 8 * (s & (H - 1)));  // 8 (cos, sin): 4 16-byte loads
   DFLASH_UNROLL
-  for (int e = 0; e < 8; ++e) {
-    const float ang = static_cast<float>(pos) * f[e];
-    const float c = cosf(ang), sn = sg * sinf(ang);
-    v[e] = v[e] * c + p[e] * sn;
+  for (int h = 0; h < 4; ++h) {
+    const float4 t = __ldg(c4 + h);
+    v[2 * h] = v[2 * h] * t.x + p[2 * h] * (sg * t.y);
+    v[2 * h + 1] = v[2 * h + 1] * t.z + p[2 * h + 1] * (sg * t.w);
   }
 }
 
@@ -349,7 +363,7 @@ __global__ void __launch_bounds__(kRowThreads) k_rmsnorm_rows(const bf16* x, con
         bf16x8_to_f(wp, wf);
         DFLASH_UNROLL
         for (int e = 0; e < 8; ++e) pf[e] = pf[e] * inv * wf[e];
-        rope_chunk<TPR>(xf, pf, rope.pos[row / rope.heads], rope.inv_freq, s, 1.f);
+        rope_chunk<TPR>(xf, pf, rope.cs + row / rope.heads * (D / 2), s, 1.f);
       }
       reinterpret_cast<uint4*>(y)[row * (D / 8) + s + TPR * j] = f_to_bf16x8(xf);
     }
@@ -412,7 +426,7 @@ __global__ void __launch_bounds__(kRowThreads, kBwdBlocksPerSm<CPT, ROPE>)
         float pf[8];
         bf16x8_to_f(gv[k][0], gr[k]);
         bf16x8_to_f(rope_partner<TPR>(gv[k][0]), pf);
-        rope_chunk<TPR>(gr[k], pf, row < r1 ? rope.pos[row / rope.heads] : 0, rope.inv_freq, s, -1.f);
+        rope_chunk<TPR>(gr[k], pf, rope.cs + (row < r1 ? row / rope.heads : 0) * (D / 2), s, -1.f);
       }
     }
     DFLASH_UNROLL
@@ -643,8 +657,8 @@ void launch_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w,
   check_launch("rmsnorm_dx");
 }
 
-// The row kernels' view of r (checked against x [R, D]).
-RopeRows rope_rows(const char* op, const Tensor& x, const RopeArgs& r) {
+// Checks r against x [R, D].
+void check_rope(const char* op, const Tensor& x, const RopeArgs& r) {
   const int64_t D = x.dim(-1), R = x.rows();
   check_dev(op, r.pos, "pos", DType::I32);
   check_dev(op, r.inv_freq, "inv_freq", DType::F32);
@@ -653,7 +667,19 @@ RopeRows rope_rows(const char* op, const Tensor& x, const RopeArgs& r) {
                r.heads, " heads), got ", shape_str(r.pos.shape));
   DFLASH_CHECK(D % 2 == 0 && r.inv_freq.numel() == D / 2, op, ": rope inv_freq has ", r.inv_freq.numel(),
                " entries, head_dim ", D);
-  return {r.pos.ptr<int>(), r.inv_freq.ptr<float>(), static_cast<int>(r.heads)};
+}
+
+// The row kernels' view of r: its cos / sin table (k_rope_table) in cs, [R / heads, D/2] float2 allocated by the
+// caller.
+RopeRows rope_rows(Env& e, const Tensor& x, const RopeArgs& r, Tensor& cs) {
+  const int64_t D = x.dim(-1), T = x.rows() / r.heads;
+  cs = e.alloc(DType::F32, {T, D / 2, 2});
+  if (T > 0) {
+    DFLASH_LAUNCH(grid_for(T * (D / 2), 256, e.num_sms), 256, 0, e.stream, k_rope_table)(
+        r.pos.ptr<int>(), r.inv_freq.ptr<float>(), T, static_cast<int>(D / 2), reinterpret_cast<float2*>(cs.data));
+    check_launch("rope_table");
+  }
+  return {reinterpret_cast<const float2*>(cs.data), static_cast<int>(r.heads)};
 }
 
 }  // namespace
@@ -672,10 +698,12 @@ void rmsnorm(Env& e, const Tensor& x, const Tensor& w, float eps, const Tensor& 
     DFLASH_CHECK(rstd.numel() == R, "rmsnorm: rstd ", shape_str(rstd.shape), " for ", R, " rows");
     rs = rstd.ptr<float>();
   }
-  const RopeRows rr = rope ? rope_rows("rmsnorm", x, *rope) : RopeRows{};
+  if (rope) check_rope("rmsnorm", x, *rope);
   if (R == 0 || D == 0) return;
   if (rope && x.dtype == DType::BF16 && bf16x8_ok(D, x.data, w.data, y.data) &&
       rope_row_kernel_for(D, [&](auto tpr, auto cpt) {
+        Tensor cs;
+        const RopeRows rr = rope_rows(e, x, *rope, cs);
         launch_fwd_rows<decltype(tpr)::value, decltype(cpt)::value, true>(e, x, w, y, rs, R, eps, rr);
       }))
     return;
@@ -704,10 +732,12 @@ void rmsnorm_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w
     check_dev(op, dw, "dw", DType::F32);
     DFLASH_CHECK(dw.numel() == D, op, ": dw ", shape_str(dw.shape));
   }
-  const RopeRows rr = rope ? rope_rows(op, x, *rope) : RopeRows{};
+  if (rope) check_rope(op, x, *rope);
   if (R == 0 || D == 0) return;
   if (rope && x.dtype == DType::BF16 && bf16x8_ok(D, dy.data, x.data, w.data, dx.data) &&
       rope_row_kernel_for(D, [&](auto tpr, auto cpt) {
+        Tensor cs;
+        const RopeRows rr = rope_rows(e, x, *rope, cs);
         launch_bwd_rows<decltype(tpr)::value, decltype(cpt)::value, true>(e, dy, x, w, rstd, dx, dw, beta, R, rr);
       }))
     return;
