@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kRowThreads) k_rmsnorm_rows(const bf16* x, con
         bf16x8_to_f(wp, wf);
         DFLASH_UNROLL
         for (int e = 0; e < 8; ++e) pf[e] = pf[e] * inv * wf[e];
-        rope_chunk<TPR>(xf, pf, rope.cs + row / rope.heads * (D / 2), s, 1.f);
+        rope_chunk<TPR>(xf, pf, rope.cs + static_cast<int>(row) / rope.heads * (D / 2), s, 1.f);  // (32-bit division)
       }
       reinterpret_cast<uint4*>(y)[row * (D / 8) + s + TPR * j] = f_to_bf16x8(xf);
     }
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(kRowThreads, kBwdBlocksPerSm<CPT, ROPE>)
         float pf[8];
         bf16x8_to_f(gv[k][0], gr[k]);
         bf16x8_to_f(rope_partner<TPR>(gv[k][0]), pf);
-        rope_chunk<TPR>(gr[k], pf, rope.cs + (row < r1 ? row / rope.heads : 0) * (D / 2), s, -1.f);
+        rope_chunk<TPR>(gr[k], pf, rope.cs + (row < r1 ? static_cast<int>(row) / rope.heads : 0) * (D / 2), s, -1.f);
       }
     }
     DFLASH_UNROLL
@@ -663,6 +663,7 @@ void check_rope(const char* op, const Tensor& x, const RopeArgs& r) {
   check_dev(op, r.pos, "pos", DType::I32);
   check_dev(op, r.inv_freq, "inv_freq", DType::F32);
   DFLASH_CHECK(r.heads > 0 && R % r.heads == 0, op, ": ", R, " rows are not whole tokens of ", r.heads, " heads");
+  DFLASH_CHECK(R < (int64_t{1} << 31), op, ": ", R, " rows with rope (the row kernels index tokens in 32 bits)");
   DFLASH_CHECK(r.pos.numel() == R / r.heads, op, ": rope pos must be I32 [", R / r.heads, "] (", R, " rows / ",
                r.heads, " heads), got ", shape_str(r.pos.shape));
   DFLASH_CHECK(D % 2 == 0 && r.inv_freq.numel() == D / 2, op, ": rope inv_freq has ", r.inv_freq.numel(),
