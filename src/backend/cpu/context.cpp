@@ -81,8 +81,9 @@ class CpuContext final : public Context {
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
                const RopeArgs* rope) override {
     const OpScope scope = op_rows("rmsnorm", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
+    const Tensor yr = rope ? rope_rows("rmsnorm", y, *rope) : Tensor{};  // (checked before y is written)
     cpu::rmsnorm(pool_, x, w, eps, y, rstd);
-    if (rope) cpu::rope(pool_, rope_rows("rmsnorm", y, *rope), rope->pos, rope->inv_freq, false);
+    if (rope) cpu::rope(pool_, yr, rope->pos, rope->inv_freq, false);
   }
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw, float beta, const RopeArgs* rope) override {

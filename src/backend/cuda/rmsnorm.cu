@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kRowThreads) k_rmsnorm_rows(const bf16* x, con
         bf16x8_to_f(wp, wf);
         DFLASH_UNROLL
         for (int e = 0; e < 8; ++e) pf[e] = pf[e] * inv * wf[e];
-        rope_chunk<TPR>(xf, pf, rope.cs + static_cast<int>(row) / rope.heads * (D / 2), s, 1.f);  // (32-bit division)
+        rope_chunk<TPR>(xf, pf, rope.cs + int64_t{static_cast<int>(row) / rope.heads} * (D / 2), s, 1.f);  // (32-bit /)
       }
       reinterpret_cast<uint4*>(y)[row * (D / 8) + s + TPR * j] = f_to_bf16x8(xf);
     }
@@ -426,7 +426,8 @@ __global__ void __launch_bounds__(kRowThreads, kBwdBlocksPerSm<CPT, ROPE>)
         float pf[8];
         bf16x8_to_f(gv[k][0], gr[k]);
         bf16x8_to_f(rope_partner<TPR>(gv[k][0]), pf);
-        rope_chunk<TPR>(gr[k], pf, rope.cs + (row < r1 ? static_cast<int>(row) / rope.heads : 0) * (D / 2), s, -1.f);
+        rope_chunk<TPR>(gr[k], pf, rope.cs + int64_t{row < r1 ? static_cast<int>(row) / rope.heads : 0} * (D / 2), s,
+                        -1.f);
       }
     }
     DFLASH_UNROLL
