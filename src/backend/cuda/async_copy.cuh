@@ -1,6 +1,6 @@
 // backend/cuda/async_copy.cuh — cp.async (sm_80+) global -> shared copies shared by the tensor-core attention
 // kernels (attention_tc.cu, attention_wgmma.cu). PTX ISA 9.7.9.25 (cp.async, cp.async.commit_group / wait_group);
-// below, the synchronisation of the wgmma forward's stages and ping-pong (attention_wgmma.cu).
+// below, the synchronisation of the wgmma forward's stages and ping-pong and its TMA loads (attention_wgmma.cu).
 #pragma once
 #include <cstdint>
 
@@ -49,6 +49,26 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+}
+// ---- TMA (sm_90): PTX ISA 9.7.9.27 (cp.async.bulk.tensor), 9.7.13.15.11 (mbarrier.expect_tx) ---------------------
+// Makes the mbarrier initialisations visible to the async proxy (TMA's complete_tx), before the CTA barrier.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// One arrival on bar that also expects `bytes` more bytes of asynchronous copies before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The box of the 3-D tiled tensor map `map` (a __grid_constant__ kernel parameter's address) at element coordinates
+// (c0, c1, c2) (innermost first; out-of-range elements are zero-filled) into shared memory at dst, its bytes counted
+// on the mbarrier bar (complete_tx). Issued by one thread.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+          dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 // Named barrier `id` (1..15; 0 is __syncthreads) over `n` threads: wait for it / arrive without waiting.
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }

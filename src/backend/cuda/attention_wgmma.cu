@@ -28,6 +28,11 @@
 #include <algorithm>
 #include <climits>
 
+#ifndef DFLASH_CUDA_EMU
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#endif
+
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
@@ -54,6 +59,12 @@ size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
 #ifndef DFLASH_CUDA_EMU
 
 namespace {
+
+// The forward's TMA maps of K / V, segments 1 and 2 (attention.h; k2 / v2 unused without segment 2): 3-D tiled maps
+// of [T, nkv, 128] bf16 (fwd_kv_map).
+struct FwdMaps {
+  CUtensorMap k1, v1, k2, v2;
+};
 
 constexpr int kBarTurn = 1;  // the forward's ping-pong: named barriers kBarTurn, kBarTurn + 1 (0 is __syncthreads)
 constexpr float kLog2e = 1.4426950408889634f;
@@ -144,14 +155,21 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
 // PACKED: causal over the sequences of segs (grid.z = segs.n): query rows offset by the sequence's begin, its own
-// keys and query offset.
+// keys and query offset; K / V tiles by cp.async from every thread (each sequence has its own K / V). Otherwise the
+// K / V tiles come by TMA (maps: one thread issues a tile as two 64-column boxes, which land in wgmma.cuh's SW128
+// panels), which takes ~300 instructions per tile and thread of address arithmetic and copies out of the loop
+// (bench/NOTES.md 13). TMA loads a tile's rows up to the tensor's end (zero-filled past it) where cp.async stops at
+// the last key a row of the CTA sees; the rows between are masked (P = 0) like any invisible key.
 template <int NWG, int KT, bool WIN, bool PACKED>
-__global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs) {
+__global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs,
+                                                         const __grid_constant__ FwdMaps maps) {
   constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG, NS = kFwdStages;
+  constexpr bool TMA = !PACKED;
   constexpr uint32_t TB = KT * D * 2;  // one K or V tile
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sExt[1 + NWG][4];  // [0] the CTA's rows, [1 + w] warpgroup w's: max hi1, min lo2, max hi2, min lo1
-  // mbarriers: Q full; per stage K full, V full (every thread's copies landed), K empty, V empty (every warp read it)
+  // mbarriers: Q full; per stage K full, V full (every thread's copies landed, or the TMA bytes), K empty, V empty
+  // (every warp read it)
   __shared__ alignas(8) uint64_t sBar[1 + 4 * NS];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base, sK = base + ROWS * D * 2, sV = sK + NS * TB;
@@ -173,14 +191,19 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   const uint32_t bFullQ = smem_u32(&sBar[0]), bFullK = bFullQ + 8, bFullV = bFullK + 8 * NS, bEmptyK = bFullV + 8 * NS,
                  bEmptyV = bEmptyK + 8 * NS;  // (stage s: + 8 s)
   if (tid == 0) {
+    if constexpr (TMA) {
+      tma_prefetch_map(&maps.k1);
+      tma_prefetch_map(&maps.v1);
+    }
     mbar_init(bFullQ, THREADS);
     DFLASH_UNROLL
     for (int st = 0; st < NS; ++st) {
-      mbar_init(bFullK + 8 * st, THREADS);
-      mbar_init(bFullV + 8 * st, THREADS);
+      mbar_init(bFullK + 8 * st, TMA ? 1 : THREADS);
+      mbar_init(bFullV + 8 * st, TMA ? 1 : THREADS);
       mbar_init(bEmptyK + 8 * st, 4 * NWG);
       mbar_init(bEmptyV + 8 * st, 4 * NWG);
     }
+    if constexpr (TMA) mbar_init_fence();
   }
   __syncthreads();
 
@@ -223,13 +246,27 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
     stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + kt * kstride + g * D, kstride,
                             khi - kt);
   };
-  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS by every thread, once every warp has released the stage's
-  // previous tile j - NS (its empty mbarrier), then this thread's arrival on the stage's full mbarrier when its copies
-  // have landed. Stage and phase follow j: j % NS, (j / NS) & 1.
+  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS, once every warp has released the stage's previous tile
+  // j - NS (its empty mbarrier): cp.async by every thread, each arriving on the stage's full mbarrier when its copies
+  // have landed, or TMA by thread 0, whose arrival sets the bytes the phase waits for. Stage and phase follow j:
+  // j % NS, (j / NS) & 1.
   auto load = [&](int j, int st, int ph, int kv) {
-    if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
-    load_tile(j, st, kv);
-    cp_async_mbar_arrive((kv ? bFullV : bFullK) + 8 * st);
+    const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
+    if constexpr (TMA) {
+      if (tid != 0) return;
+      if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
+      const bool s1 = j < nt1;
+      const int kt = s1 ? elo1 + j * KT : elo + (j - nt1) * KT;
+      const CUtensorMap* map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
+      const uint32_t dst = (kv ? sV : sK) + st * TB;
+      mbar_arrive_expect_tx(full, TB);
+      tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
+      tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
+    } else {
+      if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
+      load_tile(j, st, kv);
+      cp_async_mbar_arrive(full);
+    }
   };
 
   if (nt > 0) load(0, 0, 0, 0);
@@ -793,6 +830,39 @@ void attention_wgmma_init_attributes(int smem_optin) {
   }
 }
 
+namespace {
+// The forward's TMA map of a [T, nkv, 128] bf16 K or V tensor at base (16-byte aligned): dimensions (128, nkv, T)
+// innermost first, boxes of 64 columns x 1 kv head x kFwdWgKeys rows (128 bytes per box row: one SW128 panel,
+// CU_TENSOR_MAP_SWIZZLE_128B as wgmma.cuh lays it out), rows past T zero-filled. An absent tensor (T = 0) gets a
+// map over one row at `dummy` that no tile reads. cuTensorMapEncodeTiled comes through the runtime's driver entry
+// point, so nothing links libcuda. Throws with the driver's error code if the encoding fails.
+CUtensorMap fwd_kv_map(const void* base, int64_t T, int nkv, const void* dummy) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+    DFLASH_CHECK(err == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != nullptr,
+                 "attention (cuda): the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(err), ")");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (T == 0 || base == nullptr) {
+    base = dummy;
+    T = 1;
+    nkv = 1;
+  }
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kWgD), static_cast<cuuint64_t>(nkv), static_cast<cuuint64_t>(T)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kWgD) * 2, static_cast<cuuint64_t>(nkv) * kWgD * 2};  // bytes
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(kFwdWgKeys)}, elem[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, elem,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  DFLASH_CHECK(r == CUDA_SUCCESS, "attention (cuda): cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
+               ") for a [", T, ", ", nkv, ", ", kWgD, "] tensor");
+  return map;
+}
+}  // namespace
+
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
   if (p0.d != kWgD) return false;
   if (kFwdWgSmem + 1024 > static_cast<size_t>(e.smem_limit)) return false;  // + the static __shared__ extents
@@ -806,13 +876,21 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
   // (packed: p.Tq is the longest sequence; the CTAs past a shorter one's end return at once)
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy),
                   static_cast<unsigned>(std::max(segs.n, 1)));
+  FwdMaps maps{};
   if (segs.n > 0) {
     DFLASH_CHECK(p.mode == kAttnCausal && p.k2 == nullptr, "attention (cuda): batched sequences are causal");
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs);
-  } else if (p.mode == kAttnDFlash && p.window > 0) {
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs);
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs, maps);
+    check_launch("attention_forward_wgmma");
+    return true;
+  }
+  maps.k1 = fwd_kv_map(p.k1, p.T1, p.nkv, p.q);
+  maps.v1 = fwd_kv_map(p.v1, p.T1, p.nkv, p.q);
+  maps.k2 = fwd_kv_map(p.k2, p.k2 ? p.T2 : 0, p.nkv, p.q);
+  maps.v2 = fwd_kv_map(p.v2, p.k2 ? p.T2 : 0, p.nkv, p.q);
+  if (p.mode == kAttnDFlash && p.window > 0) {
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs, maps);
   } else {
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p, segs);
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p, segs, maps);
   }
   check_launch("attention_forward_wgmma");
   return true;
