@@ -103,6 +103,10 @@ __device__ __forceinline__ void stage_rows(uint32_t dst, const bf16* row0, int64
 
 // 2^x on the special-function unit, denormal results flushed to zero (one MUFU.EX2; exp2f without -ftz adds the
 // denormal range handling around it). Probabilities below 2^-126 do not matter here.
+// This thread's warpgroup index, read from lane 0 so that the compiler knows it is uniform over the warp (CUTLASS's
+// canonical_warp_group_idx): the shared-memory addresses and wgmma descriptors derived from it then stay in uniform
+// registers instead of being moved there (R2UR) before every wgmma.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) >> 7, 0); }
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -173,7 +177,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   __shared__ alignas(8) uint64_t sBar[1 + 4 * NS];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base, sK = base + ROWS * D * 2, sV = sK + NS * TB;
-  const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
+  const int tid = threadIdx.x, wgi = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // most keys first
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
@@ -292,12 +296,18 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
     for (int i = 0; i < 2; ++i)
       full = full && (s1 ? ((!WIN || kt >= lo1[i]) && kt + KT <= hi1[i]) : (kt >= lo2[i] && kt + KT <= hi2[i]));
     full = __all_sync(0xffffffffu, full);
-    float mx[2] = {-INFINITY, -INFINITY};
+    // (row maxima and sums over 4 partial values per row: dependency chains of 8 instead of 32, as only 2 warps per
+    // scheduler hide the latency)
+    float mx4[2][4];
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i)
+      DFLASH_UNROLL
+      for (int j = 0; j < 4; ++j) mx4[i][j] = -INFINITY;
     if (full) {
       DFLASH_UNROLL
       for (int n = 0; n < NT; ++n)
         DFLASH_UNROLL
-        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n * 4 + e]);
+        for (int e = 0; e < 4; ++e) mx4[e >> 1][(n & 1) * 2 + (e & 1)] = fmaxf(mx4[e >> 1][(n & 1) * 2 + (e & 1)], s[n * 4 + e]);
     } else {
       DFLASH_UNROLL
       for (int n = 0; n < NT; ++n)
@@ -307,12 +317,14 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
           const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
           const float v = vis ? s[n * 4 + e] : -INFINITY;
           s[n * 4 + e] = v;
-          mx[i] = fmaxf(mx[i], v);
+          mx4[i][(n & 1) * 2 + (e & 1)] = fmaxf(mx4[i][(n & 1) * 2 + (e & 1)], v);
         }
     }
+    float mx[2];
     bool move = false;
     DFLASH_UNROLL
     for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(fmaxf(mx4[i][0], mx4[i][1]), fmaxf(mx4[i][2], mx4[i][3]));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       mx[i] *= sl2;
@@ -329,13 +341,15 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
         m[i] = mn;
       }
       mref[i] = m[i] == -INFINITY ? 0.f : m[i];  // no -inf - -inf while a row has seen nothing
-      rs[i] = 0.f;
     }
+    float rs4[2][4] = {};
     DFLASH_UNROLL
     for (int n = 0; n < NT * 4; ++n) {
       s[n] = exp2_ftz(fmaf(s[n], sl2, -mref[(n >> 1) & 1]));
-      rs[(n >> 1) & 1] += s[n];
+      rs4[(n >> 1) & 1][((n >> 2) & 1) * 2 + (n & 1)] += s[n];
     }
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i) rs[i] = (rs4[i][0] + rs4[i][1]) + (rs4[i][2] + rs4[i][3]);
     return move;
   };
   // O and l rescaled by alpha (when m moved), then P (s) rounded to bf16 pairs: the A fragments of O += P V.
@@ -463,7 +477,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   __shared__ int sExt[1 + NWG][4];  // as k_fwd_wg
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base, sO = base + ROWS * D * 2, sK = sO + ROWS * D * 2, sV = sK + 2 * kDqWgKvBytes;
-  const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
+  const int tid = threadIdx.x, wgi = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
