@@ -60,9 +60,9 @@ size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
 
 namespace {
 
-// The forward's TMA maps of K / V, segments 1 and 2 (attention.h; k2 / v2 unused without segment 2): 3-D tiled maps
-// of [T, nkv, 128] bf16 (fwd_kv_map).
-struct FwdMaps {
+// TMA maps of K / V, segments 1 and 2 (attention.h; k2 / v2 unused without segment 2): 3-D tiled maps of
+// [T, nkv, 128] bf16 (kv_map), boxes of the kernel's key tile (the forward's 128 rows, dQ's 64).
+struct KvMaps {
   CUtensorMap k1, v1, k2, v2;
 };
 
@@ -166,7 +166,7 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 // the last key a row of the CTA sees; the rows between are masked (P = 0) like any invisible key.
 template <int NWG, int KT, bool WIN, bool PACKED>
 __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs,
-                                                         const __grid_constant__ FwdMaps maps) {
+                                                         const __grid_constant__ KvMaps maps) {
   constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG, NS = kFwdStages;
   constexpr bool TMA = !PACKED;
   constexpr uint32_t TB = KT * D * 2;  // one K or V tile
@@ -470,13 +470,23 @@ constexpr size_t dq_wg_smem(int nwg) { return static_cast<size_t>(2 * 64 * nwg) 
 constexpr int kDqWgs = 2;  // 2 warpgroups (1 CTA per SM) beat 1 (2 CTAs per SM): bench/NOTES.md 9
 constexpr size_t kDqWgSmem = dq_wg_smem(kDqWgs);
 
+// K / V tiles by TMA from thread 0 (maps, as k_fwd_wg) on one full mbarrier per buffer.
 template <int NWG, bool WIN>
-__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdParams p) {
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdParams p, const __grid_constant__ KvMaps maps) {
   constexpr int D = kWgD, KT = kDqWgKeys, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG;
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sExt[1 + NWG][4];  // as k_fwd_wg
+  __shared__ alignas(8) uint64_t sFull[2];  // buffer b's K and V tiles have landed (TMA bytes)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base, sO = base + ROWS * D * 2, sK = sO + ROWS * D * 2, sV = sK + 2 * kDqWgKvBytes;
+  const uint32_t bFull = smem_u32(&sFull[0]);  // (buffer b: + 8 b)
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&maps.k1);
+    tma_prefetch_map(&maps.v1);
+    mbar_init(bFull, 1);
+    mbar_init(bFull + 8, 1);
+    mbar_init_fence();
+  }  // (key_spans' CTA barriers order the initialisation before the first load and wait)
   const int tid = threadIdx.x, wgi = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
@@ -500,15 +510,20 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
   const int64_t kstride = static_cast<int64_t>(nkv) * D;
+  // tile t's K and V into buffer buf by thread 0 (rows past the tensor's end zero-filled; rows past the CTA's last
+  // visible key are masked below, as in k_fwd_wg)
   auto load_tile = [&](int t, int buf) {
+    if (tid != 0) return;
     const bool s1 = t < nt1;
-    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
-    const int64_t o0 = kt * kstride + g * D;
-    stage_rows<KT, THREADS>(sK + buf * kDqWgKvBytes, (s1 ? p.k1 : p.k2) + o0, kstride, khi - kt);
-    stage_rows<KT, THREADS>(sV + buf * kDqWgKvBytes, (s1 ? p.v1 : p.v2) + o0, kstride, khi - kt);
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
+    const uint32_t full = bFull + 8 * buf, dK = sK + buf * kDqWgKvBytes, dV = sV + buf * kDqWgKvBytes;
+    mbar_arrive_expect_tx(full, 2 * kDqWgKvBytes);
+    tma_load_3d(dK, s1 ? &maps.k1 : &maps.k2, full, 0, g, kt);  // columns 0..63: panel 0
+    tma_load_3d(dK + KT * 128, s1 ? &maps.k1 : &maps.k2, full, 64, g, kt);
+    tma_load_3d(dV, s1 ? &maps.v1 : &maps.v2, full, 0, g, kt);
+    tma_load_3d(dV + KT * 128, s1 ? &maps.v1 : &maps.v2, full, 64, g, kt);
   };
   if (nt > 0) load_tile(0, 0);
-  cp_async_commit();
 
   float dq[DT * 4];
   DFLASH_UNROLL
@@ -518,11 +533,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
 
   for (int t = 0; t < nt; ++t) {
     const int buf = t & 1;
-    cp_async_wait<0>();  // tile t has landed (this thread's copies)
+    cp_async_wait<0>();  // Q and dO have landed (this thread's copies; nothing left in flight after t = 0)
     wg::fence_proxy_async();
-    __syncthreads();  // ... everyone's; tile t - 1's buffer is free (its products completed): one barrier per tile
+    mbar_wait(bFull + 8 * buf, (t >> 1) & 1);  // tile t has landed
+    __syncthreads();  // everyone's Q / dO; tile t - 1's buffer is free (its products completed): one barrier per tile
     if (t + 1 < nt) load_tile(t + 1, buf ^ 1);
-    cp_async_commit();
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
     if (tile_visible<WIN>(mine, s1, kt, KT)) {
@@ -845,12 +860,12 @@ void attention_wgmma_init_attributes(int smem_optin) {
 }
 
 namespace {
-// The forward's TMA map of a [T, nkv, 128] bf16 K or V tensor at base (16-byte aligned): dimensions (128, nkv, T)
-// innermost first, boxes of 64 columns x 1 kv head x kFwdWgKeys rows (128 bytes per box row: one SW128 panel,
+// The TMA map of a [T, nkv, 128] bf16 K or V tensor at base (16-byte aligned): dimensions (128, nkv, T) innermost
+// first, boxes of 64 columns x 1 kv head x box_rows rows (128 bytes per box row: one SW128 panel,
 // CU_TENSOR_MAP_SWIZZLE_128B as wgmma.cuh lays it out), rows past T zero-filled. An absent tensor (T = 0) gets a
 // map over one row at `dummy` that no tile reads. cuTensorMapEncodeTiled comes through the runtime's driver entry
 // point, so nothing links libcuda. Throws with the driver's error code if the encoding fails.
-CUtensorMap fwd_kv_map(const void* base, int64_t T, int nkv, const void* dummy) {
+CUtensorMap kv_map(const void* base, int64_t T, int nkv, int box_rows, const void* dummy) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -867,13 +882,22 @@ CUtensorMap fwd_kv_map(const void* base, int64_t T, int nkv, const void* dummy) 
   CUtensorMap map;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kWgD), static_cast<cuuint64_t>(nkv), static_cast<cuuint64_t>(T)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kWgD) * 2, static_cast<cuuint64_t>(nkv) * kWgD * 2};  // bytes
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(kFwdWgKeys)}, elem[3] = {1, 1, 1};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)}, elem[3] = {1, 1, 1};
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, elem,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DFLASH_CHECK(r == CUDA_SUCCESS, "attention (cuda): cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
                ") for a [", T, ", ", nkv, ", ", kWgD, "] tensor");
   return map;
+}
+KvMaps kv_maps(const void* k1, const void* v1, int64_t T1, const void* k2, const void* v2, int64_t T2, int nkv,
+               int box_rows, const void* dummy) {
+  KvMaps m;
+  m.k1 = kv_map(k1, T1, nkv, box_rows, dummy);
+  m.v1 = kv_map(v1, T1, nkv, box_rows, dummy);
+  m.k2 = kv_map(k2, T2, nkv, box_rows, dummy);
+  m.v2 = kv_map(v2, T2, nkv, box_rows, dummy);
+  return m;
 }
 }  // namespace
 
@@ -890,17 +914,14 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
   // (packed: p.Tq is the longest sequence; the CTAs past a shorter one's end return at once)
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy),
                   static_cast<unsigned>(std::max(segs.n, 1)));
-  FwdMaps maps{};
+  KvMaps maps{};
   if (segs.n > 0) {
     DFLASH_CHECK(p.mode == kAttnCausal && p.k2 == nullptr, "attention (cuda): batched sequences are causal");
     DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs, maps);
     check_launch("attention_forward_wgmma");
     return true;
   }
-  maps.k1 = fwd_kv_map(p.k1, p.T1, p.nkv, p.q);
-  maps.v1 = fwd_kv_map(p.v1, p.T1, p.nkv, p.q);
-  maps.k2 = fwd_kv_map(p.k2, p.k2 ? p.T2 : 0, p.nkv, p.q);
-  maps.v2 = fwd_kv_map(p.v2, p.k2 ? p.T2 : 0, p.nkv, p.q);
+  maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kFwdWgKeys, p.q);
   if (p.mode == kAttnDFlash && p.window > 0) {
     DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs, maps);
   } else {
@@ -922,10 +943,11 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "dflash_attention_backward (cuda): too many heads (", p.nh, ")");
   const dim3 grid_q(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
+  const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kDqWgKeys, p.q);
   if (p.window > 0)
-    DFLASH_LAUNCH(grid_q, 128 * kDqWgs, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, true>)(p);
+    DFLASH_LAUNCH(grid_q, 128 * kDqWgs, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, true>)(p, maps);
   else
-    DFLASH_LAUNCH(grid_q, 128 * kDqWgs, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, false>)(p);
+    DFLASH_LAUNCH(grid_q, 128 * kDqWgs, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, false>)(p, maps);
   check_launch("dflash_attention_dq_wgmma");
   if (tiles == 0) return true;
   const dim3 grid(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles));
