@@ -65,6 +65,10 @@ namespace {
 struct KvMaps {
   CUtensorMap k1, v1, k2, v2;
 };
+// dK/dV's TMA maps of Q and dO: [Tq, nh, 128] bf16, boxes of 64 columns x 1 head x 64 queries (kv_map).
+struct QdoMaps {
+  CUtensorMap q, dout;
+};
 
 constexpr int kBarTurn = 1;  // the forward's ping-pong: named barriers kBarTurn, kBarTurn + 1 (0 is __syncthreads)
 constexpr float kLog2e = 1.4426950408889634f;
@@ -598,6 +602,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
 //   S^T = K Q^T, dP^T = V dO^T (m64n64k16, K-major operands), P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D),
 //   dV += P^T dO, dK += dS^T Q (m64n128k16, P^T / dS^T from registers, dO / Q read MN-major).
 // Each key's gradients are summed by one thread in item order and written once: deterministic, no atomics.
+// An item's Q / dO come by TMA from thread 0 (maps; one full mbarrier per buffer), the CTA's K / V by cp.async.
 constexpr int kDkvWgThreads = 128;
 constexpr int kDkvWgKeys = 64;                              // keys per CTA
 constexpr int kDkvWgQ = 64;                                 // queries per chunk
@@ -609,7 +614,7 @@ constexpr size_t kDkvWgSmem = 6 * size_t{kDkvWgTileBytes} + 1024;  // K, V, Q x 
 constexpr size_t kDkvWgStatic = 4 * kDkvWgMaxChunks + 16 + 16 * 64 + 2048;
 
 template <bool WIN>
-__global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
+__global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, const __grid_constant__ QdoMaps qm) {
   constexpr int D = kWgD, KN = kDkvWgKeys, QC = kDkvWgQ, NT = QC / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sList[kDkvWgMaxChunks];
@@ -619,10 +624,19 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
   __shared__ int sFull[2][2];             // per buffer and half of the chunk: see put_meta
   __shared__ int sHi[2][QC], sLo[2][QC];  // per query: a_j (context tile) or j (block tile), -1 = sees nothing;
                                           // lo1 (context) or the slot (block), used with a window
+  __shared__ alignas(8) uint64_t sItem[2];  // buffer b's Q and dO have landed (TMA bytes)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base, sV = base + kDkvWgTileBytes, sQ0 = base + 2 * kDkvWgTileBytes,
                  sO0 = base + 4 * kDkvWgTileBytes;  // Q / dO buffer b at sQ0 / sO0 + b * kDkvWgTileBytes
+  const uint32_t bItem = smem_u32(&sItem[0]);  // (buffer b: + 8 b)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t4 = lane & 3;
+  if (tid == 0) {
+    tma_prefetch_map(&qm.q);
+    tma_prefetch_map(&qm.dout);
+    mbar_init(bItem, 1);
+    mbar_init(bItem + 8, 1);
+    mbar_init_fence();
+  }  // (the chunk listing's CTA barriers order the initialisation before any item's load: items > 0 needs a chunk)
   const int nh = p.nh, nkv = p.nkv, rep = nh / nkv, g = blockIdx.x, tile = blockIdx.y, B = p.B;
   const int nt1 = (p.T1 + KN - 1) / KN;
   const bool s1 = tile < nt1;
@@ -698,10 +712,16 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
       ip.c0 = chunk_row(++ip.ci);
     }
   };
+  // rows past Tq are zero-filled; rows in [q_hi, Tq) are loaded but their metadata marks them invisible (P^T = 0)
   auto stage_item = [&](const ItemPos& ip, int buf) {
-    const int64_t o0 = ip.c0 * qstride + (g * rep + ip.hh) * D;
-    stage_rows<QC, kDkvWgThreads>(sQ0 + buf * kDkvWgTileBytes, p.q + o0, qstride, q_hi - ip.c0);
-    stage_rows<QC, kDkvWgThreads>(sO0 + buf * kDkvWgTileBytes, p.dout + o0, qstride, q_hi - ip.c0);
+    if (tid != 0) return;
+    const uint32_t full = bItem + 8 * buf, dQ = sQ0 + buf * kDkvWgTileBytes, dO = sO0 + buf * kDkvWgTileBytes;
+    const int h = g * rep + ip.hh;
+    mbar_arrive_expect_tx(full, 2 * kDkvWgTileBytes);
+    tma_load_3d(dQ, &qm.q, full, 0, h, ip.c0);  // columns 0..63: panel 0
+    tma_load_3d(dQ + QC * 128, &qm.q, full, 64, h, ip.c0);
+    tma_load_3d(dO, &qm.dout, full, 0, h, ip.c0);
+    tma_load_3d(dO + QC * 128, &qm.dout, full, 64, h, ip.c0);
   };
   auto fetch_meta = [&](const ItemPos& ip) {
     Meta m{0, 0, 0, 0.f, 0.f};
@@ -756,9 +776,10 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p) {
 
   for (int it = 0; it < items; ++it) {
     const int buf = it & 1;
-    cp_async_wait<0>();  // K, V and item it have landed (this thread's copies)
+    cp_async_wait<0>();  // K and V have landed (this thread's copies; nothing left in flight after item 0)
     wg::fence_proxy_async();
-    __syncthreads();  // ... everyone's, and item it's metadata; item it - 1's buffers are free: one barrier per item
+    mbar_wait(bItem + 8 * buf, (it >> 1) & 1);  // item it's Q / dO have landed
+    __syncthreads();  // ... everyone's K / V, and item it's metadata; item it - 1's buffers are free: one barrier per item
     const bool nomask = sFull[buf][0] && sFull[buf][1];  // (read before the products: its latency hides)
     Meta next{0, 0, 0, 0.f, 0.f};
     if (it + 1 < items) {
@@ -860,12 +881,12 @@ void attention_wgmma_init_attributes(int smem_optin) {
 }
 
 namespace {
-// The TMA map of a [T, nkv, 128] bf16 K or V tensor at base (16-byte aligned): dimensions (128, nkv, T) innermost
-// first, boxes of 64 columns x 1 kv head x box_rows rows (128 bytes per box row: one SW128 panel,
+// The TMA map of a [T, heads, 128] bf16 tensor at base (16-byte aligned; K / V, or dK/dV's Q / dO): dimensions
+// (128, heads, T) innermost first, boxes of 64 columns x 1 head x box_rows rows (128 bytes per box row: one SW128 panel,
 // CU_TENSOR_MAP_SWIZZLE_128B as wgmma.cuh lays it out), rows past T zero-filled. An absent tensor (T = 0) gets a
 // map over one row at `dummy` that no tile reads. cuTensorMapEncodeTiled comes through the runtime's driver entry
 // point, so nothing links libcuda. Throws with the driver's error code if the encoding fails.
-CUtensorMap kv_map(const void* base, int64_t T, int nkv, int box_rows, const void* dummy) {
+CUtensorMap kv_map(const void* base, int64_t T, int heads, int box_rows, const void* dummy) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -877,17 +898,17 @@ CUtensorMap kv_map(const void* base, int64_t T, int nkv, int box_rows, const voi
   if (T == 0 || base == nullptr) {
     base = dummy;
     T = 1;
-    nkv = 1;
+    heads = 1;
   }
   CUtensorMap map;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kWgD), static_cast<cuuint64_t>(nkv), static_cast<cuuint64_t>(T)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kWgD) * 2, static_cast<cuuint64_t>(nkv) * kWgD * 2};  // bytes
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kWgD), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(T)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kWgD) * 2, static_cast<cuuint64_t>(heads) * kWgD * 2};  // bytes
   const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)}, elem[3] = {1, 1, 1};
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, elem,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DFLASH_CHECK(r == CUDA_SUCCESS, "attention (cuda): cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
-               ") for a [", T, ", ", nkv, ", ", kWgD, "] tensor");
+               ") for a [", T, ", ", heads, ", ", kWgD, "] tensor");
   return map;
 }
 KvMaps kv_maps(const void* k1, const void* v1, int64_t T1, const void* k2, const void* v2, int64_t T2, int nkv,
@@ -951,10 +972,13 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   check_launch("dflash_attention_dq_wgmma");
   if (tiles == 0) return true;
   const dim3 grid(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles));
+  QdoMaps qm;
+  qm.q = kv_map(p.q, p.Tq, p.nh, kDkvWgQ, p.q);
+  qm.dout = kv_map(p.dout, p.Tq, p.nh, kDkvWgQ, p.q);
   if (p.window > 0)
-    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<true>)(p);
+    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<true>)(p, qm);
   else
-    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<false>)(p);
+    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<false>)(p, qm);
   check_launch("dflash_attention_dkv_wgmma");
   return true;
 }
