@@ -14,7 +14,12 @@
 // sequence of --causal-T tokens and of --causal-batch stacked sequences of --causal-T-batch tokens (one call, one
 // launch on the H200) with the same heads: RESULT
 // name=attn_causal_<batch>x<T>,
-// FLOPs 4 * d * nh * T (T + 1) / 2 per sequence (the unmasked pairs, as bench_prefill counts them).
+// FLOPs 4 * d * nh * T (T + 1) / 2 per sequence (the unmasked pairs, as bench_prefill counts them). A call takes
+// 0.1-0.2 ms, so the causal rows are timed two ways, as torch_ref.py times SDPA: ms / tflops with per_sample calls
+// back to back per timed sample (~5 ms: the kernel's throughput, as a prefill issues one layer after another) and
+// ms_single / tflops_single with one call per sample (its launch and synchronisation latency inside).
+// Built with -DDFLASH_FWD_TIMELINE (diagnostic: clock stamps per CTA in the forward kernel), each causal row is
+// followed by a TIMELINE line: where the SMs' time went in the last launch (attention_wgmma.cu).
 //
 //   bench_attention [--seqs 4] [--S 3072] [--N 512] [--B 16] [--nh 32] [--nkv 8] [--d 128] [--seed 1]
 //                   [--budget-s 8] [--max-reps 20] [--window 0] [--causal-T 3072] [--causal-batch 4]
@@ -29,6 +34,11 @@
 
 using namespace dflash;
 using namespace bench;
+#ifdef DFLASH_FWD_TIMELINE
+namespace dflash::cuda {
+void attn_fwd_timeline_report(const char* label);
+}
+#endif
 
 int main(int argc, char** argv) {
   try {
@@ -143,9 +153,26 @@ int main(int argc, char** argv) {
       }
       auto causal = [&] { ctx->attention_causal_batch(q, out, seqs, 1.0f / std::sqrt(static_cast<float>(d))); };
       const double flops = 4.0 * double(d) * double(nh) * double(T) * double(T + 1) / 2.0 * double(nseq);
-      const auto [tc, rc] = measure(causal, once(causal));
-      result("name=attn_causal_%lldx%lld impl=dflash ms=%.3f tflops=%.2f reps=%d layout=batched",
-             (long long)nseq, (long long)T, tc * 1e3, flops / tc / 1e12, rc);
+      // one call per timed sample (host clock around it: launch and synchronisation latency inside), and `per` calls
+      // back to back per sample (the kernel's throughput, as the target's prefill issues them); torch_ref.py times
+      // SDPA both ways too
+      const double probe = once(causal);
+      const double t1 = measure(causal, probe).first;
+      const int per = std::max(1, static_cast<int>(std::lround(5e-3 / std::max(t1, 1e-6))));
+      auto many = [&] {
+        for (int i = 0; i < per; ++i) causal();
+      };
+      const auto [tm, rc] = measure(many, t1 * per);
+      const double tc = tm / per;
+      result("name=attn_causal_%lldx%lld impl=dflash ms=%.3f tflops=%.2f reps=%d per_sample=%d ms_single=%.3f "
+             "tflops_single=%.2f layout=batched", (long long)nseq, (long long)T, tc * 1e3, flops / tc / 1e12, rc, per,
+             t1 * 1e3, flops / t1 / 1e12);
+#ifdef DFLASH_FWD_TIMELINE
+      {
+        const std::string label = std::to_string(nseq) + "x" + std::to_string(T);
+        dflash::cuda::attn_fwd_timeline_report(label.c_str());
+      }
+#endif
     }
     return 0;
   } catch (const std::exception& e) {

@@ -7,7 +7,8 @@
 // FlashAttention-2's online softmax (Dao 2023) on FlashAttention-3's operands (Shah et al. 2024, arXiv 2407.08608,
 // section 3: wgmma with the first product's operands in shared memory and P / dS from registers; in the forward its
 // intra-warpgroup overlap of the softmax with the P V product and its ping-pong of two warpgroups), without its
-// producer warp or TMA (loads are cp.async by every thread, each thread at fixed shared-memory offsets: stage_rows).
+// producer warp: the streamed tiles (the forward's and dQ's K / V, dK/dV's Q / dO) come by TMA issued from thread 0
+// of a consumer warpgroup; the tiles a CTA loads once (Q, dK/dV's K / V) by cp.async from every thread.
 // Shared-memory tiles use wgmma.cuh's SW128 layout. Masks are applied only on tiles a warp does not see whole.
 //  * forward (k_fwd_wg): a CTA = 2 warpgroups = 128 query rows ((query, head) pairs of one kv head,
 //    attn_rows_tiling); warpgroup w owns rows 64 w .. 64 w + 63 (one m64 wgmma). 128-key K / V tiles in 3 stages
@@ -27,6 +28,11 @@
 // compares attention by normalised mean square error for that reason).
 #include <algorithm>
 #include <climits>
+#include <type_traits>
+#ifdef DFLASH_FWD_TIMELINE
+#include <cstdio>
+#include <vector>
+#endif
 
 #ifndef DFLASH_CUDA_EMU
 #include <cuda.h>
@@ -68,6 +74,11 @@ struct KvMaps {
 // dK/dV's TMA maps of Q and dO: [Tq, nh, 128] bf16, boxes of 64 columns x 1 head x 64 queries (kv_map).
 struct QdoMaps {
   CUtensorMap q, dout;
+};
+// The packed forward's TMA maps: sequence z's K / V ([tk, nkv, 128] bf16 each, attention.h's AttnSegs), as KvMaps.
+// (8 KiB of kernel parameters for kAttnMaxSegs = 32: within the 32 KiB CUDA 12.1 allows.)
+struct SeqMaps {
+  CUtensorMap k[kAttnMaxSegs], v[kAttnMaxSegs];
 };
 
 constexpr int kBarTurn = 1;  // the forward's ping-pong: named barriers kBarTurn, kBarTurn + 1 (0 is __syncthreads)
@@ -161,22 +172,39 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
   return s1 ? (kt < mine.hi1 && (!WIN || kt + KT > mine.lo1)) : (kt < mine.hi2 && kt + KT > mine.lo2);
 }
 
+#ifdef DFLASH_FWD_TIMELINE
+// Diagnostic build only (-DDFLASH_FWD_TIMELINE): thread 0 of each CTA of the last k_fwd_wg launch records its SM,
+// its tile count and clock64 / globaltimer at entry, loop start (Q landed), loop end and exit;
+// attn_fwd_timeline_report() summarises them.
+constexpr int kTlMax = 16384;
+__device__ unsigned long long g_tl_clk[kTlMax][4], g_tl_ns[kTlMax][2];
+__device__ int g_tl_sm[kTlMax], g_tl_nt[kTlMax], g_tl_n;
+__device__ __forceinline__ unsigned long long tl_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ int tl_cta() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+#define DFLASH_TL(i) do { if (threadIdx.x == 0 && tl_cta() < kTlMax) g_tl_clk[tl_cta()][i] = clock64(); } while (0)
+#else
+#define DFLASH_TL(i) do { } while (0)
+#endif
+
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
 // PACKED: causal over the sequences of segs (grid.z = segs.n): query rows offset by the sequence's begin, its own
-// keys and query offset; K / V tiles by cp.async from every thread (each sequence has its own K / V). Otherwise the
-// K / V tiles come by TMA (maps: one thread issues a tile as two 64-column boxes, which land in wgmma.cuh's SW128
-// panels), which takes ~300 instructions per tile and thread of address arithmetic and copies out of the loop
-// (bench/NOTES.md 13). TMA loads a tile's rows up to the tensor's end (zero-filled past it) where cp.async stops at
-// the last key a row of the CTA sees; the rows between are masked (P = 0) like any invisible key.
+// keys (maps.k[z] / maps.v[z]: SeqMaps) and query offset. Otherwise maps is KvMaps (segments 1 and 2).
+// K / V tiles come by TMA (one thread issues a tile as two 64-column boxes, which land in wgmma.cuh's SW128 panels),
+// which takes the ~300 instructions per tile and thread of cp.async's address arithmetic and copies out of the loop
+// (bench/NOTES.md 13, 14). TMA loads a tile's rows up to the tensor's end (zero-filled past it); the rows past the
+// last key a row sees are masked (P = 0) like any invisible key.
 template <int NWG, int KT, bool WIN, bool PACKED>
 __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs,
-                                                         const __grid_constant__ KvMaps maps) {
+                                                         const __grid_constant__ std::conditional_t<PACKED, SeqMaps, KvMaps> maps) {
   constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG, NS = kFwdStages;
-  constexpr bool TMA = !PACKED;
   constexpr uint32_t TB = KT * D * 2;  // one K or V tile
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sExt[1 + NWG][4];  // [0] the CTA's rows, [1 + w] warpgroup w's: max hi1, min lo2, max hi2, min lo1
-  // mbarriers: Q full; per stage K full, V full (every thread's copies landed, or the TMA bytes), K empty, V empty
+  // mbarriers: Q full (every thread's copies landed); per stage K full, V full (the TMA bytes), K empty, V empty
   // (every warp read it)
   __shared__ alignas(8) uint64_t sBar[1 + 4 * NS];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -195,23 +223,37 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
     q_offset = segs.q_offset[z];
     if (q0 >= Tq) return;  // (past a shorter sequence's end; uniform over the CTA, before any barrier)
   }
+#ifdef DFLASH_FWD_TIMELINE
+  if (threadIdx.x == 0 && tl_cta() < kTlMax) {
+    g_tl_clk[tl_cta()][0] = clock64();
+    g_tl_ns[tl_cta()][0] = tl_ns();
+    g_tl_clk[tl_cta()][1] = g_tl_clk[tl_cta()][2] = g_tl_clk[tl_cta()][3] = 0;
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    g_tl_sm[tl_cta()] = static_cast<int>(sm);
+    if (tl_cta() == 0) g_tl_n = static_cast<int>(gridDim.x * gridDim.y * gridDim.z);
+  }
+#endif
   const bf16* Q = static_cast<const bf16*>(p.q);
   const uint32_t bFullQ = smem_u32(&sBar[0]), bFullK = bFullQ + 8, bFullV = bFullK + 8 * NS, bEmptyK = bFullV + 8 * NS,
                  bEmptyV = bEmptyK + 8 * NS;  // (stage s: + 8 s)
   if (tid == 0) {
-    if constexpr (TMA) {
+    if constexpr (PACKED) {
+      tma_prefetch_map(&maps.k[blockIdx.z]);
+      tma_prefetch_map(&maps.v[blockIdx.z]);
+    } else {
       tma_prefetch_map(&maps.k1);
       tma_prefetch_map(&maps.v1);
     }
     mbar_init(bFullQ, THREADS);
     DFLASH_UNROLL
     for (int st = 0; st < NS; ++st) {
-      mbar_init(bFullK + 8 * st, TMA ? 1 : THREADS);
-      mbar_init(bFullV + 8 * st, TMA ? 1 : THREADS);
+      mbar_init(bFullK + 8 * st, 1);
+      mbar_init(bFullV + 8 * st, 1);
       mbar_init(bEmptyK + 8 * st, 4 * NWG);
       mbar_init(bEmptyV + 8 * st, 4 * NWG);
     }
-    if constexpr (TMA) mbar_init_fence();
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -239,42 +281,24 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
-  const int64_t kstride = static_cast<int64_t>(nkv) * D;
-  // tile t's K (kv = 0) or V (kv = 1) into stage buf
-  auto load_tile = [&](int t, int buf, int kv) {
-    const bool s1 = t < nt1;
-    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT, khi = s1 ? ext1 : ehi;
-    // (packed: the sequence's K / V pointers are read from the kernel parameters at each load rather than held in
-    // registers for the whole loop; that instance is at the 255-register cap)
-    const void* src;
-    if constexpr (PACKED)
-      src = kv ? segs.v[blockIdx.z] : segs.k[blockIdx.z];
-    else
-      src = kv ? (s1 ? p.v1 : p.v2) : (s1 ? p.k1 : p.k2);
-    stage_rows<KT, THREADS>((kv ? sV : sK) + buf * TB, static_cast<const bf16*>(src) + kt * kstride + g * D, kstride,
-                            khi - kt);
-  };
-  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS, once every warp has released the stage's previous tile
-  // j - NS (its empty mbarrier): cp.async by every thread, each arriving on the stage's full mbarrier when its copies
-  // have landed, or TMA by thread 0, whose arrival sets the bytes the phase waits for. Stage and phase follow j:
-  // j % NS, (j / NS) & 1.
+  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS by TMA from thread 0, once every warp has released the
+  // stage's previous tile j - NS (its empty mbarrier); thread 0's arrival sets the bytes the full mbarrier's phase
+  // waits for. Stage and phase follow j: j % NS, (j / NS) & 1.
   auto load = [&](int j, int st, int ph, int kv) {
+    if (tid != 0) return;
     const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
-    if constexpr (TMA) {
-      if (tid != 0) return;
-      if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
-      const bool s1 = j < nt1;
-      const int kt = s1 ? elo1 + j * KT : elo + (j - nt1) * KT;
-      const CUtensorMap* map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
-      const uint32_t dst = (kv ? sV : sK) + st * TB;
-      mbar_arrive_expect_tx(full, TB);
-      tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
-      tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
-    } else {
-      if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
-      load_tile(j, st, kv);
-      cp_async_mbar_arrive(full);
-    }
+    if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
+    const bool s1 = j < nt1;
+    const int kt = s1 ? elo1 + j * KT : elo + (j - nt1) * KT;
+    const CUtensorMap* map;
+    if constexpr (PACKED)
+      map = kv ? &maps.v[blockIdx.z] : &maps.k[blockIdx.z];
+    else
+      map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
+    const uint32_t dst = (kv ? sV : sK) + st * TB;
+    mbar_arrive_expect_tx(full, TB);
+    tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
+    tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
   };
 
   if (nt > 0) load(0, 0, 0, 0);
@@ -385,6 +409,11 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
     bool pending = false;
     int stK = 0, phK = 0, stV = NS - 1, phV = 1;  // tile t's K stage / phase; tile t - 1's V stage / phase
     mbar_wait(bFullQ, 0);
+    wg::fence_proxy_async();  // Q's cp.async writes (every thread's), seen by this thread's wgmma
+    DFLASH_TL(1);
+#ifdef DFLASH_FWD_TIMELINE
+    if (threadIdx.x == 0 && tl_cta() < kTlMax) g_tl_nt[tl_cta()] = nt;
+#endif
     if (wgi == 1) named_arrive(kBarTurn + 0, 256);  // warpgroup 0 issues first
     for (int t = 0; t <= nt; ++t) {
       if (t < nt) {
@@ -394,7 +423,6 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
         mbar_wait(bFullK + 8 * stK, phK);
       }
       if (t > 0) mbar_wait(bFullV + 8 * stV, phV);
-      wg::fence_proxy_async();  // the cp.async writes (every thread's), seen by this thread's wgmma
       const bool s1 = t < nt1;
       const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
       const bool vis = t < nt && tile_visible<WIN>(mine, s1, kt, KT);
@@ -459,7 +487,12 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
       if (++stV == NS) stV = 0, phV ^= 1;
     }
   }
+  DFLASH_TL(2);
   attn_fwd_store<DT>(p, D, rok, orow, l, m, t4, [&](int n, int k) { return o[n * 4 + k]; });
+  DFLASH_TL(3);
+#ifdef DFLASH_FWD_TIMELINE
+  if (threadIdx.x == 0 && tl_cta() < kTlMax) g_tl_ns[tl_cta()][1] = tl_ns();
+#endif
 }
 
 // ---- backward: dQ ------------------------------------------------------------------------------------------------
@@ -513,7 +546,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
-  const int64_t kstride = static_cast<int64_t>(nkv) * D;
   // tile t's K and V into buffer buf by thread 0 (rows past the tensor's end zero-filled; rows past the CTA's last
   // visible key are masked below, as in k_fwd_wg)
   auto load_tile = [&](int t, int buf) {
@@ -641,7 +673,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
   const int nt1 = (p.T1 + KN - 1) / KN;
   const bool s1 = tile < nt1;
   const int k0 = s1 ? tile * KN : (tile - nt1) * KN, klim = s1 ? p.T1 : p.T2;
-  const int64_t kstride = static_cast<int64_t>(nkv) * D, qstride = static_cast<int64_t>(nh) * D;
+  const int64_t kstride = static_cast<int64_t>(nkv) * D;
   if (k0 < klim) {  // (a tile past klim has no items either)
     stage_rows<KN, kDkvWgThreads>(sK, (s1 ? p.k1 : p.k2) + k0 * kstride + g * D, kstride, klim - k0);
     stage_rows<KN, kDkvWgThreads>(sV, (s1 ? p.v1 : p.v2) + k0 * kstride + g * D, kstride, klim - k0);
@@ -922,6 +954,62 @@ KvMaps kv_maps(const void* k1, const void* v1, int64_t T1, const void* k2, const
 }
 }  // namespace
 
+#ifdef DFLASH_FWD_TIMELINE
+// Summary of the last k_fwd_wg launch's per-CTA timeline (diagnostic build): per SM, the shares of the kernel's span
+// spent before the loop (entry to Q landed), in the loop, in the epilogue, between CTAs and idle after its last CTA.
+void attn_fwd_timeline_report(const char* label) {
+  cudaDeviceSynchronize();
+  int n = 0;
+  cudaMemcpyFromSymbol(&n, g_tl_n, sizeof n);
+  n = std::min(n, kTlMax);
+  std::vector<unsigned long long> clk(static_cast<size_t>(kTlMax) * 4), ns(static_cast<size_t>(kTlMax) * 2);
+  std::vector<int> sm(kTlMax), nt(kTlMax);
+  cudaMemcpyFromSymbol(clk.data(), g_tl_clk, clk.size() * 8);
+  cudaMemcpyFromSymbol(ns.data(), g_tl_ns, ns.size() * 8);
+  cudaMemcpyFromSymbol(sm.data(), g_tl_sm, sm.size() * 4);
+  cudaMemcpyFromSymbol(nt.data(), g_tl_nt, nt.size() * 4);
+  unsigned long long t0 = ~0ull, t1 = 0;
+  double cyc = 0, nsec = 0;
+  int live = 0;
+  for (int i = 0; i < n; ++i) {
+    if (clk[i * 4 + 3] == 0) continue;  // returned early
+    ++live;
+    t0 = std::min(t0, ns[i * 2]);
+    t1 = std::max(t1, ns[i * 2 + 1]);
+    cyc += double(clk[i * 4 + 3] - clk[i * 4]);
+    nsec += double(ns[i * 2 + 1] - ns[i * 2]);
+  }
+  const double ghz = cyc / std::max(nsec, 1.0), span = double(t1 - t0) * ghz;  // span in cycles
+  double pro = 0, loop = 0, epi = 0, gap = 0, tail = 0, head = 0, tiles = 0;
+  int nsm = 0;
+  for (int s = 0; s < 1024; ++s) {
+    std::vector<int> mine;
+    for (int i = 0; i < n; ++i)
+      if (clk[i * 4 + 3] != 0 && sm[i] == s) mine.push_back(i);
+    if (mine.empty()) continue;
+    ++nsm;
+    std::sort(mine.begin(), mine.end(), [&](int a, int b) { return clk[a * 4] < clk[b * 4]; });
+    for (size_t j = 0; j < mine.size(); ++j) {
+      const int i = mine[j];
+      pro += double(clk[i * 4 + 1] - clk[i * 4]);
+      loop += double(clk[i * 4 + 2] - clk[i * 4 + 1]);
+      epi += double(clk[i * 4 + 3] - clk[i * 4 + 2]);
+      tiles += nt[i];
+      if (j > 0) gap += double(clk[i * 4] - clk[mine[j - 1] * 4 + 3]);
+    }
+    head += double(ns[mine.front() * 2] - t0) * ghz;
+    tail += double(t1 - ns[mine.back() * 2 + 1]) * ghz;
+  }
+  const double tot = span * nsm / 100.0;
+  std::printf("TIMELINE %s: %d CTAs on %d SMs, span %.1f us at %.2f GHz, %.0f tiles (%.2f us per tile in the loop); "
+              "share of SM time: before loop %.1f%%, loop %.1f%%, epilogue %.1f%%, between CTAs %.1f%%, "
+              "idle before first %.1f%%, idle after last %.1f%%; per CTA: before loop %.2f us, epilogue %.2f us\n",
+              label, live, nsm, span / ghz / 1e3, ghz, tiles, loop / std::max(tiles, 1.0) / ghz / 1e3, pro / tot,
+              loop / tot, epi / tot, gap / tot, head / tot, tail / tot, pro / live / ghz / 1e3, epi / live / ghz / 1e3);
+  std::fflush(stdout);
+}
+#endif
+
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
   if (p0.d != kWgD) return false;
   if (kFwdWgSmem + 1024 > static_cast<size_t>(e.smem_limit)) return false;  // + the static __shared__ extents
@@ -935,14 +1023,18 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
   // (packed: p.Tq is the longest sequence; the CTAs past a shorter one's end return at once)
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy),
                   static_cast<unsigned>(std::max(segs.n, 1)));
-  KvMaps maps{};
   if (segs.n > 0) {
     DFLASH_CHECK(p.mode == kAttnCausal && p.k2 == nullptr, "attention (cuda): batched sequences are causal");
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs, maps);
+    SeqMaps sm;
+    for (int z = 0; z < segs.n; ++z) {
+      sm.k[z] = kv_map(segs.k[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
+      sm.v[z] = kv_map(segs.v[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
+    }
+    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs, sm);
     check_launch("attention_forward_wgmma");
     return true;
   }
-  maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kFwdWgKeys, p.q);
+  const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kFwdWgKeys, p.q);
   if (p.mode == kAttnDFlash && p.window > 0) {
     DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs, maps);
   } else {
