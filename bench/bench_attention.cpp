@@ -126,6 +126,9 @@ int main(int argc, char** argv) {
     result("name=attn_fwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence "
            "window=%lld", tf * 1e3, flops_fwd / tf / 1e12, tf * 1e3 / double(seqs), (long long)seqs, rf,
            (long long)window);
+#ifdef DFLASH_FWD_TIMELINE
+    dflash::cuda::attn_fwd_timeline_report("dflash forward (the last sequence's launch)");
+#endif
     const auto [tfb, rfb] = measure(fwd_bwd, t_first_fb);
     result("name=attn_fwd_bwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence "
            "window=%lld", tfb * 1e3, 3.5 * flops_fwd / tfb / 1e12, tfb * 1e3 / double(seqs), (long long)seqs, rfb,

@@ -118,28 +118,39 @@ inline void attn_rows_tiling(int nh, int nkv, int rows, int& hc, int& mq) {
     if (rep % c == 0) hc = c;
   mq = rows / hc;
 }
-// The forward's epilogue, shared by the tensor-core kernels (attention_tc.cu, attention_wgmma.cu): a thread's two rows
-// i = 0, 1 (the m16n8 C layout: 4 lanes per row, lane quad index t4) get their row sums l summed over the quad, then
-// out = o / l as bf16 pairs (acc(n, k) = accumulator element k of column tile n, k = 2 i, 2 i + 1) at element offset
-// orow[i], and lse = (m + log2 l) ln 2 (m in the log2 domain; -inf for a row that saw no key).
-template <int DT, class Acc>
-__device__ __forceinline__ void attn_fwd_store(const AttnFwdParams& p, int D, const bool (&rok)[2],
-                                               const int64_t (&orow)[2], float (&l)[2], const float (&m)[2], int t4,
-                                               Acc acc) {
+// The forward's row finish, shared by the tensor-core kernels (attention_tc.cu, attention_wgmma.cu): a thread's two
+// rows i = 0, 1 (the m16n8 C layout: 4 lanes per row, lane quad index t4) get their row sums l summed over the quad,
+// inv[i] = 1 / l (0 for a row that saw no key) and, for an existing row, lse = (m + log2 l) ln 2 at row orow[i] / D
+// (m in the log2 domain; -inf for a row that saw no key). Every lane of the warp calls it (quad shuffles).
+__device__ __forceinline__ void attn_fwd_finish(const AttnFwdParams& p, int D, const bool (&rok)[2],
+                                                const int64_t (&orow)[2], float (&l)[2], const float (&m)[2], int t4,
+                                                float (&inv)[2]) {
   constexpr float kLn2f = 0.6931471805599453f;
-  bf16* O = static_cast<bf16*>(p.out);
   DFLASH_UNROLL
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    if (rok[i] && p.lse != nullptr && t4 == 0)
+      p.lse[orow[i] / D] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2f : -INFINITY;
+  }
+}
+// The mma.sync forward's epilogue (attention_tc.cu): attn_fwd_finish, then out = o / l as bf16 pairs straight from
+// the fragments (acc(n, k) = accumulator element k of column tile n, k = 2 i, 2 i + 1) at element offset orow[i].
+template <int DT, class Acc>
+__device__ __forceinline__ void attn_fwd_store(const AttnFwdParams& p, int D, const bool (&rok)[2],
+                                               const int64_t (&orow)[2], float (&l)[2], const float (&m)[2], int t4,
+                                               Acc acc) {
+  float inv[2];
+  attn_fwd_finish(p, D, rok, orow, l, m, t4, inv);
+  bf16* O = static_cast<bf16*>(p.out);
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
     if (!rok[i]) continue;
-    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
     DFLASH_UNROLL
     for (int n = 0; n < DT; ++n)
       *reinterpret_cast<__nv_bfloat162*>(O + orow[i] + n * 8 + 2 * t4) =
-          __floats2bfloat162_rn(acc(n, 2 * i) * inv, acc(n, 2 * i + 1) * inv);
-    if (p.lse != nullptr && t4 == 0)
-      p.lse[orow[i] / D] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2f : -INFINITY;
+          __floats2bfloat162_rn(acc(n, 2 * i) * inv[i], acc(n, 2 * i + 1) * inv[i]);
   }
 }
 

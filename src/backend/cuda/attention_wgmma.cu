@@ -82,6 +82,7 @@ struct SeqMaps {
 };
 
 constexpr int kBarTurn = 1;  // the forward's ping-pong: named barriers kBarTurn, kBarTurn + 1 (0 is __syncthreads)
+constexpr int kBarOut = 3;   // the forward's epilogue: warpgroup w's O rows staged (named barrier kBarOut + w)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLazyLog2 = 8.f;  // the forward's lazy rescaling threshold (log2 domain): P <= 2^8
 
@@ -114,6 +115,16 @@ __device__ __forceinline__ void stage_rows(uint32_t dst, const bf16* row0, int64
     const bool ok = r0 + RSTEP * j < nvalid;
     cp_async16(d0 + j * RSTEP * 128, ok ? src + j * step : row0, ok);
   }
+}
+
+// 32-bit store / 128-bit load of shared memory at a shared-window address (smem_u32)
+__device__ __forceinline__ void st_shared_b32(uint32_t a, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+  return v;
 }
 
 // 2^x on the special-function unit, denormal results flushed to zero (one MUFU.EX2; exp2f without -ftz adds the
@@ -488,7 +499,32 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
     }
   }
   DFLASH_TL(2);
-  attn_fwd_store<DT>(p, D, rok, orow, l, m, t4, [&](int n, int k) { return o[n * 4 + k]; });
+  // The epilogue: attn_fwd_finish (row sums, lse), then O / l as bf16 into this warpgroup's own Q rows (its last S
+  // product has read them; the swizzle keeps the fragment writes free of bank conflicts) and from there to global
+  // memory in 16-byte pieces, 2 whole rows per warp instruction. (4-byte stores straight from the fragments, as
+  // attn_fwd_store, touch 8 rows per warp instruction: 32 of them per thread held up the next CTA's start,
+  // bench/NOTES.md 14.)
+  {
+    float inv[2];
+    attn_fwd_finish(p, D, rok, orow, l, m, t4, inv);
+    const int r0 = wgi * 64 + warp * 16 + (lane >> 2);
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i)
+      DFLASH_UNROLL
+      for (int n = 0; n < DT; ++n)
+        st_shared_b32(sQ + (n >> 3) * (ROWS * 128) + wg::sw128_offset(r0 + 8 * i, (n & 7) * 8 + 2 * t4),
+                      wg::pack_bf16x2(o[n * 4 + 2 * i] * inv[i], o[n * 4 + 2 * i + 1] * inv[i]));
+    named_sync(kBarOut + wgi, 128);
+    bf16* O = static_cast<bf16*>(p.out);
+    const int lt = tid & 127, ch = lt & 15;
+    DFLASH_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      const int r = wgi * 64 + (lt >> 4) + 8 * j, hh = r / mq, qi = q0 + r % mq;
+      if (hh < hc && qi < Tq)
+        *reinterpret_cast<uint4*>(O + (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D + ch * 8) =
+            ld_shared_v4(sQ + (ch >> 3) * (ROWS * 128) + wg::sw128_offset(r, (ch & 7) * 8));
+    }
+  }
   DFLASH_TL(3);
 #ifdef DFLASH_FWD_TIMELINE
   if (threadIdx.x == 0 && tl_cta() < kTlMax) g_tl_ns[tl_cta()][1] = tl_ns();
