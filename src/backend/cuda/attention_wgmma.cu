@@ -17,13 +17,14 @@
 //    (lazy rescaling), O += P V (P rounded to bf16 in registers, V read MN-major); tile t's softmax runs while tile
 //    t - 1's P V product does, and while the other warpgroup's products run. A warpgroup skips a tile none of its rows
 //    can see (uniform over its 128 threads). CTAs run the query tiles with the most keys first (causal: the last
-//    queries; DFlash: sorted anchors).
+//    queries; DFlash: sorted anchors). The epilogue stages O in the warpgroup's own Q rows and stores it in 16-byte
+//    row pieces.
 //  * dQ (k_dq_wg): the forward's tiling over 64-key tiles, double buffered, one barrier per tile: S = Q K^T,
 //    dP = dO V^T, P = exp2(S - lse), dS = P (dP - D), dQ += dS K (K read MN-major).
 //  * dK / dV (k_dkv_wg): one warpgroup per 64 keys; the visible 64-query chunks are listed first, then the items
 //    (chunk, head) run last chunk first with Q / dO double buffered: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
 //    dK += dS^T Q. Deterministic: every gradient element is summed by one thread in a fixed order and written once.
-// bench/NOTES.md 9-11 has every variant tried, with its prediction and outcome.
+// bench/NOTES.md 9-14 has every variant tried, with its prediction and outcome.
 // Numerics as attention_tc.cu: fp32 accumulation, P and dS rounded to bf16 for the second products (tests/cuda
 // compares attention by normalised mean square error for that reason).
 #include <algorithm>
