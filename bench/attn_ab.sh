@@ -2,18 +2,20 @@
 # bench/attn_ab.sh — A/B of the attention kernels on the GPU machine: the working tree against a base tree, built
 # side by side and timed alternately in one call, so that the spread between machines (a few % between H200s of
 # the pool, bench/NOTES.md 14) stays out of the comparison.
-#   here:    rm -rf .ab-base && mkdir .ab-base && git archive BASE | tar -x -C .ab-base    (.ab-base is git-ignored)
+#   here:    rm -rf .ab-base && mkdir .ab-base && git archive BASE | tar -xm -C .ab-base   (.ab-base is git-ignored)
 #   device:  OUT=$OUT bash bench/attn_ab.sh                                   (carry [".deps", ".ab-base"])
 # env: RUNS (alternations, default 2), BUDGET_S (bench_attention --budget-s, default 2), TESTS (1: first the
 #      attention / drafter rows of the CUDA op table on the working tree; 0: skip), TL (1: then the forward's
 #      timeline, -DDFLASH_FWD_TIMELINE, of both trees), ARGS (more bench_attention arguments, e.g. "--window 64").
-# Prints the working tree's op-table count, then per run "== base" / "== new" and its RESULT lines (attn_fwd,
-# attn_fwd_bwd, attn_causal_*), then the TIMELINE lines; every log under $OUT.
+# Prints the working tree's op-table count, then per run "== base" / "== new" with the bench's exit status and its
+# RESULT lines (attn_fwd, attn_fwd_bwd, attn_causal_*, attn_error), then the TIMELINE lines. The logs come back in
+# $OUT/logs_ab.tgz (the device returns at most 8 files).
 set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.." || exit 1
 [ -d .ab-base ] || { echo "attn_ab: no .ab-base here (git archive BASE | tar -x -C .ab-base, and carry it)"; exit 2; }
 T0=$(date +%s)
+rm -rf /tmp/ab-build-base /tmp/ab-build-base-tl  # (a warm machine keeps them: never time a stale base)
 . tools/device_env.sh  # PCRE2 development files from .deps when the image lacks them
 el() { echo "[+$(( $(date +%s) - T0 ))s]"; }
 # build NAME SRC BUILD_DIR TARGETS [DEFINE]: configure and build TARGETS of SRC in BUILD_DIR (Release, CUDA)
@@ -32,7 +34,8 @@ echo "$(el) built"
 if [ "$TESTS" = 1 ]; then
   timeout 300 build-cuda/dflash_cuda_tests --gtest_filter='CudaOps.*Attention*:CudaDrafter.*:CudaThreads.*' \
     >"$OUT/tests.log" 2>&1
-  echo "$(el) op table rc=$?: $(grep -c ' PASS$' "$OUT/tests.log") checks passed, $(grep -c ' FAIL$' "$OUT/tests.log") failed"
+  rc=$?
+  echo "$(el) op table rc=$rc: $(grep -c ' PASS$' "$OUT/tests.log") checks passed, $(grep -c ' FAIL$' "$OUT/tests.log") failed"
   grep -E "^\[  PASSED|^\[  FAILED|^\[  FAILED  \]| FAIL$" "$OUT/tests.log" | head -20
 fi
 for r in $(seq 1 "${RUNS:-2}"); do
@@ -40,8 +43,8 @@ for r in $(seq 1 "${RUNS:-2}"); do
     B=$([ $side = base ] && echo /tmp/ab-build-base || echo build-cuda)
     # shellcheck disable=SC2086
     "$B/bench_attention" --budget-s "${BUDGET_S:-2}" ${ARGS:-} >"$OUT/bench_${side}_$r.log" 2>&1
-    echo "== $side (run $r)"
-    grep -E "^RESULT name=attn_(fwd|fwd_bwd|causal)" "$OUT/bench_${side}_$r.log" |
+    echo "== $side (run $r, rc=$?)"
+    grep -E "^RESULT name=attn_(fwd|fwd_bwd|causal|error)" "$OUT/bench_${side}_$r.log" |
       sed -E 's/ (S|N|B|nh|nkv|d|seqs|reps|layout|per_seq_ms)=[^ ]+//g'
   done
 done
@@ -53,8 +56,9 @@ if [ "${TL:-0}" = 1 ]; then
     B=$([ $side = base ] && echo /tmp/ab-build-base-tl || echo build-cuda-tl)
     # shellcheck disable=SC2086
     "$B/bench_attention" --budget-s 1 --max-reps 3 ${ARGS:-} >"$OUT/timeline_$side.log" 2>&1
-    echo "== timeline $side"
+    echo "== timeline $side (rc=$?)"
     grep TIMELINE "$OUT/timeline_$side.log"
   done
 fi
 echo "$(el) done"
+( cd "$OUT" && find . -maxdepth 1 -type f -name '*.log' -printf '%f\n' | tar czf logs_ab.tgz -T - && rm -f ./*.log )

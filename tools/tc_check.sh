@@ -13,7 +13,8 @@ cmake --build build-cuda -j 16 --target dflash_cuda_tests bench_attention bench_
 echo "[+$(( $(date +%s) - T0 ))s] built"
 timeout 240 build-cuda/dflash_cuda_tests --gtest_filter="${TC_FILTER:-CudaOps.*Attention*:CudaOps.SharedMemory*:CudaDrafter.*}" \
   >"$OUT/tests.log" 2>&1
-echo "[+$(( $(date +%s) - T0 ))s] tests rc=$?"
+rc=$?
+echo "[+$(( $(date +%s) - T0 ))s] tests rc=$rc"
 grep -E " FAIL$|^\[  PASSED|^\[  FAILED" "$OUT/tests.log" | head -40; echo "checks passed: $(grep -c " PASS$" "$OUT/tests.log"), failed: $(grep -c " FAIL$" "$OUT/tests.log")"
 if [ "${RUN_BENCH:-1}" = 1 ]; then
   SKIP_TORCH=${SKIP_TORCH:-0} BENCH_DEADLINE_S=${BENCH_DEADLINE_S:-300} OUT=$OUT bash bench/run_all.sh >"$OUT/run_all.log" 2>&1
