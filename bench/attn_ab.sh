@@ -2,8 +2,11 @@
 # bench/attn_ab.sh — A/B of the attention kernels on the GPU machine: the working tree against a base tree, built
 # side by side and timed alternately in one call, so that the spread between machines (a few % between H200s of
 # the pool, bench/NOTES.md 14) stays out of the comparison.
-#   here:    rm -rf .ab-base && mkdir .ab-base && git archive BASE | tar -xm -C .ab-base   (.ab-base is git-ignored)
+#   here:    rm -rf .ab-base && mkdir .ab-base && git archive BASE | tar -xm -C .ab-base --exclude=assets
+#            (.ab-* trees are git-ignored; the benchmark needs no assets, and carry holds 64 MiB)
 #   device:  OUT=$OUT bash bench/attn_ab.sh                                   (carry [".deps", ".ab-base"])
+# More variants in the same call: TREES=".ab-base .ab-x" (each a git-ignored .ab-* tree, carried too), each built
+# and timed in turn with the working tree, named by what follows ".ab-".
 # env: RUNS (alternations, default 2), BUDGET_S (bench_attention --budget-s, default 2), TESTS (1: first the
 #      attention / drafter rows of the CUDA op table on the working tree; 0: skip), TL (1: then the forward's
 #      timeline, -DDFLASH_FWD_TIMELINE, of both trees), ARGS (more bench_attention arguments, e.g. "--window 64").
@@ -13,9 +16,14 @@
 set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.." || exit 1
-[ -d .ab-base ] || { echo "attn_ab: no .ab-base here (git archive BASE | tar -x -C .ab-base, and carry it)"; exit 2; }
+TREES=${TREES:-.ab-base}
+NAMES=()
+for d in $TREES; do
+  [ -d "$d" ] || { echo "attn_ab: no $d here (git archive BASE | tar -x -C $d, and carry it)"; exit 2; }
+  NAMES+=("${d#.ab-}")
+done
 T0=$(date +%s)
-rm -rf /tmp/ab-build-base /tmp/ab-build-base-tl  # (a warm machine keeps them: never time a stale base)
+rm -rf /tmp/ab-build-*  # (a warm machine keeps them: never time a stale base)
 . tools/device_env.sh  # PCRE2 development files from .deps when the image lacks them
 el() { echo "[+$(( $(date +%s) - T0 ))s]"; }
 # build NAME SRC BUILD_DIR TARGETS [DEFINE]: configure and build TARGETS of SRC in BUILD_DIR (Release, CUDA)
@@ -28,7 +36,7 @@ build() {
     { echo "attn_ab: build $1 failed"; grep -E "error" "$OUT/build_$1.log" | head -20; exit 1; }
 }
 TESTS=${TESTS:-1}
-build base .ab-base /tmp/ab-build-base bench_attention
+for d in $TREES; do build "${d#.ab-}" "$d" "/tmp/ab-build-${d#.ab-}" bench_attention; done
 build new . build-cuda "bench_attention$([ "$TESTS" = 1 ] && echo ' dflash_cuda_tests')"
 echo "$(el) built"
 if [ "$TESTS" = 1 ]; then
@@ -39,8 +47,8 @@ if [ "$TESTS" = 1 ]; then
   grep -E "^\[  PASSED|^\[  FAILED|^\[  FAILED  \]| FAIL$" "$OUT/tests.log" | head -20
 fi
 for r in $(seq 1 "${RUNS:-2}"); do
-  for side in base new; do
-    B=$([ $side = base ] && echo /tmp/ab-build-base || echo build-cuda)
+  for side in "${NAMES[@]}" new; do
+    B=$([ $side = new ] && echo build-cuda || echo "/tmp/ab-build-$side")
     # shellcheck disable=SC2086
     "$B/bench_attention" --budget-s "${BUDGET_S:-2}" ${ARGS:-} >"$OUT/bench_${side}_$r.log" 2>&1
     echo "== $side (run $r, rc=$?)"
@@ -50,10 +58,10 @@ for r in $(seq 1 "${RUNS:-2}"); do
 done
 echo "$(el) benched"
 if [ "${TL:-0}" = 1 ]; then
-  build base_tl .ab-base /tmp/ab-build-base-tl bench_attention DFLASH_FWD_TIMELINE
+  for d in $TREES; do build "${d#.ab-}_tl" "$d" "/tmp/ab-build-${d#.ab-}-tl" bench_attention DFLASH_FWD_TIMELINE; done
   build new_tl . build-cuda-tl bench_attention DFLASH_FWD_TIMELINE
-  for side in base new; do
-    B=$([ $side = base ] && echo /tmp/ab-build-base-tl || echo build-cuda-tl)
+  for side in "${NAMES[@]}" new; do
+    B=$([ $side = new ] && echo build-cuda-tl || echo "/tmp/ab-build-$side-tl")
     # shellcheck disable=SC2086
     "$B/bench_attention" --budget-s 1 --max-reps 3 ${ARGS:-} >"$OUT/timeline_$side.log" 2>&1
     echo "== timeline $side (rc=$?)"

@@ -17,8 +17,8 @@
 //    (lazy rescaling), O += P V (P rounded to bf16 in registers, V read MN-major); tile t's softmax runs while tile
 //    t - 1's P V product does, and while the other warpgroup's products run. A warpgroup skips a tile none of its rows
 //    can see (uniform over its 128 threads). CTAs run the query tiles with the most keys first (causal: the last
-//    queries; DFlash: sorted anchors). The epilogue stages O in the warpgroup's own Q rows and stores it in 16-byte
-//    row pieces.
+//    queries; DFlash: sorted anchors) over all head groups and sequences (rows_grid). The epilogue stages O in the
+//    warpgroup's own Q rows and stores it in 16-byte row pieces.
 //  * dQ (k_dq_wg): the forward's tiling over 64-key tiles, double buffered, one barrier per tile: S = Q K^T,
 //    dP = dO V^T, P = exp2(S - lse), dS = P (dP - D), dQ += dS K (K read MN-major).
 //  * dK / dV (k_dkv_wg): one warpgroup per 64 keys; the visible 64-query chunks are listed first, then the items
@@ -140,6 +140,22 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// The forward's and dQ's grid, rows_grid(query tiles, head groups, sequences): blockIdx.x the head group (kv head x
+// split), blockIdx.y the sequence (packed causal; else 0), blockIdx.z the query tile counted from the last. CTAs
+// start in linear block order (x fastest), so the whole grid runs query tile slowest, the tiles with the most keys
+// first over every head group and sequence: one longest-first list (with the head group slowest, each group's short
+// tiles ran before the next group's long ones and the launch ended on a sawtooth; bench/NOTES.md 15).
+// false (grid untouched) past 65535 query tiles (grid.z's limit; 2M queries at 32 per tile): the caller leaves the
+// call to attention_tc.cu's kernels.
+bool rows_grid(int64_t qtiles, int64_t head_groups, int seqs, dim3& grid) {
+  if (qtiles > 65535 || head_groups > INT32_MAX) return false;
+  grid = dim3(static_cast<unsigned>(head_groups), static_cast<unsigned>(std::max(seqs, 1)),
+              static_cast<unsigned>(qtiles));
+  return true;
+}
+// This CTA's query tile under rows_grid (most keys first)
+__device__ __forceinline__ int rows_item_qtile() { return static_cast<int>(gridDim.z - 1 - blockIdx.z); }
+
 // Key ranges of a CTA's tiles: segment 1 tiles cover [lo1, hi1), segment 2 tiles [lo2, hi2).
 struct KeySpan {
   int lo1, hi1, lo2, hi2;
@@ -223,12 +239,12 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   const uint32_t sQ = base, sK = base + ROWS * D * 2, sV = sK + NS * TB;
   const int tid = threadIdx.x, wgi = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
-  const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // most keys first
-  const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
+  const int qtile = rows_item_qtile(), q0 = qtile * mq;  // (most keys first)
+  const int g = blockIdx.x / splits, h0 = g * rep + (blockIdx.x % splits) * hc;
   // packed: this CTA's sequence has query rows [rb, rb + len) of q / out (rb joins the row indices) and its own keys
   int Tq = p.Tq, T1 = p.T1, rb = 0, q_offset = p.q_offset;
   if constexpr (PACKED) {
-    const int z = blockIdx.z;
+    const int z = blockIdx.y;
     rb = segs.begin[z];
     Tq = segs.len[z];
     T1 = segs.tk[z];
@@ -249,10 +265,24 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   const bf16* Q = static_cast<const bf16*>(p.q);
   const uint32_t bFullQ = smem_u32(&sBar[0]), bFullK = bFullQ + 8, bFullV = bFullK + 8 * NS, bEmptyK = bFullV + 8 * NS,
                  bEmptyV = bEmptyK + 8 * NS;  // (stage s: + 8 s)
+  // A K (kv = 0) or V (kv = 1) tile at key kt of segment 1 (s1) or 2 into stage st by TMA (thread 0): two 64-column
+  // boxes; thread 0's arrival sets the bytes the stage's full mbarrier waits for.
+  auto issue = [&](int kv, int st, bool s1, int kt) {
+    const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
+    const CUtensorMap* map;
+    if constexpr (PACKED)
+      map = kv ? &maps.v[blockIdx.y] : &maps.k[blockIdx.y];
+    else
+      map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
+    const uint32_t dst = (kv ? sV : sK) + st * TB;
+    mbar_arrive_expect_tx(full, TB);
+    tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
+    tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
+  };
   if (tid == 0) {
     if constexpr (PACKED) {
-      tma_prefetch_map(&maps.k[blockIdx.z]);
-      tma_prefetch_map(&maps.v[blockIdx.z]);
+      tma_prefetch_map(&maps.k[blockIdx.y]);
+      tma_prefetch_map(&maps.v[blockIdx.y]);
     } else {
       tma_prefetch_map(&maps.k1);
       tma_prefetch_map(&maps.v1);
@@ -293,24 +323,13 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
-  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS by TMA from thread 0, once every warp has released the
-  // stage's previous tile j - NS (its empty mbarrier); thread 0's arrival sets the bytes the full mbarrier's phase
-  // waits for. Stage and phase follow j: j % NS, (j / NS) & 1.
+  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS (issue), once every warp has released the stage's previous
+  // tile j - NS (its empty mbarrier). Stage and phase follow j: j % NS, (j / NS) & 1.
   auto load = [&](int j, int st, int ph, int kv) {
     if (tid != 0) return;
-    const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
     if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
     const bool s1 = j < nt1;
-    const int kt = s1 ? elo1 + j * KT : elo + (j - nt1) * KT;
-    const CUtensorMap* map;
-    if constexpr (PACKED)
-      map = kv ? &maps.v[blockIdx.z] : &maps.k[blockIdx.z];
-    else
-      map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
-    const uint32_t dst = (kv ? sV : sK) + st * TB;
-    mbar_arrive_expect_tx(full, TB);
-    tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
-    tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
+    issue(kv, st, s1, s1 ? elo1 + j * KT : elo + (j - nt1) * KT);
   };
 
   if (nt > 0) load(0, 0, 0, 0);
@@ -554,17 +573,27 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base, sO = base + ROWS * D * 2, sK = sO + ROWS * D * 2, sV = sK + 2 * kDqWgKvBytes;
   const uint32_t bFull = smem_u32(&sFull[0]);  // (buffer b: + 8 b)
-  if (threadIdx.x == 0) {
+  const int tid = threadIdx.x, wgi = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
+  const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
+  const int qtile = rows_item_qtile(), q0 = qtile * mq;  // (most keys first)
+  const int g = blockIdx.x / splits, h0 = g * rep + (blockIdx.x % splits) * hc;
+  // Tile t (key kt of segment 1 or 2)'s K and V into buffer buf by thread 0 (rows past the tensor's end zero-filled;
+  // rows past the CTA's last visible key are masked below, as in k_fwd_wg)
+  auto issue = [&](int buf, bool s1, int kt) {
+    const uint32_t full = bFull + 8 * buf, dK = sK + buf * kDqWgKvBytes, dV = sV + buf * kDqWgKvBytes;
+    mbar_arrive_expect_tx(full, 2 * kDqWgKvBytes);
+    tma_load_3d(dK, s1 ? &maps.k1 : &maps.k2, full, 0, g, kt);  // columns 0..63: panel 0
+    tma_load_3d(dK + KT * 128, s1 ? &maps.k1 : &maps.k2, full, 64, g, kt);
+    tma_load_3d(dV, s1 ? &maps.v1 : &maps.v2, full, 0, g, kt);
+    tma_load_3d(dV + KT * 128, s1 ? &maps.v1 : &maps.v2, full, 64, g, kt);
+  };
+  if (tid == 0) {
     tma_prefetch_map(&maps.k1);
     tma_prefetch_map(&maps.v1);
     mbar_init(bFull, 1);
     mbar_init(bFull + 8, 1);
     mbar_init_fence();
   }  // (key_spans' CTA barriers order the initialisation before the first load and wait)
-  const int tid = threadIdx.x, wgi = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
-  const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
-  const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
-  const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qtile * mq;
 
   auto qoff = [&](int r) -> int64_t {
     const int hh = r / mq, qi = q0 + r % mq;
@@ -583,18 +612,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
-  // tile t's K and V into buffer buf by thread 0 (rows past the tensor's end zero-filled; rows past the CTA's last
-  // visible key are masked below, as in k_fwd_wg)
   auto load_tile = [&](int t, int buf) {
     if (tid != 0) return;
     const bool s1 = t < nt1;
-    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
-    const uint32_t full = bFull + 8 * buf, dK = sK + buf * kDqWgKvBytes, dV = sV + buf * kDqWgKvBytes;
-    mbar_arrive_expect_tx(full, 2 * kDqWgKvBytes);
-    tma_load_3d(dK, s1 ? &maps.k1 : &maps.k2, full, 0, g, kt);  // columns 0..63: panel 0
-    tma_load_3d(dK + KT * 128, s1 ? &maps.k1 : &maps.k2, full, 64, g, kt);
-    tma_load_3d(dV, s1 ? &maps.v1 : &maps.v2, full, 0, g, kt);
-    tma_load_3d(dV + KT * 128, s1 ? &maps.v1 : &maps.v2, full, 64, g, kt);
+    issue(buf, s1, s1 ? elo1 + t * KT : elo + (t - nt1) * KT);
   };
   if (nt > 0) load_tile(0, 0);
 
@@ -1055,11 +1076,10 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
   AttnFwdParams p = p0;
   attn_rows_tiling(p.nh, p.nkv, 64 * kFwdWgs, p.hc, p.mq);
   p.nk = kFwdWgKeys;
-  const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
-  DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
   // (packed: p.Tq is the longest sequence; the CTAs past a shorter one's end return at once)
-  const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy),
-                  static_cast<unsigned>(std::max(segs.n, 1)));
+  dim3 grid;
+  if (!rows_grid((p.Tq + p.mq - 1) / p.mq, static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc), segs.n, grid))
+    return false;
   if (segs.n > 0) {
     DFLASH_CHECK(p.mode == kAttnCausal && p.k2 == nullptr, "attention (cuda): batched sequences are causal");
     SeqMaps sm;
@@ -1090,9 +1110,9 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   AttnBwdParams p = p0;
   attn_rows_tiling(p.nh, p.nkv, 64 * kDqWgs, p.hc, p.mq);
   p.nk = kDqWgKeys;
-  const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
-  DFLASH_CHECK(gy <= 65535, "dflash_attention_backward (cuda): too many heads (", p.nh, ")");
-  const dim3 grid_q(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
+  dim3 grid_q;
+  if (!rows_grid((p.Tq + p.mq - 1) / p.mq, static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc), 0, grid_q))
+    return false;
   const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kDqWgKeys, p.q);
   if (p.window > 0)
     DFLASH_LAUNCH(grid_q, 128 * kDqWgs, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, true>)(p, maps);
