@@ -194,6 +194,18 @@ __device__ __forceinline__ void key_spans(int (*sExt)[4], int wgi, const int (&l
   read(0, cta);
   read(1 + wgi, mine);
 }
+// A thread's two rows' visible keys in segment 1 (s1) or 2 as one half-open range each, [lo[i], hi[i]): picked once
+// per tile, so that the mask is two compares per element (with the segment chosen per element, ptxas compiled the
+// partial tiles' mask into a branch per element in one build: bench/NOTES.md 15).
+template <bool WIN>
+__device__ __forceinline__ void seg_bounds(bool s1, const int (&lo1)[2], const int (&hi1)[2], const int (&lo2)[2],
+                                           const int (&hi2)[2], int (&lo)[2], int (&hi)[2]) {
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    lo[i] = s1 ? (WIN ? lo1[i] : 0) : lo2[i];  // (no window: segment 1 starts at key 0)
+    hi[i] = s1 ? hi1[i] : hi2[i];
+  }
+}
 // Whether a warpgroup with key ranges `mine` sees a key of tile [kt, kt + KT) of segment 1 (s1) or 2.
 template <bool WIN>
 __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int kt, int KT) {
@@ -350,10 +362,11 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   // result is the same up to rounding); the decision is uniform over the warp, and when nothing moves the O rescale
   // is skipped (returns false).
   auto softmax_tile = [&](float(&s)[NT * 4], bool s1, int kt, float(&alpha)[2], float(&rs)[2]) -> bool {
+    int lo[2], hi[2];
+    seg_bounds<WIN>(s1, lo1, hi1, lo2, hi2, lo, hi);
     bool full = true;
     DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i)
-      full = full && (s1 ? ((!WIN || kt >= lo1[i]) && kt + KT <= hi1[i]) : (kt >= lo2[i] && kt + KT <= hi2[i]));
+    for (int i = 0; i < 2; ++i) full = full && kt >= lo[i] && kt + KT <= hi[i];
     full = __all_sync(0xffffffffu, full);
     // (row maxima and sums over 4 partial values per row: dependency chains of 8 instead of 32, as only 2 warps per
     // scheduler hide the latency)
@@ -373,8 +386,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
         DFLASH_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-          const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
-          const float v = vis ? s[n * 4 + e] : -INFINITY;
+          const float v = key >= lo[i] && key < hi[i] ? s[n * 4 + e] : -INFINITY;
           s[n * 4 + e] = v;
           mx4[i][(n & 1) * 2 + (e & 1)] = fmaxf(mx4[i][(n & 1) * 2 + (e & 1)], v);
         }
@@ -644,10 +656,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
       wg::commit();
       wg::wait<1>();  // S is ready; dP may still run
       wg::pin(s);
+      int lo[2], hi[2];
+      seg_bounds<WIN>(s1, lo1, hi1, lo2, hi2, lo, hi);
       bool full = true;  // as k_fwd_wg: the warp's rows all see the whole tile
       DFLASH_UNROLL
-      for (int i = 0; i < 2; ++i)
-        full = full && (s1 ? ((!WIN || kt >= lo1[i]) && kt + KT <= hi1[i]) : (kt >= lo2[i] && kt + KT <= hi2[i]));
+      for (int i = 0; i < 2; ++i) full = full && kt >= lo[i] && kt + KT <= hi[i];
       if (__all_sync(0xffffffffu, full)) {
         DFLASH_UNROLL
         for (int n = 0; n < NT * 4; ++n) s[n] = exp2_ftz(fmaf(s[n], sl2, -lse2[(n >> 1) & 1]));  // P
@@ -657,8 +670,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
           DFLASH_UNROLL
           for (int e = 0; e < 4; ++e) {
             const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-            const bool vis = s1 ? ((!WIN || key >= lo1[i]) && key < hi1[i]) : (key >= lo2[i] && key < hi2[i]);
-            s[n * 4 + e] = vis ? exp2_ftz(fmaf(s[n * 4 + e], sl2, -lse2[i])) : 0.f;  // P
+            s[n * 4 + e] = key >= lo[i] && key < hi[i] ? exp2_ftz(fmaf(s[n * 4 + e], sl2, -lse2[i])) : 0.f;  // P
           }
       }
       wg::wait<0>();
