@@ -915,7 +915,8 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
           // spec 2.3 as dflash_row_bounds: context keys [lo1, a_j), block keys of block j (a prefix with a window)
           bool vis = key[i] < klim && (s1 ? key[i] < hi : (hi >= 0 && kblk[i] == hi));
           if constexpr (WIN) vis = vis && (s1 ? key[i] >= sLo[buf][qc] : kslot[i] <= sLo[buf][qc]);
-          s[n * 4 + e] = vis ? exp2_ftz(fmaf(s[n * 4 + e], sl2, -sL[buf][qc])) : 0.f;  // P^T
+          const float pe = exp2_ftz(fmaf(s[n * 4 + e], sl2, -sL[buf][qc]));  // (for every element: no branch)
+          s[n * 4 + e] = vis ? pe : 0.f;  // P^T
         }
     }
     // dV += P^T dO is issued before dS^T is formed (it needs only P^T), so dS^T's arithmetic runs under it
