@@ -9,17 +9,25 @@
 # and timed in turn with the working tree, named by what follows ".ab-".
 # env: RUNS (alternations, default 2), BUDGET_S (bench_attention --budget-s, default 2), TESTS (1: first the
 #      attention / drafter rows of the CUDA op table on the working tree; 0: skip), TL (1: then the forward's
-#      timeline, -DDFLASH_FWD_TIMELINE, of both trees), ARGS (more bench_attention arguments, e.g. "--window 64").
-# Prints the working tree's op-table count, then per run "== base" / "== new" with the bench's exit status and its
-# RESULT lines (attn_fwd, attn_fwd_bwd, attn_causal_*, attn_error), then the TIMELINE lines. The logs come back in
-# $OUT/logs_ab.tgz (the device returns at most 8 files).
+#      timeline, -DDFLASH_FWD_TIMELINE, of every tree), ARGS (more bench_attention arguments, e.g. "--window 64").
+# Prints the working tree's op-table count, then per run "== NAME" for each tree and "== new" for the working tree,
+# with the bench's exit status and its RESULT lines (attn_fwd, attn_fwd_bwd, attn_causal_*, attn_error), then the
+# TIMELINE lines. The logs come back in $OUT/logs_ab.tgz (the device returns at most 8 files).
 set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.." || exit 1
 TREES=${TREES:-.ab-base}
 NAMES=()
+DIRS=()
 for d in $TREES; do
+  d=${d%/}
+  case "$d" in
+    .ab-new | */* | .ab-) echo "attn_ab: tree $d: a .ab-NAME folder in the repository root, NAME not 'new'"; exit 2 ;;
+    .ab-*) ;;
+    *) echo "attn_ab: tree $d: a .ab-NAME folder in the repository root (git-ignored)"; exit 2 ;;
+  esac
   [ -d "$d" ] || { echo "attn_ab: no $d here (git archive BASE | tar -x -C $d, and carry it)"; exit 2; }
+  DIRS+=("$d")
   NAMES+=("${d#.ab-}")
 done
 T0=$(date +%s)
@@ -36,7 +44,7 @@ build() {
     { echo "attn_ab: build $1 failed"; grep -E "error" "$OUT/build_$1.log" | head -20; exit 1; }
 }
 TESTS=${TESTS:-1}
-for d in $TREES; do build "${d#.ab-}" "$d" "/tmp/ab-build-${d#.ab-}" bench_attention; done
+for d in "${DIRS[@]}"; do build "${d#.ab-}" "$d" "/tmp/ab-build-${d#.ab-}" bench_attention; done
 build new . build-cuda "bench_attention$([ "$TESTS" = 1 ] && echo ' dflash_cuda_tests')"
 echo "$(el) built"
 if [ "$TESTS" = 1 ]; then
@@ -58,7 +66,7 @@ for r in $(seq 1 "${RUNS:-2}"); do
 done
 echo "$(el) benched"
 if [ "${TL:-0}" = 1 ]; then
-  for d in $TREES; do build "${d#.ab-}_tl" "$d" "/tmp/ab-build-${d#.ab-}-tl" bench_attention DFLASH_FWD_TIMELINE; done
+  for d in "${DIRS[@]}"; do build "${d#.ab-}_tl" "$d" "/tmp/ab-build-${d#.ab-}-tl" bench_attention DFLASH_FWD_TIMELINE; done
   build new_tl . build-cuda-tl bench_attention DFLASH_FWD_TIMELINE
   for side in "${NAMES[@]}" new; do
     B=$([ $side = new ] && echo build-cuda-tl || echo "/tmp/ab-build-$side-tl")

@@ -7,7 +7,7 @@ Prints one row per kernel and listing: the listing's NAME, the kernel (the mangl
 the number of SASS instructions and the count of each opcode in --ops (an opcode counts by its first dot-separated
 part, predicated or not: `@!P0 BRA` is a BRA). BSSY / BSYNC pairs mark divergent regions: a masked select that
 ptxas turned into a branch per element shows there (bench/NOTES.md 15); STL / LDL are register spills.
-Exit status 2 when a listing holds no kernel (or none matching --match).
+Exit status 2 when any listing holds no kernel (or none matching --match); the others are still printed.
 """
 import argparse
 import collections
@@ -45,25 +45,29 @@ def main():
     ap.add_argument("--match", default="")
     a = ap.parse_args()
     ops = [o for o in a.ops.split(",") if o]
-    rows = []
+    rows, empty = [], []
     for spec in a.listings:
         label, _, path = spec.partition("=")
         if not path:
             label, path = spec, spec
+        n = len(rows)
         with open(path, encoding="utf-8", errors="replace") as f:
             for name, ins in kernels(f.read()):
                 if a.match not in short(name):
                     continue
                 c = collections.Counter(opcode(i) for i in ins if i)
                 rows.append([label, short(name), str(len(ins))] + [str(c[o]) for o in ops])
+        if len(rows) == n:
+            empty.append(f"{label} ({path})")
+    for e in empty:
+        print(f"sass_stats: no kernel{f' matching {a.match!r}' if a.match else ''} in {e}", file=sys.stderr)
     if not rows:
-        print("sass_stats: no kernel found" + (f" matching {a.match!r}" if a.match else ""), file=sys.stderr)
         return 2
     head = ["listing", "kernel", "instructions"] + ops
     width = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:
         print("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, width))))
-    return 0
+    return 2 if empty else 0
 
 
 if __name__ == "__main__":

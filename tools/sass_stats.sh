@@ -16,22 +16,24 @@ command -v cuobjdump >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
 command -v cuobjdump >/dev/null || { echo "sass_stats: no cuobjdump here (the GPU machine's toolkit has it)"; exit 1; }
 [ $# -gt 0 ] || set -- src/backend/cuda/attention_wgmma.cu
 W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
 specs=()
-i=0
 for src in "$@"; do
-  i=$((i + 1))
-  root=${src%%src/*}  # the tree the source belongs to ("" for this one)
-  label=$([ -n "$root" ] && echo "${root%/}" || echo "tree")
-  [ $# -gt 1 ] && [ -z "$root" ] && label=new
+  case "$src" in
+    *src/backend/*.cu) ;;
+    *) echo "sass_stats: $src: a source under some tree's src/backend/"; exit 1 ;;
+  esac
+  root=${src%src/backend/*}  # the tree the source belongs to ("" for this one)
+  label=$([ -n "$root" ] && basename "$root" || echo "$([ $# -gt 1 ] && echo new || echo tree)")
   label="$label:$(basename "$src" .cu)"
+  f=$(printf '%s' "$label" | tr -c 'A-Za-z0-9_-' '_')
   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
-    -I"${root}src" -I"${root}include" -cubin -o "$W/$i.cubin" "$src" >"$W/$i.log" 2>&1 ||
-    { echo "sass_stats: $src does not compile:"; grep -E "error" "$W/$i.log" | head -10; exit 1; }
-  cuobjdump -sass "$W/$i.cubin" >"$W/$i.sass" || exit 1
-  specs+=("$label=$W/$i.sass")
+    -I"${root}src" -I"${root}include" -cubin -o "$W/$f.cubin" "$src" >"$W/$f.log" 2>&1 ||
+    { echo "sass_stats: $src does not compile:"; grep -E "error" "$W/$f.log" | head -10; exit 1; }
+  cuobjdump -sass "$W/$f.cubin" >"$W/$f.sass" || exit 1
+  specs+=("$label=$W/$f.sass")
 done
 python3 tools/sass_stats.py "${specs[@]}" ${OPS:+--ops "$OPS"} ${MATCH:+--match "$MATCH"}
 rc=$?
-[ "${KEEP:-0}" = 1 ] && (cd "$W" && tar czf "$OUT/sass.tgz" ./*.sass)
-rm -rf "$W"
+[ "${KEEP:-0}" = 1 ] && (cd "$W" && tar czf "$OUT/sass.tgz" ./*.sass)  # (named after the labels)
 exit $rc

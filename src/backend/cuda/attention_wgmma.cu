@@ -145,8 +145,9 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // start in linear block order (x fastest), so the whole grid runs query tile slowest, the tiles with the most keys
 // first over every head group and sequence: one longest-first list (with the head group slowest, each group's short
 // tiles ran before the next group's long ones and the launch ended on a sawtooth; bench/NOTES.md 15).
-// false (grid untouched) past 65535 query tiles (grid.z's limit; 2M queries at 32 per tile): the caller leaves the
-// call to attention_tc.cu's kernels.
+// false (grid untouched) past 65535 query tiles (grid.z's limit: 2M queries at 32 per tile, 1M at 16): the caller
+// leaves the call to attention_tc.cu's kernels. (Packed sequences: the order follows the query tile index, which is
+// longest first as long as the sequences' query offsets are alike.)
 bool rows_grid(int64_t qtiles, int64_t head_groups, int seqs, dim3& grid) {
   if (qtiles > 65535 || head_groups > INT32_MAX) return false;
   grid = dim3(static_cast<unsigned>(head_groups), static_cast<unsigned>(std::max(seqs, 1)),
@@ -231,7 +232,7 @@ __device__ __forceinline__ int tl_cta() { return blockIdx.x + gridDim.x * (block
 #endif
 
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
-// PACKED: causal over the sequences of segs (grid.z = segs.n): query rows offset by the sequence's begin, its own
+// PACKED: causal over the sequences of segs (grid.y = segs.n, rows_grid): query rows offset by the sequence's begin, its own
 // keys (maps.k[z] / maps.v[z]: SeqMaps) and query offset. Otherwise maps is KvMaps (segments 1 and 2).
 // K / V tiles come by TMA (one thread issues a tile as two 64-column boxes, which land in wgmma.cuh's SW128 panels),
 // which takes the ~300 instructions per tile and thread of cp.async's address arithmetic and copies out of the loop
