@@ -278,20 +278,6 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   const bf16* Q = static_cast<const bf16*>(p.q);
   const uint32_t bFullQ = smem_u32(&sBar[0]), bFullK = bFullQ + 8, bFullV = bFullK + 8 * NS, bEmptyK = bFullV + 8 * NS,
                  bEmptyV = bEmptyK + 8 * NS;  // (stage s: + 8 s)
-  // A K (kv = 0) or V (kv = 1) tile at key kt of segment 1 (s1) or 2 into stage st by TMA (thread 0): two 64-column
-  // boxes; thread 0's arrival sets the bytes the stage's full mbarrier waits for.
-  auto issue = [&](int kv, int st, bool s1, int kt) {
-    const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
-    const CUtensorMap* map;
-    if constexpr (PACKED)
-      map = kv ? &maps.v[blockIdx.y] : &maps.k[blockIdx.y];
-    else
-      map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
-    const uint32_t dst = (kv ? sV : sK) + st * TB;
-    mbar_arrive_expect_tx(full, TB);
-    tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
-    tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
-  };
   if (tid == 0) {
     if constexpr (PACKED) {
       tma_prefetch_map(&maps.k[blockIdx.y]);
@@ -336,13 +322,24 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
-  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS (issue), once every warp has released the stage's previous
-  // tile j - NS (its empty mbarrier). Stage and phase follow j: j % NS, (j / NS) & 1.
+  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS by TMA from thread 0, once every warp has released the
+  // stage's previous tile j - NS (its empty mbarrier); thread 0's arrival sets the bytes the full mbarrier's phase
+  // waits for. Stage and phase follow j: j % NS, (j / NS) & 1.
   auto load = [&](int j, int st, int ph, int kv) {
     if (tid != 0) return;
     if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
     const bool s1 = j < nt1;
-    issue(kv, st, s1, s1 ? elo1 + j * KT : elo + (j - nt1) * KT);
+    const int kt = s1 ? elo1 + j * KT : elo + (j - nt1) * KT;
+    const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
+    const CUtensorMap* map;
+    if constexpr (PACKED)
+      map = kv ? &maps.v[blockIdx.y] : &maps.k[blockIdx.y];
+    else
+      map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
+    const uint32_t dst = (kv ? sV : sK) + st * TB;
+    mbar_arrive_expect_tx(full, TB);
+    tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
+    tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
   };
 
   if (nt > 0) load(0, 0, 0, 0);
@@ -590,16 +587,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = rows_item_qtile(), q0 = qtile * mq;  // (most keys first)
   const int g = blockIdx.x / splits, h0 = g * rep + (blockIdx.x % splits) * hc;
-  // Tile t (key kt of segment 1 or 2)'s K and V into buffer buf by thread 0 (rows past the tensor's end zero-filled;
-  // rows past the CTA's last visible key are masked below, as in k_fwd_wg)
-  auto issue = [&](int buf, bool s1, int kt) {
-    const uint32_t full = bFull + 8 * buf, dK = sK + buf * kDqWgKvBytes, dV = sV + buf * kDqWgKvBytes;
-    mbar_arrive_expect_tx(full, 2 * kDqWgKvBytes);
-    tma_load_3d(dK, s1 ? &maps.k1 : &maps.k2, full, 0, g, kt);  // columns 0..63: panel 0
-    tma_load_3d(dK + KT * 128, s1 ? &maps.k1 : &maps.k2, full, 64, g, kt);
-    tma_load_3d(dV, s1 ? &maps.v1 : &maps.v2, full, 0, g, kt);
-    tma_load_3d(dV + KT * 128, s1 ? &maps.v1 : &maps.v2, full, 64, g, kt);
-  };
   if (tid == 0) {
     tma_prefetch_map(&maps.k1);
     tma_prefetch_map(&maps.v1);
@@ -625,10 +612,18 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+  // tile t's K and V into buffer buf by thread 0 (rows past the tensor's end zero-filled; rows past the CTA's last
+  // visible key are masked below, as in k_fwd_wg)
   auto load_tile = [&](int t, int buf) {
     if (tid != 0) return;
     const bool s1 = t < nt1;
-    issue(buf, s1, s1 ? elo1 + t * KT : elo + (t - nt1) * KT);
+    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
+    const uint32_t full = bFull + 8 * buf, dK = sK + buf * kDqWgKvBytes, dV = sV + buf * kDqWgKvBytes;
+    mbar_arrive_expect_tx(full, 2 * kDqWgKvBytes);
+    tma_load_3d(dK, s1 ? &maps.k1 : &maps.k2, full, 0, g, kt);  // columns 0..63: panel 0
+    tma_load_3d(dK + KT * 128, s1 ? &maps.k1 : &maps.k2, full, 64, g, kt);
+    tma_load_3d(dV, s1 ? &maps.v1 : &maps.v2, full, 0, g, kt);
+    tma_load_3d(dV + KT * 128, s1 ? &maps.v1 : &maps.v2, full, 64, g, kt);
   };
   if (nt > 0) load_tile(0, 0);
 
