@@ -9,7 +9,9 @@
 # and timed in turn with the working tree, named by what follows ".ab-".
 # env: RUNS (alternations, default 2), BUDGET_S (bench_attention --budget-s, default 2), TESTS (1: first the
 #      attention / drafter rows of the CUDA op table on the working tree; 0: skip), TL (1: then the forward's
-#      timeline, -DDFLASH_FWD_TIMELINE, of every tree), ARGS (more bench_attention arguments, e.g. "--window 64").
+#      timeline, -DDFLASH_FWD_TIMELINE, of every tree), ARGS (more bench_attention arguments, e.g. "--window 64"),
+#      TEST_TIMEOUT / BENCH_TIMEOUT (seconds for the op table / each bench run, default 300 / 120: a kernel that
+#      hangs costs that much of the call, not all of it; rc 124 in the output).
 # Prints the working tree's op-table count, then per run "== NAME" for each tree and "== new" for the working tree,
 # with the bench's exit status and its RESULT lines (attn_fwd, attn_fwd_bwd, attn_causal_*, attn_error), then the
 # TIMELINE lines. The logs come back in $OUT/logs_ab.tgz (the device returns at most 8 files).
@@ -48,7 +50,7 @@ for d in "${DIRS[@]}"; do build "${d#.ab-}" "$d" "/tmp/ab-build-${d#.ab-}" bench
 build new . build-cuda "bench_attention$([ "$TESTS" = 1 ] && echo ' dflash_cuda_tests')"
 echo "$(el) built"
 if [ "$TESTS" = 1 ]; then
-  timeout 300 build-cuda/dflash_cuda_tests --gtest_filter='CudaOps.*Attention*:CudaDrafter.*:CudaThreads.*' \
+  timeout "${TEST_TIMEOUT:-300}" build-cuda/dflash_cuda_tests --gtest_filter='CudaOps.*Attention*:CudaDrafter.*:CudaThreads.*' \
     >"$OUT/tests.log" 2>&1
   rc=$?
   echo "$(el) op table rc=$rc: $(grep -c ' PASS$' "$OUT/tests.log") checks passed, $(grep -c ' FAIL$' "$OUT/tests.log") failed"
@@ -58,7 +60,7 @@ for r in $(seq 1 "${RUNS:-2}"); do
   for side in "${NAMES[@]}" new; do
     B=$([ $side = new ] && echo build-cuda || echo "/tmp/ab-build-$side")
     # shellcheck disable=SC2086
-    "$B/bench_attention" --budget-s "${BUDGET_S:-2}" ${ARGS:-} >"$OUT/bench_${side}_$r.log" 2>&1
+    timeout "${BENCH_TIMEOUT:-120}" "$B/bench_attention" --budget-s "${BUDGET_S:-2}" ${ARGS:-} >"$OUT/bench_${side}_$r.log" 2>&1
     echo "== $side (run $r, rc=$?)"
     grep -E "^RESULT name=attn_(fwd|fwd_bwd|causal|error)" "$OUT/bench_${side}_$r.log" |
       sed -E 's/ (S|N|B|nh|nkv|d|seqs|reps|layout|per_seq_ms)=[^ ]+//g'
@@ -71,7 +73,7 @@ if [ "${TL:-0}" = 1 ]; then
   for side in "${NAMES[@]}" new; do
     B=$([ $side = new ] && echo build-cuda-tl || echo "/tmp/ab-build-$side-tl")
     # shellcheck disable=SC2086
-    "$B/bench_attention" --budget-s 1 --max-reps 3 ${ARGS:-} >"$OUT/timeline_$side.log" 2>&1
+    timeout "${BENCH_TIMEOUT:-120}" "$B/bench_attention" --budget-s 1 --max-reps 3 ${ARGS:-} >"$OUT/timeline_$side.log" 2>&1
     echo "== timeline $side (rc=$?)"
     grep TIMELINE "$OUT/timeline_$side.log"
   done

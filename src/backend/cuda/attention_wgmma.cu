@@ -50,12 +50,14 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kWgD = 128;  // head dim
-// The forward's tiling (bench/NOTES.md 9: 2 warpgroups x 128-key tiles beat 1 x 64 (2 CTAs per SM) and 2 x 64) and
-// its K / V stages (3: a warpgroup may run up to a tile ahead of the other, see k_fwd_wg)
-constexpr int kFwdWgs = 2, kFwdWgKeys = 128, kFwdStages = 3;
-// Q, K x stages, V x stages and the 1024-byte alignment slack, for NWG warpgroups and KT-key tiles
+// The forward's tiling (bench/NOTES.md 9: 2 warpgroups x 128-key tiles beat 1 x 64 (2 CTAs per SM) and 2 x 64):
+// kFwdWgs consumer warpgroups beside the producer, and its K / V stages (2: the producer warp refills a stage as
+// soon as both consumers have released it)
+constexpr int kFwdWgs = 2, kFwdWgKeys = 128, kFwdStages = 2;
+// Q x 2 (this item's and the next), K x stages, V x stages and the 1024-byte alignment slack, for NWG consumer
+// warpgroups and KT-key tiles
 constexpr size_t fwd_wg_smem(int nwg, int kt) {
-  return static_cast<size_t>(64 * nwg + 2 * kFwdStages * kt) * kWgD * 2 + 1024;
+  return static_cast<size_t>(2 * 64 * nwg + 2 * kFwdStages * kt) * kWgD * 2 + 1024;
 }
 constexpr size_t kFwdWgSmem = fwd_wg_smem(kFwdWgs, kFwdWgKeys);
 
@@ -214,9 +216,9 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 }
 
 #ifdef DFLASH_FWD_TIMELINE
-// Diagnostic build only (-DDFLASH_FWD_TIMELINE): thread 0 of each CTA of the last k_fwd_wg launch records its SM,
-// its tile count and clock64 / globaltimer at entry, loop start (Q landed), loop end and exit;
-// attn_fwd_timeline_report() summarises them.
+// Diagnostic build only (-DDFLASH_FWD_TIMELINE): consumer thread 0 (thread 128) of each CTA of the last k_fwd_wg
+// launch records its SM, its tile count over all its items and clock64 / globaltimer at entry, when the first item's
+// Q has landed, after the last item's key loop and at exit; attn_fwd_timeline_report() summarises them.
 constexpr int kTlMax = 16384;
 __device__ unsigned long long g_tl_clk[kTlMax][4], g_tl_ns[kTlMax][2];
 __device__ int g_tl_sm[kTlMax], g_tl_nt[kTlMax], g_tl_n;
@@ -225,68 +227,71 @@ __device__ __forceinline__ unsigned long long tl_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ int tl_cta() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
-#define DFLASH_TL(i) do { if (threadIdx.x == 0 && tl_cta() < kTlMax) g_tl_clk[tl_cta()][i] = clock64(); } while (0)
+__device__ __forceinline__ int tl_cta() { return blockIdx.x; }
+#define DFLASH_TL(i) do { if (threadIdx.x == 128 && tl_cta() < kTlMax) g_tl_clk[tl_cta()][i] = clock64(); } while (0)
 #else
 #define DFLASH_TL(i) do { } while (0)
 #endif
 
+// setmaxnreg (sm_90a, PTX ISA 9.7.19.5): this warpgroup's registers per thread lowered / raised to N (a multiple of
+// 8 in [24, 256]); every warp of the warpgroup executes the same one. It takes effect only with a register cap at
+// entry (__launch_bounds__(threads, 1)), and the raise waits until the lowered warpgroups have released enough.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// The forward's item hand-over (shared memory, kFwdSlots slots): the header's fields and each row's visible keys.
+enum FwdItemField : int { kItQ0, kItH0, kItRb, kItTq, kItNt1, kItNt, kItElo1, kItElo, kItMine, kItFields = kItMine + 8 };
+constexpr int kFwdSlots = 2;
+
+// The forward, persistent and warp-specialised (FlashAttention-3's design, arXiv 2407.08608 section 3.1): a CTA of
+// 1 + NWG warpgroups stays on its SM and runs items (query tile, head group[, sequence]) one after another; grid =
+// min(items, SMs). Items are numbered in rows_grid's longest-first order (query tile from the last slowest, then
+// the sequence, then the head group) and CTA c takes items c, 2G - 1 - c, 2G + c, ... (G = gridDim.x: a snake over
+// the list, so each CTA's sum of tiles is about the mean).
+//  * Warpgroup 0 is the producer (setmaxnreg 40; its warp 0 only): per item it computes the 128 rows' visible keys
+//    (attn_row_bounds) and the key spans of the CTA and of each consumer, hands them over through a shared-memory
+//    slot (full / empty mbarriers), copies the item's Q (cp.async into one of two Q buffers, so the next item's Q
+//    lands while this one runs) and streams its K / V tiles by TMA into the NS-stage ring, a tile index that runs on
+//    across items.
+//  * Warpgroups 1 .. NWG are the consumers (setmaxnreg 232): the key loop of the non-persistent design before it
+//    (bench/NOTES.md 9-15) per item, the epilogue's O staged in the item's own Q buffer, then the buffer released.
+// So the per-item work that had cost 3.5-4.5 us per CTA before and after the loop (bench/NOTES.md 14: Q's copies,
+// row bounds, span gathering, the CTA's start and drain) runs on the producer under the consumers' products.
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
-// PACKED: causal over the sequences of segs (grid.y = segs.n, rows_grid): query rows offset by the sequence's begin, its own
-// keys (maps.k[z] / maps.v[z]: SeqMaps) and query offset. Otherwise maps is KvMaps (segments 1 and 2).
-// K / V tiles come by TMA (one thread issues a tile as two 64-column boxes, which land in wgmma.cuh's SW128 panels),
-// which takes the ~300 instructions per tile and thread of cp.async's address arithmetic and copies out of the loop
-// (bench/NOTES.md 13, 14). TMA loads a tile's rows up to the tensor's end (zero-filled past it); the rows past the
-// last key a row sees are masked (P = 0) like any invisible key.
+// PACKED: causal over the sequences of segs (items over segs.n sequences): query rows offset by the sequence's begin,
+// its own keys (maps.k[z] / maps.v[z]: SeqMaps) and query offset. Otherwise maps is KvMaps (segments 1 and 2).
+// K / V tiles come by TMA (a tile as two 64-column boxes, which land in wgmma.cuh's SW128 panels); TMA loads a tile's
+// rows up to the tensor's end (zero-filled past it); the rows past the last key a row sees are masked (P = 0) like
+// any invisible key.
 template <int NWG, int KT, bool WIN, bool PACKED>
-__global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs,
-                                                         const __grid_constant__ std::conditional_t<PACKED, SeqMaps, KvMaps> maps) {
-  constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG, NS = kFwdStages;
-  constexpr uint32_t TB = KT * D * 2;  // one K or V tile
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs,
+                                                               const __grid_constant__ std::conditional_t<PACKED, SeqMaps, KvMaps> maps) {
+  static_assert(NWG == 2, "the register split (setmaxnreg 40 / 232) is for one producer and two consumer warpgroups");
+  constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, NS = kFwdStages;
+  constexpr uint32_t TB = KT * D * 2, QB = ROWS * D * 2;  // one K or V tile; one Q buffer
   DFLASH_DYN_SMEM(smem_raw);
-  __shared__ int sExt[1 + NWG][4];  // [0] the CTA's rows, [1 + w] warpgroup w's: max hi1, min lo2, max hi2, min lo1
-  // mbarriers: Q full (every thread's copies landed); per stage K full, V full (the TMA bytes), K empty, V empty
-  // (every warp read it)
-  __shared__ alignas(8) uint64_t sBar[1 + 4 * NS];
+  __shared__ int sHdr[kFwdSlots][kItFields];  // the item slots: FwdItemField's header
+  __shared__ int4 sRows[kFwdSlots][ROWS];     // and each row's lo1, hi1, lo2, hi2
+  // mbarriers: item full / empty (per slot), Q full / empty (per buffer); per stage K full, V full (the TMA bytes),
+  // K empty, V empty (every consumer warp read it)
+  __shared__ alignas(8) uint64_t sBar[4 * kFwdSlots + 4 * NS];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base, sK = base + ROWS * D * 2, sV = sK + NS * TB;
-  const int tid = threadIdx.x, wgi = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
-  const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
-  const int qtile = rows_item_qtile(), q0 = qtile * mq;  // (most keys first)
-  const int g = blockIdx.x / splits, h0 = g * rep + (blockIdx.x % splits) * hc;
-  // packed: this CTA's sequence has query rows [rb, rb + len) of q / out (rb joins the row indices) and its own keys
-  int Tq = p.Tq, T1 = p.T1, rb = 0, q_offset = p.q_offset;
-  if constexpr (PACKED) {
-    const int z = blockIdx.y;
-    rb = segs.begin[z];
-    Tq = segs.len[z];
-    T1 = segs.tk[z];
-    q_offset = segs.q_offset[z];
-    if (q0 >= Tq) return;  // (past a shorter sequence's end; uniform over the CTA, before any barrier)
-  }
-#ifdef DFLASH_FWD_TIMELINE
-  if (threadIdx.x == 0 && tl_cta() < kTlMax) {
-    g_tl_clk[tl_cta()][0] = clock64();
-    g_tl_ns[tl_cta()][0] = tl_ns();
-    g_tl_clk[tl_cta()][1] = g_tl_clk[tl_cta()][2] = g_tl_clk[tl_cta()][3] = 0;
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    g_tl_sm[tl_cta()] = static_cast<int>(sm);
-    if (tl_cta() == 0) g_tl_n = static_cast<int>(gridDim.x * gridDim.y * gridDim.z);
-  }
-#endif
-  const bf16* Q = static_cast<const bf16*>(p.q);
-  const uint32_t bFullQ = smem_u32(&sBar[0]), bFullK = bFullQ + 8, bFullV = bFullK + 8 * NS, bEmptyK = bFullV + 8 * NS,
-                 bEmptyV = bEmptyK + 8 * NS;  // (stage s: + 8 s)
+  const uint32_t sQ = base, sK = base + kFwdSlots * QB, sV = sK + NS * TB;
+  const uint32_t bItemF = smem_u32(&sBar[0]), bItemE = bItemF + 8 * kFwdSlots, bQF = bItemE + 8 * kFwdSlots,
+                 bQE = bQF + 8 * kFwdSlots, bFullK = bQE + 8 * kFwdSlots, bFullV = bFullK + 8 * NS,
+                 bEmptyK = bFullV + 8 * NS, bEmptyV = bEmptyK + 8 * NS;  // (slot / buffer / stage s: + 8 s)
+  const int tid = threadIdx.x, wga = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
+  const int nh = p.nh, mq = p.mq, hc = p.hc, rep = nh / p.nkv, splits = rep / hc;
   if (tid == 0) {
-    if constexpr (PACKED) {
-      tma_prefetch_map(&maps.k[blockIdx.y]);
-      tma_prefetch_map(&maps.v[blockIdx.y]);
-    } else {
-      tma_prefetch_map(&maps.k1);
-      tma_prefetch_map(&maps.v1);
+    DFLASH_UNROLL
+    for (int s = 0; s < kFwdSlots; ++s) {
+      mbar_init(bItemF + 8 * s, 32);       // every producer lane's rows
+      mbar_init(bItemE + 8 * s, 4 * NWG);  // every consumer warp read the slot
+      mbar_init(bQF + 8 * s, 32);          // every producer lane's copies (cp.async, .noinc)
+      mbar_init(bQE + 8 * s, 4 * NWG);     // every consumer warp done with Q and the O staged in it
     }
-    mbar_init(bFullQ, THREADS);
     DFLASH_UNROLL
     for (int st = 0; st < NS; ++st) {
       mbar_init(bFullK + 8 * st, 1);
@@ -298,267 +303,392 @@ __global__ void __launch_bounds__(128 * NWG, 1) k_fwd_wg(AttnFwdParams p, const 
   }
   __syncthreads();
 
-  stage_tile<ROWS, THREADS>(sQ, Q, [&](int r) -> int64_t {
-    const int hh = r / mq, qi = q0 + r % mq;
-    return hh < hc && qi < Tq ? (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D : -1;
-  });
-  cp_async_mbar_arrive(bFullQ);
-
-  int lo1[2], hi1[2], lo2[2], hi2[2];
-  bool rok[2];
-  int64_t orow[2];
-  DFLASH_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    const int r = wgi * 64 + warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
-    rok[i] = hh < hc && qi < Tq;
-    orow[i] = (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D;
-    if (rok[i])
-      attn_row_bounds(p.mode, qi, q_offset, T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1[i],
-                      hi1[i], lo2[i], hi2[i]);
-    else
-      lo1[i] = hi1[i] = lo2[i] = hi2[i] = 0;
-  }
-  KeySpan ks, mine;  // the CTA's key ranges (the tiles it loads) and this warpgroup's
-  key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
-  const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
-  const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
-  // Tile j's K (kv = 0) or V (kv = 1) into stage j % NS by TMA from thread 0, once every warp has released the
-  // stage's previous tile j - NS (its empty mbarrier); thread 0's arrival sets the bytes the full mbarrier's phase
-  // waits for. Stage and phase follow j: j % NS, (j / NS) & 1.
-  auto load = [&](int j, int st, int ph, int kv) {
-    if (tid != 0) return;
-    if (j >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ph ^ 1);
-    const bool s1 = j < nt1;
-    const int kt = s1 ? elo1 + j * KT : elo + (j - nt1) * KT;
-    const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
-    const CUtensorMap* map;
-    if constexpr (PACKED)
-      map = kv ? &maps.v[blockIdx.y] : &maps.k[blockIdx.y];
-    else
-      map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
-    const uint32_t dst = (kv ? sV : sK) + st * TB;
-    mbar_arrive_expect_tx(full, TB);
-    tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
-    tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
-  };
-
-  if (nt > 0) load(0, 0, 0, 0);
-
-  float o[DT * 4];
-  DFLASH_UNROLL
-  for (int n = 0; n < DT * 4; ++n) o[n] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const float sl2 = p.scale * kLog2e;
-  const uint32_t sQw = sQ + wgi * 64 * 128;  // this warpgroup's 64 rows in each Q panel
-
-  // The online softmax of one tile's scores s (raw Q K^T of keys kt..kt + KT - 1 of segment 1 or 2): s becomes
-  // P = exp2(s * sl2 - m) (fp32), m the row maxima used (log2 domain), alpha the factor for O and l, rs P's row
-  // sums. Raw scores: the max is taken before scaling (scale > 0) and exp2(s * sl2 - m) is one FFMA + MUFU. A warp
-  // whose 16 rows all see the whole tile skips the mask.
-  // Lazy rescaling (FlashAttention-4's: Zadouri et al. 2025): m moves only when a row's maximum exceeds it by more
-  // than kLazyLog2 (P <= 2^8 otherwise, far from fp32 / bf16 limits; O and l stay relative to the same m, so the
-  // result is the same up to rounding); the decision is uniform over the warp, and when nothing moves the O rescale
-  // is skipped (returns false).
-  auto softmax_tile = [&](float(&s)[NT * 4], bool s1, int kt, float(&alpha)[2], float(&rs)[2]) -> bool {
-    int lo[2], hi[2];
-    seg_bounds<WIN>(s1, lo1, hi1, lo2, hi2, lo, hi);
-    bool full = true;
-    DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i) full = full && kt >= lo[i] && kt + KT <= hi[i];
-    full = __all_sync(0xffffffffu, full);
-    // (row maxima and sums over 4 partial values per row: dependency chains of 8 instead of 32, as only 2 warps per
-    // scheduler hide the latency)
-    float mx4[2][4];
-    DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i)
+  if (wga == 0) {
+    // ---- the producer ----
+    setmaxnreg_dec<40>();
+    if (warp != 0) return;
+    const int hg = p.nkv * splits, nseq = PACKED ? segs.n : 1, per_qt = hg * nseq;
+    const int total = (p.Tq + mq - 1) / mq * per_qt, G = gridDim.x, c = blockIdx.x;
+    const bf16* Q = static_cast<const bf16*>(p.q);
+    uint32_t kc = 0;  // K / V tiles issued so far (stage kc % NS, phase (kc / NS) & 1)
+    int n = 0;        // items handed over
+    for (int k = 0;; ++k) {
+      const int i = k * G + ((k & 1) ? G - 1 - c : c);
+      const int slot = n % kFwdSlots;
+      const uint32_t ph = (n / kFwdSlots) & 1;
+      if (i >= total) {  // no more items: an item with nt = -1
+        if (n >= kFwdSlots) mbar_wait(bItemE + 8 * slot, ph ^ 1);
+        if (lane == 0) sHdr[slot][kItNt] = -1;
+        mbar_arrive(bItemF + 8 * slot);
+        break;
+      }
+      const int qt = total / per_qt - 1 - i / per_qt, rem = i % per_qt, z = rem / hg, x = rem % hg;
+      const int q0 = qt * mq, g = x / splits, h0 = g * rep + (x % splits) * hc;
+      int Tq = p.Tq, T1 = p.T1, rb = 0, q_offset = p.q_offset;
+      if constexpr (PACKED) {
+        rb = segs.begin[z];
+        Tq = segs.len[z];
+        T1 = segs.tk[z];
+        q_offset = segs.q_offset[z];
+        if (q0 >= Tq) continue;  // (past a shorter sequence's end)
+      }
+      if (n >= kFwdSlots) mbar_wait(bItemE + 8 * slot, ph ^ 1);
+      // rows lane + 32 j (j = 0, 1: consumer 0's, 2, 3: consumer 1's): bounds into the slot, the spans reduced
+      int hi1m[2] = {0, 0}, lo1m[2] = {INT_MAX, INT_MAX}, lo2m[2] = {INT_MAX, INT_MAX}, hi2m[2] = {0, 0};
       DFLASH_UNROLL
-      for (int j = 0; j < 4; ++j) mx4[i][j] = -INFINITY;
-    if (full) {
-      DFLASH_UNROLL
-      for (int n = 0; n < NT; ++n)
-        DFLASH_UNROLL
-        for (int e = 0; e < 4; ++e) mx4[e >> 1][(n & 1) * 2 + (e & 1)] = fmaxf(mx4[e >> 1][(n & 1) * 2 + (e & 1)], s[n * 4 + e]);
-    } else {
-      DFLASH_UNROLL
-      for (int n = 0; n < NT; ++n)
-        DFLASH_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int i = e >> 1, key = kt + n * 8 + 2 * t4 + (e & 1);
-          const float v = key >= lo[i] && key < hi[i] ? s[n * 4 + e] : -INFINITY;
-          s[n * 4 + e] = v;
-          mx4[i][(n & 1) * 2 + (e & 1)] = fmaxf(mx4[i][(n & 1) * 2 + (e & 1)], v);
+      for (int j = 0; j < 4; ++j) {
+        const int r = lane + 32 * j, w = j >> 1, hh = r / mq, qi = q0 + r % mq;
+        int lo1 = 0, hi1 = 0, lo2 = 0, hi2 = 0;
+        if (hh < hc && qi < Tq)
+          attn_row_bounds(p.mode, qi, q_offset, T1, p.B, WIN ? p.window : 0, p.anchors, p.valid, p.err, lo1, hi1, lo2,
+                          hi2);
+        sRows[slot][r] = make_int4(lo1, hi1, lo2, hi2);
+        if (!WIN || hi1 > lo1) {
+          hi1m[w] = max(hi1m[w], hi1);
+          if (WIN) lo1m[w] = min(lo1m[w], lo1);
         }
-    }
-    float mx[2];
-    bool move = false;
-    DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(fmaxf(mx4[i][0], mx4[i][1]), fmaxf(mx4[i][2], mx4[i][3]));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      mx[i] *= sl2;
-      move = move || mx[i] > m[i] + kLazyLog2;  // (false for a row that has seen nothing yet: -inf > -inf)
-    }
-    move = __any_sync(0xffffffffu, move);
-    float mref[2];
-    DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      alpha[i] = 1.f;
-      if (move) {
-        const float mn = fmaxf(m[i], mx[i]);
-        alpha[i] = exp2_ftz(m[i] - (mn == -INFINITY ? 0.f : mn));
-        m[i] = mn;
+        if (hi2 > lo2) {
+          lo2m[w] = min(lo2m[w], lo2);
+          hi2m[w] = max(hi2m[w], hi2);
+        }
       }
-      mref[i] = m[i] == -INFINITY ? 0.f : m[i];  // no -inf - -inf while a row has seen nothing
-    }
-    float rs4[2][4] = {};
-    DFLASH_UNROLL
-    for (int n = 0; n < NT * 4; ++n) {
-      s[n] = exp2_ftz(fmaf(s[n], sl2, -mref[(n >> 1) & 1]));
-      rs4[(n >> 1) & 1][((n >> 2) & 1) * 2 + (n & 1)] += s[n];
-    }
-    DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i) rs[i] = (rs4[i][0] + rs4[i][1]) + (rs4[i][2] + rs4[i][3]);
-    return move;
-  };
-  // O and l rescaled by alpha (when m moved), then P (s) rounded to bf16 pairs: the A fragments of O += P V.
-  auto rescale_pack = [&](const float(&s)[NT * 4], bool moved, const float(&alpha)[2], const float(&rs)[2],
-                          uint32_t(&pa)[KT / 16][4]) {
-    l[0] = l[0] * alpha[0] + rs[0];
-    l[1] = l[1] * alpha[1] + rs[1];
-    if (moved)
+      KeySpan ws[2];
       DFLASH_UNROLL
-      for (int n = 0; n < DT * 4; ++n) o[n] *= alpha[(n >> 1) & 1];
-    DFLASH_UNROLL
-    for (int n = 0; n < NT; ++n) {
-      pa[n >> 1][(n & 1) * 2 + 0] = wg::pack_bf16x2(s[n * 4 + 0], s[n * 4 + 1]);
-      pa[n >> 1][(n & 1) * 2 + 1] = wg::pack_bf16x2(s[n * 4 + 2], s[n * 4 + 3]);
+      for (int w = 0; w < 2; ++w) {
+        hi1m[w] = __reduce_max_sync(0xffffffffu, hi1m[w]);
+        lo1m[w] = __reduce_min_sync(0xffffffffu, lo1m[w]);
+        lo2m[w] = __reduce_min_sync(0xffffffffu, lo2m[w]);
+        hi2m[w] = __reduce_max_sync(0xffffffffu, hi2m[w]);
+        ws[w] = {WIN && hi1m[w] > 0 ? lo1m[w] : 0, hi1m[w], hi2m[w] > 0 ? lo2m[w] : 0, hi2m[w]};
+      }
+      const int ext1 = max(hi1m[0], hi1m[1]), ehi = max(hi2m[0], hi2m[1]);
+      const int elo1 = WIN && ext1 > 0 ? min(lo1m[0], lo1m[1]) : 0, elo = ehi > 0 ? min(lo2m[0], lo2m[1]) : 0;
+      const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
+      if (lane == 0) {
+        int* h = sHdr[slot];
+        h[kItQ0] = q0;
+        h[kItH0] = h0;
+        h[kItRb] = rb;
+        h[kItTq] = Tq;
+        h[kItNt1] = nt1;
+        h[kItNt] = nt;
+        h[kItElo1] = elo1;
+        h[kItElo] = elo;
+        DFLASH_UNROLL
+        for (int w = 0; w < 2; ++w) {
+          h[kItMine + 4 * w + 0] = ws[w].lo1;
+          h[kItMine + 4 * w + 1] = ws[w].hi1;
+          h[kItMine + 4 * w + 2] = ws[w].lo2;
+          h[kItMine + 4 * w + 3] = ws[w].hi2;
+        }
+      }
+      mbar_arrive(bItemF + 8 * slot);  // (release: this lane's writes to the slot)
+      // Q: 16-byte chunk lane % 16 of rows lane / 16 + 2 j, into buffer n % 2 once its last item has stored its O
+      {
+        const int qb = n % kFwdSlots;
+        if (n >= kFwdSlots) mbar_wait(bQE + 8 * qb, ph ^ 1);
+        const int ch = lane & 15;
+        const uint32_t dst = sQ + qb * QB + (ch >> 3) * (ROWS * 128);
+        int r = lane >> 4, hh = r / mq, qr = r % mq;
+#pragma unroll 4
+        for (int j = 0; j < ROWS / 2; ++j, r += 2) {
+          const bool ok = hh < hc && q0 + qr < Tq;
+          const bf16* src = Q + ((static_cast<int64_t>(rb + q0 + qr) * nh + h0 + hh) * D + ch * 8);
+          cp_async16(dst + wg::sw128_offset(r, (ch & 7) * 8), ok ? src : Q, ok);
+          qr += 2;
+          if (qr >= mq) qr -= mq, ++hh;
+        }
+        cp_async_mbar_arrive(bQF + 8 * qb);
+      }
+      // the item's K / V tiles, in the order the consumers wait for them: K_0, then K_{j+1} before V_j
+      if (lane == 0) {
+        auto issue = [&](uint32_t idx, int kv, int j) {
+          const int st = idx % NS;
+          if (idx >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ((idx / NS) & 1) ^ 1);
+          const bool s1 = j < nt1;
+          const int kt = s1 ? elo1 + j * KT : elo + (j - nt1) * KT;
+          const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
+          const CUtensorMap* map;
+          if constexpr (PACKED)
+            map = kv ? &maps.v[z] : &maps.k[z];
+          else
+            map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
+          const uint32_t dst = (kv ? sV : sK) + st * TB;
+          mbar_arrive_expect_tx(full, TB);
+          tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
+          tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
+        };
+        if (nt > 0) issue(kc, 0, 0);
+        for (int j = 0; j < nt; ++j) {
+          if (j + 1 < nt) issue(kc + j + 1, 0, j + 1);
+          issue(kc + j, 1, j);
+        }
+      }
+      __syncwarp();
+      kc += nt;
+      ++n;
     }
-  };
-
-  {
-    // FlashAttention-3's intra-warpgroup overlap (arXiv 2407.08608, 3.2): iteration t issues S_t = Q K_t^T and then
-    // O += P_{t-1} V_{t-1}, waits for S_t only, and runs tile t's softmax while the P V product runs; iteration nt
-    // only finishes the last P V. P_{t-1} is pending (held in pa) when this warpgroup saw tile t - 1. So V lags K by
-    // one tile: iteration t loads K_{t+1} and V_t.
-    // And its ping-pong of the two warpgroups (3.1): each issues its products after the other has issued its own
-    // (named barriers kBarTurn + w), so one warpgroup's softmax runs under the other's products. No barrier of the
-    // whole CTA: the tiles' full / empty mbarriers let a warpgroup run up to NS - 2 tiles ahead. A warpgroup waits
-    // for tile t's K and tile t - 1's V on their full mbarriers also when it skips them, so that its releases
-    // count towards the right phase.
-    uint32_t pa[KT / 16][4] = {};
-    bool pending = false;
-    int stK = 0, phK = 0, stV = NS - 1, phV = 1;  // tile t's K stage / phase; tile t - 1's V stage / phase
-    mbar_wait(bFullQ, 0);
-    wg::fence_proxy_async();  // Q's cp.async writes (every thread's), seen by this thread's wgmma
-    DFLASH_TL(1);
+  } else {
+    // ---- the consumers ----
+    setmaxnreg_inc<232>();
+    const int wgi = wga - 1;
 #ifdef DFLASH_FWD_TIMELINE
-    if (threadIdx.x == 0 && tl_cta() < kTlMax) g_tl_nt[tl_cta()] = nt;
+    int tl_tiles = 0;
+    if (threadIdx.x == 128 && tl_cta() < kTlMax) {
+      g_tl_clk[tl_cta()][0] = clock64();
+      g_tl_ns[tl_cta()][0] = tl_ns();
+      g_tl_clk[tl_cta()][1] = g_tl_clk[tl_cta()][2] = g_tl_clk[tl_cta()][3] = 0;
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      g_tl_sm[tl_cta()] = static_cast<int>(sm);
+      if (tl_cta() == 0) g_tl_n = static_cast<int>(gridDim.x);
+    }
 #endif
+    const float sl2 = p.scale * kLog2e;
+    uint32_t kc = 0;                                 // K / V tiles consumed so far, as the producer's count
     if (wgi == 1) named_arrive(kBarTurn + 0, 256);  // warpgroup 0 issues first
-    for (int t = 0; t <= nt; ++t) {
-      if (t < nt) {
-        const int stK1 = stK + 1 == NS ? 0 : stK + 1;
-        if (t + 1 < nt) load(t + 1, stK1, stK1 == 0 ? phK ^ 1 : phK, 0);
-        load(t, stV + 1 == NS ? 0 : stV + 1, stV + 1 == NS ? phV ^ 1 : phV, 1);
-        mbar_wait(bFullK + 8 * stK, phK);
-      }
-      if (t > 0) mbar_wait(bFullV + 8 * stV, phV);
-      const bool s1 = t < nt1;
-      const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
-      const bool vis = t < nt && tile_visible<WIN>(mine, s1, kt, KT);
-      // my turn to issue; then the other warpgroup's (not after the last iteration of warpgroup 1: warpgroup 0 has
-      // no further turn to wait for)
-      auto turn = [&] { named_sync(kBarTurn + wgi, 256); };
-      auto pass = [&] {
-        if (wgi == 0 || t < nt) named_arrive(kBarTurn + (wgi ^ 1), 256);
-      };
-      // (each case issues and waits for its own products: ptxas serialises wgmma issued in one branch and waited for
-      // in another)
-      const uint32_t tK = sK + stK * TB, tVp = sV + stV * TB;
-      float s[NT * 4], alpha[2], rs[2];
-      if (vis && pending) {
-        wg::pin(o);
-        wg::pin(pa);
-        turn();
-        wg::fence();
-        wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
-        wg::commit();
-        wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
-        wg::commit();
-        pass();
-        wg::wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
-        wg::pin(s);
-        const bool moved = softmax_tile(s, s1, kt, alpha, rs);
-        wg::wait<0>();
-        wg::pin(o);
-        wg::pin(pa);
-        rescale_pack(s, moved, alpha, rs, pa);
-      } else if (vis) {
-        turn();
-        wg::fence();
-        wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
-        wg::commit();
-        pass();
-        wg::wait<0>();
-        wg::pin(s);
-        const bool moved = softmax_tile(s, s1, kt, alpha, rs);
-        rescale_pack(s, moved, alpha, rs, pa);
-      } else if (pending) {
-        wg::pin(o);
-        wg::pin(pa);
-        turn();
-        wg::fence();
-        wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
-        wg::commit();
-        pass();
-        wg::wait<0>();
-        wg::pin(o);
-        wg::pin(pa);
-      } else {
-        turn();
-        pass();
-      }
-      pending = vis;
-      if (lane == 0) {  // this warp is done with K_t and V_{t-1}
-        if (t < nt) mbar_arrive(bEmptyK + 8 * stK);
-        if (t > 0) mbar_arrive(bEmptyV + 8 * stV);
-      }
-      if (++stK == NS) stK = 0, phK ^= 1;
-      if (++stV == NS) stV = 0, phV ^= 1;
-    }
-  }
-  DFLASH_TL(2);
-  // The epilogue: attn_fwd_finish (row sums, lse), then O / l as bf16 into this warpgroup's own Q rows (its last S
-  // product has read them; the swizzle keeps the fragment writes free of bank conflicts) and from there to global
-  // memory in 16-byte pieces, 2 whole rows per warp instruction. (4-byte stores straight from the fragments, as
-  // attn_fwd_store, touch 8 rows per warp instruction: 32 of them per thread held up the next CTA's start,
-  // bench/NOTES.md 14.)
-  {
-    float inv[2];
-    attn_fwd_finish(p, D, rok, orow, l, m, t4, inv);
-    const int r0 = wgi * 64 + warp * 16 + (lane >> 2);
-    DFLASH_UNROLL
-    for (int i = 0; i < 2; ++i)
+    for (int n = 0;; ++n) {
+      const int slot = n % kFwdSlots, qb = slot;
+      const uint32_t ph = (n / kFwdSlots) & 1;
+      mbar_wait(bItemF + 8 * slot, ph);
+      const int* hdr = sHdr[slot];
+      const int nt = hdr[kItNt];
+      if (nt < 0) break;
+      const int q0 = hdr[kItQ0], h0 = hdr[kItH0], rb = hdr[kItRb], Tq = hdr[kItTq], nt1 = hdr[kItNt1],
+                elo1 = hdr[kItElo1], elo = hdr[kItElo];
+      const KeySpan mine = {hdr[kItMine + 4 * wgi], hdr[kItMine + 4 * wgi + 1], hdr[kItMine + 4 * wgi + 2],
+                            hdr[kItMine + 4 * wgi + 3]};
+      int lo1[2], hi1[2], lo2[2], hi2[2];
+      bool rok[2];
+      int64_t orow[2];
       DFLASH_UNROLL
-      for (int n = 0; n < DT; ++n)
-        st_shared_b32(sQ + (n >> 3) * (ROWS * 128) + wg::sw128_offset(r0 + 8 * i, (n & 7) * 8 + 2 * t4),
-                      wg::pack_bf16x2(o[n * 4 + 2 * i] * inv[i], o[n * 4 + 2 * i + 1] * inv[i]));
-    named_sync(kBarOut + wgi, 128);
-    bf16* O = static_cast<bf16*>(p.out);
-    const int lt = tid & 127, ch = lt & 15;
-    DFLASH_UNROLL
-    for (int j = 0; j < 8; ++j) {
-      const int r = wgi * 64 + (lt >> 4) + 8 * j, hh = r / mq, qi = q0 + r % mq;
-      if (hh < hc && qi < Tq)
-        *reinterpret_cast<uint4*>(O + (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D + ch * 8) =
-            ld_shared_v4(sQ + (ch >> 3) * (ROWS * 128) + wg::sw128_offset(r, (ch & 7) * 8));
-    }
-  }
-  DFLASH_TL(3);
+      for (int i = 0; i < 2; ++i) {
+        const int r = wgi * 64 + warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
+        const int4 b = sRows[slot][r];
+        lo1[i] = b.x;
+        hi1[i] = b.y;
+        lo2[i] = b.z;
+        hi2[i] = b.w;
+        rok[i] = hh < hc && qi < Tq;
+        orow[i] = (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D;
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bItemE + 8 * slot);
+
+      float o[DT * 4];
+      DFLASH_UNROLL
+      for (int e = 0; e < DT * 4; ++e) o[e] = 0.f;
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+      const uint32_t sQb = sQ + qb * QB, sQw = sQb + wgi * 64 * 128;  // this warpgroup's 64 rows in each Q panel
+
+      // The online softmax of one tile's scores s (raw Q K^T of keys kt..kt + KT - 1 of segment 1 or 2): s becomes
+      // P = exp2(s * sl2 - m) (fp32), m the row maxima used (log2 domain), alpha the factor for O and l, rs P's row
+      // sums. Raw scores: the max is taken before scaling (scale > 0) and exp2(s * sl2 - m) is one FFMA + MUFU. A
+      // warp whose 16 rows all see the whole tile skips the mask.
+      // Lazy rescaling (FlashAttention-4's: Zadouri et al. 2025): m moves only when a row's maximum exceeds it by
+      // more than kLazyLog2 (P <= 2^8 otherwise, far from fp32 / bf16 limits; O and l stay relative to the same m,
+      // so the result is the same up to rounding); the decision is uniform over the warp, and when nothing moves the
+      // O rescale is skipped (returns false).
+      auto softmax_tile = [&](float(&s)[NT * 4], bool s1, int kt, float(&alpha)[2], float(&rs)[2]) -> bool {
+        int lo[2], hi[2];
+        seg_bounds<WIN>(s1, lo1, hi1, lo2, hi2, lo, hi);
+        bool full = true;
+        DFLASH_UNROLL
+        for (int i = 0; i < 2; ++i) full = full && kt >= lo[i] && kt + KT <= hi[i];
+        full = __all_sync(0xffffffffu, full);
+        // (row maxima and sums over 4 partial values per row: dependency chains of 8 instead of 32, as only 2 warps
+        // per scheduler hide the latency)
+        float mx4[2][4];
+        DFLASH_UNROLL
+        for (int i = 0; i < 2; ++i)
+          DFLASH_UNROLL
+          for (int j = 0; j < 4; ++j) mx4[i][j] = -INFINITY;
+        if (full) {
+          DFLASH_UNROLL
+          for (int c = 0; c < NT; ++c)
+            DFLASH_UNROLL
+            for (int e = 0; e < 4; ++e) mx4[e >> 1][(c & 1) * 2 + (e & 1)] = fmaxf(mx4[e >> 1][(c & 1) * 2 + (e & 1)], s[c * 4 + e]);
+        } else {
+          DFLASH_UNROLL
+          for (int c = 0; c < NT; ++c)
+            DFLASH_UNROLL
+            for (int e = 0; e < 4; ++e) {
+              const int i = e >> 1, key = kt + c * 8 + 2 * t4 + (e & 1);
+              const float v = key >= lo[i] && key < hi[i] ? s[c * 4 + e] : -INFINITY;
+              s[c * 4 + e] = v;
+              mx4[i][(c & 1) * 2 + (e & 1)] = fmaxf(mx4[i][(c & 1) * 2 + (e & 1)], v);
+            }
+        }
+        float mx[2];
+        bool move = false;
+        DFLASH_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          mx[i] = fmaxf(fmaxf(mx4[i][0], mx4[i][1]), fmaxf(mx4[i][2], mx4[i][3]));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+          mx[i] *= sl2;
+          move = move || mx[i] > m[i] + kLazyLog2;  // (false for a row that has seen nothing yet: -inf > -inf)
+        }
+        move = __any_sync(0xffffffffu, move);
+        float mref[2];
+        DFLASH_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          alpha[i] = 1.f;
+          if (move) {
+            const float mn = fmaxf(m[i], mx[i]);
+            alpha[i] = exp2_ftz(m[i] - (mn == -INFINITY ? 0.f : mn));
+            m[i] = mn;
+          }
+          mref[i] = m[i] == -INFINITY ? 0.f : m[i];  // no -inf - -inf while a row has seen nothing
+        }
+        float rs4[2][4] = {};
+        DFLASH_UNROLL
+        for (int e = 0; e < NT * 4; ++e) {
+          s[e] = exp2_ftz(fmaf(s[e], sl2, -mref[(e >> 1) & 1]));
+          rs4[(e >> 1) & 1][((e >> 2) & 1) * 2 + (e & 1)] += s[e];
+        }
+        DFLASH_UNROLL
+        for (int i = 0; i < 2; ++i) rs[i] = (rs4[i][0] + rs4[i][1]) + (rs4[i][2] + rs4[i][3]);
+        return move;
+      };
+      // O and l rescaled by alpha (when m moved), then P (s) rounded to bf16 pairs: the A fragments of O += P V.
+      auto rescale_pack = [&](const float(&s)[NT * 4], bool moved, const float(&alpha)[2], const float(&rs)[2],
+                              uint32_t(&pa)[KT / 16][4]) {
+        l[0] = l[0] * alpha[0] + rs[0];
+        l[1] = l[1] * alpha[1] + rs[1];
+        if (moved)
+          DFLASH_UNROLL
+          for (int e = 0; e < DT * 4; ++e) o[e] *= alpha[(e >> 1) & 1];
+        DFLASH_UNROLL
+        for (int c = 0; c < NT; ++c) {
+          pa[c >> 1][(c & 1) * 2 + 0] = wg::pack_bf16x2(s[c * 4 + 0], s[c * 4 + 1]);
+          pa[c >> 1][(c & 1) * 2 + 1] = wg::pack_bf16x2(s[c * 4 + 2], s[c * 4 + 3]);
+        }
+      };
+
+      {
+        // FlashAttention-3's intra-warpgroup overlap (arXiv 2407.08608, 3.2): iteration t issues S_t = Q K_t^T and
+        // then O += P_{t-1} V_{t-1}, waits for S_t only, and runs tile t's softmax while the P V product runs;
+        // iteration nt only finishes the last P V. P_{t-1} is pending (held in pa) when this warpgroup saw tile
+        // t - 1. So V lags K by one tile: iteration t waits for K_t and V_{t-1}.
+        // And its ping-pong of the two consumers (3.1): each issues its products after the other has issued its own
+        // (named barriers kBarTurn + w; the turns run on across items, and consumer 0 takes the last one when no
+        // item is left), so one warpgroup's softmax runs under the other's products. A warpgroup waits for tile t's
+        // K and tile t - 1's V on their full mbarriers also when it skips them, so that its releases count towards
+        // the right phase.
+        uint32_t pa[KT / 16][4] = {};
+        bool pending = false;
+        mbar_wait(bQF + 8 * qb, ph);
+        wg::fence_proxy_async();  // Q's cp.async writes (the producer's), seen by this thread's wgmma
 #ifdef DFLASH_FWD_TIMELINE
-  if (threadIdx.x == 0 && tl_cta() < kTlMax) g_tl_ns[tl_cta()][1] = tl_ns();
+        if (n == 0) DFLASH_TL(1);
+        tl_tiles += nt;
 #endif
+        for (int t = 0; t <= nt; ++t) {
+          const uint32_t ik = kc + t, iv = ik - 1;  // K_t's and V_{t-1}'s ring index
+          const int stK = ik % NS, stV = iv % NS;
+          if (t < nt) mbar_wait(bFullK + 8 * stK, (ik / NS) & 1);
+          if (t > 0) mbar_wait(bFullV + 8 * stV, (iv / NS) & 1);
+          const bool s1 = t < nt1;
+          const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
+          const bool vis = t < nt && tile_visible<WIN>(mine, s1, kt, KT);
+          auto turn = [&] { named_sync(kBarTurn + wgi, 256); };   // my turn to issue
+          auto pass = [&] { named_arrive(kBarTurn + (wgi ^ 1), 256); };  // then the other consumer's
+          // (each case issues and waits for its own products: ptxas serialises wgmma issued in one branch and
+          // waited for in another)
+          const uint32_t tK = sK + stK * TB, tVp = sV + stV * TB;
+          float s[NT * 4], alpha[2], rs[2];
+          if (vis && pending) {
+            wg::pin(o);
+            wg::pin(pa);
+            turn();
+            wg::fence();
+            wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
+            wg::commit();
+            wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
+            wg::commit();
+            pass();
+            wg::wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
+            wg::pin(s);
+            const bool moved = softmax_tile(s, s1, kt, alpha, rs);
+            wg::wait<0>();
+            wg::pin(o);
+            wg::pin(pa);
+            rescale_pack(s, moved, alpha, rs, pa);
+          } else if (vis) {
+            turn();
+            wg::fence();
+            wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
+            wg::commit();
+            pass();
+            wg::wait<0>();
+            wg::pin(s);
+            const bool moved = softmax_tile(s, s1, kt, alpha, rs);
+            rescale_pack(s, moved, alpha, rs, pa);
+          } else if (pending) {
+            wg::pin(o);
+            wg::pin(pa);
+            turn();
+            wg::fence();
+            wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
+            wg::commit();
+            pass();
+            wg::wait<0>();
+            wg::pin(o);
+            wg::pin(pa);
+          } else {
+            turn();
+            pass();
+          }
+          pending = vis;
+          if (lane == 0) {  // this warp is done with K_t and V_{t-1}
+            if (t < nt) mbar_arrive(bEmptyK + 8 * stK);
+            if (t > 0) mbar_arrive(bEmptyV + 8 * stV);
+          }
+        }
+        kc += nt;
+      }
+#ifdef DFLASH_FWD_TIMELINE
+      DFLASH_TL(2);
+#endif
+      // The epilogue: attn_fwd_finish (row sums, lse), then O / l as bf16 into this warpgroup's own rows of the
+      // item's Q buffer (its last S product has read them; the swizzle keeps the fragment writes free of bank
+      // conflicts) and from there to global memory in 16-byte pieces, 2 whole rows per warp instruction (4-byte
+      // stores straight from the fragments touch 8 rows per warp instruction: bench/NOTES.md 14); then the buffer
+      // goes back to the producer.
+      {
+        float inv[2];
+        attn_fwd_finish(p, D, rok, orow, l, m, t4, inv);
+        const int r0 = wgi * 64 + warp * 16 + (lane >> 2);
+        DFLASH_UNROLL
+        for (int i = 0; i < 2; ++i)
+          DFLASH_UNROLL
+          for (int c = 0; c < DT; ++c)
+            st_shared_b32(sQb + (c >> 3) * (ROWS * 128) + wg::sw128_offset(r0 + 8 * i, (c & 7) * 8 + 2 * t4),
+                          wg::pack_bf16x2(o[c * 4 + 2 * i] * inv[i], o[c * 4 + 2 * i + 1] * inv[i]));
+        named_sync(kBarOut + wgi, 128);
+        bf16* O = static_cast<bf16*>(p.out);
+        const int lt = tid & 127, ch = lt & 15;
+        DFLASH_UNROLL
+        for (int j = 0; j < 8; ++j) {
+          const int r = wgi * 64 + (lt >> 4) + 8 * j, hh = r / mq, qi = q0 + r % mq;
+          if (hh < hc && qi < Tq)
+            *reinterpret_cast<uint4*>(O + (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D + ch * 8) =
+                ld_shared_v4(sQb + (ch >> 3) * (ROWS * 128) + wg::sw128_offset(r, (ch & 7) * 8));
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bQE + 8 * qb);
+      }
+    }
+    if (wgi == 0) named_sync(kBarTurn + 0, 256);  // consumer 1's pass after its last tile
+#ifdef DFLASH_FWD_TIMELINE
+    if (threadIdx.x == 128 && tl_cta() < kTlMax) {
+      g_tl_nt[tl_cta()] = tl_tiles;
+      g_tl_clk[tl_cta()][3] = clock64();
+      g_tl_ns[tl_cta()][1] = tl_ns();
+    }
+#endif
+  }
 }
 
 // ---- backward: dQ ------------------------------------------------------------------------------------------------
@@ -1085,10 +1215,13 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
   AttnFwdParams p = p0;
   attn_rows_tiling(p.nh, p.nkv, 64 * kFwdWgs, p.hc, p.mq);
   p.nk = kFwdWgKeys;
-  // (packed: p.Tq is the longest sequence; the CTAs past a shorter one's end return at once)
-  dim3 grid;
-  if (!rows_grid((p.Tq + p.mq - 1) / p.mq, static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc), segs.n, grid))
-    return false;
+  // a persistent grid: one CTA per SM, or one per item when there are fewer (packed: p.Tq is the longest sequence;
+  // the items past a shorter one's end are skipped)
+  const int64_t items = (p.Tq + p.mq - 1) / p.mq * p.nkv * (p.nh / p.nkv / p.hc) * std::max(segs.n, 1);
+  if (items > INT32_MAX) return false;
+  if (items == 0) return true;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(items, e.num_sms)));
+  constexpr int threads = 128 * (kFwdWgs + 1);
   if (segs.n > 0) {
     DFLASH_CHECK(p.mode == kAttnCausal && p.k2 == nullptr, "attention (cuda): batched sequences are causal");
     SeqMaps sm;
@@ -1096,15 +1229,15 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
       sm.k[z] = kv_map(segs.k[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
       sm.v[z] = kv_map(segs.v[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
     }
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs, sm);
+    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs, sm);
     check_launch("attention_forward_wgmma");
     return true;
   }
   const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kFwdWgKeys, p.q);
   if (p.mode == kAttnDFlash && p.window > 0) {
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs, maps);
+    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs, maps);
   } else {
-    DFLASH_LAUNCH(grid, 128 * kFwdWgs, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p, segs, maps);
+    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p, segs, maps);
   }
   check_launch("attention_forward_wgmma");
   return true;
