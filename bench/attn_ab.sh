@@ -18,7 +18,7 @@
 set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.." || exit 1
-TREES=${TREES:-.ab-base}
+TREES=${TREES-.ab-base}  # (set but empty: the working tree alone)
 NAMES=()
 DIRS=()
 for d in $TREES; do

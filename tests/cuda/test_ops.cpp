@@ -503,6 +503,9 @@ TEST(CudaOps, AttentionCausalBatch) {
   if (!kEmu) {
     causal_batch_case({100, 0, 37, 300, 1, 129, 1024}, {0, 0, 0, 0, 0, 0, 0}, 32, 8, 128);
     causal_batch_case({1024, 1024, 1024, 1024}, {0, 64, 0, 2000}, 32, 8, 128);
+    // 3 query heads per kv head: 42-query tiles (not a multiple of 8: the wgmma forward's Q by cp.async, O by
+    // 16-byte stores), a tile crossing each sequence's end
+    causal_batch_case({100, 37, 300}, {0, 5, 0}, 6, 2, 128);
   }
 }
 
@@ -518,6 +521,7 @@ TEST(CudaOps, AttentionCausal) {
     causal_case(700, 700, 16, 4, 128);
     causal_case(16, 3000, 32, 8, 128);
     causal_case(100, 100, 4, 2, 256);
+    causal_case(200, 230, 6, 2, 128);  // 42-query tiles (as above)
   }
 }
 

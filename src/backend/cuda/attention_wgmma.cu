@@ -78,6 +78,12 @@ struct KvMaps {
 struct QdoMaps {
   CUtensorMap q, dout;
 };
+// The forward's TMA maps of q and out ([rows, nh, 128] bf16 over all of q's rows), boxes of 64 columns x 1 head x mq
+// rows: one head's rows of a query tile in one SW128 panel (used when mq % 8 == 0, so that each box starts on a
+// 1024-byte boundary of the tile).
+struct QoMaps {
+  CUtensorMap q, o;
+};
 // The packed forward's TMA maps: sequence z's K / V ([tk, nkv, 128] bf16 each, attention.h's AttnSegs), as KvMaps.
 // (8 KiB of kernel parameters for kAttnMaxSegs = 32: within the 32 KiB CUDA 12.1 allows.)
 struct SeqMaps {
@@ -85,7 +91,6 @@ struct SeqMaps {
 };
 
 constexpr int kBarTurn = 1;  // the forward's ping-pong: named barriers kBarTurn, kBarTurn + 1 (0 is __syncthreads)
-constexpr int kBarOut = 3;   // the forward's epilogue: warpgroup w's O rows staged (named barrier kBarOut + w)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLazyLog2 = 8.f;  // the forward's lazy rescaling threshold (log2 domain): P <= 2^8
 
@@ -217,20 +222,28 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 
 #ifdef DFLASH_FWD_TIMELINE
 // Diagnostic build only (-DDFLASH_FWD_TIMELINE): consumer thread 0 (thread 128) of each CTA of the last k_fwd_wg
-// launch records its SM, its tile count over all its items and clock64 / globaltimer at entry, when the first item's
-// Q has landed, after the last item's key loop and at exit; attn_fwd_timeline_report() summarises them.
+// launch records its SM, globaltimer at entry and exit, and clock64 cycles summed over its items: before the loop
+// (the item's hand-over and Q), in the key loop, in the epilogue; with its items and tiles.
+// attn_fwd_timeline_report() summarises them.
 constexpr int kTlMax = 16384;
-__device__ unsigned long long g_tl_clk[kTlMax][4], g_tl_ns[kTlMax][2];
-__device__ int g_tl_sm[kTlMax], g_tl_nt[kTlMax], g_tl_n;
+__device__ unsigned long long g_tl_clk[kTlMax][4], g_tl_ns[kTlMax][2];  // clk: entry, before, loop, epilogue
+__device__ unsigned long long g_tl_sub[kTlMax][8];  // the same split finer: kTlSub's parts
+__device__ int g_tl_sm[kTlMax], g_tl_nt[kTlMax], g_tl_items[kTlMax], g_tl_n;
+// before the loop: waiting for the item, reading and releasing it, waiting for Q; the epilogue: finish, O staged and
+// handed over
+constexpr int kTlSubs = 4;
+constexpr const char* kTlSub[kTlSubs] = {"item wait", "item read", "Q wait", "O staged"};
 __device__ __forceinline__ unsigned long long tl_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ int tl_cta() { return blockIdx.x; }
-#define DFLASH_TL(i) do { if (threadIdx.x == 128 && tl_cta() < kTlMax) g_tl_clk[tl_cta()][i] = clock64(); } while (0)
+// adds the cycles since the last mark to acc
+#define DFLASH_TL_MARK(acc) do { const unsigned long long t_ = clock64(); acc += t_ - tl_mark; tl_mark = t_; } while (0)
+#define DFLASH_TL_SUB(k) do { const unsigned long long t_ = clock64(); tl_sub[k] += t_ - tl_m2; tl_m2 = t_; } while (0)
 #else
-#define DFLASH_TL(i) do { } while (0)
+#define DFLASH_TL_MARK(acc) do { } while (0)
+#define DFLASH_TL_SUB(k) do { } while (0)
 #endif
 
 // setmaxnreg (sm_90a, PTX ISA 9.7.19.5): this warpgroup's registers per thread lowered / raised to N (a multiple of
@@ -242,7 +255,7 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
 // The forward's item hand-over (shared memory, kFwdSlots slots): the header's fields and each row's visible keys.
-enum FwdItemField : int { kItQ0, kItH0, kItRb, kItTq, kItNt1, kItNt, kItElo1, kItElo, kItMine, kItFields = kItMine + 8 };
+enum FwdItemField : int { kItQ0, kItH0, kItRb, kItTq, kItG, kItZ, kItNt1, kItNt, kItElo1, kItElo, kItMine, kItFields = kItMine + 8 };
 constexpr int kFwdSlots = 2;
 
 // The forward, persistent and warp-specialised (FlashAttention-3's design, arXiv 2407.08608 section 3.1): a CTA of
@@ -267,30 +280,32 @@ constexpr int kFwdSlots = 2;
 // any invisible key.
 template <int NWG, int KT, bool WIN, bool PACKED>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs,
-                                                               const __grid_constant__ std::conditional_t<PACKED, SeqMaps, KvMaps> maps) {
+                                                               const __grid_constant__ std::conditional_t<PACKED, SeqMaps, KvMaps> maps,
+                                                               const __grid_constant__ QoMaps qo) {
   static_assert(NWG == 2, "the register split (setmaxnreg 40 / 232) is for one producer and two consumer warpgroups");
   constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, NS = kFwdStages;
   constexpr uint32_t TB = KT * D * 2, QB = ROWS * D * 2;  // one K or V tile; one Q buffer
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sHdr[kFwdSlots][kItFields];  // the item slots: FwdItemField's header
   __shared__ int4 sRows[kFwdSlots][ROWS];     // and each row's lo1, hi1, lo2, hi2
-  // mbarriers: item full / empty (per slot), Q full / empty (per buffer); per stage K full, V full (the TMA bytes),
-  // K empty, V empty (every consumer warp read it)
+  __shared__ int sOut[kFwdSlots][5];          // Q buffer b's item (for its O): q0, h0, rb, Tq, O-full phase
+  // mbarriers: item full / empty (per slot), Q full / O full (per buffer: Q landed; the consumers' O staged in it);
+  // per stage K full, V full (the TMA bytes), K empty, V empty (every consumer warp read it)
   __shared__ alignas(8) uint64_t sBar[4 * kFwdSlots + 4 * NS];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base, sK = base + kFwdSlots * QB, sV = sK + NS * TB;
   const uint32_t bItemF = smem_u32(&sBar[0]), bItemE = bItemF + 8 * kFwdSlots, bQF = bItemE + 8 * kFwdSlots,
-                 bQE = bQF + 8 * kFwdSlots, bFullK = bQE + 8 * kFwdSlots, bFullV = bFullK + 8 * NS,
+                 bOF = bQF + 8 * kFwdSlots, bFullK = bOF + 8 * kFwdSlots, bFullV = bFullK + 8 * NS,
                  bEmptyK = bFullV + 8 * NS, bEmptyV = bEmptyK + 8 * NS;  // (slot / buffer / stage s: + 8 s)
   const int tid = threadIdx.x, wga = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
   const int nh = p.nh, mq = p.mq, hc = p.hc, rep = nh / p.nkv, splits = rep / hc;
   if (tid == 0) {
     DFLASH_UNROLL
     for (int s = 0; s < kFwdSlots; ++s) {
-      mbar_init(bItemF + 8 * s, 32);       // every producer lane's rows
-      mbar_init(bItemE + 8 * s, 4 * NWG);  // every consumer warp read the slot
-      mbar_init(bQF + 8 * s, 32);          // every producer lane's copies (cp.async, .noinc)
-      mbar_init(bQE + 8 * s, 4 * NWG);     // every consumer warp done with Q and the O staged in it
+      mbar_init(bItemF + 8 * s, 32);           // every lane of the item warp wrote its rows
+      mbar_init(bItemE + 8 * s, 4 * NWG + 1);  // every consumer warp and the K / V warp read the slot
+      mbar_init(bQF + 8 * s, 1);               // Q landed (the TMA bytes, or the item warp's copies)
+      mbar_init(bOF + 8 * s, 4 * NWG);         // every consumer warp staged its O rows
     }
     DFLASH_UNROLL
     for (int st = 0; st < NS; ++st) {
@@ -304,22 +319,89 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
   __syncthreads();
 
   if (wga == 0) {
-    // ---- the producer ----
-    setmaxnreg_dec<40>();
-    if (warp != 0) return;
+    // ---- the producer: warp 0 streams K / V, warp 1 hands the items over and moves Q in and O out ----
+    setmaxnreg_dec<56>();
+    if (warp >= 2 || (warp == 0 && lane != 0)) return;
+    if (warp == 0) {
+      // K / V: the item's tiles into the NS-stage ring (a tile index kc that runs on across items), in the order the
+      // consumers wait for them: K_0, then K_{j+1} before V_j
+      uint32_t kc = 0;
+      for (int n = 0;; ++n) {
+        const int slot = n % kFwdSlots;
+        mbar_wait(bItemF + 8 * slot, (n / kFwdSlots) & 1);
+        const int* hdr = sHdr[slot];
+        const int nt = hdr[kItNt], nt1 = hdr[kItNt1], elo1 = hdr[kItElo1], elo = hdr[kItElo], g = hdr[kItG],
+                  z = hdr[kItZ];
+        mbar_arrive(bItemE + 8 * slot);
+        if (nt < 0) break;
+        auto issue = [&](uint32_t idx, int kv, int j) {
+          const int st = idx % NS;
+          if (idx >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ((idx / NS) & 1) ^ 1);
+          const bool s1 = j < nt1;
+          const int kt = s1 ? elo1 + j * KT : elo + (j - nt1) * KT;
+          const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
+          const CUtensorMap* map;
+          if constexpr (PACKED)
+            map = kv ? &maps.v[z] : &maps.k[z];
+          else
+            map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
+          const uint32_t dst = (kv ? sV : sK) + st * TB;
+          mbar_arrive_expect_tx(full, TB);
+          tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
+          tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
+        };
+        if (nt > 0) issue(kc, 0, 0);
+        for (int j = 0; j < nt; ++j) {
+          if (j + 1 < nt) issue(kc + j + 1, 0, j + 1);
+          issue(kc + j, 1, j);
+        }
+        kc += nt;
+      }
+      return;
+    }
+    // warp 1: per item, the rows' bounds and spans into a slot; then, once the consumers have staged the O of the
+    // item two back in its Q buffer, that O out (by TMA when every row is written whole: mq a multiple of 8, and a
+    // packed item not past its sequence's end; else 16-byte stores) and this item's Q in (TMA when mq % 8 == 0:
+    // a box of mq rows per head and panel; else cp.async)
     const int hg = p.nkv * splits, nseq = PACKED ? segs.n : 1, per_qt = hg * nseq;
     const int total = (p.Tq + mq - 1) / mq * per_qt, G = gridDim.x, c = blockIdx.x;
+    const bool rows8 = mq % 8 == 0;
+    auto store_o = [&](int b) {  // the O staged in buffer b (sOut[b]: its item's q0, h0, rb, Tq)
+      const uint32_t src = sQ + b * QB;
+      const int q0 = sOut[b][0], h0 = sOut[b][1], rb = sOut[b][2], Tq = sOut[b][3];
+      mbar_wait(bOF + 8 * b, sOut[b][4]);
+      if (rows8 && (!PACKED || q0 + mq <= Tq)) {
+        if (lane == 0) {
+          for (int hh = 0; hh < hc; ++hh)
+            DFLASH_UNROLL
+            for (int pn = 0; pn < 2; ++pn) tma_store_3d(&qo.o, src + pn * (ROWS * 128) + hh * mq * 128, pn * 64, h0 + hh, rb + q0);
+          bulk_commit();
+        }
+      } else {
+        bf16* O = static_cast<bf16*>(p.out);
+        const int ch = lane & 15;
+        for (int r = lane >> 4; r < ROWS; r += 2) {
+          const int hh = r / mq, qi = q0 + r % mq;
+          if (hh < hc && qi < Tq)
+            *reinterpret_cast<uint4*>(O + (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D + ch * 8) =
+                ld_shared_v4(src + (ch >> 3) * (ROWS * 128) + wg::sw128_offset(r, (ch & 7) * 8));
+        }
+        __syncwarp();
+        wg::fence_proxy_async();  // (these generic reads before the next Q's TMA writes)
+      }
+    };
     const bf16* Q = static_cast<const bf16*>(p.q);
-    uint32_t kc = 0;  // K / V tiles issued so far (stage kc % NS, phase (kc / NS) & 1)
-    int n = 0;        // items handed over
+    int n = 0;  // items handed over
     for (int k = 0;; ++k) {
       const int i = k * G + ((k & 1) ? G - 1 - c : c);
       const int slot = n % kFwdSlots;
       const uint32_t ph = (n / kFwdSlots) & 1;
-      if (i >= total) {  // no more items: an item with nt = -1
+      if (i >= total) {  // no more items: an item with nt = -1; then the last two items' O
         if (n >= kFwdSlots) mbar_wait(bItemE + 8 * slot, ph ^ 1);
         if (lane == 0) sHdr[slot][kItNt] = -1;
         mbar_arrive(bItemF + 8 * slot);
+        for (int j = max(n - kFwdSlots, 0); j < n; ++j) store_o(j % kFwdSlots);
+        if (lane == 0) bulk_wait<0>();
         break;
       }
       const int qt = total / per_qt - 1 - i / per_qt, rem = i % per_qt, z = rem / hg, x = rem % hg;
@@ -352,43 +434,62 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           hi2m[w] = max(hi2m[w], hi2);
         }
       }
-      KeySpan ws[2];
       DFLASH_UNROLL
       for (int w = 0; w < 2; ++w) {
         hi1m[w] = __reduce_max_sync(0xffffffffu, hi1m[w]);
         lo1m[w] = __reduce_min_sync(0xffffffffu, lo1m[w]);
         lo2m[w] = __reduce_min_sync(0xffffffffu, lo2m[w]);
         hi2m[w] = __reduce_max_sync(0xffffffffu, hi2m[w]);
-        ws[w] = {WIN && hi1m[w] > 0 ? lo1m[w] : 0, hi1m[w], hi2m[w] > 0 ? lo2m[w] : 0, hi2m[w]};
       }
-      const int ext1 = max(hi1m[0], hi1m[1]), ehi = max(hi2m[0], hi2m[1]);
-      const int elo1 = WIN && ext1 > 0 ? min(lo1m[0], lo1m[1]) : 0, elo = ehi > 0 ? min(lo2m[0], lo2m[1]) : 0;
-      const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
       if (lane == 0) {
+        const int ext1 = max(hi1m[0], hi1m[1]), ehi = max(hi2m[0], hi2m[1]);
+        const int elo1 = WIN && ext1 > 0 ? min(lo1m[0], lo1m[1]) : 0, elo = ehi > 0 ? min(lo2m[0], lo2m[1]) : 0;
+        const int nt1 = (ext1 - elo1 + KT - 1) / KT;
         int* h = sHdr[slot];
         h[kItQ0] = q0;
         h[kItH0] = h0;
         h[kItRb] = rb;
         h[kItTq] = Tq;
+        h[kItG] = g;
+        h[kItZ] = z;
         h[kItNt1] = nt1;
-        h[kItNt] = nt;
+        h[kItNt] = nt1 + (ehi - elo + KT - 1) / KT;
         h[kItElo1] = elo1;
         h[kItElo] = elo;
         DFLASH_UNROLL
-        for (int w = 0; w < 2; ++w) {
-          h[kItMine + 4 * w + 0] = ws[w].lo1;
-          h[kItMine + 4 * w + 1] = ws[w].hi1;
-          h[kItMine + 4 * w + 2] = ws[w].lo2;
-          h[kItMine + 4 * w + 3] = ws[w].hi2;
+        for (int w = 0; w < 2; ++w) {  // (KeySpan's order: lo1, hi1, lo2, hi2)
+          h[kItMine + 4 * w + 0] = WIN && hi1m[w] > 0 ? lo1m[w] : 0;
+          h[kItMine + 4 * w + 1] = hi1m[w];
+          h[kItMine + 4 * w + 2] = hi2m[w] > 0 ? lo2m[w] : 0;
+          h[kItMine + 4 * w + 3] = hi2m[w];
         }
       }
       mbar_arrive(bItemF + 8 * slot);  // (release: this lane's writes to the slot)
-      // Q: 16-byte chunk lane % 16 of rows lane / 16 + 2 j, into buffer n % 2 once its last item has stored its O
-      {
-        const int qb = n % kFwdSlots;
-        if (n >= kFwdSlots) mbar_wait(bQE + 8 * qb, ph ^ 1);
+      // buffer b: the O of item n - 2 out, then item n's Q in
+      const int b = n % kFwdSlots;
+      if (n >= kFwdSlots) store_o(b);
+      if (lane == 0) {
+        sOut[b][0] = q0;
+        sOut[b][1] = h0;
+        sOut[b][2] = rb;
+        sOut[b][3] = Tq;
+        sOut[b][4] = ph;  // (the O-full phase this item will complete)
+      }
+      __syncwarp();
+      const uint32_t dq = sQ + b * QB;
+      if (rows8) {
+        if (lane == 0) {
+          bulk_wait_read<0>();  // (the TMA store of buffer b has read it)
+          mbar_arrive_expect_tx(bQF + 8 * b, hc * mq * D * 2);
+          for (int hh = 0; hh < hc; ++hh)
+            DFLASH_UNROLL
+            for (int pn = 0; pn < 2; ++pn)
+              tma_load_3d(dq + pn * (ROWS * 128) + hh * mq * 128, &qo.q, bQF + 8 * b, pn * 64, h0 + hh, rb + q0);
+        }
+      } else {
+        // 16-byte chunk lane % 16 of rows lane / 16 + 2 j; completed, fenced for wgmma (async proxy), then arrived
         const int ch = lane & 15;
-        const uint32_t dst = sQ + qb * QB + (ch >> 3) * (ROWS * 128);
+        const uint32_t dst = dq + (ch >> 3) * (ROWS * 128);
         int r = lane >> 4, hh = r / mq, qr = r % mq;
 #pragma unroll 4
         for (int j = 0; j < ROWS / 2; ++j, r += 2) {
@@ -398,51 +499,21 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           qr += 2;
           if (qr >= mq) qr -= mq, ++hh;
         }
-        cp_async_mbar_arrive(bQF + 8 * qb);
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        wg::fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bQF + 8 * b);
       }
-      // the item's K / V tiles, in the order the consumers wait for them: K_0, then K_{j+1} before V_j
-      if (lane == 0) {
-        auto issue = [&](uint32_t idx, int kv, int j) {
-          const int st = idx % NS;
-          if (idx >= NS) mbar_wait((kv ? bEmptyV : bEmptyK) + 8 * st, ((idx / NS) & 1) ^ 1);
-          const bool s1 = j < nt1;
-          const int kt = s1 ? elo1 + j * KT : elo + (j - nt1) * KT;
-          const uint32_t full = (kv ? bFullV : bFullK) + 8 * st;
-          const CUtensorMap* map;
-          if constexpr (PACKED)
-            map = kv ? &maps.v[z] : &maps.k[z];
-          else
-            map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
-          const uint32_t dst = (kv ? sV : sK) + st * TB;
-          mbar_arrive_expect_tx(full, TB);
-          tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
-          tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
-        };
-        if (nt > 0) issue(kc, 0, 0);
-        for (int j = 0; j < nt; ++j) {
-          if (j + 1 < nt) issue(kc + j + 1, 0, j + 1);
-          issue(kc + j, 1, j);
-        }
-      }
-      __syncwarp();
-      kc += nt;
       ++n;
     }
   } else {
     // ---- the consumers ----
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<224>();
     const int wgi = wga - 1;
 #ifdef DFLASH_FWD_TIMELINE
-    int tl_tiles = 0;
-    if (threadIdx.x == 128 && tl_cta() < kTlMax) {
-      g_tl_clk[tl_cta()][0] = clock64();
-      g_tl_ns[tl_cta()][0] = tl_ns();
-      g_tl_clk[tl_cta()][1] = g_tl_clk[tl_cta()][2] = g_tl_clk[tl_cta()][3] = 0;
-      unsigned sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      g_tl_sm[tl_cta()] = static_cast<int>(sm);
-      if (tl_cta() == 0) g_tl_n = static_cast<int>(gridDim.x);
-    }
+    unsigned long long tl_mark = clock64(), tl_pre = 0, tl_loop = 0, tl_epi = 0, tl_sub[8] = {}, tl_m2 = tl_mark;
+    int tl_tiles = 0, tl_items = 0;
+    const unsigned long long tl_ns0 = tl_ns();
 #endif
     const float sl2 = p.scale * kLog2e;
     uint32_t kc = 0;                                 // K / V tiles consumed so far, as the producer's count
@@ -451,6 +522,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       const int slot = n % kFwdSlots, qb = slot;
       const uint32_t ph = (n / kFwdSlots) & 1;
       mbar_wait(bItemF + 8 * slot, ph);
+      DFLASH_TL_SUB(0);
       const int* hdr = sHdr[slot];
       const int nt = hdr[kItNt];
       if (nt < 0) break;
@@ -474,6 +546,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(bItemE + 8 * slot);
+      DFLASH_TL_SUB(1);
 
       float o[DT * 4];
       DFLASH_UNROLL
@@ -579,10 +652,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         uint32_t pa[KT / 16][4] = {};
         bool pending = false;
         mbar_wait(bQF + 8 * qb, ph);
-        wg::fence_proxy_async();  // Q's cp.async writes (the producer's), seen by this thread's wgmma
+        DFLASH_TL_SUB(2);  // (Q came by TMA, or by copies the item warp fenced for the async proxy)
+        DFLASH_TL_MARK(tl_pre);
 #ifdef DFLASH_FWD_TIMELINE
-        if (n == 0) DFLASH_TL(1);
         tl_tiles += nt;
+        ++tl_items;
 #endif
         for (int t = 0; t <= nt; ++t) {
           const uint32_t ik = kc + t, iv = ik - 1;  // K_t's and V_{t-1}'s ring index
@@ -648,14 +722,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         }
         kc += nt;
       }
+      DFLASH_TL_MARK(tl_loop);
 #ifdef DFLASH_FWD_TIMELINE
-      DFLASH_TL(2);
+      tl_m2 = tl_mark;
 #endif
       // The epilogue: attn_fwd_finish (row sums, lse), then O / l as bf16 into this warpgroup's own rows of the
       // item's Q buffer (its last S product has read them; the swizzle keeps the fragment writes free of bank
-      // conflicts) and from there to global memory in 16-byte pieces, 2 whole rows per warp instruction (4-byte
-      // stores straight from the fragments touch 8 rows per warp instruction: bench/NOTES.md 14); then the buffer
-      // goes back to the producer.
+      // conflicts), fenced for the TMA store (async proxy), and the buffer handed to the item warp, which stores it
+      // (4-byte stores straight from the fragments touch 8 rows per warp instruction, bench/NOTES.md 14; 16-byte
+      // stores from here held the consumers ~1 us per item, 16).
       {
         float inv[2];
         attn_fwd_finish(p, D, rok, orow, l, m, t4, inv);
@@ -666,26 +741,29 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           for (int c = 0; c < DT; ++c)
             st_shared_b32(sQb + (c >> 3) * (ROWS * 128) + wg::sw128_offset(r0 + 8 * i, (c & 7) * 8 + 2 * t4),
                           wg::pack_bf16x2(o[c * 4 + 2 * i] * inv[i], o[c * 4 + 2 * i + 1] * inv[i]));
-        named_sync(kBarOut + wgi, 128);
-        bf16* O = static_cast<bf16*>(p.out);
-        const int lt = tid & 127, ch = lt & 15;
-        DFLASH_UNROLL
-        for (int j = 0; j < 8; ++j) {
-          const int r = wgi * 64 + (lt >> 4) + 8 * j, hh = r / mq, qi = q0 + r % mq;
-          if (hh < hc && qi < Tq)
-            *reinterpret_cast<uint4*>(O + (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D + ch * 8) =
-                ld_shared_v4(sQb + (ch >> 3) * (ROWS * 128) + wg::sw128_offset(r, (ch & 7) * 8));
-        }
+        wg::fence_proxy_async();
         __syncwarp();
-        if (lane == 0) mbar_arrive(bQE + 8 * qb);
+        if (lane == 0) mbar_arrive(bOF + 8 * qb);
+        DFLASH_TL_SUB(3);
       }
+      DFLASH_TL_MARK(tl_epi);
     }
     if (wgi == 0) named_sync(kBarTurn + 0, 256);  // consumer 1's pass after its last tile
 #ifdef DFLASH_FWD_TIMELINE
-    if (threadIdx.x == 128 && tl_cta() < kTlMax) {
-      g_tl_nt[tl_cta()] = tl_tiles;
-      g_tl_clk[tl_cta()][3] = clock64();
-      g_tl_ns[tl_cta()][1] = tl_ns();
+    if (threadIdx.x == 128 && blockIdx.x < kTlMax) {
+      const int c = blockIdx.x;
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      g_tl_sm[c] = static_cast<int>(sm);
+      g_tl_nt[c] = tl_tiles;
+      g_tl_items[c] = tl_items;
+      g_tl_clk[c][1] = tl_pre;
+      g_tl_clk[c][2] = tl_loop;
+      g_tl_clk[c][3] = tl_epi;
+      for (int k = 0; k < 8; ++k) g_tl_sub[c][k] = tl_sub[k];
+      g_tl_ns[c][0] = tl_ns0;
+      g_tl_ns[c][1] = tl_ns();
+      if (c == 0) g_tl_n = static_cast<int>(gridDim.x);
     }
 #endif
   }
@@ -1152,57 +1230,54 @@ KvMaps kv_maps(const void* k1, const void* v1, int64_t T1, const void* k2, const
 }  // namespace
 
 #ifdef DFLASH_FWD_TIMELINE
-// Summary of the last k_fwd_wg launch's per-CTA timeline (diagnostic build): per SM, the shares of the kernel's span
-// spent before the loop (entry to Q landed), in the loop, in the epilogue, between CTAs and idle after its last CTA.
+// Summary of the last k_fwd_wg launch's per-CTA timeline (diagnostic build): the shares of the SMs' time (the span
+// from the first CTA's entry to the last one's exit, times the CTAs) each CTA's consumer 0 spent before its items'
+// loops (hand-over, Q), in the loops, in the epilogues, and idle before its entry / after its exit; per item and
+// per tile means.
 void attn_fwd_timeline_report(const char* label) {
   cudaDeviceSynchronize();
   int n = 0;
   cudaMemcpyFromSymbol(&n, g_tl_n, sizeof n);
   n = std::min(n, kTlMax);
   std::vector<unsigned long long> clk(static_cast<size_t>(kTlMax) * 4), ns(static_cast<size_t>(kTlMax) * 2);
-  std::vector<int> sm(kTlMax), nt(kTlMax);
+  std::vector<int> nt(kTlMax), items(kTlMax);
   cudaMemcpyFromSymbol(clk.data(), g_tl_clk, clk.size() * 8);
   cudaMemcpyFromSymbol(ns.data(), g_tl_ns, ns.size() * 8);
-  cudaMemcpyFromSymbol(sm.data(), g_tl_sm, sm.size() * 4);
   cudaMemcpyFromSymbol(nt.data(), g_tl_nt, nt.size() * 4);
+  cudaMemcpyFromSymbol(items.data(), g_tl_items, items.size() * 4);
+  std::vector<unsigned long long> sub(static_cast<size_t>(kTlMax) * 8);
+  cudaMemcpyFromSymbol(sub.data(), g_tl_sub, sub.size() * 8);
+  if (n == 0) return;
   unsigned long long t0 = ~0ull, t1 = 0;
-  double cyc = 0, nsec = 0;
-  int live = 0;
+  double pre = 0, loop = 0, epi = 0, head = 0, tail = 0, tiles = 0, nit = 0, busy_ns = 0;
   for (int i = 0; i < n; ++i) {
-    if (clk[i * 4 + 3] == 0) continue;  // returned early
-    ++live;
     t0 = std::min(t0, ns[i * 2]);
     t1 = std::max(t1, ns[i * 2 + 1]);
-    cyc += double(clk[i * 4 + 3] - clk[i * 4]);
-    nsec += double(ns[i * 2 + 1] - ns[i * 2]);
   }
-  const double ghz = cyc / std::max(nsec, 1.0), span = double(t1 - t0) * ghz;  // span in cycles
-  double pro = 0, loop = 0, epi = 0, gap = 0, tail = 0, head = 0, tiles = 0;
-  int nsm = 0;
-  for (int s = 0; s < 1024; ++s) {
-    std::vector<int> mine;
-    for (int i = 0; i < n; ++i)
-      if (clk[i * 4 + 3] != 0 && sm[i] == s) mine.push_back(i);
-    if (mine.empty()) continue;
-    ++nsm;
-    std::sort(mine.begin(), mine.end(), [&](int a, int b) { return clk[a * 4] < clk[b * 4]; });
-    for (size_t j = 0; j < mine.size(); ++j) {
-      const int i = mine[j];
-      pro += double(clk[i * 4 + 1] - clk[i * 4]);
-      loop += double(clk[i * 4 + 2] - clk[i * 4 + 1]);
-      epi += double(clk[i * 4 + 3] - clk[i * 4 + 2]);
-      tiles += nt[i];
-      if (j > 0) gap += double(clk[i * 4] - clk[mine[j - 1] * 4 + 3]);
-    }
-    head += double(ns[mine.front() * 2] - t0) * ghz;
-    tail += double(t1 - ns[mine.back() * 2 + 1]) * ghz;
+  for (int i = 0; i < n; ++i) {
+    pre += double(clk[i * 4 + 1]);
+    loop += double(clk[i * 4 + 2]);
+    epi += double(clk[i * 4 + 3]);
+    tiles += nt[i];
+    nit += items[i];
+    head += double(ns[i * 2] - t0);
+    tail += double(t1 - ns[i * 2 + 1]);
+    busy_ns += double(ns[i * 2 + 1] - ns[i * 2]);
   }
-  const double tot = span * nsm / 100.0;
-  std::printf("TIMELINE %s: %d CTAs on %d SMs, span %.1f us at %.2f GHz, %.0f tiles (%.2f us per tile in the loop); "
-              "share of SM time: before loop %.1f%%, loop %.1f%%, epilogue %.1f%%, between CTAs %.1f%%, "
-              "idle before first %.1f%%, idle after last %.1f%%; per CTA: before loop %.2f us, epilogue %.2f us\n",
-              label, live, nsm, span / ghz / 1e3, ghz, tiles, loop / std::max(tiles, 1.0) / ghz / 1e3, pro / tot,
-              loop / tot, epi / tot, gap / tot, head / tot, tail / tot, pro / live / ghz / 1e3, epi / live / ghz / 1e3);
+  const double cyc = pre + loop + epi, ghz = cyc / std::max(busy_ns, 1.0);  // (the three cover entry to exit)
+  const double tot = double(t1 - t0) * n / 100.0;                           // ns
+  std::printf("TIMELINE %s: %d CTAs, span %.1f us at ~%.2f GHz, %.0f items, %.0f tiles (%.2f us per tile in the "
+              "loops); share of SM time: before loops %.1f%%, loops %.1f%%, epilogues %.1f%%, idle before entry %.1f%%, "
+              "after exit %.1f%%; per item: before loop %.2f us, epilogue %.2f us\n",
+              label, n, double(t1 - t0) / 1e3, ghz, nit, tiles, loop / ghz / std::max(tiles, 1.0) / 1e3,
+              pre / ghz / tot, loop / ghz / tot, epi / ghz / tot, head / tot, tail / tot,
+              pre / ghz / std::max(nit, 1.0) / 1e3, epi / ghz / std::max(nit, 1.0) / 1e3);
+  std::printf("TIMELINE %s: per item (us):", label);
+  for (int k = 0; k < kTlSubs; ++k) {
+    double a = 0;
+    for (int i = 0; i < n; ++i) a += double(sub[i * 8 + k]);
+    std::printf(" %s %.2f%s", kTlSub[k], a / ghz / std::max(nit, 1.0) / 1e3, k + 1 < kTlSubs ? "," : "\n");
+  }
   std::fflush(stdout);
 }
 #endif
@@ -1222,6 +1297,11 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
   if (items == 0) return true;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(items, e.num_sms)));
   constexpr int threads = 128 * (kFwdWgs + 1);
+  int64_t qrows = p.Tq;  // (packed: q's rows run to the last sequence's end)
+  for (int z = 0; z < segs.n; ++z) qrows = std::max<int64_t>(qrows, int64_t{segs.begin[z]} + segs.len[z]);
+  QoMaps qo;
+  qo.q = kv_map(p.q, qrows, p.nh, p.mq, p.q);
+  qo.o = kv_map(p.out, qrows, p.nh, p.mq, p.q);
   if (segs.n > 0) {
     DFLASH_CHECK(p.mode == kAttnCausal && p.k2 == nullptr, "attention (cuda): batched sequences are causal");
     SeqMaps sm;
@@ -1229,15 +1309,15 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
       sm.k[z] = kv_map(segs.k[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
       sm.v[z] = kv_map(segs.v[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
     }
-    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs, sm);
+    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs, sm, qo);
     check_launch("attention_forward_wgmma");
     return true;
   }
   const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kFwdWgKeys, p.q);
   if (p.mode == kAttnDFlash && p.window > 0) {
-    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs, maps);
+    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs, maps, qo);
   } else {
-    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p, segs, maps);
+    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p, segs, maps, qo);
   }
   check_launch("attention_forward_wgmma");
   return true;
