@@ -6,25 +6,26 @@
 //
 // FlashAttention-2's online softmax (Dao 2023) on FlashAttention-3's operands (Shah et al. 2024, arXiv 2407.08608,
 // section 3: wgmma with the first product's operands in shared memory and P / dS from registers; in the forward its
-// intra-warpgroup overlap of the softmax with the P V product and its ping-pong of two warpgroups), without its
-// producer warp: the streamed tiles (the forward's and dQ's K / V, dK/dV's Q / dO) come by TMA issued from thread 0
-// of a consumer warpgroup; the tiles a CTA loads once (Q, dK/dV's K / V) by cp.async from every thread.
-// Shared-memory tiles use wgmma.cuh's SW128 layout. Masks are applied only on tiles a warp does not see whole.
-//  * forward (k_fwd_wg): a CTA = 2 warpgroups = 128 query rows ((query, head) pairs of one kv head,
-//    attn_rows_tiling); warpgroup w owns rows 64 w .. 64 w + 63 (one m64 wgmma). 128-key K / V tiles in 3 stages
-//    with full / empty mbarriers, no CTA barrier; Q stays in shared memory as the A operand. Per tile and
-//    warpgroup: S = Q K^T (8 x m64n128k16), mask, online softmax in the log2 domain on the accumulator fragments
+// intra-warpgroup overlap of the softmax with the P V product, its ping-pong of two warpgroups, and its persistent
+// kernel with a producer warpgroup). In the backward the streamed tiles (dQ's K / V, dK/dV's Q / dO) come by TMA
+// issued from thread 0 of a consumer warpgroup, the tiles a CTA loads once (Q, dO, dK/dV's K / V) by cp.async from
+// every thread. Shared-memory tiles use wgmma.cuh's SW128 layout. Masks are applied only on tiles a warp does not
+// see whole.
+//  * forward (k_fwd_wg): persistent (a CTA per SM) and warp-specialised: a producer warpgroup hands items over and
+//    moves Q / K / V in and O out by TMA; 2 consumer warpgroups = 128 query rows ((query, head) pairs of one kv
+//    head, attn_rows_tiling) per item; consumer w owns rows 64 w .. 64 w + 63 (one m64 wgmma). 128-key K / V tiles
+//    in 2 stages with full / empty mbarriers, no CTA barrier; Q stays in shared memory as the A operand. Per tile
+//    and consumer: S = Q K^T (8 x m64n128k16), mask, online softmax in the log2 domain on the accumulator fragments
 //    (lazy rescaling), O += P V (P rounded to bf16 in registers, V read MN-major); tile t's softmax runs while tile
-//    t - 1's P V product does, and while the other warpgroup's products run. A warpgroup skips a tile none of its rows
-//    can see (uniform over its 128 threads). CTAs run the query tiles with the most keys first (causal: the last
-//    queries; DFlash: sorted anchors) over all head groups and sequences (rows_grid). The epilogue stages O in the
-//    warpgroup's own Q rows and stores it in 16-byte row pieces.
+//    t - 1's P V product does, and while the other consumer's products run. A consumer skips a tile none of its
+//    rows can see (uniform over its 128 threads). Items run longest first (causal: the last queries; DFlash: sorted
+//    anchors) over all head groups and sequences. O is staged in the item's own Q buffer and stored by TMA.
 //  * dQ (k_dq_wg): the forward's tiling over 64-key tiles, double buffered, one barrier per tile: S = Q K^T,
 //    dP = dO V^T, P = exp2(S - lse), dS = P (dP - D), dQ += dS K (K read MN-major).
 //  * dK / dV (k_dkv_wg): one warpgroup per 64 keys; the visible 64-query chunks are listed first, then the items
 //    (chunk, head) run last chunk first with Q / dO double buffered: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
 //    dK += dS^T Q. Deterministic: every gradient element is summed by one thread in a fixed order and written once.
-// bench/NOTES.md 9-14 has every variant tried, with its prediction and outcome.
+// bench/NOTES.md 9-16 has every variant tried, with its prediction and outcome.
 // Numerics as attention_tc.cu: fp32 accumulation, P and dS rounded to bf16 for the second products (tests/cuda
 // compares attention by normalised mean square error for that reason).
 #include <algorithm>
@@ -147,8 +148,9 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// The forward's and dQ's grid, rows_grid(query tiles, head groups, sequences): blockIdx.x the head group (kv head x
-// split), blockIdx.y the sequence (packed causal; else 0), blockIdx.z the query tile counted from the last. CTAs
+// dQ's grid, rows_grid(query tiles, head groups, sequences) (and the order in which the persistent forward, k_fwd_wg,
+// numbers its items): blockIdx.x the head group (kv head x split), blockIdx.y the sequence (packed causal; else 0),
+// blockIdx.z the query tile counted from the last. CTAs
 // start in linear block order (x fastest), so the whole grid runs query tile slowest, the tiles with the most keys
 // first over every head group and sequence: one longest-first list (with the head group slowest, each group's short
 // tiles ran before the next group's long ones and the launch ended on a sawtooth; bench/NOTES.md 15).
@@ -263,15 +265,22 @@ constexpr int kFwdSlots = 2;
 // min(items, SMs). Items are numbered in rows_grid's longest-first order (query tile from the last slowest, then
 // the sequence, then the head group) and CTA c takes items c, 2G - 1 - c, 2G + c, ... (G = gridDim.x: a snake over
 // the list, so each CTA's sum of tiles is about the mean).
-//  * Warpgroup 0 is the producer (setmaxnreg 40; its warp 0 only): per item it computes the 128 rows' visible keys
-//    (attn_row_bounds) and the key spans of the CTA and of each consumer, hands them over through a shared-memory
-//    slot (full / empty mbarriers), copies the item's Q (cp.async into one of two Q buffers, so the next item's Q
-//    lands while this one runs) and streams its K / V tiles by TMA into the NS-stage ring, a tile index that runs on
-//    across items.
-//  * Warpgroups 1 .. NWG are the consumers (setmaxnreg 232): the key loop of the non-persistent design before it
-//    (bench/NOTES.md 9-15) per item, the epilogue's O staged in the item's own Q buffer, then the buffer released.
+//  * Warpgroup 0 is the producer (setmaxnreg 56), two warps of it:
+//    - the item warp (warp 1), per item: the 128 rows' visible keys (attn_row_bounds) and the key spans of the CTA
+//      and of each consumer into a shared-memory slot (2 slots, full / empty mbarriers); then, in the item's Q buffer
+//      (2 buffers, so that the next item's Q lands while this one runs), the O of the item two back out (TMA store,
+//      once the consumers have staged it there: the buffer's O-full mbarrier) and this item's Q in (TMA, on the
+//      buffer's Q-full mbarrier). Q and O go by TMA in boxes of mq rows of one head per 64-column panel, which start
+//      on the tile's 1024-byte swizzle boundaries when mq % 8 == 0; else (3, 5, 6, 7 query heads per kv head) by
+//      cp.async / 16-byte stores, as does O of a packed tile that crosses its sequence's end (a TMA store would write
+//      the next sequence's rows).
+//    - the K / V warp (warp 0, lane 0): the item's tiles by TMA into the NS-stage ring (a tile index that runs on
+//      across items), each once both consumers have released the stage's previous tile.
+//  * Warpgroups 1 .. NWG are the consumers (setmaxnreg 224): per item the key loop of the non-persistent design
+//    before it (bench/NOTES.md 9-15), then O / l staged in the item's Q buffer for the item warp.
 // So the per-item work that had cost 3.5-4.5 us per CTA before and after the loop (bench/NOTES.md 14: Q's copies,
-// row bounds, span gathering, the CTA's start and drain) runs on the producer under the consumers' products.
+// row bounds, span gathering, the O stores, the CTA's start and drain) runs on the producer under the consumers'
+// products (bench/NOTES.md 16).
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
 // PACKED: causal over the sequences of segs (items over segs.n sequences): query rows offset by the sequence's begin,
 // its own keys (maps.k[z] / maps.v[z]: SeqMaps) and query offset. Otherwise maps is KvMaps (segments 1 and 2).
