@@ -522,6 +522,7 @@ TEST(CudaOps, AttentionCausal) {
     causal_case(16, 3000, 32, 8, 128);
     causal_case(100, 100, 4, 2, 256);
     causal_case(200, 230, 6, 2, 128);  // 42-query tiles (as above)
+    causal_case(40, 40, 96, 1, 128);   // 96 query heads on one kv head: 1-query tiles of 96 rows
   }
 }
 

@@ -210,7 +210,8 @@ bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p);
 bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p);
 void attention_tc_init_attributes(int smem_optin);
 // Hopper warpgroup-MMA forward (attention_wgmma.cu): head dim exactly 128, 16-byte aligned tensors and
-// attn_wgmma_fwd_smem() bytes of shared memory; returns false (launching nothing) otherwise, and in the emulator.
+// attn_wgmma_fwd_smem() bytes of dynamic shared memory (plus ~4.5 KiB static); returns false (launching nothing)
+// otherwise, and in the emulator.
 // segs.n > 0: causal, several sequences in one launch (p.Tq = the longest; see AttnSegs).
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p, const AttnSegs& segs = AttnSegs{});
 void attention_wgmma_init_attributes(int smem_optin);

@@ -259,6 +259,10 @@ __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.
 // The forward's item hand-over (shared memory, kFwdSlots slots): the header's fields and each row's visible keys.
 enum FwdItemField : int { kItQ0, kItH0, kItRb, kItTq, kItG, kItZ, kItNt1, kItNt, kItElo1, kItElo, kItMine, kItFields = kItMine + 8 };
 constexpr int kFwdSlots = 2;
+// k_fwd_wg's static shared memory (sHdr, sRows, sOut, sBar, and slack for their alignment): the launcher's and
+// init_attributes' headroom beside the dynamic kFwdWgSmem
+constexpr size_t kFwdWgStatic = sizeof(int) * kFwdSlots * (kItFields + 5) + 16 * kFwdSlots * 64 * kFwdWgs +
+                                8 * (4 * kFwdSlots + 4 * kFwdStages) + 64;
 
 // The forward, persistent and warp-specialised (FlashAttention-3's design, arXiv 2407.08608 section 3.1): a CTA of
 // 1 + NWG warpgroups stays on its SM and runs items (query tile, head group[, sequence]) one after another; grid =
@@ -291,7 +295,7 @@ template <int NWG, int KT, bool WIN, bool PACKED>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs,
                                                                const __grid_constant__ std::conditional_t<PACKED, SeqMaps, KvMaps> maps,
                                                                const __grid_constant__ QoMaps qo) {
-  static_assert(NWG == 2, "the register split (setmaxnreg 40 / 232) is for one producer and two consumer warpgroups");
+  static_assert(NWG == 2, "the register split (setmaxnreg 56 / 224) is for one producer and two consumer warpgroups");
   constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, NS = kFwdStages;
   constexpr uint32_t TB = KT * D * 2, QB = ROWS * D * 2;  // one K or V tile; one Q buffer
   DFLASH_DYN_SMEM(smem_raw);
@@ -477,6 +481,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       // buffer b: the O of item n - 2 out, then item n's Q in
       const int b = n % kFwdSlots;
       if (n >= kFwdSlots) store_o(b);
+      __syncwarp();  // (every lane has read sOut[b] for that O)
       if (lane == 0) {
         sOut[b][0] = q0;
         sOut[b][1] = h0;
@@ -499,14 +504,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         // 16-byte chunk lane % 16 of rows lane / 16 + 2 j; completed, fenced for wgmma (async proxy), then arrived
         const int ch = lane & 15;
         const uint32_t dst = dq + (ch >> 3) * (ROWS * 128);
-        int r = lane >> 4, hh = r / mq, qr = r % mq;
-#pragma unroll 4
-        for (int j = 0; j < ROWS / 2; ++j, r += 2) {
+        for (int r = lane >> 4; r < ROWS; r += 2) {
+          const int hh = r / mq, qr = r % mq;
           const bool ok = hh < hc && q0 + qr < Tq;
           const bf16* src = Q + ((static_cast<int64_t>(rb + q0 + qr) * nh + h0 + hh) * D + ch * 8);
           cp_async16(dst + wg::sw128_offset(r, (ch & 7) * 8), ok ? src : Q, ok);
-          qr += 2;
-          if (qr >= mq) qr -= mq, ++hh;
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         wg::fence_proxy_async();
@@ -1187,7 +1189,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
 }  // namespace
 
 void attention_wgmma_init_attributes(int smem_optin) {
-  if (static_cast<size_t>(smem_optin) >= kFwdWgSmem + 1024) {  // else never launched
+  if (static_cast<size_t>(smem_optin) >= kFwdWgSmem + kFwdWgStatic) {  // else never launched
     allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>,
                        k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>);
   }
@@ -1293,7 +1295,7 @@ void attn_fwd_timeline_report(const char* label) {
 
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
   if (p0.d != kWgD) return false;
-  if (kFwdWgSmem + 1024 > static_cast<size_t>(e.smem_limit)) return false;  // + the static __shared__ extents
+  if (kFwdWgSmem + kFwdWgStatic > static_cast<size_t>(e.smem_limit)) return false;
   if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
   if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
   AttnFwdParams p = p0;
