@@ -6,7 +6,8 @@
 #            (.ab-* trees are git-ignored; the benchmark needs no assets, and carry holds 64 MiB)
 #   device:  OUT=$OUT bash bench/attn_ab.sh                                   (carry [".deps", ".ab-base"])
 # More variants in the same call: TREES=".ab-base .ab-x" (each a git-ignored .ab-* tree, carried too), each built
-# and timed in turn with the working tree, named by what follows ".ab-".
+# and timed in turn with the working tree, named by what follows ".ab-"; TREES="" times the working tree alone (with
+# TL=1: its timeline alone).
 # env: RUNS (alternations, default 2), BUDGET_S (bench_attention --budget-s, default 2), TESTS (1: first the
 #      attention / drafter rows of the CUDA op table on the working tree; 0: skip), TL (1: then the forward's
 #      timeline, -DDFLASH_FWD_TIMELINE, of every tree), ARGS (more bench_attention arguments, e.g. "--window 64"),
