@@ -104,13 +104,16 @@ def row(label, ours, theirs, unit, ratio, goal, ok):
     rows.append((label, ours, theirs, unit, ratio, goal, ok))
 def verdict(x):
     return "-" if x is None else ("PASS" if x else "FAIL")
+# The goals are issue 13's requirements (its aims in brackets): attention fwd+bwd 1.25x flex, causal prefill
+# attention 500 TF/s, the step 1.4x at 57% MFU (1.3x with recompute), prefill MFU 60%. Its memory goal (0.6x per
+# drafter GPU) is for two drafters with sharded optimizer state on two GPUs, so the one-GPU rows show memory as info.
 # attention: speed-up = their ms / our ms
-for name, label, goal in (("attn_fwd", "attention fwd", None), ("attn_fwd_bwd", "attention fwd+bwd", 2.0)):
+for name, label, goal in (("attn_fwd", "attention fwd", None), ("attn_fwd_bwd", "attention fwd+bwd", 1.25)):
     o, t = g(name, "dflash", "ms"), g(name, "torch", "ms")
     sp = t / o if o and t else None
     ot, tt = g(name, "dflash", "tflops"), g(name, "torch", "tflops")
     row(label, "%s ms (%s TF/s)" % (f(o, "%.2f"), f(ot)), "%s ms (%s TF/s)" % (f(t, "%.2f"), f(tt)), "",
-        f(sp, "%.2fx"), ">= 2x faster" if goal else "(info)", verdict(sp >= goal) if (goal and sp) else "-")
+        f(sp, "%.2fx"), ">= 1.25x (aim 2x)" if goal else "(info)", verdict(sp >= goal) if (goal and sp) else "-")
 for name, label in (("attn_causal_1x3072", "causal prefill attn 1x3072"), ("attn_causal_4x1024", "causal prefill attn 4x1024")):
     o, t = g(name, "dflash", "ms"), g(name, "torch", "ms")
     ot, tt = g(name, "dflash", "tflops"), g(name, "torch", "tflops")
@@ -122,17 +125,18 @@ t = (tf_ + tb_) * 1e3 if (tf_ is not None and tb_ is not None) else None
 row("  attention 1st fwd+bwd call", f(o and o / 1e3, "%.2f s"), f(t and t / 1e3, "%.1f s (compile)"), "",
     f(o and t and t / o, "%.0fx"), "(info)", "-")
 # step: ours (normal) vs torch without checkpointing; ours --recompute vs torch with per-layer checkpointing
-for on, tn, label in (("step", "step", "step (no recompute)"), ("step_recompute", "step_recompute", "step (recompute/ckpt)")):
+for on, tn, label, goal, mfu in (("step", "step", "step (no recompute)", 1.4, 0.57),
+                                 ("step_recompute", "step_recompute", "step (recompute/ckpt)", 1.3, None)):
     o, t = g(on, "dflash", "ms"), g(tn, "torch", "ms")
     sp = t / o if o and t else None
     om, tm = g(on, "dflash", "peak_gib"), g(tn, "torch", "peak_gib")
     mr = om / tm if om and tm else None
     row(label, "%s ms, %s GiB" % (f(o, "%.0f"), f(om)), "%s ms, %s GiB" % (f(t, "%.0f"), f(tm)), "",
-        "%s / mem %s" % (f(sp, "%.2fx"), f(mr, "%.2f")), ">= 1.6x, mem <= 0.6",
-        verdict(sp >= 1.6 and mr <= 0.6) if (sp and mr) else "-")
+        "%s / mem %s" % (f(sp, "%.2fx"), f(mr, "%.2f")), ">= %.1fx (aim 1.6x)" % goal,
+        verdict(sp >= goal) if sp else "-")
     om_, tm_ = g(on, "dflash", "mfu_989"), g(tn, "torch", "mfu_989")
     row("  MFU " + label.split(" ", 1)[1], f(om_ and 100 * om_, "%.1f%%"), f(tm_ and 100 * tm_, "%.1f%%"), "",
-        "-", ">= 55% of 989", verdict(om_ >= 0.55) if om_ else "-")
+        "-", ">= %.0f%% of 989" % (100 * mfu) if mfu else "(info)", verdict(om_ >= mfu) if (om_ and mfu) else "-")
     ot, tt = g(on, "dflash", "tokens_per_s"), g(tn, "torch", "tokens_per_s")
     row("  draft tok/s " + label.split(" ", 1)[1], f(ot, "%.0f"), f(tt, "%.0f"), "", f(ot and tt and ot / tt, "%.2fx"),
         "(info)", "-")
