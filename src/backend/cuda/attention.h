@@ -210,7 +210,7 @@ bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p);
 bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p);
 void attention_tc_init_attributes(int smem_optin);
 // Hopper warpgroup-MMA forward (attention_wgmma.cu): head dim exactly 128, 16-byte aligned tensors and
-// attn_wgmma_fwd_smem() bytes of dynamic shared memory (plus ~4.5 KiB static); returns false (launching nothing)
+// ~198 KiB of shared memory (attention_wgmma.cu: kFwdWgSmem + kFwdWgStatic); returns false (launching nothing)
 // otherwise, and in the emulator.
 // segs.n > 0: causal, several sequences in one launch (p.Tq = the longest; see AttnSegs).
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p, const AttnSegs& segs = AttnSegs{});
@@ -219,7 +219,6 @@ void attention_wgmma_init_attributes(int smem_optin);
 // launch_dflash_backward_tc once it has checked alignment: head dim 128, Tq <= 65536 and enough shared memory,
 // else false (launching nothing).
 bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p);
-size_t attn_wgmma_fwd_smem();
 // Shared memory of the tensor-core kernels for head dim D (64 or 128).
 size_t attn_tc_fwd_smem(int D);
 size_t attn_tc_dq_smem(int D);

@@ -64,8 +64,6 @@ constexpr size_t kFwdWgSmem = fwd_wg_smem(kFwdWgs, kFwdWgKeys);
 
 }  // namespace
 
-size_t attn_wgmma_fwd_smem() { return kFwdWgSmem; }
-
 #ifndef DFLASH_CUDA_EMU
 
 namespace {
@@ -148,19 +146,16 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// dQ's grid, rows_grid(query tiles, head groups, sequences) (and the order in which the persistent forward, k_fwd_wg,
-// numbers its items): blockIdx.x the head group (kv head x split), blockIdx.y the sequence (packed causal; else 0),
-// blockIdx.z the query tile counted from the last. CTAs
-// start in linear block order (x fastest), so the whole grid runs query tile slowest, the tiles with the most keys
-// first over every head group and sequence: one longest-first list (with the head group slowest, each group's short
-// tiles ran before the next group's long ones and the launch ended on a sawtooth; bench/NOTES.md 15).
+// dQ's grid, rows_grid(query tiles, head groups): blockIdx.x the head group (kv head x split), blockIdx.z the query
+// tile counted from the last (the persistent forward, k_fwd_wg, numbers its items in the same order). CTAs start in
+// linear block order (x fastest), so the whole grid runs query tile slowest, the tiles with the most keys first over
+// every head group: one longest-first list (with the head group slowest, each group's short tiles ran before the
+// next group's long ones and the launch ended on a sawtooth; bench/NOTES.md 15).
 // false (grid untouched) past 65535 query tiles (grid.z's limit: 2M queries at 32 per tile, 1M at 16): the caller
-// leaves the call to attention_tc.cu's kernels. (Packed sequences: the order follows the query tile index, which is
-// longest first as long as the sequences' query offsets are alike.)
-bool rows_grid(int64_t qtiles, int64_t head_groups, int seqs, dim3& grid) {
+// leaves the call to attention_tc.cu's kernels.
+bool rows_grid(int64_t qtiles, int64_t head_groups, dim3& grid) {
   if (qtiles > 65535 || head_groups > INT32_MAX) return false;
-  grid = dim3(static_cast<unsigned>(head_groups), static_cast<unsigned>(std::max(seqs, 1)),
-              static_cast<unsigned>(qtiles));
+  grid = dim3(static_cast<unsigned>(head_groups), 1, static_cast<unsigned>(qtiles));
   return true;
 }
 // This CTA's query tile under rows_grid (most keys first)
@@ -229,11 +224,11 @@ __device__ __forceinline__ bool tile_visible(const KeySpan& mine, bool s1, int k
 // attn_fwd_timeline_report() summarises them.
 constexpr int kTlMax = 16384;
 __device__ unsigned long long g_tl_clk[kTlMax][4], g_tl_ns[kTlMax][2];  // clk: entry, before, loop, epilogue
-__device__ unsigned long long g_tl_sub[kTlMax][8];  // the same split finer: kTlSub's parts
+constexpr int kTlSubs = 4;
+__device__ unsigned long long g_tl_sub[kTlMax][kTlSubs];  // the same split finer: kTlSub's parts
 __device__ int g_tl_sm[kTlMax], g_tl_nt[kTlMax], g_tl_items[kTlMax], g_tl_n;
 // before the loop: waiting for the item, reading and releasing it, waiting for Q; the epilogue: finish, O staged and
 // handed over
-constexpr int kTlSubs = 4;
 constexpr const char* kTlSub[kTlSubs] = {"item wait", "item read", "Q wait", "O staged"};
 __device__ __forceinline__ unsigned long long tl_ns() {
   unsigned long long t;
@@ -522,7 +517,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
     setmaxnreg_inc<224>();
     const int wgi = wga - 1;
 #ifdef DFLASH_FWD_TIMELINE
-    unsigned long long tl_mark = clock64(), tl_pre = 0, tl_loop = 0, tl_epi = 0, tl_sub[8] = {}, tl_m2 = tl_mark;
+    unsigned long long tl_mark = clock64(), tl_pre = 0, tl_loop = 0, tl_epi = 0, tl_sub[kTlSubs] = {}, tl_m2 = tl_mark;
     int tl_tiles = 0, tl_items = 0;
     const unsigned long long tl_ns0 = tl_ns();
 #endif
@@ -771,7 +766,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       g_tl_clk[c][1] = tl_pre;
       g_tl_clk[c][2] = tl_loop;
       g_tl_clk[c][3] = tl_epi;
-      for (int k = 0; k < 8; ++k) g_tl_sub[c][k] = tl_sub[k];
+      for (int k = 0; k < kTlSubs; ++k) g_tl_sub[c][k] = tl_sub[k];
       g_tl_ns[c][0] = tl_ns0;
       g_tl_ns[c][1] = tl_ns();
       if (c == 0) g_tl_n = static_cast<int>(gridDim.x);
@@ -1256,7 +1251,7 @@ void attn_fwd_timeline_report(const char* label) {
   cudaMemcpyFromSymbol(ns.data(), g_tl_ns, ns.size() * 8);
   cudaMemcpyFromSymbol(nt.data(), g_tl_nt, nt.size() * 4);
   cudaMemcpyFromSymbol(items.data(), g_tl_items, items.size() * 4);
-  std::vector<unsigned long long> sub(static_cast<size_t>(kTlMax) * 8);
+  std::vector<unsigned long long> sub(static_cast<size_t>(kTlMax) * kTlSubs);
   cudaMemcpyFromSymbol(sub.data(), g_tl_sub, sub.size() * 8);
   if (n == 0) return;
   unsigned long long t0 = ~0ull, t1 = 0;
@@ -1286,7 +1281,7 @@ void attn_fwd_timeline_report(const char* label) {
   std::printf("TIMELINE %s: per item (us):", label);
   for (int k = 0; k < kTlSubs; ++k) {
     double a = 0;
-    for (int i = 0; i < n; ++i) a += double(sub[i * 8 + k]);
+    for (int i = 0; i < n; ++i) a += double(sub[i * kTlSubs + k]);
     std::printf(" %s %.2f%s", kTlSub[k], a / ghz / std::max(nit, 1.0) / 1e3, k + 1 < kTlSubs ? "," : "\n");
   }
   std::fflush(stdout);
@@ -1344,7 +1339,7 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   attn_rows_tiling(p.nh, p.nkv, 64 * kDqWgs, p.hc, p.mq);
   p.nk = kDqWgKeys;
   dim3 grid_q;
-  if (!rows_grid((p.Tq + p.mq - 1) / p.mq, static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc), 0, grid_q))
+  if (!rows_grid((p.Tq + p.mq - 1) / p.mq, static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc), grid_q))
     return false;
   const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kDqWgKeys, p.q);
   if (p.window > 0)
