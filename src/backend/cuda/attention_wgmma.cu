@@ -15,11 +15,13 @@
 //    moves Q / K / V in and O out by TMA; 2 consumer warpgroups = 128 query rows ((query, head) pairs of one kv
 //    head, attn_rows_tiling) per item; consumer w owns rows 64 w .. 64 w + 63 (one m64 wgmma). 128-key K / V tiles
 //    in 2 stages with full / empty mbarriers, no CTA barrier; Q stays in shared memory as the A operand. Per tile
-//    and consumer: S = Q K^T (8 x m64n128k16), mask, online softmax in the log2 domain on the accumulator fragments
-//    (lazy rescaling), O += P V (P rounded to bf16 in registers, V read MN-major); tile t's softmax runs while tile
-//    t - 1's P V product does, and while the other consumer's products run. A consumer skips a tile none of its
-//    rows can see (uniform over its 128 threads). Items run longest first (causal: the last queries; DFlash: sorted
-//    anchors) over all head groups and sequences. O is staged in the item's own Q buffer and stored by TMA.
+//    and consumer: S = Q K^T (8 x m64n128k16; m64n64 on a half tile, where the consumer's keys end in the tile's
+//    first 64: the causal diagonal, DFlash's last context tile), mask, online softmax in the log2 domain on the
+//    accumulator fragments (lazy rescaling), O += P V (P rounded to bf16 in registers, V read MN-major); tile t's
+//    softmax runs while tile t - 1's P V product does, and while the other consumer's products run. A consumer skips
+//    a tile none of its rows can see (uniform over its 128 threads). Items run longest first (causal: the last
+//    queries; DFlash: sorted anchors) over all head groups and sequences. O is staged in the item's own Q buffer and
+//    stored by TMA.
 //  * dQ (k_dq_wg): the forward's tiling over 64-key tiles, double buffered, one barrier per tile: S = Q K^T,
 //    dP = dO V^T, P = exp2(S - lse), dS = P (dP - D), dQ += dS K (K read MN-major).
 //  * dK / dV (k_dkv_wg): one warpgroup per 64 keys; the visible 64-query chunks are listed first, then the items
@@ -568,12 +570,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       // more than kLazyLog2 (P <= 2^8 otherwise, far from fp32 / bf16 limits; O and l stay relative to the same m,
       // so the result is the same up to rounding); the decision is uniform over the warp, and when nothing moves the
       // O rescale is skipped (returns false).
-      auto softmax_tile = [&](float(&s)[NT * 4], bool s1, int kt, float(&alpha)[2], float(&rs)[2]) -> bool {
+      // W: the tile's width in 8-key column tiles (NT, or NT / 2 for a half tile: s[0 .. 4 W) only). (s is declared
+      // [KT / 2], not [NT * 4]: cudafe++ 13.0 crashes on a generic lambda's parameter sized by a local constexpr.)
+      auto softmax_tile = [&](auto w, float(&s)[KT / 2], bool s1, int kt, float(&alpha)[2], float(&rs)[2]) -> bool {
+        constexpr int W = decltype(w)::value;
         int lo[2], hi[2];
         seg_bounds<WIN>(s1, lo1, hi1, lo2, hi2, lo, hi);
         bool full = true;
         DFLASH_UNROLL
-        for (int i = 0; i < 2; ++i) full = full && kt >= lo[i] && kt + KT <= hi[i];
+        for (int i = 0; i < 2; ++i) full = full && kt >= lo[i] && kt + W * 8 <= hi[i];
         full = __all_sync(0xffffffffu, full);
         // (row maxima and sums over 4 partial values per row: dependency chains of 8 instead of 32, as only 2 warps
         // per scheduler hide the latency)
@@ -584,12 +589,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           for (int j = 0; j < 4; ++j) mx4[i][j] = -INFINITY;
         if (full) {
           DFLASH_UNROLL
-          for (int c = 0; c < NT; ++c)
+          for (int c = 0; c < W; ++c)
             DFLASH_UNROLL
             for (int e = 0; e < 4; ++e) mx4[e >> 1][(c & 1) * 2 + (e & 1)] = fmaxf(mx4[e >> 1][(c & 1) * 2 + (e & 1)], s[c * 4 + e]);
         } else {
           DFLASH_UNROLL
-          for (int c = 0; c < NT; ++c)
+          for (int c = 0; c < W; ++c)
             DFLASH_UNROLL
             for (int e = 0; e < 4; ++e) {
               const int i = e >> 1, key = kt + c * 8 + 2 * t4 + (e & 1);
@@ -622,7 +627,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         }
         float rs4[2][4] = {};
         DFLASH_UNROLL
-        for (int e = 0; e < NT * 4; ++e) {
+        for (int e = 0; e < W * 4; ++e) {
           s[e] = exp2_ftz(fmaf(s[e], sl2, -mref[(e >> 1) & 1]));
           rs4[(e >> 1) & 1][((e >> 2) & 1) * 2 + (e & 1)] += s[e];
         }
@@ -631,8 +636,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         return move;
       };
       // O and l rescaled by alpha (when m moved), then P (s) rounded to bf16 pairs: the A fragments of O += P V.
-      auto rescale_pack = [&](const float(&s)[NT * 4], bool moved, const float(&alpha)[2], const float(&rs)[2],
+      // (a half tile's P is zero past its 64 keys, so that a full-width P V product of it is right too)
+      auto rescale_pack = [&](auto w, const float(&s)[KT / 2], bool moved, const float(&alpha)[2], const float(&rs)[2],
                               uint32_t(&pa)[KT / 16][4]) {
+        constexpr int W = decltype(w)::value;
         l[0] = l[0] * alpha[0] + rs[0];
         l[1] = l[1] * alpha[1] + rs[1];
         if (moved)
@@ -640,8 +647,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           for (int e = 0; e < DT * 4; ++e) o[e] *= alpha[(e >> 1) & 1];
         DFLASH_UNROLL
         for (int c = 0; c < NT; ++c) {
-          pa[c >> 1][(c & 1) * 2 + 0] = wg::pack_bf16x2(s[c * 4 + 0], s[c * 4 + 1]);
-          pa[c >> 1][(c & 1) * 2 + 1] = wg::pack_bf16x2(s[c * 4 + 2], s[c * 4 + 3]);
+          pa[c >> 1][(c & 1) * 2 + 0] = c < W ? wg::pack_bf16x2(s[c * 4 + 0], s[c * 4 + 1]) : 0u;
+          pa[c >> 1][(c & 1) * 2 + 1] = c < W ? wg::pack_bf16x2(s[c * 4 + 2], s[c * 4 + 3]) : 0u;
         }
       };
 
@@ -672,40 +679,53 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           const bool s1 = t < nt1;
           const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
           const bool vis = t < nt && tile_visible<WIN>(mine, s1, kt, KT);
+          // a half tile: this warpgroup's keys of the tile end in its first KT / 2 (the causal diagonal's last tile
+          // for 32-query steps, DFlash's last context tile): S = Q K^T as m64n64, and P zero past those 64 keys.
+          // (Its P V product stays full width: a k64 variant of it beside this one made ptxas serialise every
+          // wgmma of the packed causal kernel for want of registers, C7511; bench/NOTES.md 17.)
+          const bool half = vis && (s1 ? mine.hi1 : mine.hi2) <= kt + KT / 2;
           auto turn = [&] { named_sync(kBarTurn + wgi, 256); };   // my turn to issue
           auto pass = [&] { named_arrive(kBarTurn + (wgi ^ 1), 256); };  // then the other consumer's
           // (each case issues and waits for its own products: ptxas serialises wgmma issued in one branch and
-          // waited for in another)
+          // waited for in another; so each width below is a branch of its own)
           const uint32_t tK = sK + stK * TB, tVp = sV + stV * TB;
           float s[NT * 4], alpha[2], rs[2];
-          if (vis && pending) {
+          using Full = std::integral_constant<int, NT>;
+          using Half = std::integral_constant<int, NT / 2>;
+          auto s_pv = [&](auto w) {  // S_t (W column tiles) and the pending P_{t-1} V_{t-1} (full width)
+            constexpr int W = decltype(w)::value;
+            auto& sw = reinterpret_cast<float(&)[W * 4]>(s);
             wg::pin(o);
             wg::pin(pa);
             turn();
             wg::fence();
-            wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
+            wg::gemm_ss_kmajor<W * 8, D / 16>(sw, sQw, ROWS, tK, KT);
             wg::commit();
             wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
             wg::commit();
             pass();
             wg::wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
-            wg::pin(s);
-            const bool moved = softmax_tile(s, s1, kt, alpha, rs);
+            wg::pin(sw);
+            const bool moved = softmax_tile(w, s, s1, kt, alpha, rs);
             wg::wait<0>();
             wg::pin(o);
             wg::pin(pa);
-            rescale_pack(s, moved, alpha, rs, pa);
-          } else if (vis) {
+            rescale_pack(w, s, moved, alpha, rs, pa);
+          };
+          auto s_only = [&](auto w) {  // S_t alone (nothing pending)
+            constexpr int W = decltype(w)::value;
+            auto& sw = reinterpret_cast<float(&)[W * 4]>(s);
             turn();
             wg::fence();
-            wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
+            wg::gemm_ss_kmajor<W * 8, D / 16>(sw, sQw, ROWS, tK, KT);
             wg::commit();
             pass();
             wg::wait<0>();
-            wg::pin(s);
-            const bool moved = softmax_tile(s, s1, kt, alpha, rs);
-            rescale_pack(s, moved, alpha, rs, pa);
-          } else if (pending) {
+            wg::pin(sw);
+            const bool moved = softmax_tile(w, s, s1, kt, alpha, rs);
+            rescale_pack(w, s, moved, alpha, rs, pa);
+          };
+          auto pv_only = [&] {  // P_{t-1} V_{t-1} alone (tile t unseen, or t = nt)
             wg::pin(o);
             wg::pin(pa);
             turn();
@@ -716,6 +736,19 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             wg::wait<0>();
             wg::pin(o);
             wg::pin(pa);
+          };
+          if (vis && pending) {
+            if (half)
+              s_pv(Half{});
+            else
+              s_pv(Full{});
+          } else if (vis) {
+            if (half)
+              s_only(Half{});
+            else
+              s_only(Full{});
+          } else if (pending) {
+            pv_only();
           } else {
             turn();
             pass();
