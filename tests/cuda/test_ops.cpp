@@ -506,6 +506,7 @@ TEST(CudaOps, AttentionCausalBatch) {
     // 3 query heads per kv head: 42-query tiles (not a multiple of 8: the wgmma forward's Q by cp.async, O by
     // 16-byte stores), a tile crossing each sequence's end
     causal_batch_case({100, 37, 300}, {0, 5, 0}, 6, 2, 128);
+    causal_batch_case({300, 200}, {0, 0}, 4, 4, 128);  // 128-query tiles: half and full width side by side
   }
 }
 
@@ -523,6 +524,9 @@ TEST(CudaOps, AttentionCausal) {
     causal_case(100, 100, 4, 2, 256);
     causal_case(200, 230, 6, 2, 128);  // 42-query tiles (as above)
     causal_case(40, 40, 96, 1, 128);   // 96 query heads on one kv head: 1-query tiles of 96 rows
+    // one query head per kv head: 128-query tiles, on each diagonal consumer 0's keys end in the tile's first 64
+    // (a half tile, m64n64) while consumer 1 runs the full width
+    causal_case(256, 256, 8, 8, 128);
   }
 }
 
@@ -629,6 +633,9 @@ TEST(CudaOps, DFlashAttentionLarge) {
   dflash_case("random anchors", 3072, 16, 32, 8, 128, sorted_anchors(3072, 64, 7), std::vector<uint8_t>(64, 1));
   dflash_case("random anchors", 2048, 16, 32, 8, 64, sorted_anchors(2048, 32, 8), std::vector<uint8_t>(32, 1));
   dflash_case("random anchors B10", 3000, 10, 4, 2, 128, sorted_anchors(3000, 64, 9), std::vector<uint8_t>(64, 1));
+  // one query head per kv head (128-query tiles of 8 blocks): the two consumers' context keys end at different
+  // anchors, so one may run a tile at half width (m64n64) while the other runs it whole
+  dflash_case("rep 1", 300, 16, 8, 8, 128, sorted_anchors(300, 16, 3), std::vector<uint8_t>(16, 1));
 }
 
 // Sliding-window draft layers (window > 0): context keys [a_j + i - (W-1), a_j), causal within the block. Windows

@@ -16,12 +16,12 @@
 //    head, attn_rows_tiling) per item; consumer w owns rows 64 w .. 64 w + 63 (one m64 wgmma). 128-key K / V tiles
 //    in 2 stages with full / empty mbarriers, no CTA barrier; Q stays in shared memory as the A operand. Per tile
 //    and consumer: S = Q K^T (8 x m64n128k16; m64n64 on a half tile, where the consumer's keys end in the tile's
-//    first 64: the causal diagonal, DFlash's last context tile), mask, online softmax in the log2 domain on the
-//    accumulator fragments (lazy rescaling), O += P V (P rounded to bf16 in registers, V read MN-major); tile t's
-//    softmax runs while tile t - 1's P V product does, and while the other consumer's products run. A consumer skips
-//    a tile none of its rows can see (uniform over its 128 threads). Items run longest first (causal: the last
-//    queries; DFlash: sorted anchors) over all head groups and sequences. O is staged in the item's own Q buffer and
-//    stored by TMA.
+//    first 64: causal diagonals, DFlash's block tiles and last context tiles), mask, online softmax in the log2
+//    domain on the accumulator fragments (lazy rescaling), O += P V (P rounded to bf16 in registers, V read
+//    MN-major); tile t's softmax runs while tile t - 1's P V product does, and while the other consumer's products
+//    run. A consumer skips a tile none of its rows can see (uniform over its 128 threads). Items run longest first
+//    (causal: the last queries; DFlash: sorted anchors) over all head groups and sequences. O is staged in the item's
+//    own Q buffer and stored by TMA.
 //  * dQ (k_dq_wg): the forward's tiling over 64-key tiles, double buffered, one barrier per tile: S = Q K^T,
 //    dP = dO V^T, P = exp2(S - lse), dS = P (dP - D), dQ += dS K (K read MN-major).
 //  * dK / dV (k_dkv_wg): one warpgroup per 64 keys; the visible 64-query chunks are listed first, then the items
@@ -679,8 +679,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           const bool s1 = t < nt1;
           const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
           const bool vis = t < nt && tile_visible<WIN>(mine, s1, kt, KT);
-          // a half tile: this warpgroup's keys of the tile end in its first KT / 2 (the causal diagonal's last tile
-          // for 32-query steps, DFlash's last context tile): S = Q K^T as m64n64, and P zero past those 64 keys.
+          // a half tile: this warpgroup's keys of the tile end in its first KT / 2 (a causal diagonal where the
+          // queries sit low in it; DFlash's block tile, B <= 64 keys, and often its last context tile): S = Q K^T as
+          // m64n64, and P zero past those 64 keys. The other consumer may run the same tile whole.
           // (Its P V product stays full width: a k64 variant of it beside this one made ptxas serialise every
           // wgmma of the packed causal kernel for want of registers, C7511; bench/NOTES.md 17.)
           const bool half = vis && (s1 ? mine.hi1 : mine.hi2) <= kt + KT / 2;
