@@ -40,13 +40,17 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 // Waits until the phase of parity `parity` (0 for the 1st, 3rd, ... completion; 1 for the 2nd, ...) has completed.
+// try_wait with a suspend-time hint (kMbarSuspendNs; PTX ISA, mbarrier.try_wait): the waiting thread sleeps until
+// the phase completes or the hint's time passes (then it asks again), instead of the system's default limit, so that
+// waiting warps leave the issue slots to the warps that compute (CUTLASS's ClusterBarrier::wait uses the same 10 ms).
+constexpr uint32_t kMbarSuspendNs = 10000000;
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
     asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(bar), "r"(parity)
+        : "r"(bar), "r"(parity), "r"(kMbarSuspendNs)
         : "memory");
   } while (!done);
 }
