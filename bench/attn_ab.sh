@@ -13,7 +13,8 @@
 #      timeline, -DDFLASH_FWD_TIMELINE, of every tree), ARGS (more bench_attention arguments, e.g. "--window 64"),
 #      TEST_TIMEOUT / BENCH_TIMEOUT (seconds for the op table / each bench run, default 300 / 120: a kernel that
 #      hangs costs that much of the call, not all of it; rc 124 in the output).
-# Prints the working tree's op-table count, then per run "== NAME" for each tree and "== new" for the working tree,
+# Prints the working tree's op-table count, then per run "== NAME" for each tree and "== new" for the working tree
+# (odd runs in that order, even runs the working tree first),
 # with the bench's exit status and its RESULT lines (attn_fwd, attn_fwd_bwd, attn_causal_*, attn_error), then the
 # TIMELINE lines. The logs come back in $OUT/logs_ab.tgz (the device returns at most 8 files).
 set -u
@@ -58,7 +59,11 @@ if [ "$TESTS" = 1 ]; then
   grep -E "^\[  PASSED|^\[  FAILED|^\[  FAILED  \]| FAIL$" "$OUT/tests.log" | head -20
 fi
 for r in $(seq 1 "${RUNS:-2}"); do
-  for side in "${NAMES[@]}" new; do
+  # (odd runs time the base trees first, even runs the working tree first: whichever runs second in a pair may run
+  # at a lower clock after the first's load, so a fixed order would bias every comparison one way)
+  order=("${NAMES[@]}" new)
+  [ $((r % 2)) = 0 ] && order=(new "${NAMES[@]}")
+  for side in "${order[@]}"; do
     B=$([ $side = new ] && echo build-cuda || echo "/tmp/ab-build-$side")
     # shellcheck disable=SC2086
     timeout "${BENCH_TIMEOUT:-120}" "$B/bench_attention" --budget-s "${BUDGET_S:-2}" ${ARGS:-} >"$OUT/bench_${side}_$r.log" 2>&1

@@ -258,7 +258,7 @@ enum FwdItemField : int { kItQ0, kItH0, kItRb, kItTq, kItG, kItZ, kItNt1, kItNt,
 constexpr int kFwdSlots = 2;
 // k_fwd_wg's static shared memory (sHdr, sRows, sOut, sBar, and slack for their alignment): the launcher's and
 // init_attributes' headroom beside the dynamic kFwdWgSmem
-constexpr size_t kFwdWgStatic = sizeof(int) * kFwdSlots * (kItFields + 5) + 16 * kFwdSlots * 64 * kFwdWgs +
+constexpr size_t kFwdWgStatic = sizeof(int) * kFwdSlots * (kItFields + 5) + 16 * kFwdSlots * 64 * kFwdWgs + 8 * 128 * kFwdWgs +
                                 8 * (4 * kFwdSlots + 4 * kFwdStages) + 64;
 
 // The forward, persistent and warp-specialised (FlashAttention-3's design, arXiv 2407.08608 section 3.1): a CTA of
@@ -299,6 +299,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
   __shared__ int sHdr[kFwdSlots][kItFields];  // the item slots: FwdItemField's header
   __shared__ int4 sRows[kFwdSlots][ROWS];     // and each row's lo1, hi1, lo2, hi2
   __shared__ int sOut[kFwdSlots][5];          // Q buffer b's item (for its O): q0, h0, rb, Tq, O-full phase
+  __shared__ float2 sInv[128 * NWG];          // a consumer thread's two rows' 1 / l, for its last item's O
   // mbarriers: item full / empty (per slot), Q full / O full (per buffer: Q landed; the consumers' O staged in it);
   // per stage K full, V full (the TMA bytes), K empty, V empty (every consumer warp read it)
   __shared__ alignas(8) uint64_t sBar[4 * kFwdSlots + 4 * NS];
@@ -524,7 +525,21 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
     const unsigned long long tl_ns0 = tl_ns();
 #endif
     const float sl2 = p.scale * kLog2e;
-    uint32_t kc = 0;                                 // K / V tiles consumed so far, as the producer's count
+    // The pipeline runs on across items: the P V product of an item's last tile is issued with the next item's first
+    // S product (or alone in its first iteration), and the item's O is staged after it, at the end of that iteration.
+    // So a consumer's epilogue and item change cost no turn of their own (before, each item began with an S product
+    // that had no P V under it and ended with a P V alone, then the epilogue, while the other consumer waited at its
+    // turn; bench/NOTES.md 18). A sentinel item (nt < 0) runs one last iteration for the last item's P V and O.
+    uint32_t kc = 0;             // K / V tiles consumed so far, as the producer's count
+    float o[DT * 4];             // O of the current item; until the end of the next item's first iteration, the last's
+    uint32_t pa[KT / 16][4] = {};
+    bool pending = false;        // pa holds P of tile kc - 1, whose P V product has not been issued
+    bool vwait = false;          // V of tile kc - 1 not waited for and released yet
+    // (the last item's O waits in o until the end of the next item's first iteration, to be staged in the other Q
+    // buffer, qb ^ 1, scaled by its 1 / l: sInv, this thread's two rows')
+    static_assert(kFwdSlots == 2, "the last item's Q buffer is qb ^ 1");
+    DFLASH_UNROLL
+    for (int e = 0; e < DT * 4; ++e) o[e] = 0.f;
     if (wgi == 1) named_arrive(kBarTurn + 0, 256);  // warpgroup 0 issues first
     for (int n = 0;; ++n) {
       const int slot = n % kFwdSlots, qb = slot;
@@ -532,33 +547,29 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       mbar_wait(bItemF + 8 * slot, ph);
       DFLASH_TL_SUB(0);
       const int* hdr = sHdr[slot];
-      const int nt = hdr[kItNt];
-      if (nt < 0) break;
-      const int q0 = hdr[kItQ0], h0 = hdr[kItH0], rb = hdr[kItRb], Tq = hdr[kItTq], nt1 = hdr[kItNt1],
-                elo1 = hdr[kItElo1], elo = hdr[kItElo];
-      const KeySpan mine = {hdr[kItMine + 4 * wgi], hdr[kItMine + 4 * wgi + 1], hdr[kItMine + 4 * wgi + 2],
-                            hdr[kItMine + 4 * wgi + 3]};
-      int lo1[2], hi1[2], lo2[2], hi2[2];
-      bool rok[2];
-      int64_t orow[2];
-      DFLASH_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        const int r = wgi * 64 + warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
-        const int4 b = sRows[slot][r];
-        lo1[i] = b.x;
-        hi1[i] = b.y;
-        lo2[i] = b.z;
-        hi2[i] = b.w;
-        rok[i] = hh < hc && qi < Tq;
-        orow[i] = (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D;
+      const bool fin = hdr[kItNt] < 0;  // the sentinel: no item, only the last one's P V and O
+      const int nt = fin ? 0 : hdr[kItNt];
+      int nt1 = 0, elo1 = 0, elo = 0;
+      KeySpan mine = {0, 0, 0, 0};
+      int lo1[2] = {0, 0}, hi1[2] = {0, 0}, lo2[2] = {0, 0}, hi2[2] = {0, 0};
+      if (!fin) {
+        nt1 = hdr[kItNt1];
+        elo1 = hdr[kItElo1];
+        elo = hdr[kItElo];
+        mine = {hdr[kItMine + 4 * wgi], hdr[kItMine + 4 * wgi + 1], hdr[kItMine + 4 * wgi + 2], hdr[kItMine + 4 * wgi + 3]};
+        DFLASH_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          const int4 b = sRows[slot][wgi * 64 + warp * 16 + (lane >> 2) + 8 * i];
+          lo1[i] = b.x;
+          hi1[i] = b.y;
+          lo2[i] = b.z;
+          hi2[i] = b.w;
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bItemE + 8 * slot);
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bItemE + 8 * slot);
       DFLASH_TL_SUB(1);
 
-      float o[DT * 4];
-      DFLASH_UNROLL
-      for (int e = 0; e < DT * 4; ++e) o[e] = 0.f;
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
       const uint32_t sQb = sQ + qb * QB, sQw = sQb + wgi * 64 * 128;  // this warpgroup's 64 rows in each Q panel
 
@@ -635,8 +646,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         for (int i = 0; i < 2; ++i) rs[i] = (rs4[i][0] + rs4[i][1]) + (rs4[i][2] + rs4[i][3]);
         return move;
       };
-      // O and l rescaled by alpha (when m moved), then P (s) rounded to bf16 pairs: the A fragments of O += P V.
-      // (a half tile's P is zero past its 64 keys, so that a full-width P V product of it is right too)
+      // l rescaled by alpha, and O when m moved (in an item's first iteration O still holds the last item's, which is
+      // staged at its end: this item's is zero, so nothing to rescale); then P (s) rounded to bf16 pairs: the A
+      // fragments of O += P V. (a half tile's P is zero past its 64 keys, so that a full-width P V product of it is
+      // right too)
       auto rescale_pack = [&](auto w, const float(&s)[KT / 2], bool moved, const float(&alpha)[2], const float(&rs)[2],
                               uint32_t(&pa)[KT / 16][4]) {
         constexpr int W = decltype(w)::value;
@@ -653,38 +666,39 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       };
 
       {
-        // FlashAttention-3's intra-warpgroup overlap (arXiv 2407.08608, 3.2): iteration t issues S_t = Q K_t^T and
-        // then O += P_{t-1} V_{t-1}, waits for S_t only, and runs tile t's softmax while the P V product runs;
-        // iteration nt only finishes the last P V. P_{t-1} is pending (held in pa) when this warpgroup saw tile
-        // t - 1. So V lags K by one tile: iteration t waits for K_t and V_{t-1}.
+        // FlashAttention-3's intra-warpgroup overlap (arXiv 2407.08608, 3.2): an iteration issues S_t = Q K_t^T and
+        // then the pending O += P V of the tile before (this item's, or the last item's last), waits for S_t only,
+        // and runs tile t's softmax while the P V product runs. So V lags K by one tile: iteration t waits for K_t and
+        // for the V of the tile consumed before it (ring index kc + t - 1).
         // And its ping-pong of the two consumers (3.1): each issues its products after the other has issued its own
-        // (named barriers kBarTurn + w; the turns run on across items, and consumer 0 takes the last one when no
-        // item is left), so one warpgroup's softmax runs under the other's products. A warpgroup waits for tile t's
-        // K and tile t - 1's V on their full mbarriers also when it skips them, so that its releases count towards
-        // the right phase.
-        uint32_t pa[KT / 16][4] = {};
-        bool pending = false;
-        mbar_wait(bQF + 8 * qb, ph);
+        // (named barriers kBarTurn + w; the turns run on across items, and consumer 0 takes the last one after the
+        // sentinel), so one warpgroup's softmax runs under the other's products. A warpgroup waits for every K and V
+        // on their full mbarriers also when it skips them, so that its releases count towards the right phase.
+        // An item has max(nt, 1) iterations (the first stages the last item's O), the sentinel one.
+        if (!fin) mbar_wait(bQF + 8 * qb, ph);
         DFLASH_TL_SUB(2);  // (Q came by TMA, or by copies the item warp fenced for the async proxy)
         DFLASH_TL_MARK(tl_pre);
 #ifdef DFLASH_FWD_TIMELINE
         tl_tiles += nt;
-        ++tl_items;
+        tl_items += !fin;
 #endif
-        for (int t = 0; t <= nt; ++t) {
-          const uint32_t ik = kc + t, iv = ik - 1;  // K_t's and V_{t-1}'s ring index
+        const int nit = nt > 0 ? nt : 1;
+        for (int t = 0; t < nit; ++t) {
+          const bool kin = t < nt;                   // K_t exists (ring index ik)
+          const uint32_t ik = kc + t, iv = ik - 1;    // K_t's and the pending V's ring index
           const int stK = ik % NS, stV = iv % NS;
-          if (t < nt) mbar_wait(bFullK + 8 * stK, (ik / NS) & 1);
-          if (t > 0) mbar_wait(bFullV + 8 * stV, (iv / NS) & 1);
+          if (kin) mbar_wait(bFullK + 8 * stK, (ik / NS) & 1);
+          if (vwait) mbar_wait(bFullV + 8 * stV, (iv / NS) & 1);
           const bool s1 = t < nt1;
           const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
-          const bool vis = t < nt && tile_visible<WIN>(mine, s1, kt, KT);
+          const bool vis = kin && tile_visible<WIN>(mine, s1, kt, KT);
           // a half tile: this warpgroup's keys of the tile end in its first KT / 2 (a causal diagonal where the
           // queries sit low in it; DFlash's block tile, B <= 64 keys, and often its last context tile): S = Q K^T as
           // m64n64, and P zero past those 64 keys. The other consumer may run the same tile whole.
           // (Its P V product stays full width: a k64 variant of it beside this one made ptxas serialise every
           // wgmma of the packed causal kernel for want of registers, C7511; bench/NOTES.md 17.)
           const bool half = vis && (s1 ? mine.hi1 : mine.hi2) <= kt + KT / 2;
+          const bool rescale = t > 0;  // (see rescale_pack)
           auto turn = [&] { named_sync(kBarTurn + wgi, 256); };   // my turn to issue
           auto pass = [&] { named_arrive(kBarTurn + (wgi ^ 1), 256); };  // then the other consumer's
           // (each case issues and waits for its own products: ptxas serialises wgmma issued in one branch and
@@ -693,7 +707,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           float s[NT * 4], alpha[2], rs[2];
           using Full = std::integral_constant<int, NT>;
           using Half = std::integral_constant<int, NT / 2>;
-          auto s_pv = [&](auto w) {  // S_t (W column tiles) and the pending P_{t-1} V_{t-1} (full width)
+          auto s_pv = [&](auto w) {  // S_t (W column tiles) and the pending P V (full width)
             constexpr int W = decltype(w)::value;
             auto& sw = reinterpret_cast<float(&)[W * 4]>(s);
             wg::pin(o);
@@ -705,13 +719,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             wg::gemm_rs_mnmajor<D, KT / 16>(o, pa, tVp, KT);
             wg::commit();
             pass();
-            wg::wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
+            wg::wait<1>();  // S_t is ready; the P V product may still run
             wg::pin(sw);
             const bool moved = softmax_tile(w, s, s1, kt, alpha, rs);
             wg::wait<0>();
             wg::pin(o);
             wg::pin(pa);
-            rescale_pack(w, s, moved, alpha, rs, pa);
+            rescale_pack(w, s, moved && rescale, alpha, rs, pa);
           };
           auto s_only = [&](auto w) {  // S_t alone (nothing pending)
             constexpr int W = decltype(w)::value;
@@ -724,9 +738,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             wg::wait<0>();
             wg::pin(sw);
             const bool moved = softmax_tile(w, s, s1, kt, alpha, rs);
-            rescale_pack(w, s, moved, alpha, rs, pa);
+            rescale_pack(w, s, moved && rescale, alpha, rs, pa);
           };
-          auto pv_only = [&] {  // P_{t-1} V_{t-1} alone (tile t unseen, or t = nt)
+          auto pv_only = [&] {  // the pending P V alone (tile t unseen, or the sentinel's iteration)
             wg::pin(o);
             wg::pin(pa);
             turn();
@@ -755,38 +769,62 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             pass();
           }
           pending = vis;
-          if (lane == 0) {  // this warp is done with K_t and V_{t-1}
-            if (t < nt) mbar_arrive(bEmptyK + 8 * stK);
-            if (t > 0) mbar_arrive(bEmptyV + 8 * stV);
+          if (lane == 0) {  // this warp is done with K_t and the pending V
+            if (kin) mbar_arrive(bEmptyK + 8 * stK);
+            if (vwait) mbar_arrive(bEmptyV + 8 * stV);
+          }
+          vwait = kin;
+          if (t == 0 && n > 0) {
+            // the last item's O / l as bf16 into this warpgroup's own rows of its Q buffer (its last S product has
+            // read them; the swizzle keeps the fragment writes free of bank conflicts), fenced for the TMA store
+            // (async proxy), and the buffer handed to the item warp, which stores it (4-byte stores straight from
+            // the fragments touch 8 rows per warp instruction, bench/NOTES.md 14; 16-byte stores from here held the
+            // consumers ~1 us per item, 16); then O = 0 for this item
+#ifdef DFLASH_FWD_TIMELINE
+            tl_m2 = clock64();
+#endif
+            const uint32_t eQb = sQ + (qb ^ 1) * QB;
+            const float2 einv = sInv[tid - 128];
+            const int r0 = wgi * 64 + warp * 16 + (lane >> 2);
+            DFLASH_UNROLL
+            for (int i = 0; i < 2; ++i)
+              DFLASH_UNROLL
+              for (int c = 0; c < DT; ++c)
+                st_shared_b32(eQb + (c >> 3) * (ROWS * 128) + wg::sw128_offset(r0 + 8 * i, (c & 7) * 8 + 2 * t4),
+                              wg::pack_bf16x2(o[c * 4 + 2 * i] * (i ? einv.y : einv.x), o[c * 4 + 2 * i + 1] * (i ? einv.y : einv.x)));
+            wg::fence_proxy_async();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bOF + 8 * (qb ^ 1));
+            DFLASH_UNROLL
+            for (int e = 0; e < DT * 4; ++e) o[e] = 0.f;
+            DFLASH_TL_SUB(3);
           }
         }
         kc += nt;
       }
       DFLASH_TL_MARK(tl_loop);
+      if (fin) break;
+      // the item's row sums and lse (attn_fwd_finish) now; its O once its last P V product has run (above)
+      // (the item's q0, h0, rb, Tq from sOut[qb], which the item warp wrote before Q's arrival and keeps until it
+      // has stored this item's O: not held in registers through the loop)
+      float inv[2];
+      {
+        const int q0 = sOut[qb][0], h0 = sOut[qb][1], rb = sOut[qb][2], Tq = sOut[qb][3];
+        bool rok[2];
+        int64_t orow[2];
+        DFLASH_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          const int r = wgi * 64 + warp * 16 + (lane >> 2) + 8 * i, hh = r / mq, qi = q0 + r % mq;
+          rok[i] = hh < hc && qi < Tq;
+          orow[i] = (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D;
+        }
+        attn_fwd_finish(p, D, rok, orow, l, m, t4, inv);
+      }
+      sInv[tid - 128] = make_float2(inv[0], inv[1]);
+      DFLASH_TL_MARK(tl_epi);
 #ifdef DFLASH_FWD_TIMELINE
       tl_m2 = tl_mark;
 #endif
-      // The epilogue: attn_fwd_finish (row sums, lse), then O / l as bf16 into this warpgroup's own rows of the
-      // item's Q buffer (its last S product has read them; the swizzle keeps the fragment writes free of bank
-      // conflicts), fenced for the TMA store (async proxy), and the buffer handed to the item warp, which stores it
-      // (4-byte stores straight from the fragments touch 8 rows per warp instruction, bench/NOTES.md 14; 16-byte
-      // stores from here held the consumers ~1 us per item, 16).
-      {
-        float inv[2];
-        attn_fwd_finish(p, D, rok, orow, l, m, t4, inv);
-        const int r0 = wgi * 64 + warp * 16 + (lane >> 2);
-        DFLASH_UNROLL
-        for (int i = 0; i < 2; ++i)
-          DFLASH_UNROLL
-          for (int c = 0; c < DT; ++c)
-            st_shared_b32(sQb + (c >> 3) * (ROWS * 128) + wg::sw128_offset(r0 + 8 * i, (c & 7) * 8 + 2 * t4),
-                          wg::pack_bf16x2(o[c * 4 + 2 * i] * inv[i], o[c * 4 + 2 * i + 1] * inv[i]));
-        wg::fence_proxy_async();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bOF + 8 * qb);
-        DFLASH_TL_SUB(3);
-      }
-      DFLASH_TL_MARK(tl_epi);
     }
     if (wgi == 0) named_sync(kBarTurn + 0, 256);  // consumer 1's pass after its last tile
 #ifdef DFLASH_FWD_TIMELINE
