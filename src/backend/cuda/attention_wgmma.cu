@@ -27,7 +27,7 @@
 //  * dK / dV (k_dkv_wg): one warpgroup per 64 keys; the visible 64-query chunks are listed first, then the items
 //    (chunk, head) run last chunk first with Q / dO double buffered: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
 //    dK += dS^T Q. Deterministic: every gradient element is summed by one thread in a fixed order and written once.
-// bench/NOTES.md 9-16 has every variant tried, with its prediction and outcome.
+// bench/NOTES.md 9-18 has every variant tried, with its prediction and outcome.
 // Numerics as attention_tc.cu: fp32 accumulation, P and dS rounded to bf16 for the second products (tests/cuda
 // compares attention by normalised mean square error for that reason).
 #include <algorithm>
@@ -278,7 +278,8 @@ constexpr size_t kFwdWgStatic = sizeof(int) * kFwdSlots * (kItFields + 5) + 16 *
 //    - the K / V warp (warp 0, lane 0): the item's tiles by TMA into the NS-stage ring (a tile index that runs on
 //      across items), each once both consumers have released the stage's previous tile.
 //  * Warpgroups 1 .. NWG are the consumers (setmaxnreg 224): per item the key loop of the non-persistent design
-//    before it (bench/NOTES.md 9-15), then O / l staged in the item's Q buffer for the item warp.
+//    before it (bench/NOTES.md 9-15), its pipeline carried on into the next item (the last tile's P V product issued
+//    with the next item's first S), then O / l staged in the item's Q buffer for the item warp (bench/NOTES.md 18).
 // So the per-item work that had cost 3.5-4.5 us per CTA before and after the loop (bench/NOTES.md 14: Q's copies,
 // row bounds, span gathering, the O stores, the CTA's start and drain) runs on the producer under the consumers'
 // products (bench/NOTES.md 16).
