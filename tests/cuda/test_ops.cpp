@@ -638,6 +638,26 @@ TEST(CudaOps, DFlashAttentionLarge) {
   dflash_case("rep 1", 300, 16, 8, 8, 128, sorted_anchors(300, 16, 3), std::vector<uint8_t>(16, 1));
 }
 
+// The persistent forward's items run one after another on a CTA, its pipeline carried from one item into the next
+// (k_fwd_wg, bench/NOTES.md 18): shapes with several items per CTA (at 132 SMs) for each path an item can take: 32-,
+// 42- (Q by cp.async, O by 16-byte stores, decode), 128- (the consumers' spans differ), 1- and 64-query tiles, packed
+// sequences whose tiles cross a sequence's end, and DFlash items that see no key (padding blocks) first, between real
+// items and last in their CTAs (the last staged by the sentinel iteration).
+TEST(CudaOps, AttentionPersistentItems) {
+  if (kEmu) GTEST_SKIP() << "the emulator runs the mma.sync kernels (no persistent forward)";
+  causal_case(2048, 2048, 32, 8, 128);   // 32-query tiles: 512 items, up to 4 per CTA
+  causal_case(2048, 2100, 24, 8, 128);   // 42-query tiles, decode (q_offset 52): 392 items
+  causal_case(2048, 2048, 32, 32, 128);  // 128-query tiles: 512 items
+  causal_case(512, 512, 96, 1, 128);     // 1-query tiles of 96 rows: 512 items
+  causal_case(4096, 4096, 16, 8, 128);   // 64-query tiles: 512 items
+  causal_batch_case({1000, 37, 700, 300}, {0, 5, 0, 100}, 24, 8, 128);  // 42-query tiles across sequence ends
+  causal_batch_case({900, 5, 1500, 130}, {0, 0, 7, 0}, 16, 16, 128);    // 128-query tiles, packed
+  std::vector<uint8_t> v(96, 1);
+  for (int j : {0, 1, 40, 41, 42, 43, 44, 45, 46, 47, 92, 93, 94, 95}) v[j] = 0;
+  dflash_case("padding between items", 2048, 16, 32, 8, 128, sorted_anchors(2048, 96, 21), v);
+  dflash_case("padding between items, window", 2048, 16, 32, 8, 128, sorted_anchors(2048, 96, 21), v, nullptr, 100);
+}
+
 // Sliding-window draft layers (window > 0): context keys [a_j + i - (W-1), a_j), causal within the block. Windows
 // narrower than the block, about the block, spanning several key tiles; windows starting mid-tile; padding blocks.
 TEST(CudaOps, DFlashAttentionSlidingWindow) {

@@ -231,7 +231,9 @@ __device__ unsigned long long g_tl_sub[kTlMax][kTlSubs];  // the same split fine
 __device__ int g_tl_sm[kTlMax], g_tl_nt[kTlMax], g_tl_items[kTlMax], g_tl_n;
 // before the loop: waiting for the item, reading and releasing it, waiting for Q; the epilogue: finish, O staged and
 // handed over
-constexpr const char* kTlSub[kTlSubs] = {"item wait", "item read", "Q wait", "O staged"};
+// (O is staged inside the next item's first loop iteration, bench/NOTES.md 18, and not timed: timers inside the loop
+// made ptxas serialise the consumers' wgmma, C7511)
+constexpr const char* kTlSub[kTlSubs] = {"item wait", "item read", "Q wait", "finish"};
 __device__ __forceinline__ unsigned long long tl_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -781,9 +783,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             // (async proxy), and the buffer handed to the item warp, which stores it (4-byte stores straight from
             // the fragments touch 8 rows per warp instruction, bench/NOTES.md 14; 16-byte stores from here held the
             // consumers ~1 us per item, 16); then O = 0 for this item
-#ifdef DFLASH_FWD_TIMELINE
-            tl_m2 = clock64();
-#endif
             const uint32_t eQb = sQ + (qb ^ 1) * QB;
             const float2 einv = sInv[tid - 128];
             const int r0 = wgi * 64 + warp * 16 + (lane >> 2);
@@ -798,12 +797,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             if (lane == 0) mbar_arrive(bOF + 8 * (qb ^ 1));
             DFLASH_UNROLL
             for (int e = 0; e < DT * 4; ++e) o[e] = 0.f;
-            DFLASH_TL_SUB(3);
           }
         }
         kc += nt;
       }
       DFLASH_TL_MARK(tl_loop);
+#ifdef DFLASH_FWD_TIMELINE
+      tl_m2 = tl_mark;
+#endif
       if (fin) break;
       // the item's row sums and lse (attn_fwd_finish) now; its O once its last P V product has run (above)
       // (the item's q0, h0, rb, Tq from sOut[qb], which the item warp wrote before Q's arrival and keeps until it
@@ -822,6 +823,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         attn_fwd_finish(p, D, rok, orow, l, m, t4, inv);
       }
       sInv[tid - 128] = make_float2(inv[0], inv[1]);
+      DFLASH_TL_SUB(3);
       DFLASH_TL_MARK(tl_epi);
 #ifdef DFLASH_FWD_TIMELINE
       tl_m2 = tl_mark;
