@@ -229,10 +229,9 @@ __device__ unsigned long long g_tl_clk[kTlMax][4], g_tl_ns[kTlMax][2];  // clk: 
 constexpr int kTlSubs = 4;
 __device__ unsigned long long g_tl_sub[kTlMax][kTlSubs];  // the same split finer: kTlSub's parts
 __device__ int g_tl_sm[kTlMax], g_tl_nt[kTlMax], g_tl_items[kTlMax], g_tl_n;
-// before the loop: waiting for the item, reading and releasing it, waiting for Q; the epilogue: finish, O staged and
-// handed over
-// (O is staged inside the next item's first loop iteration, bench/NOTES.md 18, and not timed: timers inside the loop
-// made ptxas serialise the consumers' wgmma, C7511)
+// before the loop: waiting for the item, reading and releasing it, waiting for Q; the epilogue: the item's finish (row
+// sums, lse). (Its O is staged inside the next item's first loop iteration, bench/NOTES.md 18, and not timed there:
+// timers inside the loop made ptxas serialise the consumers' wgmma, C7511.)
 constexpr const char* kTlSub[kTlSubs] = {"item wait", "item read", "Q wait", "finish"};
 __device__ __forceinline__ unsigned long long tl_ns() {
   unsigned long long t;
