@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <climits>
 #include <type_traits>
+#include <utility>
 #ifdef DFLASH_FWD_TIMELINE
 #include <cstdio>
 #include <vector>
@@ -254,6 +255,16 @@ __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
+// Programmatic dependent launch (sm_90; CUDA C++ Programming Guide 4.5, PTX ISA "griddepcontrol"). A kernel launched
+// with launch_pdl may start while the kernel before it on the stream is still running (once every CTA of that one
+// has executed pdl_trigger, or exited). pdl_wait blocks the calling thread until every such prerequisite grid has
+// completed and its memory operations are visible; without the launch attribute both are no-ops. k_fwd_wg triggers
+// at its start (so the next forward's CTAs take the SMs this one's leave, set up and wait: back to back, as a
+// prefill's layers run) and waits before its first global access (bench/NOTES.md 19: causal 4 x 1024 +1%; the same
+// for the backward's two kernels bought nothing and was not kept).
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 // The forward's item hand-over (shared memory, kFwdSlots slots): the header's fields and each row's visible keys.
 enum FwdItemField : int { kItQ0, kItH0, kItRb, kItTq, kItG, kItZ, kItNt1, kItNt, kItElo1, kItElo, kItMine, kItFields = kItMine + 8 };
 constexpr int kFwdSlots = 2;
@@ -335,6 +346,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
     // ---- the producer: warp 0 streams K / V, warp 1 hands the items over and moves Q in and O out ----
     setmaxnreg_dec<56>();
     if (warp >= 2 || (warp == 0 && lane != 0)) return;
+    // every global access of the CTA is the producer's or follows an item it handed over (an mbarrier): its wait
+    // orders them all after the previous kernels
+    pdl_trigger();
+    pdl_wait();
     if (warp == 0) {
       // K / V: the item's tiles into the NS-stage ring (a tile index kc that runs on across items), in the order the
       // consumers wait for them: K_0, then K_{j+1} before V_j
@@ -1268,6 +1283,26 @@ void attention_wgmma_init_attributes(int smem_optin) {
 }
 
 namespace {
+// Launches kernel(args...) on the stream with programmatic stream serialisation (the CUDA runtime's
+// cudaLaunchAttributeProgrammaticStreamSerialization): it may begin before the stream's previous kernel has
+// completed, as pdl_trigger / pdl_wait above allow. Throws, naming the kernel, if the launch fails.
+template <class... P, class... A>
+void launch_pdl(const char* name, dim3 grid, int threads, size_t smem, cudaStream_t stream, void (*kernel)(P...),
+                A&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+  if (err != cudaSuccess) fail(cat("CUDA kernel ", name, " failed to launch: ", cudaGetErrorString(err)));
+}
+
 // The TMA map of a [T, heads, 128] bf16 tensor at base (16-byte aligned; K / V, or dK/dV's Q / dO): dimensions
 // (128, heads, T) innermost first, boxes of 64 columns x 1 head x box_rows rows (128 bytes per box row: one SW128 panel,
 // CU_TENSOR_MAP_SWIZZLE_128B as wgmma.cuh lays it out), rows past T zero-filled. An absent tensor (T = 0) gets a
@@ -1389,17 +1424,15 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
       sm.k[z] = kv_map(segs.k[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
       sm.v[z] = kv_map(segs.v[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
     }
-    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>)(p, segs, sm, qo);
-    check_launch("attention_forward_wgmma");
+    launch_pdl("attention_forward_wgmma", grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>,
+               p, segs, sm, qo);
     return true;
   }
   const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kFwdWgKeys, p.q);
-  if (p.mode == kAttnDFlash && p.window > 0) {
-    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>)(p, segs, maps, qo);
-  } else {
-    DFLASH_LAUNCH(grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>)(p, segs, maps, qo);
-  }
-  check_launch("attention_forward_wgmma");
+  launch_pdl("attention_forward_wgmma", grid, threads, kFwdWgSmem, e.stream,
+             p.mode == kAttnDFlash && p.window > 0 ? k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>
+                                                   : k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>,
+             p, segs, maps, qo);
   return true;
 }
 
