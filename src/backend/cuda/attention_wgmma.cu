@@ -8,8 +8,8 @@
 // section 3: wgmma with the first product's operands in shared memory and P / dS from registers; in the forward its
 // intra-warpgroup overlap of the softmax with the P V product, its ping-pong of two warpgroups, and its persistent
 // kernel with a producer warpgroup). In the backward the streamed tiles (dQ's K / V, dK/dV's Q / dO) come by TMA
-// issued from thread 0 of a consumer warpgroup, the tiles a CTA loads once (Q, dO, dK/dV's K / V) by cp.async from
-// every thread. Shared-memory tiles use wgmma.cuh's SW128 layout. Masks are applied only on tiles a warp does not
+// (dQ's from a load warpgroup, dK/dV's from its one warpgroup's thread 0), the tiles a CTA loads once (Q, dO, dK/dV's
+// K / V) by cp.async. Shared-memory tiles use wgmma.cuh's SW128 layout. Masks are applied only on tiles a warp does not
 // see whole.
 //  * forward (k_fwd_wg): persistent (a CTA per SM) and warp-specialised: a producer warpgroup hands items over and
 //    moves Q / K / V in and O out by TMA; 2 consumer warpgroups = 128 query rows ((query, head) pairs of one kv
@@ -22,12 +22,13 @@
 //    run. A consumer skips a tile none of its rows can see (uniform over its 128 threads). Items run longest first
 //    (causal: the last queries; DFlash: sorted anchors) over all head groups and sequences. O is staged in the item's
 //    own Q buffer and stored by TMA.
-//  * dQ (k_dq_wg): the forward's tiling over 64-key tiles, double buffered, one barrier per tile: S = Q K^T,
-//    dP = dO V^T, P = exp2(S - lse), dS = P (dP - D), dQ += dS K (K read MN-major).
+//  * dQ (k_dq_wg): the forward's tiling over 64-key tiles and warp-specialised: a load warpgroup streams K / V into
+//    3 stages with full / empty mbarriers, no CTA barrier per tile, so the 2 consumer warpgroups drift apart. Per
+//    tile and consumer: S = Q K^T, dP = dO V^T, P = exp2(S - lse), dS = P (dP - D), dQ += dS K (K read MN-major).
 //  * dK / dV (k_dkv_wg): one warpgroup per 64 keys; the visible 64-query chunks are listed first, then the items
 //    (chunk, head) run last chunk first with Q / dO double buffered: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
 //    dK += dS^T Q. Deterministic: every gradient element is summed by one thread in a fixed order and written once.
-// bench/NOTES.md 9-18 has every variant tried, with its prediction and outcome.
+// bench/NOTES.md 9-20 has every variant tried, with its prediction and outcome.
 // Numerics as attention_tc.cu: fp32 accumulation, P and dS rounded to bf16 for the second products (tests/cuda
 // compares attention by normalised mean square error for that reason).
 #include <algorithm>
@@ -871,30 +872,45 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
 // MN-major); dQ *= scale at the end.
 constexpr int kDqWgKeys = 64;
 constexpr uint32_t kDqWgKvBytes = kDqWgKeys * kWgD * 2;                          // [64][128] bf16: 16 KiB
-// Q, dO, K x 2, V x 2 and the alignment slack, for NWG warpgroups
-constexpr size_t dq_wg_smem(int nwg) { return static_cast<size_t>(2 * 64 * nwg) * kWgD * 2 + 4 * size_t{kDqWgKvBytes} + 1024; }
+// K / V stages: the loader runs up to 3 tiles ahead of the slower consumer warpgroup (4 measured the same; NOTES 20)
+constexpr int kDqWgStages = 3;
+// Q, dO, K and V x stages and the alignment slack, for NWG warpgroups
+constexpr size_t dq_wg_smem(int nwg) {
+  return static_cast<size_t>(2 * 64 * nwg) * kWgD * 2 + 2 * kDqWgStages * size_t{kDqWgKvBytes} + 1024;
+}
 constexpr int kDqWgs = 2;  // 2 warpgroups (1 CTA per SM) beat 1 (2 CTAs per SM): bench/NOTES.md 9
 constexpr size_t kDqWgSmem = dq_wg_smem(kDqWgs);
+constexpr int kDqWgThreads = 128 * (kDqWgs + 1);  // the consumer warpgroups and the load warpgroup
 
-// K / V tiles by TMA from thread 0 (maps, as k_fwd_wg) on one full mbarrier per buffer.
+// A load warpgroup (the last; setmaxnreg 40, its thread 0 only) streams the K / V tiles by TMA (maps, as k_fwd_wg)
+// into a kDqWgStages-stage ring: per stage a full mbarrier (the TMA bytes) and an empty one (every consumer warp has
+// finished the tile's products), so the two consumer warpgroups (setmaxnreg 232) pass no CTA barrier per tile and may
+// drift apart, one's softmax under the other's products.
 template <int NWG, bool WIN>
-__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdParams p, const __grid_constant__ KvMaps maps) {
-  constexpr int D = kWgD, KT = kDqWgKeys, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, THREADS = 128 * NWG;
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) k_dq_wg(AttnBwdParams p, const __grid_constant__ KvMaps maps) {
+  static_assert(NWG == 2, "the register split (setmaxnreg 40 / 232) is for one load and two consumer warpgroups");
+  constexpr int D = kWgD, KT = kDqWgKeys, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG;
+  constexpr int NS = kDqWgStages, kBarDqQ = 1;  // (named barrier 1: the consumers' Q / dO landed)
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sExt[1 + NWG][4];  // as k_fwd_wg
-  __shared__ alignas(8) uint64_t sFull[2];  // buffer b's K and V tiles have landed (TMA bytes)
+  __shared__ alignas(8) uint64_t sBar[2 * NS];  // stage s: full (K and V landed), empty (every consumer warp is done)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base, sO = base + ROWS * D * 2, sK = sO + ROWS * D * 2, sV = sK + 2 * kDqWgKvBytes;
-  const uint32_t bFull = smem_u32(&sFull[0]);  // (buffer b: + 8 b)
-  const int tid = threadIdx.x, wgi = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
+  const uint32_t sQ = base, sO = base + ROWS * D * 2, sK = sO + ROWS * D * 2, sV = sK + NS * kDqWgKvBytes;
+  const uint32_t bFull = smem_u32(&sBar[0]), bEmpty = bFull + 8 * NS;  // (stage s: + 8 s)
+  const int tid = threadIdx.x, wga = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31, t4 = lane & 3;
+  const bool loader = wga == NWG;  // the load warpgroup
+  const int wgi = loader ? 0 : wga;  // (its rows see nothing, so its part in key_spans changes no span)
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
   const int qtile = rows_item_qtile(), q0 = qtile * mq;  // (most keys first)
   const int g = blockIdx.x / splits, h0 = g * rep + (blockIdx.x % splits) * hc;
   if (tid == 0) {
     tma_prefetch_map(&maps.k1);
     tma_prefetch_map(&maps.v1);
-    mbar_init(bFull, 1);
-    mbar_init(bFull + 8, 1);
+    DFLASH_UNROLL
+    for (int st = 0; st < NS; ++st) {
+      mbar_init(bFull + 8 * st, 1);
+      mbar_init(bEmpty + 8 * st, 4 * NWG);
+    }
     mbar_init_fence();
   }  // (key_spans' CTA barriers order the initialisation before the first load and wait)
 
@@ -902,33 +918,45 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
     const int hh = r / mq, qi = q0 + r % mq;
     return hh < hc && qi < p.Tq ? (static_cast<int64_t>(qi) * nh + h0 + hh) * D : -1;
   };
-  stage_tile<ROWS, THREADS>(sQ, p.q, qoff);
-  stage_tile<ROWS, THREADS>(sO, p.dout, qoff);
+  if (!loader) {  // Q and dO by the consumers (cp.async; waited for before their loop)
+    stage_tile<ROWS, 128 * NWG>(sQ, p.q, qoff);
+    stage_tile<ROWS, 128 * NWG>(sO, p.dout, qoff);
+  }
   cp_async_commit();
 
   int lo1[2], hi1[2], lo2[2], hi2[2];
   bool rok[2];
   int64_t orow[2];
   float lse2[2], Dr[2];
-  attn_dq_rows<WIN>(p, wgi * 64 + warp * 16 + (lane >> 2), q0, mq, hc, h0, D, rok, orow, lo1, hi1, lo2, hi2, lse2, Dr);
+  // (the load warpgroup's rows, 128 and up, are past the tile: rok false, no keys)
+  attn_dq_rows<WIN>(p, wga * 64 + warp * 16 + (lane >> 2), q0, mq, hc, h0, D, rok, orow, lo1, hi1, lo2, hi2, lse2, Dr);
   KeySpan ks, mine;  // the CTA's key ranges (the tiles it loads) and this warpgroup's
   key_spans<NWG, WIN>(sExt, wgi, lo1, hi1, lo2, hi2, ks, mine);
   const int ext1 = ks.hi1, elo1 = ks.lo1, ehi = ks.hi2, elo = ks.lo2;
   const int nt1 = (ext1 - elo1 + KT - 1) / KT, nt = nt1 + (ehi - elo + KT - 1) / KT;
-  // tile t's K and V into buffer buf by thread 0 (rows past the tensor's end zero-filled; rows past the CTA's last
-  // visible key are masked below, as in k_fwd_wg)
-  auto load_tile = [&](int t, int buf) {
-    if (tid != 0) return;
-    const bool s1 = t < nt1;
-    const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
-    const uint32_t full = bFull + 8 * buf, dK = sK + buf * kDqWgKvBytes, dV = sV + buf * kDqWgKvBytes;
-    mbar_arrive_expect_tx(full, 2 * kDqWgKvBytes);
-    tma_load_3d(dK, s1 ? &maps.k1 : &maps.k2, full, 0, g, kt);  // columns 0..63: panel 0
-    tma_load_3d(dK + KT * 128, s1 ? &maps.k1 : &maps.k2, full, 64, g, kt);
-    tma_load_3d(dV, s1 ? &maps.v1 : &maps.v2, full, 0, g, kt);
-    tma_load_3d(dV + KT * 128, s1 ? &maps.v1 : &maps.v2, full, 64, g, kt);
-  };
-  if (nt > 0) load_tile(0, 0);
+  if (loader) {
+    // tile t's K and V into stage t % NS once every consumer warp has released the tile NS before it (rows past the
+    // tensor's end zero-filled; rows past the CTA's last visible key are masked below, as in k_fwd_wg)
+    setmaxnreg_dec<40>();
+    if (warp != 0 || lane != 0) return;
+    for (int t = 0; t < nt; ++t) {
+      const int st = t % NS;
+      if (t >= NS) mbar_wait(bEmpty + 8 * st, ((t / NS) & 1) ^ 1);
+      const bool s1 = t < nt1;
+      const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
+      const uint32_t full = bFull + 8 * st, dK = sK + st * kDqWgKvBytes, dV = sV + st * kDqWgKvBytes;
+      mbar_arrive_expect_tx(full, 2 * kDqWgKvBytes);
+      tma_load_3d(dK, s1 ? &maps.k1 : &maps.k2, full, 0, g, kt);  // columns 0..63: panel 0
+      tma_load_3d(dK + KT * 128, s1 ? &maps.k1 : &maps.k2, full, 64, g, kt);
+      tma_load_3d(dV, s1 ? &maps.v1 : &maps.v2, full, 0, g, kt);
+      tma_load_3d(dV + KT * 128, s1 ? &maps.v1 : &maps.v2, full, 64, g, kt);
+    }
+    return;
+  }
+  setmaxnreg_inc<232>();
+  cp_async_wait<0>();  // this thread's Q and dO copies
+  wg::fence_proxy_async();
+  named_sync(kBarDqQ, 128 * NWG);  // every consumer's
 
   float dq[DT * 4];
   DFLASH_UNROLL
@@ -937,16 +965,14 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
   const uint32_t sQw = sQ + wgi * 64 * 128, sOw = sO + wgi * 64 * 128;
 
   for (int t = 0; t < nt; ++t) {
-    const int buf = t & 1;
-    cp_async_wait<0>();  // Q and dO have landed (this thread's copies; nothing left in flight after t = 0)
-    wg::fence_proxy_async();
-    mbar_wait(bFull + 8 * buf, (t >> 1) & 1);  // tile t has landed
-    __syncthreads();  // everyone's Q / dO; tile t - 1's buffer is free (its products completed): one barrier per tile
-    if (t + 1 < nt) load_tile(t + 1, buf ^ 1);
+    const int st = t % NS;
+    // tile t has landed (waited for even when this warpgroup skips it, so that its release counts towards the
+    // stage's right phase)
+    mbar_wait(bFull + 8 * st, (t / NS) & 1);
     const bool s1 = t < nt1;
     const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
     if (tile_visible<WIN>(mine, s1, kt, KT)) {
-      const uint32_t tK = sK + buf * kDqWgKvBytes, tV = sV + buf * kDqWgKvBytes;
+      const uint32_t tK = sK + st * kDqWgKvBytes, tV = sV + st * kDqWgKvBytes;
       float s[NT * 4], dp[NT * 4];
       wg::fence();
       wg::gemm_ss_kmajor<KT, D / 16>(s, sQw, ROWS, tK, KT);
@@ -982,10 +1008,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) k_dq_wg(AttnBwdPa
         da[n >> 1][(n & 1) * 2 + 1] =
             wg::pack_bf16x2(s[n * 4 + 2] * (dp[n * 4 + 2] - Dr[1]), s[n * 4 + 3] * (dp[n * 4 + 3] - Dr[1]));
       }
-      wg::gemm_rs_mnmajor_sync<D, KT / 16>(dq, da, tK, KT);
+      wg::gemm_rs_mnmajor_sync<D, KT / 16>(dq, da, tK, KT);  // (waits: the stage is read)
     }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bEmpty + 8 * st);  // this warp is done with tile t
   }
-  cp_async_wait<0>();
   DFLASH_UNROLL
   for (int i = 0; i < 2; ++i) {
     if (!rok[i]) continue;
@@ -1450,9 +1477,9 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
     return false;
   const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kDqWgKeys, p.q);
   if (p.window > 0)
-    DFLASH_LAUNCH(grid_q, 128 * kDqWgs, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, true>)(p, maps);
+    DFLASH_LAUNCH(grid_q, kDqWgThreads, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, true>)(p, maps);
   else
-    DFLASH_LAUNCH(grid_q, 128 * kDqWgs, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, false>)(p, maps);
+    DFLASH_LAUNCH(grid_q, kDqWgThreads, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, false>)(p, maps);
   check_launch("dflash_attention_dq_wgmma");
   if (tiles == 0) return true;
   const dim3 grid(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles));
