@@ -510,7 +510,29 @@ TEST(CudaOps, AttentionCausalBatch) {
   }
 }
 
+// Forwards back to back on the stream, each reading the one before's output (read after write) and the second
+// writing into the first's input q (write after read): the wgmma forward starts before the kernel ahead of it has
+// finished (programmatic dependent launch, bench/NOTES.md 19) and must order every access after it. An access too
+// early reads NaN (nan_out) or an unfinished output, or overwrites q under the first forward.
+void causal_chain_case(int64_t T, int64_t nh, int64_t d) {
+  const Tensor q = rnd({T, nh, d}, 48), k = rnd({T, nh, d}, 49), v = rnd({T, nh, d}, 50);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  check_case(cat("attention_causal x3 back to back T", T, " nh ", nh, " d", d),
+             {{"o1", Kind::Nmse, true, double(T + d), kAttnOutNmse},
+              {"q := attn(o1)", Kind::Nmse, true, double(T + d), kAttnOutNmse},
+              {"o3 = attn(q)", Kind::Nmse, true, double(T + d), kAttnOutNmse}},
+             [&](Context& c) {
+               const Tensor qd = put(c, q), kd = put(c, k), vd = put(c, v);
+               Tensor o1 = nan_out(c, {T, nh, d}), o3 = nan_out(c, {T, nh, d});
+               c.attention_causal(qd, kd, vd, o1, 0, scale);
+               c.attention_causal(o1, kd, vd, qd, 0, scale);  // (q overwritten)
+               c.attention_causal(qd, kd, vd, o3, 0, scale);
+               return Outs{get(c, o1), get(c, qd), get(c, o3)};
+             });
+}
+
 TEST(CudaOps, AttentionCausal) {
+  causal_chain_case(kEmu ? 40 : 1024, kEmu ? 4 : 32, 128);
   causal_case(17, 17, 4, 2, 64);
   causal_case(1, 40, 4, 1, 128);
   causal_case(16, 17, 2, 2, 64);
@@ -656,6 +678,15 @@ TEST(CudaOps, AttentionPersistentItems) {
   for (int j : {0, 1, 40, 41, 42, 43, 44, 45, 46, 47, 92, 93, 94, 95}) v[j] = 0;
   dflash_case("padding between items", 2048, 16, 32, 8, 128, sorted_anchors(2048, 96, 21), v);
   dflash_case("padding between items, window", 2048, 16, 32, 8, 128, sorted_anchors(2048, 96, 21), v, nullptr, 100);
+  // one query head per kv head (128-query tiles of 8 blocks, 4 per warpgroup): the warpgroups' key spans differ, so
+  // in dQ (k_dq_wg: a load warpgroup and a K / V ring without a CTA barrier, bench/NOTES.md 20) one skips tiles the
+  // other computes, with a window also below its span; with the first 4 blocks padding, warpgroup 0 of the first
+  // tile sees no key at all while warpgroup 1 wraps the ring many times
+  dflash_case("rep 1, window", 2048, 16, 8, 8, 128, sorted_anchors(2048, 16, 31), std::vector<uint8_t>(16, 1), nullptr, 64);
+  std::vector<uint8_t> late(16, 1);
+  for (int j = 0; j < 4; ++j) late[j] = 0;
+  dflash_case("rep 1, warpgroup 0 idle", 4096, 16, 8, 8, 128, sorted_anchors(4096, 16, 5), late);
+  dflash_case("rep 1, warpgroup 0 idle, window", 4096, 16, 8, 8, 128, sorted_anchors(4096, 16, 5), late, nullptr, 300);
 }
 
 // Sliding-window draft layers (window > 0): context keys [a_j + i - (W-1), a_j), causal within the block. Windows

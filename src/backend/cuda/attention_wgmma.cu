@@ -1327,7 +1327,10 @@ void launch_pdl(const char* name, dim3 grid, int threads, size_t smem, cudaStrea
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
-  if (err != cudaSuccess) fail(cat("CUDA kernel ", name, " failed to launch: ", cudaGetErrorString(err)));
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // (cleared, so that no later check_launch reports it under another kernel's name)
+    fail(cat("CUDA kernel ", name, " failed to launch: ", cudaGetErrorString(err)));
+  }
 }
 
 // The TMA map of a [T, heads, 128] bf16 tensor at base (16-byte aligned; K / V, or dK/dV's Q / dO): dimensions
