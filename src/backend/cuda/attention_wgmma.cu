@@ -1312,7 +1312,8 @@ void attention_wgmma_init_attributes(int smem_optin) {
 namespace {
 // Launches kernel(args...) on the stream with programmatic stream serialisation (the CUDA runtime's
 // cudaLaunchAttributeProgrammaticStreamSerialization): it may begin before the stream's previous kernel has
-// completed, as pdl_trigger / pdl_wait above allow. Throws, naming the kernel, if the launch fails.
+// completed, as pdl_trigger / pdl_wait above allow. Throws, naming the kernel, if the launch fails (check_launch: the
+// runtime records the launch's error as its last one).
 template <class... P, class... A>
 void launch_pdl(const char* name, dim3 grid, int threads, size_t smem, cudaStream_t stream, void (*kernel)(P...),
                 A&&... args) {
@@ -1326,11 +1327,8 @@ void launch_pdl(const char* name, dim3 grid, int threads, size_t smem, cudaStrea
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // (cleared, so that no later check_launch reports it under another kernel's name)
-    fail(cat("CUDA kernel ", name, " failed to launch: ", cudaGetErrorString(err)));
-  }
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+  check_launch(name);
 }
 
 // The TMA map of a [T, heads, 128] bf16 tensor at base (16-byte aligned; K / V, or dK/dV's Q / dO): dimensions
