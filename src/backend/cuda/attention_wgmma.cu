@@ -1029,7 +1029,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_dq_wg(AttnBwdParams p, c
 // (sList, in query order) and run last chunk first, then Q / dO of item i + 1 load (cp.async) while item i computes:
 //   S^T = K Q^T, dP^T = V dO^T (m64n64k16, K-major operands), P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D),
 //   dV += P^T dO, dK += dS^T Q (m64n128k16, P^T / dS^T from registers, dO / Q read MN-major).
-// Each key's gradients are summed by one thread in item order and written once: deterministic, no atomics.
+// Each key's gradients are summed by one thread in item order and written once: deterministic, no float atomics
+// (the first context tiles run as two CTAs, each summing half the items, and the second to finish adds the other's
+// sums: DkvSplit below).
 // An item's Q / dO come by TMA from thread 0 (maps; one full mbarrier per buffer), the CTA's K / V by cp.async.
 constexpr int kDkvWgThreads = 128;
 constexpr int kDkvWgKeys = 64;                              // keys per CTA
@@ -1041,8 +1043,87 @@ constexpr size_t kDkvWgSmem = 6 * size_t{kDkvWgTileBytes} + 1024;  // K, V, Q x 
 // sFull 16 each), plus ~1 KiB of slack
 constexpr size_t kDkvWgStatic = 4 * kDkvWgMaxChunks + 16 + 16 * 64 + 2048;
 
+// The heaviest context tiles split in two (load balance). Context tile j is seen by the chunks with an anchor past
+// its keys: with anchors spread over the context, about (1 - j / n1) of them (n1 context tiles), so the first tiles
+// carry the most items, and with two CTAs per SM tile 0's CTA (all chunks) outlasts an SM slot's average share: the
+// SMs idled ~19% of the kernel's time (ncu, bench_attention's DFlash shapes: SM active cycles 81% of elapsed, and a
+// list-scheduling model of the grid gave 79%; bench/NOTES.md 21). So the first `ns` context tiles run as two CTAs
+// each, part 0 taking the even chunk slots of the tile's list and part 1 the odd ones; each writes its fp32 dK / dV
+// sums to a workspace and the second to finish adds the other's (a + b = b + a exactly: the result does not depend on
+// which part finishes first) and writes the tile. launch_dflash_backward_wgmma picks ns from the same model.
+struct DkvSplit {
+  int ns = 0;            // context tiles 0 .. ns - 1 split (0: none)
+  float* ws = nullptr;   // [ns * nkv][2 parts][32][128 threads] float4: each part's dK (16 float4) and dV sums
+  int* cnt = nullptr;    // [ns * nkv] parts finished, zero at the launch
+};
+// The grid's order, longest expected work first (the hardware starts CTAs in linear order): the halves of split
+// tile j (weight (n1 - j) / 2 each, part 0 first), the whole context tiles k >= ns (weight n1 - k) merged with them
+// by weight (a half first on a tie), then the block-key tiles. dkv_rank_half / dkv_rank_whole give an entry's
+// position; dkv_tile_of inverts them by binary search (both increase along their lists). constexpr: also checked at
+// compile time below.
+constexpr int dkv_rank_half(int n1, int ns, int j, int part) {
+  const int whole_before = (n1 + j + 1) / 2 - ns;  // whole tiles k >= ns with 2 (n1 - k) > n1 - j: k < (n1 + j) / 2
+  return 2 * j + part + (whole_before > 0 ? whole_before : 0);
+}
+constexpr int dkv_rank_whole(int n1, int ns, int k) {
+  const int halves = 2 * k - n1 + 1;  // split tiles j < ns with n1 - j >= 2 (n1 - k): j <= 2 k - n1
+  return (k - ns) + 2 * (halves < 0 ? 0 : (halves > ns ? ns : halves));
+}
+// Grid row y -> (tile, part): part -1 for a whole tile. Tiles past the n1 context tiles are block-key tiles.
+constexpr void dkv_tile_of(int y, int n1, int ns, int& tile, int& part) {
+  part = -1;
+  if (y >= n1 + ns) {
+    tile = y - ns;
+    return;
+  }
+  int lo = 0, hi = ns - 1, j = -1;  // the last split tile whose part 0 ranks <= y
+  while (lo <= hi) {
+    const int mid = (lo + hi) / 2;
+    if (dkv_rank_half(n1, ns, mid, 0) <= y) {
+      j = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  if (j >= 0 && y - dkv_rank_half(n1, ns, j, 0) < 2) {
+    tile = j;
+    part = y - dkv_rank_half(n1, ns, j, 0);
+    return;
+  }
+  lo = ns;
+  hi = n1 - 1;
+  int k = ns;  // the last whole tile ranking <= y
+  while (lo <= hi) {
+    const int mid = (lo + hi) / 2;
+    if (dkv_rank_whole(n1, ns, mid) <= y) {
+      k = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  tile = k;
+}
+// Every row 0 .. n1 + ns - 1 maps to a distinct (tile, part), each split tile's two parts and each whole tile once.
+constexpr bool dkv_order_is_permutation(int n1, int ns) {
+  int seen[64 * 3] = {};  // (tile, part + 1)
+  for (int y = 0; y < n1 + ns; ++y) {
+    int t = 0, pt = 0;
+    dkv_tile_of(y, n1, ns, t, pt);
+    if (t < 0 || t >= n1 || (t < ns) != (pt >= 0) || seen[t * 3 + pt + 1]++) return false;
+    if ((pt >= 0 && y != dkv_rank_half(n1, ns, t, pt)) || (pt < 0 && y != dkv_rank_whole(n1, ns, t))) return false;
+  }
+  return true;
+}
+static_assert(dkv_order_is_permutation(48, 20) && dkv_order_is_permutation(48, 0) && dkv_order_is_permutation(48, 48) &&
+                  dkv_order_is_permutation(1, 1) && dkv_order_is_permutation(7, 3) && dkv_order_is_permutation(64, 63) &&
+                  dkv_order_is_permutation(33, 1),
+              "dK/dV grid order");
+
 template <bool WIN>
-__global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, const __grid_constant__ QdoMaps qm) {
+__global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, const __grid_constant__ QdoMaps qm,
+                                                            DkvSplit sp) {
   constexpr int D = kWgD, KN = kDkvWgKeys, QC = kDkvWgQ, NT = QC / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sList[kDkvWgMaxChunks];
@@ -1065,8 +1146,11 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
     mbar_init(bItem + 8, 1);
     mbar_init_fence();
   }  // (the chunk listing's CTA barriers order the initialisation before any item's load: items > 0 needs a chunk)
-  const int nh = p.nh, nkv = p.nkv, rep = nh / nkv, g = blockIdx.x, tile = blockIdx.y, B = p.B;
+  const int nh = p.nh, nkv = p.nkv, rep = nh / nkv, g = blockIdx.x, B = p.B;
   const int nt1 = (p.T1 + KN - 1) / KN;
+  int tile = 0, part = -1;  // part 0 / 1: this CTA takes the even / odd chunk slots of a split tile (DkvSplit)
+  dkv_tile_of(static_cast<int>(blockIdx.y), nt1, sp.ns, tile, part);
+  const int cstep = part < 0 ? 1 : 2;
   const bool s1 = tile < nt1;
   const int k0 = s1 ? tile * KN : (tile - nt1) * KN, klim = s1 ? p.T1 : p.T2;
   const int64_t kstride = static_cast<int64_t>(nkv) * D;
@@ -1116,7 +1200,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
     nvis += sum;
     __syncthreads();
   }
-  const int items = nvis * rep;
+  const int items = (part < 0 ? nvis : (nvis - part + 1) / 2) * rep;
   // An item's Q / dO go to shared memory by cp.async; its per-query values (validity, anchor, lse, D) are loaded
   // into registers one item ahead (fetch_meta) and only written to shared memory (put_meta) after the current
   // item's products, so their latency hides behind them.
@@ -1137,7 +1221,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
   auto advance = [&](ItemPos& ip) {
     if (++ip.hh == rep) {
       ip.hh = 0;
-      ip.c0 = chunk_row(++ip.ci);
+      ip.c0 = chunk_row(ip.ci += cstep);
     }
   };
   // rows past Tq are zero-filled; rows in [q_hi, Tq) are loaded but their metadata marks them invisible (P^T = 0)
@@ -1182,7 +1266,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
     sL[buf][tid] = m.valid ? m.lse * kLog2e : 0.f;
     sDr[buf][tid] = m.valid ? m.dr : 0.f;
   };
-  ItemPos nxt{0, 0, chunk_row(0)};  // item 0, then (in the loop) item it + 1
+  ItemPos nxt{part < 0 ? 0 : part, 0, chunk_row(part < 0 ? 0 : part)};  // item 0, then (in the loop) item it + 1
   if (items > 0) {
     stage_item(nxt, 0);
     put_meta(fetch_meta(nxt), 0);
@@ -1281,6 +1365,37 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
     if (it + 1 < items) put_meta(next, buf ^ 1);  // (buffer buf ^ 1's metadata was last read in item it - 1)
   }
   cp_async_wait<0>();  // (no item: K / V copies still count as in flight)
+  if (part >= 0) {
+    // a split tile: this part's sums to the workspace (float4 i of thread t at i * 128 + t: coalesced), then the
+    // second part to finish adds the other's and writes the tile (the classic split-K semaphore: stores, fence,
+    // counter; the reader's loads after it by ld.global.cg, past L1)
+    const int pair = tile * nkv + g;
+    float4* mine = reinterpret_cast<float4*>(sp.ws) + (static_cast<size_t>(pair) * 2 + part) * (32 * kDkvWgThreads);
+    const float4* other = reinterpret_cast<const float4*>(sp.ws) + (static_cast<size_t>(pair) * 2 + (part ^ 1)) * (32 * kDkvWgThreads);
+    DFLASH_UNROLL
+    for (int i = 0; i < DT; ++i) {
+      mine[i * kDkvWgThreads + tid] = make_float4(dk[4 * i], dk[4 * i + 1], dk[4 * i + 2], dk[4 * i + 3]);
+      mine[(DT + i) * kDkvWgThreads + tid] = make_float4(dv[4 * i], dv[4 * i + 1], dv[4 * i + 2], dv[4 * i + 3]);
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) sWarp[0] = atomicAdd(sp.cnt + pair, 1);
+    __syncthreads();
+    if (sWarp[0] == 0) return;  // the other part writes the tile
+    __threadfence();
+    DFLASH_UNROLL
+    for (int i = 0; i < DT; ++i) {
+      const float4 a = __ldcg(other + i * kDkvWgThreads + tid), b = __ldcg(other + (DT + i) * kDkvWgThreads + tid);
+      dk[4 * i] += a.x;
+      dk[4 * i + 1] += a.y;
+      dk[4 * i + 2] += a.z;
+      dk[4 * i + 3] += a.w;
+      dv[4 * i] += b.x;
+      dv[4 * i + 1] += b.y;
+      dv[4 * i + 2] += b.z;
+      dv[4 * i + 3] += b.w;
+    }
+  }
   bf16* dK = s1 ? p.dk1 : p.dk2;
   bf16* dV = s1 ? p.dv1 : p.dv2;
   DFLASH_UNROLL
@@ -1469,7 +1584,8 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   if (std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024) > static_cast<size_t>(e.smem_limit)) return false;
   // (the caller, launch_dflash_backward_tc, has checked the 16-byte alignment of every tensor)
   const int64_t tiles = (p0.T1 + kDkvWgKeys - 1) / kDkvWgKeys + (p0.T2 + kDkvWgKeys - 1) / kDkvWgKeys;
-  if (tiles > 65535) return false;  // (attention_tc.cu refuses it with the message, before launching anything)
+  if (2 * tiles > 65535) return false;  // (grid.y: tiles plus the split ones; attention_tc.cu refuses it with the
+                                        // message, before launching anything)
   AttnBwdParams p = p0;
   attn_rows_tiling(p.nh, p.nkv, 64 * kDqWgs, p.hc, p.mq);
   p.nk = kDqWgKeys;
@@ -1483,14 +1599,34 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
     DFLASH_LAUNCH(grid_q, kDqWgThreads, kDqWgSmem, e.stream, k_dq_wg<kDqWgs, false>)(p, maps);
   check_launch("dflash_attention_dq_wgmma");
   if (tiles == 0) return true;
-  const dim3 grid(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles));
+  // The split context tiles (DkvSplit): the model's expected items of context tile j, I0 (1 - j / n1) (I0: every
+  // chunk times the query heads of a kv group), against a CTA slot's average share of the grid's work (2 CTAs per
+  // SM); tile j splits while its items exceed 3/4 of that share (the model put the busiest slot within 1% of the
+  // average for bench_attention's shapes). A sliding window spreads the work evenly: no split.
+  const int n1 = static_cast<int>((p.T1 + kDkvWgKeys - 1) / kDkvWgKeys), n2 = static_cast<int>(tiles) - n1;
+  DkvSplit sp;
+  if (p.window <= 0 && n1 > 0) {
+    const double i0 = std::ceil(p.Tq / double(kDkvWgQ)) * (p.nh / p.nkv);
+    const double per_block_tile = (p.nh / p.nkv) * 2.0;  // (a block-key tile: its own chunk or two)
+    const double work = p.nkv * (i0 * (n1 + 1) / 2.0 + per_block_tile * n2), share = work / (2.0 * e.num_sms);
+    while (sp.ns < n1 && i0 * (1.0 - double(sp.ns) / n1) > 0.75 * share) ++sp.ns;
+  }
+  Tensor ws, cnt;
+  if (sp.ns > 0) {
+    ws = e.alloc(DType::F32, {static_cast<int64_t>(sp.ns) * p.nkv * 2, 32 * kDkvWgThreads * 4});
+    cnt = e.alloc(DType::I32, {static_cast<int64_t>(sp.ns) * p.nkv});
+    DFLASH_CUDA_CHECK(cudaMemsetAsync(cnt.data, 0, cnt.nbytes(), e.stream));
+    sp.ws = ws.ptr<float>();
+    sp.cnt = cnt.ptr<int>();
+  }
+  const dim3 grid(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles + sp.ns));
   QdoMaps qm;
   qm.q = kv_map(p.q, p.Tq, p.nh, kDkvWgQ, p.q);
   qm.dout = kv_map(p.dout, p.Tq, p.nh, kDkvWgQ, p.q);
   if (p.window > 0)
-    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<true>)(p, qm);
+    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<true>)(p, qm, sp);
   else
-    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<false>)(p, qm);
+    DFLASH_LAUNCH(grid, kDkvWgThreads, kDkvWgSmem, e.stream, k_dkv_wg<false>)(p, qm, sp);
   check_launch("dflash_attention_dkv_wgmma");
   return true;
 }
