@@ -1307,12 +1307,17 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
     wg::commit();
     wg::gemm_ss_kmajor<QC, D / 16>(dp, sV, KN, tO, QC);
     wg::commit();
+    // this thread's queries' lse, read while the products run (after the wait, the loads' latency stalled the
+    // exponentials: ncu's short-scoreboard stalls on their first FFMAs, bench/NOTES.md 21)
+    float2 lv[NT];
+    DFLASH_UNROLL
+    for (int n = 0; n < NT; ++n) lv[n] = *reinterpret_cast<const float2*>(&sL[buf][n * 8 + 2 * t4]);
     wg::wait<1>();  // S^T is ready; dP^T may still run
     wg::pin(s);
     if (nomask) {
       DFLASH_UNROLL
       for (int n = 0; n < NT; ++n) {
-        const float2 l2 = *reinterpret_cast<const float2*>(&sL[buf][n * 8 + 2 * t4]);
+        const float2 l2 = lv[n];
         DFLASH_UNROLL
         for (int e = 0; e < 4; ++e) s[n * 4 + e] = exp2_ftz(fmaf(s[n * 4 + e], sl2, -((e & 1) ? l2.y : l2.x)));  // P^T
       }
@@ -1325,7 +1330,7 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
           // spec 2.3 as dflash_row_bounds: context keys [lo1, a_j), block keys of block j (a prefix with a window)
           bool vis = key[i] < klim && (s1 ? key[i] < hi : (hi >= 0 && kblk[i] == hi));
           if constexpr (WIN) vis = vis && (s1 ? key[i] >= sLo[buf][qc] : kslot[i] <= sLo[buf][qc]);
-          const float pe = exp2_ftz(fmaf(s[n * 4 + e], sl2, -sL[buf][qc]));  // (for every element: no branch)
+          const float pe = exp2_ftz(fmaf(s[n * 4 + e], sl2, -((e & 1) ? lv[n].y : lv[n].x)));  // (every element: no branch)
           s[n * 4 + e] = vis ? pe : 0.f;  // P^T
         }
     }
