@@ -1049,8 +1049,9 @@ constexpr size_t kDkvWgStatic = 4 * kDkvWgMaxChunks + 16 + 16 * 64 + 2048;
 // SMs idled ~19% of the kernel's time (ncu, bench_attention's DFlash shapes: SM active cycles 81% of elapsed, and a
 // list-scheduling model of the grid gave 79%; bench/NOTES.md 21). So the first `ns` context tiles run as two CTAs
 // each, part 0 taking the even chunk slots of the tile's list and part 1 the odd ones; each writes its fp32 dK / dV
-// sums to a workspace and the second to finish adds the other's (a + b = b + a exactly: the result does not depend on
-// which part finishes first) and writes the tile. launch_dflash_backward_wgmma picks ns from the same model.
+// sums to the Env's workspace and the second to finish adds the other's (a + b = b + a exactly: the result does not
+// depend on which part finishes first) and writes the tile. launch_dflash_backward_wgmma picks ns from the same model
+// (measured: splitting at 3/4 of a slot's share beat 1/2, 0.9 and 1.1; bench/NOTES.md 21).
 struct DkvSplit {
   int ns = 0;            // context tiles 0 .. ns - 1 split (0: none)
   float* ws = nullptr;   // [ns * nkv][2 parts][32][128 threads] float4: each part's dK (16 float4) and dV sums
@@ -1616,13 +1617,19 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
     const double work = p.nkv * (i0 * (n1 + 1) / 2.0 + per_block_tile * n2), share = work / (2.0 * e.num_sms);
     while (sp.ns < n1 && i0 * (1.0 - double(sp.ns) / n1) > 0.75 * share) ++sp.ns;
   }
-  Tensor ws, cnt;
+  // The sums and counters live in the Env's workspace (stream-ordered scratch, a fixed size): ns is capped to what
+  // fits, so the kernel's memory does not grow with the sequence (case C03); the counters are zeroed per launch.
+  constexpr size_t kPairBytes = 2 * 32 * kDkvWgThreads * sizeof(float4), kCntAlign = 256;
+  auto fits = [&](int ns) {
+    const size_t pairs = static_cast<size_t>(ns) * p.nkv;
+    return (pairs * sizeof(int) + kCntAlign - 1) / kCntAlign * kCntAlign + pairs * kPairBytes <= e.workspace_bytes;
+  };
+  while (sp.ns > 0 && !fits(sp.ns)) --sp.ns;
   if (sp.ns > 0) {
-    ws = e.alloc(DType::F32, {static_cast<int64_t>(sp.ns) * p.nkv * 2, 32 * kDkvWgThreads * 4});
-    cnt = e.alloc(DType::I32, {static_cast<int64_t>(sp.ns) * p.nkv});
-    DFLASH_CUDA_CHECK(cudaMemsetAsync(cnt.data, 0, cnt.nbytes(), e.stream));
-    sp.ws = ws.ptr<float>();
-    sp.cnt = cnt.ptr<int>();
+    const size_t cnt_bytes = static_cast<size_t>(sp.ns) * p.nkv * sizeof(int);
+    sp.cnt = static_cast<int*>(e.workspace);
+    sp.ws = reinterpret_cast<float*>(static_cast<char*>(e.workspace) + (cnt_bytes + kCntAlign - 1) / kCntAlign * kCntAlign);
+    DFLASH_CUDA_CHECK(cudaMemsetAsync(sp.cnt, 0, cnt_bytes, e.stream));
   }
   const dim3 grid(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles + sp.ns));
   QdoMaps qm;

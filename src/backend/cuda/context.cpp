@@ -88,8 +88,8 @@ class CudaContext final : public Context {
     env_.stream = st_->stream;
     env_.device = dev_;
     env_.lt = lt_.get();
-    env_.lt_workspace = workspace_.data;
-    env_.lt_workspace_bytes = kLtWorkspaceBytes;
+    env_.workspace = workspace_.data;
+    env_.workspace_bytes = kLtWorkspaceBytes;
     env_.err_flag = err_.ptr<int>();
     env_.smem_limit = smem_cap > 0 ? std::min(smem_cap, optin) : optin;
     env_.num_sms = prop.multiProcessorCount;

@@ -115,7 +115,7 @@ void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void*
   DFLASH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, cuda_type(c_type), static_cast<uint64_t>(N),
                                                  static_cast<uint64_t>(M), ldc));
   DFLASH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
-  const size_t ws = e.lt_workspace_bytes;
+  const size_t ws = e.workspace_bytes;
   DFLASH_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   const uint32_t al_a = alignment_of(B, ldb, 2), al_b = alignment_of(A, lda, 2);
@@ -135,7 +135,7 @@ void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void*
                " K ", K, " ta ", ta, " tb ", tb, " lda ", lda, " ldb ", ldb, " ldc ", ldc, " C ", dtype_name(c_type));
   const float alpha = 1.0f;
   DFLASH_CUBLAS_CHECK(cublasLtMatmul(e.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C_in, d.c, C, d.c, &res.algo,
-                                     e.lt_workspace, ws, e.stream));
+                                     e.workspace, ws, e.stream));
 }
 
 void linear(Env& e, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta, const Tensor* c) {

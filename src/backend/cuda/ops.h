@@ -2,7 +2,7 @@
 // defines: dflash::cuda::Env, the op functions, error bits of device-side checks, attention configuration
 //          queries, make_cuda_context_for_test
 //
-// Every op takes an Env (what it needs from its CudaContext: the stream, the cuBLASLt handle and workspace, the
+// Every op takes an Env (what it needs from its CudaContext: the stream, the cuBLASLt handle, a workspace, the
 // device error word, the shared-memory budget and a stream-ordered allocator) and Tensors on the device. The
 // CudaContext methods in context.cpp are the one dispatch point: they move host index tensors to the device and
 // call these. Shapes and semantics are those documented on Context in backend/context.h; activations are BF16,
@@ -42,8 +42,8 @@ struct Env {
   cudaStream_t stream = nullptr;
   int device = 0;
   cublasLtHandle_t lt = nullptr;
-  void* lt_workspace = nullptr;
-  size_t lt_workspace_bytes = 0;
+  void* workspace = nullptr;    // device scratch of the stream's ops, one op at a time (stream order): cuBLASLt's
+  size_t workspace_bytes = 0;   // workspace, the dK/dV kernel's split-tile sums (attention_wgmma.cu)
   int* err_flag = nullptr;         // device int, see ErrBits
   int smem_limit = 48 * 1024;      // dynamic shared memory one block may use (device opt-in maximum, or lower)
   int num_sms = 1;

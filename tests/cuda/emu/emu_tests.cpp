@@ -43,7 +43,7 @@ cuda::Env make_env(int smem_limit = 227 * 1024) {
   e.err_flag = &err_word;
   e.smem_limit = smem_limit;
   e.num_sms = 4;
-  e.lt_workspace_bytes = 1 << 20;
+  e.workspace_bytes = 1 << 20;
   static cublasLtHandle_t h = nullptr;
   if (!h) cublasLtCreate(&h);
   e.lt = h;
