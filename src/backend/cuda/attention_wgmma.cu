@@ -1590,8 +1590,7 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   if (std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024) > static_cast<size_t>(e.smem_limit)) return false;
   // (the caller, launch_dflash_backward_tc, has checked the 16-byte alignment of every tensor)
   const int64_t tiles = (p0.T1 + kDkvWgKeys - 1) / kDkvWgKeys + (p0.T2 + kDkvWgKeys - 1) / kDkvWgKeys;
-  if (2 * tiles > 65535) return false;  // (grid.y: tiles plus the split ones; attention_tc.cu refuses it with the
-                                        // message, before launching anything)
+  if (tiles > 65535) return false;  // (attention_tc.cu refuses it with the message, before launching anything)
   AttnBwdParams p = p0;
   attn_rows_tiling(p.nh, p.nkv, 64 * kDqWgs, p.hc, p.mq);
   p.nk = kDqWgKeys;
@@ -1624,7 +1623,7 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
     const size_t pairs = static_cast<size_t>(ns) * p.nkv;
     return (pairs * sizeof(int) + kCntAlign - 1) / kCntAlign * kCntAlign + pairs * kPairBytes <= e.workspace_bytes;
   };
-  while (sp.ns > 0 && !fits(sp.ns)) --sp.ns;
+  while (sp.ns > 0 && (!fits(sp.ns) || tiles + sp.ns > 65535)) --sp.ns;  // (grid.y: the tiles and the split ones)
   if (sp.ns > 0) {
     const size_t cnt_bytes = static_cast<size_t>(sp.ns) * p.nkv * sizeof(int);
     sp.cnt = static_cast<int*>(e.workspace);
