@@ -658,6 +658,53 @@ TEST(CudaOps, DFlashAttentionLarge) {
   // one query head per kv head (128-query tiles of 8 blocks): the two consumers' context keys end at different
   // anchors, so one may run a tile at half width (m64n64) while the other runs it whole
   dflash_case("rep 1", 300, 16, 8, 8, 128, sorted_anchors(300, 16, 3), std::vector<uint8_t>(16, 1));
+  // dK/dV's split context tiles (k_dkv_wg, bench/NOTES.md 21) whose two parts see no chunk at all (at 132 SMs, 36 of
+  // its 52 split tiles; 11 more with part 1 empty): zero partial sums merged
+  dflash_case("split tiles see no chunk", 4096, 16, 4, 2, 128, {0, 10, 100, 300, 500, 700, 900, 1000},
+              std::vector<uint8_t>(8, 1));
+}
+
+// dK/dV's split tiles (bench/NOTES.md 21): a tile's two parts add their sums in whichever order they finish, which
+// must not change a bit. bench_attention's shape (20 of 48 context tiles split at 132 SMs), forward and backward three
+// times on one context, then on two contexts from two threads at once: every output bitwise equal to the first run's.
+TEST(CudaOps, DFlashAttentionBackwardBitwise) {
+  if (kEmu) GTEST_SKIP() << "the emulator runs the mma.sync kernels (no split tiles)";
+  const int64_t S = 3072, B = 16, nh = 32, nkv = 8, d = 128, N = 64, NB = N * B;
+  const std::vector<int32_t> anchors = sorted_anchors(S, N, 7);
+  const Tensor q = rnd({NB, nh, d}, 60), kc = rnd({S, nkv, d}, 61), vc = rnd({S, nkv, d}, 62);
+  const Tensor kb = rnd({NB, nkv, d}, 63), vb = rnd({NB, nkv, d}, 64), dout = rnd({NB, nh, d}, 65);
+  auto run = [&](Context& c) {
+    DFlashAttnArgs a{put(c, q), put(c, kc), put(c, vc), put(c, kb), put(c, vb), put_i32(c, anchors),
+                     put_u8(c, std::vector<uint8_t>(N, 1)), static_cast<int>(B), 1.0f / std::sqrt(float(d)), 0};
+    Tensor o = nan_out(c, {NB, nh, d}), l = nan_out(c, {NB, nh}, false);
+    c.dflash_attention(a, o, l);
+    Tensor dq = nan_out(c, {NB, nh, d}), dkc = nan_out(c, {S, nkv, d}), dvc = nan_out(c, {S, nkv, d});
+    Tensor dkb = nan_out(c, {NB, nkv, d}), dvb = nan_out(c, {NB, nkv, d});
+    c.dflash_attention_backward(a, o, l, put(c, dout), dq, dkc, dvc, dkb, dvb);
+    return std::vector<std::vector<double>>{get(c, o), get(c, dq), get(c, dkc), get(c, dvc), get(c, dkb), get(c, dvb)};
+  };
+  auto g = gpu_context();
+  const auto first = run(*g);
+  bool finite = true;
+  for (const auto& v : first)
+    for (double x : v) finite &= std::isfinite(x);
+  EXPECT_TRUE(finite);
+  bool same = finite;
+  for (int rep = 0; rep < 2; ++rep) same &= run(*g) == first;
+  std::vector<std::unique_ptr<Context>> ctx;
+  for (int i = 0; i < 2; ++i) ctx.push_back(gpu_context());
+  std::vector<std::vector<std::vector<double>>> par(2);
+  std::barrier start(2);
+  std::vector<std::thread> th;
+  for (int i = 0; i < 2; ++i)
+    th.emplace_back([&, i] {
+      start.arrive_and_wait();
+      par[static_cast<size_t>(i)] = run(*ctx[static_cast<size_t>(i)]);
+    });
+  for (auto& t : th) t.join();
+  for (const auto& r : par) same &= r == first;
+  EXPECT_TRUE(same);
+  record("dflash backward, split dK/dV tiles: 3 runs + 2 threads at once, bitwise equal", same ? 0 : 1, 0, same);
 }
 
 // The persistent forward's items run one after another on a CTA, its pipeline carried from one item into the next

@@ -1051,7 +1051,9 @@ constexpr size_t kDkvWgStatic = 4 * kDkvWgMaxChunks + 16 + 16 * 64 + 2048;
 // each, part 0 taking the even chunk slots of the tile's list and part 1 the odd ones; each writes its fp32 dK / dV
 // sums to the Env's workspace and the second to finish adds the other's (a + b = b + a exactly: the result does not
 // depend on which part finishes first) and writes the tile. launch_dflash_backward_wgmma picks ns from the same model
-// (measured: splitting at 3/4 of a slot's share beat 1/2, 0.9 and 1.1; bench/NOTES.md 21).
+// (measured: splitting at 3/4 of a slot's share beat 1/2, 0.9 and 1.1; bench/NOTES.md 21). ns depends on the SM
+// count, so dK / dV's last bits may differ between GPU models (as cuBLASLt's choice of algorithm may); on one model
+// they do not change from run to run (op table: DFlashAttentionBackwardBitwise).
 struct DkvSplit {
   int ns = 0;            // context tiles 0 .. ns - 1 split (0: none)
   float* ws = nullptr;   // [ns * nkv][2 parts][32][128 threads] float4: each part's dK (16 float4) and dV sums
