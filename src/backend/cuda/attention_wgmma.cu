@@ -1039,8 +1039,8 @@ constexpr int kDkvWgQ = 64;                                 // queries per chunk
 constexpr int kDkvWgMaxChunks = 1024;                       // Tq <= 65536 (else k_dkv_tc runs)
 constexpr uint32_t kDkvWgTileBytes = 64 * kWgD * 2;         // [64][128] bf16: 16 KiB
 constexpr size_t kDkvWgSmem = 6 * size_t{kDkvWgTileBytes} + 1024;  // K, V, Q x 2, dO x 2
-// static __shared__ of k_dkv_wg: 6176 bytes for <true> (ptxas: sList 4096, sL, sDr, sHi, sLo 512 each, sWarp and
-// sFull 16 each), plus ~1 KiB of slack
+// static __shared__ of k_dkv_wg: 6192 bytes for <true> (ptxas: sList 4096, sL, sDr, sHi, sLo 512 each, sWarp, sFull
+// and sItem 16 each), plus ~1 KiB of slack
 constexpr size_t kDkvWgStatic = 4 * kDkvWgMaxChunks + 16 + 16 * 64 + 2048;
 
 // The heaviest context tiles split in two (load balance). Context tile j is seen by the chunks with an anchor past
