@@ -1072,6 +1072,21 @@ constexpr int dkv_rank_whole(int n1, int ns, int k) {
   const int halves = 2 * k - n1 + 1;  // split tiles j < ns with n1 - j >= 2 (n1 - k): j <= 2 k - n1
   return (k - ns) + 2 * (halves < 0 ? 0 : (halves > ns ? ns : halves));
 }
+// The last i in [lo, hi] with rank(i) <= y (rank increasing), or `none` when there is none: binary search.
+template <class Rank>
+constexpr int dkv_last_at_most(int lo, int hi, int y, int none, Rank rank) {
+  int found = none;
+  while (lo <= hi) {
+    const int mid = (lo + hi) / 2;
+    if (rank(mid) <= y) {
+      found = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return found;
+}
 // Grid row y -> (tile, part): part -1 for a whole tile. Tiles past the n1 context tiles are block-key tiles.
 constexpr void dkv_tile_of(int y, int n1, int ns, int& tile, int& part) {
   part = -1;
@@ -1079,34 +1094,13 @@ constexpr void dkv_tile_of(int y, int n1, int ns, int& tile, int& part) {
     tile = y - ns;
     return;
   }
-  int lo = 0, hi = ns - 1, j = -1;  // the last split tile whose part 0 ranks <= y
-  while (lo <= hi) {
-    const int mid = (lo + hi) / 2;
-    if (dkv_rank_half(n1, ns, mid, 0) <= y) {
-      j = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int j = dkv_last_at_most(0, ns - 1, y, -1, [&](int i) { return dkv_rank_half(n1, ns, i, 0); });
   if (j >= 0 && y - dkv_rank_half(n1, ns, j, 0) < 2) {
     tile = j;
     part = y - dkv_rank_half(n1, ns, j, 0);
     return;
   }
-  lo = ns;
-  hi = n1 - 1;
-  int k = ns;  // the last whole tile ranking <= y
-  while (lo <= hi) {
-    const int mid = (lo + hi) / 2;
-    if (dkv_rank_whole(n1, ns, mid) <= y) {
-      k = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  tile = k;
+  tile = dkv_last_at_most(ns, n1 - 1, y, ns, [&](int k) { return dkv_rank_whole(n1, ns, k); });
 }
 // Every row 0 .. n1 + ns - 1 maps to a distinct (tile, part), each split tile's two parts and each whole tile once.
 constexpr bool dkv_order_is_permutation(int n1, int ns) {
@@ -1620,17 +1614,14 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   }
   // The sums and counters live in the Env's workspace (stream-ordered scratch, a fixed size): ns is capped to what
   // fits, so the kernel's memory does not grow with the sequence (case C03); the counters are zeroed per launch.
-  constexpr size_t kPairBytes = 2 * 32 * kDkvWgThreads * sizeof(float4), kCntAlign = 256;
-  auto fits = [&](int ns) {
-    const size_t pairs = static_cast<size_t>(ns) * p.nkv;
-    return (pairs * sizeof(int) + kCntAlign - 1) / kCntAlign * kCntAlign + pairs * kPairBytes <= e.workspace_bytes;
-  };
+  constexpr size_t kPairBytes = 2 * 32 * kDkvWgThreads * sizeof(float4);
+  auto cnt_span = [&](int ns) { return (static_cast<size_t>(ns) * p.nkv * sizeof(int) + 255) / 256 * 256; };
+  auto fits = [&](int ns) { return cnt_span(ns) + static_cast<size_t>(ns) * p.nkv * kPairBytes <= e.workspace_bytes; };
   while (sp.ns > 0 && (!fits(sp.ns) || tiles + sp.ns > 65535)) --sp.ns;  // (grid.y: the tiles and the split ones)
   if (sp.ns > 0) {
-    const size_t cnt_bytes = static_cast<size_t>(sp.ns) * p.nkv * sizeof(int);
     sp.cnt = static_cast<int*>(e.workspace);
-    sp.ws = reinterpret_cast<float*>(static_cast<char*>(e.workspace) + (cnt_bytes + kCntAlign - 1) / kCntAlign * kCntAlign);
-    DFLASH_CUDA_CHECK(cudaMemsetAsync(sp.cnt, 0, cnt_bytes, e.stream));
+    sp.ws = reinterpret_cast<float*>(static_cast<char*>(e.workspace) + cnt_span(sp.ns));
+    DFLASH_CUDA_CHECK(cudaMemsetAsync(sp.cnt, 0, static_cast<size_t>(sp.ns) * p.nkv * sizeof(int), e.stream));
   }
   const dim3 grid(static_cast<unsigned>(p.nkv), static_cast<unsigned>(tiles + sp.ns));
   QdoMaps qm;
