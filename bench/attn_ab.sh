@@ -48,8 +48,11 @@ build() {
     { echo "attn_ab: build $1 failed"; grep -E "error" "$OUT/build_$1.log" | head -20; exit 1; }
 }
 TESTS=${TESTS:-1}
-for d in "${DIRS[@]}"; do build "${d#.ab-}" "$d" "/tmp/ab-build-${d#.ab-}" bench_attention; done
+# the trees build side by side (each build's long pole is one file, attention_wgmma.cu, on one core)
+pids=()
+for d in "${DIRS[@]}"; do build "${d#.ab-}" "$d" "/tmp/ab-build-${d#.ab-}" bench_attention & pids+=($!); done
 build new . build-cuda "bench_attention$([ "$TESTS" = 1 ] && echo ' dflash_cuda_tests')"
+for pid in "${pids[@]}"; do wait "$pid" || exit 1; done
 echo "$(el) built"
 if [ "$TESTS" = 1 ]; then
   timeout "${TEST_TIMEOUT:-300}" build-cuda/dflash_cuda_tests --gtest_filter='CudaOps.*Attention*:CudaDrafter.*:CudaThreads.*' \

@@ -138,12 +138,12 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t a) {
   return v;
 }
 
-// 2^x on the special-function unit, denormal results flushed to zero (one MUFU.EX2; exp2f without -ftz adds the
-// denormal range handling around it). Probabilities below 2^-126 do not matter here.
 // This thread's warpgroup index, read from lane 0 so that the compiler knows it is uniform over the warp (CUTLASS's
 // canonical_warp_group_idx): the shared-memory addresses and wgmma descriptors derived from it then stay in uniform
 // registers instead of being moved there (R2UR) before every wgmma.
 __device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) >> 7, 0); }
+// 2^x on the special-function unit, denormal results flushed to zero (one MUFU.EX2; exp2f without -ftz adds the
+// denormal range handling around it). Probabilities below 2^-126 do not matter here.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
