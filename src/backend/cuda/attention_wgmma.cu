@@ -627,7 +627,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             DFLASH_UNROLL
             for (int e = 0; e < 4; ++e) {
               const int i = e >> 1, key = kt + c * 8 + 2 * t4 + (e & 1);
-              const float v = key >= lo[i] && key < hi[i] ? s[c * 4 + e] : -INFINITY;
+              // (packed causal: every row's keys start at 0, so one compare per element)
+              const float v = (PACKED || key >= lo[i]) && key < hi[i] ? s[c * 4 + e] : -INFINITY;
               s[c * 4 + e] = v;
               mx4[i][(c & 1) * 2 + (e & 1)] = fmaxf(mx4[i][(c & 1) * 2 + (e & 1)], v);
             }
