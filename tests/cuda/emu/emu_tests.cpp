@@ -43,7 +43,9 @@ cuda::Env make_env(int smem_limit = 227 * 1024) {
   e.err_flag = &err_word;
   e.smem_limit = smem_limit;
   e.num_sms = 4;
-  e.workspace_bytes = 1 << 20;
+  static std::vector<unsigned char> workspace(1 << 20);  // (the fields agree, as on the GPU: bytes at workspace)
+  e.workspace = workspace.data();
+  e.workspace_bytes = workspace.size();
   static cublasLtHandle_t h = nullptr;
   if (!h) cublasLtCreate(&h);
   e.lt = h;
