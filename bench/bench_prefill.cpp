@@ -66,15 +66,15 @@ int main(int argc, char** argv) {
       TargetLayer L;
       L.in_norm = const_tensor(*ctx, act, {H}, 1.0f);
       L.post_norm = const_tensor(*ctx, act, {H}, 1.0f);
-      L.wq = pool.make(act, {nh * d, H});
-      L.wk = pool.make(act, {nkv * d, H});
-      L.wv = pool.make(act, {nkv * d, H});
-      L.wo = pool.make(act, {H, nh * d});
-      L.q_norm = const_tensor(*ctx, act, {d}, 1.0f);
-      L.k_norm = const_tensor(*ctx, act, {d}, 1.0f);
-      L.w_gate = pool.make(act, {I, H});
-      L.w_up = pool.make(act, {I, H});
-      L.w_down = pool.make(act, {H, I});
+      L.attn.wq = pool.make(act, {nh * d, H});
+      L.attn.wk = pool.make(act, {nkv * d, H});
+      L.attn.wv = pool.make(act, {nkv * d, H});
+      L.attn.wo = pool.make(act, {H, nh * d});
+      L.attn.q_norm = const_tensor(*ctx, act, {d}, 1.0f);
+      L.attn.k_norm = const_tensor(*ctx, act, {d}, 1.0f);
+      L.mlp.w_gate = pool.make(act, {I, H});
+      L.mlp.w_up = pool.make(act, {I, H});
+      L.mlp.w_down = pool.make(act, {H, I});
       w.layers.push_back(std::move(L));
     }
     Target target(cfg, std::move(w));

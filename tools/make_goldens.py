@@ -3,9 +3,11 @@
 
     python3 tools/make_goldens.py [--out tests/golden]
 
-1. Target parity (docs/cases.md C10; "Parity with Hugging Face transformers, no download"): three tiny
+1. Target parity (docs/cases.md C10; "Parity with Hugging Face transformers, no download"): four tiny
    models built from a config with a fixed seed, saved with save_pretrained in float32:
-     tests/golden/target_{qwen3,llama3,qwen2}/{config.json, model.safetensors, golden.safetensors}
+     tests/golden/target_{qwen3,llama3,qwen2,qwen3_moe}/{config.json, model.safetensors, golden.safetensors}
+   target_qwen3_moe also writes router_topk.{l} (the experts chosen) and target_qwen3_moe_sharded/ (the same
+   weights in the other expert layout, two shards and model.safetensors.index.json).
    golden.safetensors (all computed in float64 by transformers, stored F32):
      input_ids I32 [S]; hidden_states.{k} [S,H] for k in 0..L exactly as HF output_hidden_states returns them;
      layer_output.{l} [S,H] = residual stream after decoder layer l (spec h_after_layer(l), forward hooks);
@@ -100,6 +102,16 @@ TARGETS = {
         # 6.3, 32.4, 167, ... so 64 puts one band in each branch of the llama3 rule (kept, smoothed, /factor).
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 64}),
+    # Qwen3-MoE (issue 40): 4 layers, 8 experts top-2 renormalised, layer 2 dense (mlp_only_layers); experts of
+    # width 32 beside a dense width of 128, so a mix-up of the two cannot pass.
+    "target_qwen3_moe": dict(
+        cls="Qwen3MoeForCausalLM", cfg="Qwen3MoeConfig", seed=1004,
+        kw=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                rms_norm_eps=1e-6, max_position_embeddings=128, attention_bias=False,
+                num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                decoder_sparse_step=1, mlp_only_layers=[2]),
+        rope_theta=1e6, rope_scaling=None, moe=True),
     "target_qwen2": dict(
         cls="Qwen2ForCausalLM", cfg="Qwen2Config", seed=1003,
         kw=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -246,6 +258,8 @@ def build_target_golden(name: str, spec: dict, out_root: str) -> None:
         print(f"  note: {name}: model.model.rotary_emb.inv_freq not found; RoPE checked through the outputs")
 
     model = model.double()
+    if spec.get("moe") and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")  # the per-expert loop: defined for float64 on the CPU
     g = torch.Generator().manual_seed(spec["seed"] + 7)
     ids = torch.randint(0, spec["kw"]["vocab_size"], (SEQ_LEN,), generator=g)
     cap = hf_forward(model, ids)
@@ -313,10 +327,118 @@ def build_target_golden(name: str, spec: dict, out_root: str) -> None:
         "num_hidden_layers": str(L),
     }
     md.update({k: ("true" if v else "false") for k, v in sem.items()})
+    if spec.get("moe"):
+        moe_extras(name, spec, model, ids, r, tensors, md, d, out_root)
     save_st(tensors, os.path.join(d, "golden.safetensors"), md)
     print(f"  {name}: L={L} semantics={ {k: v for k, v in sem.items()} } ref_diff={dref:.2e} "
           f"kv_diff={dkv:.2e} ({time.time() - t0:.1f}s)", flush=True)
     print(f"SUMMARY golden {name}: ok files={sorted(os.listdir(d))} ref_diff={dref:.1e}")
+
+
+def moe_extras(name: str, spec: dict, model, ids: torch.Tensor, r: dict, tensors: dict, md: dict, d: str,
+               out_root: str) -> None:
+    """Qwen3-MoE: the experts each token chose per MoE layer (router_topk.{l} I32 [S, k], HF's own choice checked
+    against the reference's), torch.topk's order on exact ties (case C21), the names save_pretrained wrote, and the
+    same weights in the other expert layout, sharded over two files with model.safetensors.index.json
+    (<name>_sharded/), which must load to the same model."""
+    from safetensors.torch import load_file
+
+    L = spec["kw"]["num_hidden_layers"]
+    xin = {}
+    hooks = [layer.mlp.register_forward_hook(lambda m, i, o, l=l: xin.__setitem__(l, i[0].detach().clone()))
+             for l, layer in enumerate(model.model.layers)]
+    try:
+        with torch.no_grad():
+            model(input_ids=ids[None], use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    k = spec["kw"]["num_experts_per_tok"]
+    moe_layers = []
+    for l in range(L):
+        mlp = model.model.layers[l].mlp
+        if not hasattr(mlp, "gate"):
+            continue
+        moe_layers.append(l)
+        x = xin[l].reshape(-1, xin[l].shape[-1])
+        with torch.no_grad():
+            g = mlp.gate(x)
+        if isinstance(g, (tuple, list)):  # transformers 5: (router_logits, routing_weights, selected_experts)
+            hf_idx = [t for t in g if t.dtype in (torch.int64, torch.int32)][0]
+        else:  # an nn.Linear: the logits; the block's rule
+            hf_idx = torch.topk(torch.softmax(g, dim=-1, dtype=torch.float), k, dim=-1).indices
+        ours = r["router_topk"][l]
+        same = torch.equal(hf_idx.to(torch.long).sort(dim=-1).values, ours.sort(dim=-1).values)
+        check(same, f"{name}: layer {l} HF chooses the same experts as the reference")
+        tensors[f"router_topk.{l}"] = ours.to(torch.int32)
+    check(moe_layers == [l for l in range(L) if l not in spec["kw"]["mlp_only_layers"]],
+          f"{name}: MoE layers {moe_layers}")
+    md["router_topk.l"] = ("I32 [S, k] per MoE layer: the experts chosen (tools/ref_dflash.py moe_block: softmax, "
+                           "descending, lower index first on ties), checked equal as sets to transformers' choice")
+    md["moe_layers"] = json.dumps(moe_layers)
+
+    # torch.topk on exact ties (C21): which index comes first
+    z = torch.tensor([[0.5, 1.0, 1.0, 0.25, 1.0, -1.0, 0.0, 1.0]])
+    order = {}
+    for dev in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        order[dev] = torch.topk(torch.softmax(z.to(dev), dim=-1), 3, dim=-1).indices.cpu().tolist()[0]
+    md["torch_topk_ties"] = json.dumps({"logits": z.tolist()[0], "top3": order})
+    print(f"  {name}: torch.topk on ties {order} (lower index first: [1, 2, 4])", flush=True)
+
+    # the names save_pretrained wrote, and the other layout sharded in two files
+    W = {}
+    for fn in sorted(os.listdir(d)):
+        if fn.endswith(".safetensors") and fn != "golden.safetensors":
+            W.update(load_file(os.path.join(d, fn)))
+    fused = any(n.endswith("mlp.experts.gate_up_proj") for n in W)
+    md["save_pretrained_expert_layout"] = "fused gate_up_proj / down_proj" if fused else "per expert"
+    print(f"  {name}: save_pretrained wrote experts {md['save_pretrained_expert_layout']}", flush=True)
+    E = spec["kw"]["num_experts"]
+    other = {}
+    for n, t in W.items():
+        if fused and n.endswith("mlp.experts.gate_up_proj"):
+            pre = n[: -len("gate_up_proj")]
+            I = t.shape[1] // 2
+            for e in range(E):
+                other[f"{pre}{e}.gate_proj.weight"] = t[e, :I].contiguous()
+                other[f"{pre}{e}.up_proj.weight"] = t[e, I:].contiguous()
+        elif fused and n.endswith("mlp.experts.down_proj"):
+            pre = n[: -len("down_proj")]
+            for e in range(E):
+                other[f"{pre}{e}.down_proj.weight"] = t[e].contiguous()
+        elif not fused and ".mlp.experts." in n:
+            continue
+        else:
+            other[n] = t
+    if not fused:
+        for l in moe_layers:
+            pre = f"model.layers.{l}.mlp.experts."
+            other[pre + "gate_up_proj"] = torch.stack([torch.cat([W[f"{pre}{e}.gate_proj.weight"],
+                                                                  W[f"{pre}{e}.up_proj.weight"]]) for e in range(E)])
+            other[pre + "down_proj"] = torch.stack([W[f"{pre}{e}.down_proj.weight"] for e in range(E)])
+    sd = os.path.join(out_root, name + "_sharded")
+    os.makedirs(sd, exist_ok=True)
+    names = sorted(other)
+    half = len(names) // 2
+    files = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    weight_map = {}
+    for fi, part in enumerate([names[:half], names[half:]]):
+        save_st({n: other[n] for n in part}, os.path.join(sd, files[fi]), {"format": "pt"})
+        weight_map.update({n: files[fi] for n in part})
+    with open(os.path.join(sd, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(t.numel() * t.element_size() for t in other.values())},
+                   "weight_map": weight_map}, f, indent=2)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg_text = f.read()
+    with open(os.path.join(sd, "config.json"), "w") as f:
+        f.write(cfg_text)
+    md["sharded_copy"] = (f"../{name}_sharded: the same weights with experts "
+                          f"{'per expert' if fused else 'fused'}, two shards + model.safetensors.index.json")
+    # the reference on the other layout gives the same forward
+    W2 = ref.load_target_weights(sd)
+    r2 = ref.target_forward(ref.load_hf_config(sd), W2, ids)
+    d2 = maxdiff(r2["logits"], r["logits"])
+    check(d2 < 1e-12, f"{name}: the sharded other-layout copy gives the same logits (max diff {d2:.2e})")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -626,7 +748,8 @@ def build_step_golden(out_root: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="tests/golden")
-    ap.add_argument("--only", default="", help="comma list of parts: target_qwen3,target_llama3,target_qwen2,step")
+    ap.add_argument("--only", default="", help="comma list of parts: target_qwen3,target_llama3,target_qwen2,"
+                    "target_qwen3_moe,step")
     args = ap.parse_args()
     only = set(x for x in args.only.split(",") if x)
     torch.set_default_dtype(torch.float32)

@@ -212,7 +212,7 @@ def load_hf_config(path: str) -> dict:
     with open(path) as f:
         c = json.load(f)
     mt = c["model_type"]
-    if mt not in ("llama", "qwen2", "qwen3"):
+    if mt not in ("llama", "qwen2", "qwen3", "qwen3_moe"):
         raise ValueError(f"{path}: unsupported model_type {mt!r}")
     H = int(c["hidden_size"])
     nh = int(c["num_attention_heads"])
@@ -240,10 +240,55 @@ def load_hf_config(path: str) -> dict:
         "rope_theta": theta,
         "rope_scaling": scaling,
         "tie_word_embeddings": bool(c.get("tie_word_embeddings", False)),
-        "qk_norm": mt == "qwen3",
+        "qk_norm": mt in ("qwen3", "qwen3_moe"),
         "qkv_bias": mt == "qwen2" or bool(c.get("attention_bias", False)),
         "o_bias": mt != "qwen2" and bool(c.get("attention_bias", False)),
+        # Qwen3-MoE (Qwen3MoeConfig defaults): layer l is MoE when l not in mlp_only_layers and (l+1) % step == 0
+        "num_experts": int(c.get("num_experts", 128)) if mt == "qwen3_moe" else 0,
+        "num_experts_per_tok": int(c.get("num_experts_per_tok", 8)),
+        "moe_intermediate_size": int(c.get("moe_intermediate_size", 768)),
+        "norm_topk_prob": bool(c.get("norm_topk_prob", False)),
+        "decoder_sparse_step": int(c.get("decoder_sparse_step", 1)),
+        "mlp_only_layers": list(c.get("mlp_only_layers") or []),
     }
+
+
+def is_moe_layer(cfg: dict, l: int) -> bool:
+    return (cfg.get("num_experts", 0) > 0 and l not in cfg.get("mlp_only_layers", [])
+            and (l + 1) % cfg.get("decoder_sparse_step", 1) == 0)
+
+
+def moe_block(cfg: dict, W: dict, p: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3MoeSparseMoeBlock written out (in x's dtype throughout, float64 here): p = softmax(x Wr^T) over all
+    experts, the top-k by p (ties: lower index first), renormalised when norm_topk_prob; out = sum_j p_j
+    expert_j(x). Experts from per-expert tensors (mlp.experts.{e}.gate_proj.weight, ...) or transformers 5's fused
+    ones (mlp.experts.gate_up_proj [E, 2I, H] gate rows first, mlp.experts.down_proj [E, H, I]). Returns (out,
+    chosen experts [S, k])."""
+    E, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    probs = torch.softmax(x @ W[p + "mlp.gate.weight"].T, dim=-1)
+    # stable descending sort: equal probabilities keep the lower expert index first
+    order = torch.sort(-probs, dim=-1, stable=True).indices[:, :k]
+    w = torch.gather(probs, 1, order)
+    if cfg["norm_topk_prob"]:
+        w = w / w.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    fused = p + "mlp.experts.gate_up_proj" in W
+    for e in range(E):
+        if fused:
+            gu = W[p + "mlp.experts.gate_up_proj"][e]
+            I = gu.shape[0] // 2
+            g_w, u_w, d_w = gu[:I], gu[I:], W[p + "mlp.experts.down_proj"][e]
+        else:
+            q = p + f"mlp.experts.{e}."
+            g_w, u_w, d_w = W[q + "gate_proj.weight"], W[q + "up_proj.weight"], W[q + "down_proj.weight"]
+        hit = order == e  # [S, k]
+        tok = hit.any(dim=-1)
+        if not bool(tok.any()):
+            continue
+        xe = x[tok]
+        ye = (torch.nn.functional.silu(xe @ g_w.T) * (xe @ u_w.T)) @ d_w.T
+        out[tok] += (w * hit).sum(dim=-1)[tok, None] * ye
+    return out, order
 
 
 def load_target_weights(path: str, dtype=torch.float64) -> dict:
@@ -266,7 +311,7 @@ def target_forward(cfg: dict, W: dict, ids) -> dict:
 
     Returns {"embed": [S,H], "layer_outputs": [h_after_layer(0), ..., h_after_layer(Lt-1)] each [S,H]
     (the residual stream AFTER decoder layer l, before the final norm; spec 1), "final_hidden": [S,H]
-    (final-norm output, the lm_head input), "logits": [S,V]}."""
+    (final-norm output, the lm_head input), "logits": [S,V], and for MoE targets "router_topk": {l: [S, k]}}."""
     ids = torch.as_tensor(ids, dtype=torch.long)
     S = ids.numel()
     eps = cfg["rms_norm_eps"]
@@ -300,9 +345,14 @@ def target_forward(cfg: dict, W: dict, ids) -> dict:
             o = o + W[p + "self_attn.o_proj.bias"]
         h = h + o
         xn = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
-        gate = xn @ W[p + "mlp.gate_proj.weight"].T
-        up = xn @ W[p + "mlp.up_proj.weight"].T
-        h = h + (torch.nn.functional.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T
+        if is_moe_layer(cfg, l):
+            y, chosen = moe_block(cfg, W, p, xn)
+            h = h + y
+            out.setdefault("router_topk", {})[l] = chosen
+        else:
+            gate = xn @ W[p + "mlp.gate_proj.weight"].T
+            up = xn @ W[p + "mlp.up_proj.weight"].T
+            h = h + (torch.nn.functional.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T
         out["layer_outputs"].append(h)
     fh = rms_norm(h, W["norm.weight"], eps)
     out["final_hidden"] = fh

@@ -47,6 +47,65 @@ std::unique_ptr<Context> make_context(const std::string& device, const ContextOp
   DFLASH_FAIL("unknown device '", device, "' (expected cpu, cpu64, cuda or cuda:N)");
 }
 
+// ---- MoE argument checks (backend/context.h) -----------------------------------------------------------------------
+namespace {
+void need(bool ok, const char* op, const char* what, const Tensor& t, const std::string& expect) {
+  DFLASH_CHECK(ok, op, ": ", what, " is ", dtype_name(t.dtype), " ", shape_str(t.shape), ", expected ", expect);
+}
+}  // namespace
+
+void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act,
+                     DType param) {
+  const char* op = "moe_route";
+  need(logits.dtype == act && logits.ndim() == 2, op, "logits", logits, cat(dtype_name(act), " [T, E]"));
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  DFLASH_CHECK(k >= 1 && k <= E, op, ": k = ", k, " outside [1, E = ", E, "]");
+  need(idx.dtype == DType::I32 && idx.numel() == T * k, op, "idx", idx, cat("I32 [", T, ", ", k, "]"));
+  need(weights.dtype == param && weights.numel() == T * k, op, "weights", weights,
+       cat(dtype_name(param), " [", T, ", ", k, "]"));
+}
+
+void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) {
+  const char* op = "moe_group";
+  need(idx.dtype == DType::I32 && idx.ndim() == 2, op, "idx", idx, "I32 [T, k]");
+  const int64_t n = idx.numel();
+  need(offsets.dtype == DType::I32 && offsets.ndim() == 1 && offsets.numel() >= 2, op, "offsets", offsets,
+       "I32 [E + 1]");
+  need(rows.dtype == DType::I32 && rows.numel() == n, op, "rows", rows, cat("I32 [", n, "]"));
+  need(slot.dtype == DType::I32 && slot.numel() == n, op, "slot", slot, cat("I32 [", n, "]"));
+}
+
+MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets,
+                               const Tensor& y, MoeAct act, DType dt) {
+  const char* op = "moe_linear";
+  need(w.dtype == dt && w.ndim() == 3, op, "w", w, cat(dtype_name(dt), " [E, N, K]"));
+  const int64_t E = w.shape[0], K = w.shape[2], N = act == MoeAct::SwiGLU ? w.shape[1] / 2 : w.shape[1];
+  DFLASH_CHECK(act != MoeAct::SwiGLU || w.shape[1] % 2 == 0, op, ": SwiGLU needs w [E, 2N, K], got ",
+               shape_str(w.shape));
+  need(x.dtype == dt && x.ndim() >= 1 && x.shape.back() == K, op, "x", x, cat(dtype_name(dt), " [*, ", K, "]"));
+  need(offsets.dtype == DType::I32 && offsets.numel() == E + 1, op, "offsets", offsets, cat("I32 [", E + 1, "]"));
+  need(y.dtype == dt && y.ndim() >= 1 && y.shape.back() == N, op, "y", y, cat(dtype_name(dt), " [R, ", N, "]"));
+  const int64_t R = y.rows();
+  if (rows) {
+    need(rows->dtype == DType::I32 && rows->numel() == R, op, "rows", *rows, cat("I32 [", R, "]"));
+  } else {
+    need(x.rows() == R, op, "x", x, cat("[", R, ", ", K, "] (the grouped rows, no gather)"));
+  }
+  return {R, N, K, E};
+}
+
+void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,
+                       DType param) {
+  const char* op = "moe_combine";
+  need(out.dtype == act && out.ndim() >= 1, op, "out", out, cat(dtype_name(act), " [T, H]"));
+  const int64_t T = out.rows(), H = out.shape.back();
+  need(weights.dtype == param && weights.ndim() == 2 && weights.shape[0] == T, op, "weights", weights,
+       cat(dtype_name(param), " [", T, ", k]"));
+  const int64_t k = weights.shape[1];
+  need(slot.dtype == DType::I32 && slot.numel() == T * k, op, "slot", slot, cat("I32 [", T * k, "]"));
+  need(y.dtype == act && y.ndim() >= 1 && y.shape.back() == H, op, "y", y, cat(dtype_name(act), " [R, ", H, "]"));
+}
+
 Tensor Context::zeros(DType t, Shape s) {
   Tensor x = empty(t, std::move(s));
   zero(x);

@@ -1,5 +1,5 @@
 // backend/context.h — the per-device, per-worker execution context and the op interface.
-// defines: Context (abstract), Event, RopeArgs, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, make_context,
+// defines: Context (abstract), Event, RopeArgs, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, MoeAct, make_context,
 //          ContextOptions, lazy_init_count, note_lazy_init
 //
 // One Context per device per worker thread. It owns everything mutable that executing ops needs: on the CPU a
@@ -91,6 +91,12 @@ struct AdamWArgs {
 class Event {
  public:
   virtual ~Event() = default;
+};
+
+// The epilogue of Context::moe_linear.
+enum class MoeAct {
+  None,    // y = a W_e^T
+  SwiGLU,  // y = silu(a G_e^T) * (a U_e^T), W_e = [G_e ; U_e] (gate rows first)
 };
 
 struct MemoryStats {
@@ -212,6 +218,30 @@ class Context {
                                          const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx,
                                          const Tensor& dv_ctx, const Tensor& dk_blk, const Tensor& dv_blk) = 0;
 
+  // ---- Mixture of Experts (the target's MoE layers: model/target/mlp.h) ------------------------------------
+  // Router: logits [T, E] act -> per token the k experts of largest logit, in descending order, ties to the lower
+  // expert index (softmax is monotonic: these are transformers' torch.topk(softmax(logits)) choices, case C21):
+  // idx [T, k] I32; weights [T, k] param dtype (F32; F64 on cpu64): p = softmax(logits) in fp32 over all E, w_j = p[idx_j], divided by
+  // sum_j p[idx_j] when normalize (Qwen3MoeTopKRouter's norm_topk_prob).
+  virtual void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) = 0;
+  // The (token, slot) pairs of idx [T, k] (I32) grouped by expert, each expert's in token order: offsets [E + 1] I32
+  // (expert e's pairs are the grouped rows offsets[e] .. offsets[e + 1] - 1; offsets[E] = T k), rows [T k] I32 (the
+  // token of each grouped row), slot [T k] I32 (the grouped row of pair (t, j), at t k + j). An expert id outside
+  // [0, E) throws (CUDA: the pair is dropped and the error reported at the next synchronising call).
+  virtual void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) = 0;
+  // Grouped expert GEMM, one call per projection for all experts: for expert e and every grouped row r in
+  // [offsets[e], offsets[e + 1]) (offsets [E + 1] I32 on the device), a = x[rows[r]] when rows is given (a gather of
+  // x's rows; x [*, K]) or x[r] (x [R, K]), act dtype, and
+  //   act None:   y[r] = a w[e]^T                         w [E, N, K],  y [R, N]
+  //   act SwiGLU: y[r] = silu(a g^T) * (a u^T)            w [E, 2N, K]: g = rows 0..N-1 of w[e], u = rows N..2N-1
+  // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host.
+  virtual void moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
+                          MoeAct act) = 0;
+  // Weighted combine: out[t] = sum_j weights[t, j] y[slot[t k + j]] + beta out[t], summed in fp32 in slot order
+  // and rounded once; y [T k, H] act, slot [T k] I32, weights [T, k] param dtype, out [T, H] act.
+  virtual void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
+                           float beta) = 0;
+
   // ---- loss and optimizer --------------------------------------------------------------------------------
   virtual LossStats lm_head_loss(const LossArgs& a) = 0;
   // AdamW (Loshchilov & Hutter; torch.optim.AdamW semantics): g = grad * grad_scale;
@@ -262,6 +292,18 @@ struct ContextOptions {
 int64_t lazy_init_count();
 std::string last_lazy_init();
 void note_lazy_init(const char* what);
+
+// Argument checks of the MoE ops, shared by every backend (throw Error naming the op, the tensor and its shape):
+// dtypes, ranks and the sizes that must agree. `act` is the context's compute dtype, `param` its param dtype.
+struct MoeLinearDims {
+  int64_t R, N, K, E;  // grouped rows, output columns, inner size, experts
+};
+void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act, DType param);
+void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
+MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets,
+                               const Tensor& y, MoeAct act, DType dt);
+void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,
+                       DType param);
 
 // Creates a Context for "cpu", "cpu64" (everything in fp64: the gradient-check oracle) or "cuda[:N]". Throws Error if the device is unknown or CUDA was not built in.
 std::unique_ptr<Context> make_context(const std::string& device, const ContextOptions& opts = {});

@@ -1,5 +1,7 @@
-// cli/cmd_info.cpp — `dflash info PATH [--json]`: a model directory's parsed config.json and weight summary,
-// or a .safetensors file's tensors and metadata.
+// cli/cmd_info.cpp — `dflash info PATH [--json]`: a model directory's parsed config.json — its family, the per-layer
+// plan, total and active parameters per token, what the weights take on the device, the drafter defaults — and its
+// weight summary, or a .safetensors file's tensors and metadata.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -11,7 +13,10 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/hf_config.h"
+#include "io/model_family.h"
 #include "io/safetensors.h"
+#include "model/drafter.h"
+#include "model/target.h"
 
 namespace dflash::cli {
 
@@ -19,9 +24,36 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
+// One layer's plan in words: "attention (qk-norm) + MoE 128 experts top-8 of width 768".
+std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
+  std::string a = "attention";
+  std::string opts;
+  if (s.attention.qk_norm) opts += "qk-norm";
+  if (s.attention.bias) opts += std::string(opts.empty() ? "" : ", ") + "q/k/v bias";
+  if (!opts.empty()) a += " (" + opts + ")";
+  if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense SwiGLU of width ", s.mlp_width);
+  return cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width,
+             c.moe.norm_topk_prob ? " (top-k renormalised)" : "");
+}
+
+// The plan as runs of equal consecutive layers: [{"layers": "0-1", "plan": "..."}, ...].
+ojson plan_json(const ModelConfig& c) {
+  ojson runs = ojson::array();
+  int64_t start = 0;
+  for (int64_t l = 1; l <= c.num_hidden_layers; ++l) {
+    const std::string cur = layer_text(c, c.layer(start));
+    if (l < c.num_hidden_layers && layer_text(c, c.layer(l)) == cur) continue;
+    runs.push_back({{"layers", l - 1 == start ? std::to_string(start) : cat(start, "-", l - 1)}, {"plan", cur}});
+    start = l;
+  }
+  return runs;
+}
+
 ojson config_json(const ModelConfig& c) {
   ojson j;
   j["arch"] = arch_name(c.arch);
+  j["family"] = family_of(c.arch).title;
+  j["architecture"] = c.architecture;
   j["model_type"] = c.model_type;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
@@ -46,12 +78,25 @@ ojson config_json(const ModelConfig& c) {
   j["bos_token_id"] = c.bos_token_id;
   j["eos_token_ids"] = c.eos_token_ids;
   j["torch_dtype"] = c.torch_dtype;
+  if (c.has_moe())
+    j["moe"] = {{"num_experts", c.moe.num_experts}, {"num_experts_per_tok", c.moe.top_k},
+                {"moe_intermediate_size", c.moe.expert_width}, {"norm_topk_prob", c.moe.norm_topk_prob},
+                {"decoder_sparse_step", c.moe.decoder_sparse_step}, {"mlp_only_layers", c.moe.mlp_only_layers}};
+  j["layers"] = plan_json(c);
+  const TargetParams p = target_params(c);
+  j["params"] = {{"total", p.total}, {"active_per_token", p.active}, {"embedding", p.embedding}};
+  j["device_weight_bytes_bf16"] = p.bf16_bytes();
   try {
     j["default_target_layer_ids_nf5"] = default_target_layer_ids(c.num_hidden_layers, 5);
   } catch (const Error&) {
     j["default_target_layer_ids_nf5"] = nullptr;  // too few layers for 5 distinct taps
   }
+  j["drafter_default_intermediate_size"] = default_intermediate_size(c);
   return j;
+}
+
+std::string human(double n) {
+  return n >= 1e9 ? cat(std::round(n / 1e7) / 100, "B") : n >= 1e6 ? cat(std::round(n / 1e4) / 100, "M") : cat(n);
 }
 
 ojson weights_json(const WeightStore& ws) {
@@ -103,7 +148,8 @@ void print_text(const ojson& j) {
   std::printf("path: %s\n", j["path"].get<std::string>().c_str());
   if (j.contains("config")) {
     const ojson& c = j["config"];
-    std::printf("arch: %s\n", c["arch"].get<std::string>().c_str());
+    std::printf("arch: %s (%s, %s)\n", c["arch"].get<std::string>().c_str(), c["family"].get<std::string>().c_str(),
+                c["architecture"].get<std::string>().c_str());
     std::printf("layers %lld, hidden %lld, intermediate %lld, heads %lld (kv %lld), head_dim %lld, vocab %lld\n",
                 I(c, "num_hidden_layers"), I(c, "hidden_size"), I(c, "intermediate_size"),
                 I(c, "num_attention_heads"), I(c, "num_key_value_heads"), I(c, "head_dim"),
@@ -116,16 +162,22 @@ void print_text(const ojson& j) {
     std::printf("bos %lld, eos %s, dtype %s\n", I(c, "bos_token_id"),
                 list(c["eos_token_ids"].get<std::vector<int64_t>>()).c_str(),
                 c["torch_dtype"].get<std::string>().c_str());
+    for (const auto& r : c["layers"])
+      std::printf("  layer %-7s %s\n", r["layers"].get<std::string>().c_str(), r["plan"].get<std::string>().c_str());
+    const ojson& p = c["params"];
+    std::printf("params: %s total, %s active per token; weights on the device (bf16): %.2f GiB\n",
+                human(p["total"].get<double>()).c_str(), human(p["active_per_token"].get<double>()).c_str(),
+                c["device_weight_bytes_bf16"].get<double>() / (1 << 30));
     const ojson& t = c["default_target_layer_ids_nf5"];
     const std::string ids = t.is_null() ? "n/a (too few layers)" : list(t.get<std::vector<int64_t>>());
-    std::printf("default target_layer_ids (nf=5): %s\n", ids.c_str());
+    std::printf("default target_layer_ids (nf=5): %s; drafter intermediate_size default %lld\n", ids.c_str(),
+                I(c, "drafter_default_intermediate_size"));
   }
   if (j.contains("weights")) {
     const ojson& w = j["weights"];
     const double p = w["params"].get<double>();
-    const std::string human = p >= 1e9 ? cat(p / 1e9, "B") : p >= 1e6 ? cat(p / 1e6, "M") : cat(p);
     std::printf("weights: %zu tensors, %lld params (%s), %.3f GiB, dtypes %s\n", w["tensors"].get<size_t>(),
-                I(w, "params"), human.c_str(), w["bytes"].get<double>() / (1 << 30), w["dtypes"].dump().c_str());
+                I(w, "params"), human(p).c_str(), w["bytes"].get<double>() / (1 << 30), w["dtypes"].dump().c_str());
   }
 }
 

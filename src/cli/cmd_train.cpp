@@ -57,7 +57,8 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
                   "mask token id (an existing embedding row); -1 = the tokenizer's mask token (the only negative "
                   "value accepted)")
       ->capture_default_str();
-  sub->add_option("--intermediate-size", c.intermediate_size, "drafter MLP width (0 = the target's)")
+  sub->add_option("--intermediate-size", c.intermediate_size, "drafter MLP width (0 = the default: the target's dense width; 3 x hidden for an MoE target, as the published "
+                  "MoE drafters)")
       ->capture_default_str();
   sub->add_option("--init-std", c.init_std, "std of the Linear weights at init")->capture_default_str();
   sub->add_option("--init-from-target", c.init_from_target,

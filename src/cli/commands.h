@@ -16,6 +16,7 @@ void register_info(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_plot(CLI::App& app);
+void register_capture(CLI::App& app);
 
 // Exit status a callback may request instead of throwing (e.g. `eval` with no valid rows).
 struct ExitCode {

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   dflash::cli::register_tokenize(app);
   dflash::cli::register_demo(app);
   dflash::cli::register_plot(app);
+  dflash::cli::register_capture(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

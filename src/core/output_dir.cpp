@@ -30,9 +30,10 @@ const OutputSpec& spec_of(OutputOf what) {
     case OutputOf::Train: return train;
     case OutputOf::Export: return exp;
     case OutputOf::Demo: return demo;
-    case OutputOf::Generate: break;
+    case OutputOf::Generate:
+    case OutputOf::Capture: break;
   }
-  DFLASH_FAIL("output_dir: generate writes a file, not a directory (use claim_output_file)");
+  DFLASH_FAIL("output_dir: ", output_command_name(what), " writes a file, not a directory (use claim_output_file)");
 }
 
 // The entry name as listed ("x/" for a directory) when `name` (of kind is_dir) matches one of the patterns, else "".
@@ -75,6 +76,7 @@ const char* output_command_name(OutputOf what) {
     case OutputOf::Train: return "train";
     case OutputOf::Export: return "export";
     case OutputOf::Generate: return "generate";
+    case OutputOf::Capture: return "capture";
     case OutputOf::Demo: return "demo";
   }
   return "?";

@@ -13,13 +13,14 @@
 //   demo      run/, summary.json                                   (data/ is the demo's cache of prepared data:
 //                                                                   re-prepared only when its input changed)
 //   generate  the output file itself (when it is not empty)
+//   capture   the output file itself (a .safetensors; written atomically, so --resume does not apply)
 #pragma once
 #include <string>
 #include <vector>
 
 namespace dflash {
 
-enum class OutputOf { Prepare, Train, Export, Generate, Demo };
+enum class OutputOf { Prepare, Train, Export, Generate, Demo, Capture };
 
 // How the command goes on after its claim.
 enum class Claim {
@@ -28,7 +29,7 @@ enum class Claim {
   Replace,  // an earlier result was there and the user asked to replace it (--overwrite)
 };
 
-// "prepare", "train", "export", "generate", "demo".
+// "prepare", "train", "export", "generate", "demo", "capture".
 const char* output_command_name(OutputOf what);
 
 // The entries of `dir` that `what` writes, as found there ("metrics.jsonl", "checkpoints/", ...), sorted. Empty

@@ -1,4 +1,5 @@
-// io/hf_config.cpp — config.json of Llama / Qwen2 / Qwen3 with the defaults of Hugging Face transformers.
+// io/hf_config.cpp — a target's config.json: the keys every family shares, with the defaults of Hugging Face
+// transformers; the family (io/model_family.cpp) reads its own keys and makes the per-layer plan.
 #include "io/hf_config.h"
 
 #include <algorithm>
@@ -7,77 +8,33 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "io/model_family.h"
 
 namespace dflash {
 
 using nlohmann::json;
 
-const char* arch_name(Arch a) {
-  switch (a) {
-    case Arch::Llama: return "llama";
-    case Arch::Qwen2: return "qwen2";
-    case Arch::Qwen3: return "qwen3";
-  }
-  return "?";
+const char* arch_name(Arch a) { return family_of(a).model_type; }
+
+LayerSpec ModelConfig::layer(int64_t l) const {
+  DFLASH_CHECK(l >= 0 && l < num_hidden_layers, "layer ", l, " outside [0, ", num_hidden_layers, ")");
+  if (!layers.empty()) return layers[static_cast<size_t>(l)];
+  LayerSpec s;  // a config built by hand: the dense plan
+  s.attention.bias = attention_bias;
+  s.attention.qk_norm = qk_norm;
+  s.mlp_width = intermediate_size;
+  return s;
+}
+
+bool ModelConfig::has_moe() const {
+  for (int64_t l = 0; l < num_hidden_layers; ++l)
+    if (layer(l).mlp == ChannelMixer::MoE) return true;
+  return false;
 }
 
 namespace {
 
-// Typed field access on one JSON object; a null value counts as absent (as transformers treats it).
-struct Fields {
-  const json& j;
-  const std::string& src;
-  std::string prefix;  // "rope_scaling." for nested objects, for messages
-
-  const json* get(const char* key) const {
-    auto it = j.find(key);
-    return it == j.end() || it->is_null() ? nullptr : &*it;
-  }
-  int64_t to_int(const json& v, const char* key) const {
-    if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_number_float()) {  // 4096.0: accepted when integral
-      const double d = v.get<double>();
-      if (d > -9e15 && d < 9e15 && d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
-    }
-    DFLASH_FAIL(src, ": ", prefix, key, ": expected an integer, got ", v.dump());
-  }
-  int64_t req_int(const char* key) const {
-    const json* v = get(key);
-    DFLASH_CHECK(v != nullptr, src, " missing ", prefix, key);
-    return to_int(*v, key);
-  }
-  int64_t opt_int(const char* key, int64_t def) const {
-    const json* v = get(key);
-    return v ? to_int(*v, key) : def;
-  }
-  double req_num(const char* key) const {
-    const json* v = get(key);
-    DFLASH_CHECK(v != nullptr, src, " missing ", prefix, key);
-    DFLASH_CHECK(v->is_number(), src, ": ", prefix, key, ": expected a number, got ", v->dump());
-    return v->get<double>();
-  }
-  double opt_num(const char* key, double def) const { return get(key) ? req_num(key) : def; }
-  bool opt_bool(const char* key, bool def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    DFLASH_CHECK(v->is_boolean(), src, ": ", prefix, key, ": expected true or false, got ", v->dump());
-    return v->get<bool>();
-  }
-  std::string opt_str(const char* key, const std::string& def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    DFLASH_CHECK(v->is_string(), src, ": ", prefix, key, ": expected a string, got ", v->dump());
-    return v->get<std::string>();
-  }
-};
-
-bool arch_from_model_type(const std::string& t, Arch* a) {
-  if (t == "llama") *a = Arch::Llama;
-  else if (t == "qwen2") *a = Arch::Qwen2;
-  else if (t == "qwen3") *a = Arch::Qwen3;
-  else return false;
-  return true;
-}
+using Fields = JsonFields;
 
 // Reads rope scaling from `r` (an object of rope_scaling or rope_parameters). `name` is the key, for messages.
 RopeScaling parse_rope(const json& r, const std::string& src, const std::string& name) {
@@ -106,43 +63,49 @@ RopeScaling parse_rope(const json& r, const std::string& src, const std::string&
 
 }  // namespace
 
-ModelConfig parse_model_config(const json& j, const std::string& src) {
-  DFLASH_CHECK(j.is_object(), src, ": expected a JSON object, got ", j.type_name());
-  Fields f{j, src, ""};
+ModelConfig parse_model_config(const json& top, const std::string& src) {
+  DFLASH_CHECK(top.is_object(), src, ": expected a JSON object, got ", top.type_name());
+  Fields f0{top, src, ""};
   ModelConfig c;
 
-  // Architecture: `architectures` and `model_type` must both name a supported model and agree. An exported
-  // DFlash drafter ("DFlashDraftModel") is a Qwen3-style stack; its model_type decides.
-  bool have_arch = false;
-  Arch from_list = Arch::Qwen3;
-  if (const json* a = f.get("architectures")) {
+  // Architecture: `architectures` and `model_type` must both name a supported family and agree. An exported DFlash
+  // drafter ("DFlashDraftModel") is a Qwen3-style stack; its model_type decides.
+  const ModelFamily* from_list = nullptr;
+  if (const json* a = f0.get("architectures")) {
     DFLASH_CHECK(a->is_array(), src, ": architectures: expected a list of strings, got ", a->dump());
     for (const auto& e : *a) {
       DFLASH_CHECK(e.is_string(), src, ": architectures: expected a list of strings, got ", a->dump());
       const std::string name = e.get<std::string>();
-      Arch x;
-      if (name == "LlamaForCausalLM") x = Arch::Llama;
-      else if (name == "Qwen2ForCausalLM") x = Arch::Qwen2;
-      else if (name == "Qwen3ForCausalLM") x = Arch::Qwen3;
-      else if (name == "DFlashDraftModel") continue;
-      else DFLASH_FAIL("unsupported architecture '", name, "' in ", src, " (supported: LlamaForCausalLM, "
-                       "Qwen2ForCausalLM, Qwen3ForCausalLM)");
-      DFLASH_CHECK(!have_arch || x == from_list, src, ": architectures: names two different models: ", a->dump());
+      if (name == "DFlashDraftModel") continue;
+      const ModelFamily* x = family_by_architecture(name);
+      DFLASH_CHECK(x != nullptr, "unsupported architecture '", name, "' in ", src, " (supported: ",
+                   supported_architectures(), ")");
+      DFLASH_CHECK(from_list == nullptr || x == from_list, src, ": architectures: names two different models: ",
+                   a->dump());
       from_list = x;
-      have_arch = true;
     }
   }
-  c.model_type = f.opt_str("model_type", "");
+  const ModelFamily* fam = nullptr;
+  c.model_type = f0.opt_str("model_type", "");
   if (!c.model_type.empty()) {
-    DFLASH_CHECK(arch_from_model_type(c.model_type, &c.arch), "unsupported model_type '", c.model_type, "' in ", src,
-                 " (supported: llama, qwen2, qwen3)");
-    DFLASH_CHECK(!have_arch || c.arch == from_list, src, ": model_type '", c.model_type,
-                 "' disagrees with architectures ", j["architectures"].dump());
+    fam = family_by_model_type(c.model_type);
+    DFLASH_CHECK(fam != nullptr, "unsupported model_type '", c.model_type, "' in ", src, " (supported: ",
+                 supported_model_types(), ")");
+    DFLASH_CHECK(from_list == nullptr || fam == from_list, src, ": model_type '", c.model_type,
+                 "' disagrees with architectures ", top["architectures"].dump());
   } else {
-    DFLASH_CHECK(have_arch, src, " missing model_type");
-    c.arch = from_list;
-    c.model_type = arch_name(c.arch);
+    DFLASH_CHECK(from_list != nullptr, src, " missing model_type");
+    fam = from_list;
+    c.model_type = fam->model_type;
   }
+  c.arch = fam->arch;
+  c.architecture = fam->architecture;
+
+  // The text model's keys: at the top level, or under text_config (image-text checkpoints, as transformers'
+  // get_text_config reads them).
+  const json* tc = f0.get("text_config");
+  const json& j = tc && tc->is_object() && !top.contains("hidden_size") ? *tc : top;
+  Fields f{j, src, &j == &top ? "" : "text_config."};
 
   c.hidden_size = f.req_int("hidden_size");
   c.intermediate_size = f.req_int("intermediate_size");
@@ -159,12 +122,7 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   DFLASH_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0, src,
                ": num_key_value_heads: ", c.num_key_value_heads, " must be positive and divide num_attention_heads ",
                c.num_attention_heads);
-  // transformers: Llama/Qwen2 head_dim = H / nh unless given (null too); an absent key in Qwen3Config means 128.
-  const bool qwen3_default = c.arch == Arch::Qwen3 && !j.contains("head_dim");
-  c.head_dim = f.opt_int("head_dim", qwen3_default ? 128 : c.hidden_size / c.num_attention_heads);
-  DFLASH_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, src, ": head_dim: must be a positive even number, got ",
-               c.head_dim);
-  c.max_position_embeddings = f.opt_int("max_position_embeddings", c.arch == Arch::Llama ? 2048 : 32768);
+  c.max_position_embeddings = f.opt_int("max_position_embeddings", 32768);  // (LlamaConfig's 2048: read_llama)
   c.rms_norm_eps = f.opt_num("rms_norm_eps", 1e-6);
   DFLASH_CHECK(c.rms_norm_eps > 0, src, ": rms_norm_eps: must be positive, got ", c.rms_norm_eps);
 
@@ -172,29 +130,36 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   // rope_theta at the top level and the scaling under "rope_scaling" (key "rope_type", or "type" before 4.45).
   c.rope_theta = f.opt_num("rope_theta", 10000.0);
   if (const json* rp = f.get("rope_parameters")) {
-    c.rope_scaling = parse_rope(*rp, src, "rope_parameters");
-    c.rope_theta = Fields{*rp, src, "rope_parameters."}.opt_num("rope_theta", c.rope_theta);
+    c.rope_scaling = parse_rope(*rp, src, f.prefix + "rope_parameters");
+    c.rope_theta = Fields{*rp, src, f.prefix + "rope_parameters."}.opt_num("rope_theta", c.rope_theta);
   } else if (const json* rs = f.get("rope_scaling")) {
-    c.rope_scaling = parse_rope(*rs, src, "rope_scaling");
+    c.rope_scaling = parse_rope(*rs, src, f.prefix + "rope_scaling");
   }
   DFLASH_CHECK(c.rope_theta > 0, src, ": rope_theta: must be positive, got ", c.rope_theta);
 
-  c.tie_word_embeddings = f.opt_bool("tie_word_embeddings", false);
-  c.attention_bias = c.arch == Arch::Qwen2 ? true : f.opt_bool("attention_bias", false);
-  c.qk_norm = c.arch == Arch::Qwen3;
-
-  const int64_t def_bos = c.arch == Arch::Llama ? 1 : -1;  // LlamaConfig defaults bos 1, eos 2
-  c.bos_token_id = j.contains("bos_token_id") ? f.opt_int("bos_token_id", -1) : def_bos;
-  if (const json* e = f.get("eos_token_id")) {
+  // Keys an image-text checkpoint may keep at the top level beside text_config.
+  auto either = [&](const char* key) { return f0.get(key) ? f0 : f; };
+  c.tie_word_embeddings = either("tie_word_embeddings").opt_bool("tie_word_embeddings", false);
+  c.bos_token_id = either("bos_token_id").opt_int("bos_token_id", -1);
+  if (const json* e = either("eos_token_id").get("eos_token_id")) {
     if (e->is_array()) {
       for (const auto& x : *e) c.eos_token_ids.push_back(f.to_int(x, "eos_token_id"));
     } else {
       c.eos_token_ids.push_back(f.to_int(*e, "eos_token_id"));
     }
-  } else if (c.arch == Arch::Llama && !j.contains("eos_token_id")) {
-    c.eos_token_ids.push_back(2);
   }
-  c.torch_dtype = f.opt_str("torch_dtype", f.opt_str("dtype", "bfloat16"));
+  c.torch_dtype = f0.opt_str("torch_dtype", f0.opt_str("dtype", "bfloat16"));
+
+  fam->read(f, c);  // the family's own keys and defaults (head_dim, biases, qk-norm, MoE, BOS / EOS defaults)
+  DFLASH_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, src, ": head_dim: must be a positive even number, got ",
+               c.head_dim);
+  // Sliding-window attention in the target (Qwen2 / Qwen3 use_sliding_window) is not run yet: refused rather than
+  // computed as full attention.
+  DFLASH_CHECK(!f.opt_bool("use_sliding_window", false), src, ": use_sliding_window: true is not supported (this ",
+               fam->title, " target's layers would attend over a window of ", f.opt_int("sliding_window", 0),
+               " tokens; dflash runs full causal attention in the target)");
+  c.layers.clear();
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.layers.push_back(fam->layer(c, l));
   return c;
 }
 

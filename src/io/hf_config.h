@@ -1,6 +1,11 @@
-// io/hf_config.h — a Hugging Face config.json of a Llama / Qwen2 / Qwen3 dense decoder as one typed struct.
-// defines: Arch, RopeScaling, ModelConfig, load_model_config, parse_model_config, default_target_layer_ids,
-//          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
+// io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
+// defines: Arch, RopeScaling, AttentionSpec, LayerSpec, MoeConfig, ModelConfig, load_model_config,
+//          parse_model_config, default_target_layer_ids, validate_target_layer_ids, kAutoMaskTokenId,
+//          validate_mask_token_id
+//
+// What differs between architectures (their config keys and defaults, nested text_config, weight names, which
+// layer is dense or Mixture-of-Experts) is written once per family in io/model_family.cpp; this file reads the keys
+// every family shares and asks the family for the rest.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -10,8 +15,9 @@
 
 namespace dflash {
 
-enum class Arch { Llama, Qwen2, Qwen3 };
-const char* arch_name(Arch a);
+// The target families (io/model_family.h describes each).
+enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe };
+const char* arch_name(Arch a);  // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe"
 
 // rope_scaling of config.json. kind "none" = plain RoPE; "llama3" = Llama-3.1 frequency-dependent scaling
 // (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); "linear" = positions / factor.
@@ -24,11 +30,45 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// The token mixer of one target layer: causal softmax attention (GQA, RoPE) and its options. The options later
+// families add (sinks, an output gate, partial rotary; linear attention as another mixer) join here.
+struct AttentionSpec {
+  bool bias = false;            // q/k/v projections with biases (Qwen2)
+  bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3, Qwen3-MoE)
+  int64_t sliding_window = 0;   // 0 = full causal attention
+};
+
+// The channel mixer of one target layer.
+enum class ChannelMixer {
+  Dense,  // down(silu(gate(x)) * up(x)), width = LayerSpec::mlp_width
+  MoE,    // Mixture of Experts (MoeConfig): a router and num_experts SwiGLU experts of width moe.expert_width
+};
+
+// One decoder layer of the target: h += token_mixer(RMSNorm_in(h)); h += channel_mixer(RMSNorm_post(h)).
+struct LayerSpec {
+  AttentionSpec attention;
+  ChannelMixer mlp = ChannelMixer::Dense;
+  int64_t mlp_width = 0;  // Dense: its intermediate size; MoE: each expert's (moe.expert_width)
+};
+
+// Mixture-of-Experts keys (Qwen3-MoE: transformers' Qwen3MoeSparseMoeBlock). Router: p = softmax(x Wr^T) in fp32
+// over all experts, the top_k largest chosen, their p renormalised to sum 1 when norm_topk_prob; output =
+// sum_j p_j expert_j(x), expert = down(silu(gate(x)) * up(x)) of width expert_width.
+struct MoeConfig {
+  int64_t num_experts = 0;        // E (0: no MoE layer)
+  int64_t top_k = 0;              // num_experts_per_tok
+  int64_t expert_width = 0;       // moe_intermediate_size
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;     // layer l is MoE when (l + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;  // ... and l is not listed here (those are dense of intermediate_size)
+};
+
 struct ModelConfig {
   Arch arch = Arch::Qwen3;
-  std::string model_type;            // as in config.json: "llama", "qwen2", "qwen3"
+  std::string model_type;            // as in config.json: "llama", "qwen2", "qwen3", "qwen3_moe"
+  std::string architecture;          // the class name: "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", ...
   int64_t hidden_size = 0;           // H
-  int64_t intermediate_size = 0;     // I
+  int64_t intermediate_size = 0;     // I (dense layers)
   int64_t num_hidden_layers = 0;     // Lt
   int64_t num_attention_heads = 0;   // nh
   int64_t num_key_value_heads = 0;   // nkv (GQA), defaults to nh
@@ -40,7 +80,14 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;       // q/k/v biases (Qwen2 always; Llama if attention_bias true)
-  bool qk_norm = false;              // per-head RMSNorm on q and k (Qwen3)
+  bool qk_norm = false;              // per-head RMSNorm on q and k (Qwen3, Qwen3-MoE)
+  MoeConfig moe;
+  // The per-layer plan [num_hidden_layers], made by the family from the keys above (io/model_family.cpp). A config
+  // built by hand with `layers` empty means every layer is dense attention + SwiGLU of intermediate_size with the
+  // attention_bias / qk_norm flags (the Llama / Qwen2 / Qwen3 plan): see layer().
+  std::vector<LayerSpec> layers;
+  LayerSpec layer(int64_t l) const;
+  bool has_moe() const;  // some layer's channel mixer is MoE
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
   std::string torch_dtype = "bfloat16";

@@ -40,11 +40,15 @@ void DrafterConfig::validate() const {
                "existing row; set it with --mask-token-id or use a tokenizer that defines one)");
 }
 
+int64_t default_intermediate_size(const ModelConfig& t) {
+  return t.has_moe() ? 3 * t.hidden_size : t.intermediate_size;
+}
+
 DrafterConfig DrafterConfig::for_target(const ModelConfig& t, int64_t num_layers, int64_t block_size,
                                         std::vector<int64_t> layer_ids, int32_t mask_token_id) {
   DrafterConfig c;
   c.hidden_size = t.hidden_size;
-  c.intermediate_size = t.intermediate_size;
+  c.intermediate_size = default_intermediate_size(t);
   c.num_layers = num_layers;
   c.num_heads = t.num_attention_heads;
   c.num_kv_heads = t.num_key_value_heads;

@@ -1,9 +1,11 @@
-// model/target.h — the frozen target LLM: a Llama / Qwen2 / Qwen3 dense decoder (inference only).
-// defines: TargetLayer, TargetWeights, KVCache, Target
+// model/target.h — the frozen target LLM (inference only): a decoder built from parts, one layer loop for prefill
+// with capture, KV-cached decode and batched generation.
+// defines: TargetLayer, TargetWeights, TargetHead, TargetParams, target_params, Target (KVCache: target/attention.h)
 //
-// Forward: embedding; per layer  x = RMSNorm_in(h); q,k,v = x W^T (+ bias for Qwen2); q/k per-head RMSNorm
-// (Qwen3); RoPE (incl. Llama-3 scaling); causal GQA attention; h += o Wo^T; h += down(silu(gate(y)) * up(y)),
-// y = RMSNorm_post(h); final RMSNorm; lm_head (tied to the embedding or not).
+// Forward: embedding; per layer l (its LayerSpec, made by the family from config.json: io/model_family.h)
+//   h += token_mixer(RMSNorm_in(h))      causal attention (model/target/attention.h)
+//   h += channel_mixer(RMSNorm_post(h))  dense SwiGLU or Mixture of Experts (model/target/mlp.h)
+// then the final RMSNorm and lm_head (tied to the embedding or not). Families: Llama, Qwen2, Qwen3, Qwen3-MoE.
 // Captured features (spec 1): h_after_layer(l) = the residual stream AFTER decoder layer l (0-based), before
 // the final norm — HF's output_hidden_states[l + 1]. Never the full-vocabulary logits of every position.
 #pragma once
@@ -14,15 +16,19 @@
 
 #include "backend/context.h"
 #include "io/hf_config.h"
+#include "model/target/attention.h"
+#include "model/target/mlp.h"
 
 namespace dflash {
 
+// One decoder layer: its plan (set from the config by Target's constructor) and the weights of its mixers (the
+// channel mixer's of spec.mlp only).
 struct TargetLayer {
-  Tensor in_norm, post_norm;           // [H]
-  Tensor wq, wk, wv, wo;               // [nh*d, H], [nkv*d, H], [nkv*d, H], [H, nh*d]
-  Tensor bq, bk, bv;                   // biases (Qwen2) or undefined
-  Tensor q_norm, k_norm;               // [d] (Qwen3) or undefined
-  Tensor w_gate, w_up, w_down;         // [I, H], [I, H], [H, I]
+  LayerSpec spec;
+  Tensor in_norm, post_norm;  // [H]
+  AttentionWeights attn;
+  DenseMlpWeights mlp;        // spec.mlp == Dense
+  MoeWeights moe;             // spec.mlp == MoE
 };
 
 // All tensors on one device, in that context's compute dtype; immutable once built (safe to share between
@@ -35,14 +41,6 @@ struct TargetWeights {
   std::vector<TargetLayer> layers;
 };
 
-// Per-sequence key/value cache: k, v [capacity, nkv, d] per layer; positions 0..len-1 are filled.
-struct KVCache {
-  std::vector<Tensor> k, v;
-  int64_t len = 0, capacity = 0;
-  static KVCache create(Context& ctx, const ModelConfig& cfg, int64_t capacity);
-  void truncate(int64_t new_len);  // forget positions >= new_len (rejected draft tokens)
-};
-
 // The target's frozen embedding and lm_head alone (what a drafter on a device without a target worker needs), in
 // ctx's compute dtype; lm_head is the same tensor as embed when tied. Errors as Target::load.
 struct TargetHead {
@@ -51,14 +49,24 @@ struct TargetHead {
 TargetHead load_target_head(const std::string& dir, Context& ctx);
 TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t seed = 0);  // == Target::random's
 
+// Parameter counts of a target config: all of them, and those one token's forward uses (the router and its top_k
+// experts of each MoE layer; the embedding row counted as one lookup: not at all). `bf16_bytes` = 2 * total, what
+// the weights take on a CUDA device (plus lm_head when untied, included in total).
+struct TargetParams {
+  int64_t total = 0, active = 0, embedding = 0;
+  int64_t bf16_bytes() const { return 2 * total; }
+};
+TargetParams target_params(const ModelConfig& cfg);
+
 class Target {
  public:
-  // Reads `dir` (config.json + safetensors) onto ctx's device in ctx.compute_dtype(). Errors name the file
-  // and tensor. Tensors of the HF names model.embed_tokens.weight, model.layers.{i}.*, model.norm.weight,
-  // lm_head.weight (absent when tied).
+  // Reads `dir` (config.json + safetensors, one file or shards with model.safetensors.index.json) onto ctx's device
+  // in ctx.compute_dtype(). Errors name the file and tensor. Tensor names are the family's (io/model_family.h):
+  // model.embed_tokens.weight, model.layers.{i}.*, model.norm.weight, lm_head.weight (absent when tied).
   static std::shared_ptr<const Target> load(const std::string& dir, Context& ctx);
   // A target of config `cfg` with random weights (benchmarks without a checkpoint: Linear ~ N(0, 0.02), norms 1),
-  // drawn on ctx's device by fill_normal(seed, RandomTarget, tensor index): identical on every device.
+  // drawn on ctx's device by fill_normal(seed, RandomTarget, tensor index): identical on every device. With MoE
+  // layers the router logits of random weights are nearly equal, so the experts are chosen almost uniformly.
   static std::shared_ptr<const Target> random(const ModelConfig& cfg, Context& ctx, uint64_t seed = 0);
   Target(ModelConfig cfg, TargetWeights w);
 
@@ -68,12 +76,19 @@ class Target {
   struct Output {
     Tensor features;      // [T, nf*H] act: h_after_layer(layer_ids[i]) in columns [i*H, (i+1)*H)
     Tensor final_hidden;  // [T, H] act (final-norm output), defined when want_final
+    // Per layer run: the experts each row chose, [T, k] I32 on the device (MoE layers; undefined for dense ones).
+    std::vector<Tensor> router_topk;
   };
   // Runs token ids [T] (I32, on ctx's device or host) at positions start..start+T-1, where start = cache->len
   // (the tokens are appended to the cache) or 0 without a cache. Without a cache, layers after max(layer_ids) are
   // skipped unless want_final. Throws Error for ids outside the vocabulary or a full cache.
   Output forward(Context& ctx, const Tensor& ids, std::span<const int64_t> layer_ids, bool want_final,
                  KVCache* cache = nullptr) const;
+  // One sequence without a cache at explicit positions pos[t] (host I32, as HF's position_ids; causal attention over
+  // the rows in their order, the positions only turn RoPE). Every layer runs. Throws Error for a size mismatch or
+  // ids outside the vocabulary.
+  Output forward_at(Context& ctx, const Tensor& ids, const std::vector<int32_t>& pos,
+                    std::span<const int64_t> layer_ids, bool want_final) const;
   // Batched forward of several sequences, each with its own KV cache (generation; defined in
   // model/target_batch.cpp). Sequence i's ids[i] (host I32 values, T_i >= 1) run at positions
   // caches[i]->len .. caches[i]->len + T_i - 1 and are appended to caches[i]. The rows of all sequences are stacked
@@ -87,14 +102,8 @@ class Target {
   void logits(Context& ctx, const Tensor& hidden, const Tensor& out) const;
 
  private:
-  // Rows [begin, end) of the stacked input are one sequence at positions start.. : with a cache they are appended
-  // to it and attend to its prefix; without one they attend causally among themselves (start = 0).
-  struct Segment {
-    int64_t begin, end, start;
-    KVCache* cache;
-  };
   // The decoder over stacked rows (ids, pos on the device): the one layer loop behind forward and forward_batch.
-  Output run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const Segment> segs,
+  Output run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const AttnSegment> segs,
              std::span<const int64_t> layer_ids, int64_t run_layers, bool want_final) const;
 
   ModelConfig cfg_;

@@ -37,7 +37,7 @@ Target::Output Target::forward_batch(Context& ctx, std::span<const std::vector<i
       pos_host[static_cast<size_t>(off[i] + t)] = static_cast<int32_t>(start + t);
     }
   }
-  std::vector<Segment> segs;
+  std::vector<AttnSegment> segs;
   for (int64_t i = 0; i < n; ++i) segs.push_back({off[i], off[i + 1], caches[i]->len, caches[i]});
   Output out = run(ctx, ctx.to_device(cpu_tensor_i32(ids_host, {R})), ctx.to_device(cpu_tensor_i32(pos_host, {R})),
                    segs, layer_ids, run_layers, want_final);

@@ -44,7 +44,7 @@ struct TrainConfig {
                                           // distinct and ascending (validate_target_layer_ids), exported as given
   int64_t num_target_features = 5;
   int32_t mask_token_id = -1;             // -1 = the tokenizer's mask token (error if it has none); < -1: error
-  int64_t intermediate_size = 0;          // 0 = the target's
+  int64_t intermediate_size = 0;          // 0 = default_intermediate_size(target) (model/drafter.h)
   double init_std = 0.02;
   std::string init_from_target;  // "" (random, spec 1), "next" or "L0,L1,..": draft layers start as these target
                                  // layers (model/drafter_init.h); needs the target's checkpoint

@@ -24,11 +24,14 @@
 #include <limits>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "backend/context.h"
 #include "backend/cuda/ops.h"
 #include "core/rng.h"
+#include "io/safetensors.h"
 #include "model/drafter.h"
+#include "model/target.h"
 #include "train/draft_batch.h"
 #include "train/optimizer.h"
 
@@ -1074,6 +1077,151 @@ TEST(CudaMemory, LimitAndLinearWorkspaceC03) {
 }
 
 // Index errors found on the device are raised at the next synchronising call, naming the op.
+// ---- Mixture of Experts (backend/context.h moe_*; backend/cuda/moe.cu) ----------------------------------------------
+// Router logits with many exact ties (multiples of 1/4 in [-2, 2]) and near ties (one bf16 ulp apart): every backend
+// must pick the same experts in the same order (case C21); the weights follow the 2x rule.
+Tensor tie_logits(int64_t T, int64_t E, uint64_t seed) {
+  Tensor z = rint({T, E}, seed, -8, 8);
+  float* p = z.ptr<float>();
+  for (int64_t i = 0; i < z.numel(); ++i) {
+    p[i] *= 0.25f;
+    if (i % 7 == 3) p[i] = round_bf16(p[i] * (1.0f + 1.0f / 128) + 1.0f / 256);  // near another tie value
+  }
+  return z;
+}
+
+void moe_route_case(int64_t T, int64_t E, int64_t k, bool normalize) {
+  const Tensor z = tie_logits(T, E, 100 + E + k);
+  check_case(cat("moe_route T", T, " E", E, " k", k, normalize ? " norm" : ""),
+             {{"idx", Kind::Exact, false}, {"weights", Kind::TwoX, false, static_cast<double>(E)}}, [&](Context& c) {
+               Tensor idx = c.empty(DType::I32, {T, k}), w = nan_out(c, {T, k}, false);
+               c.moe_route(put(c, z), k, normalize, idx, w);
+               return Outs{get(c, idx), get(c, w)};
+             });
+}
+
+// Expert ids of T tokens (k distinct per token; expert `skip` never chosen, so one expert has no rows).
+Tensor expert_ids(int64_t T, int64_t E, int64_t k, uint64_t seed, int64_t skip) {
+  Rng r(seed, RngPurpose::Test);
+  Tensor t = cpu_empty(DType::I32, {T, k});
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t e;
+      bool again;
+      do {
+        e = static_cast<int32_t>(r.below(static_cast<uint64_t>(E)));
+        again = e == skip;
+        for (int64_t q = 0; q < j; ++q) again = again || t.ptr<int32_t>()[i * k + q] == e;
+      } while (again);
+      t.ptr<int32_t>()[i * k + j] = e;
+    }
+  return t;
+}
+
+// moe_group, then both grouped GEMMs (gate + up with SwiGLU on rows gathered from x, down on the grouped rows) and the
+// weighted combine, on T tokens of width H, E experts of width I, top k.
+void moe_layer_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
+  const std::string nm = cat("moe T", T, " H", H, " I", I, " E", E, " k", k);
+  const Tensor ids = expert_ids(T, E, k, 200 + T, E > 2 ? 1 : -1);
+  const Tensor xi = rint({T, H}, 201, -2, 2), wi = rint({E, I, H}, 202, -2, 2);  // integers: exact products
+  const Tensor x = rnd({T, H}, 203), wgu = rnd({E, 2 * I, H}, 204, 0.1), wd = rnd({E, H, I}, 205, 0.1);
+  const Tensor wts = rnd({T, k}, 206, 0.3, 0.5), h0 = rnd({T, H}, 207);
+  const Tensor a2 = rnd({T * k, I}, 208), y2 = rnd({T * k, H}, 209);  // the down GEMM's and the combine's inputs
+  check_case(nm, {{"offsets", Kind::Exact, false}, {"rows", Kind::Exact, false}, {"slot", Kind::Exact, false},
+                  {"linear gather (exact)", Kind::Exact}, {"swiglu gather", Kind::TwoX, true, double(H)},
+                  {"linear down", Kind::TwoX, true, double(I)}, {"combine beta1", Kind::TwoX, true, double(k)},
+                  {"combine beta0", Kind::TwoX, true, double(k)}},
+             [&](Context& c) {
+               const Tensor idx = c.to_device(ids);
+               Tensor off = c.empty(DType::I32, {E + 1}), rows = c.empty(DType::I32, {T * k});
+               Tensor slot = c.empty(DType::I32, {T * k});
+               c.moe_group(idx, off, rows, slot);
+               Tensor ye = nan_out(c, {T * k, I});
+               c.moe_linear(put(c, xi), &rows, put(c, wi), off, ye, MoeAct::None);
+               Tensor act = nan_out(c, {T * k, I});
+               c.moe_linear(put(c, x), &rows, put(c, wgu), off, act, MoeAct::SwiGLU);
+               // the down GEMM and the combine read fixed inputs (the same values on every backend)
+               Tensor y = nan_out(c, {T * k, H});
+               c.moe_linear(put(c, a2), nullptr, put(c, wd), off, y, MoeAct::None);
+               Tensor out1 = put(c, h0), out0 = nan_out(c, {T, H});
+               const Tensor yy = put(c, y2), wd_ = put(c, wts, false);
+               c.moe_combine(yy, slot, wd_, out1, 1.0f);
+               c.moe_combine(yy, slot, wd_, out0, 0.0f);
+               return Outs{get(c, off), get(c, rows), get(c, slot), get(c, ye), get(c, act), get(c, y), get(c, out1),
+                           get(c, out0)};
+             });
+}
+
+TEST(CudaOps, MoE) {
+  for (auto [T, E, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{37, 8, 2}, {70, 128, 8}, {5, 130, 3}}) {
+    moe_route_case(T, E, k, true);
+    moe_route_case(T, E, k, false);
+  }
+  if (kEmu) {
+    moe_layer_case(19, 16, 8, 4, 2);
+    return;
+  }
+  moe_route_case(64, 1024, 32, true);
+  moe_layer_case(1, 64, 32, 8, 2);        // one token: most experts empty
+  moe_layer_case(300, 64, 32, 8, 2);      // the golden's widths (K 64 and 32: one k-step, zero-filled tail)
+  moe_layer_case(1000, 256, 192, 16, 4);  // several 128-row tiles per expert, I not a multiple of 64
+  moe_layer_case(700, 2048, 768, 128, 8); // Qwen3-30B-A3B's widths
+  moe_layer_case(50, 72, 40, 6, 3);       // K 72 (k-steps of 64 with a zero-filled tail), N 40
+  moe_layer_case(40, 30, 10, 4, 2);       // K 30: the portable kernel
+}
+
+// The tiny Qwen3-MoE target of tests/golden (transformers in float64) on CUDA: the experts chosen per token and layer
+// against the golden's, and every captured layer and the logits against the float64 golden, beside the fp32 CPU's
+// error (bf16 activations through 4 layers: the bound is the CPU's error plus a bf16 budget; a token whose experts
+// differ moves its rows, so a choice differs only where the float64 router itself is within bf16 rounding).
+TEST(CudaTarget, Qwen3MoeGolden) {
+  const std::string dir = std::string(DFLASH_SOURCE_DIR) + "/tests/golden/target_qwen3_moe";
+  auto g = SafetensorsFile::open(dir + "/golden.safetensors");
+  Backends& b = Backends::get();
+  auto tg = Target::load(dir, *b.gpu);
+  const ModelConfig& cfg = tg->config();
+  const int64_t L = cfg.num_hidden_layers, V = cfg.vocab_size;
+  std::vector<int64_t> all(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) all[static_cast<size_t>(l)] = l;
+  const Tensor ids = g->view("input_ids");
+  const int64_t S = ids.numel();
+  auto out = tg->forward(*b.gpu, ids, all, true);
+  int64_t same = 0, total = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    if (!out.router_topk[static_cast<size_t>(l)].defined()) continue;
+    const std::vector<double> mine = get(*b.gpu, out.router_topk[static_cast<size_t>(l)]);
+    const Tensor want = g->view(cat("router_topk.", l));
+    const int64_t k = want.shape[1];
+    for (int64_t t = 0; t < S; ++t) {
+      std::vector<int> a, w;
+      for (int64_t j = 0; j < k; ++j) {
+        a.push_back(static_cast<int>(mine[static_cast<size_t>(t * k + j)]));
+        w.push_back(want.ptr<int32_t>()[t * k + j]);
+      }
+      std::sort(a.begin(), a.end());
+      std::sort(w.begin(), w.end());
+      same += a == w;
+      ++total;
+    }
+  }
+  const double frac = double(same) / double(std::max<int64_t>(1, total));
+  EXPECT_GE(frac, 0.95) << same << " of " << total << " tokens x layers chose the golden's experts";
+  record(cat("qwen3_moe golden: experts as HF (", same, " of ", total, ")"), 1 - frac, 0.05, frac >= 0.95);
+  Tensor lg = b.gpu->empty(DType::BF16, {S, V});
+  tg->logits(*b.gpu, out.final_hidden, lg);
+  const std::vector<double> gl = get(*b.gpu, lg);
+  const Tensor want = g->view("logits");
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < S * V; ++i) {
+    const double w = want.ptr<float>()[i];
+    num += (gl[static_cast<size_t>(i)] - w) * (gl[static_cast<size_t>(i)] - w);
+    den += w * w;
+  }
+  const double rel = std::sqrt(num / den);
+  EXPECT_LT(rel, 3e-2) << "logits relative error";
+  record("qwen3_moe golden: logits rel. error (bf16, 4 layers)", rel, 3e-2, rel < 3e-2);
+}
+
 TEST(CudaErrors, BadTokenIdIsReported) {
   auto g = gpu_context();
   Tensor table = put(*g, rnd({10, 8}, 70)), out = g->empty(DType::BF16, {2, 8});

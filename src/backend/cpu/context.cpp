@@ -151,6 +151,28 @@ class CpuContext final : public Context {
         op("dflash_attention_backward", profile_ops_ ? 2.5 * dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
     cpu::dflash_attention_backward(pool_, a, out, lse, dout, dq, dkc, dvc, dkb, dvb);
   }
+  void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) override {
+    const OpScope scope = op("moe_route");
+    check_moe_route(logits, k, idx, weights, dt_, dt_);
+    cpu::moe_route(pool_, logits, k, normalize, idx, weights);
+  }
+  void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) override {
+    const OpScope scope = op("moe_group");
+    check_moe_group(idx, offsets, rows, slot);
+    cpu::moe_group(idx, offsets, rows, slot);
+  }
+  void moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
+                  MoeAct act) override {
+    const MoeLinearDims d = check_moe_linear(x, rows, w, offsets, y, act, dt_);
+    const OpScope scope = op_gemm(act == MoeAct::SwiGLU ? "moe_linear_swiglu" : "moe_linear", d.R,
+                                  act == MoeAct::SwiGLU ? 2 * d.N : d.N, d.K);
+    cpu::moe_linear(pool_, x, rows, w, offsets, y, act, d);
+  }
+  void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta) override {
+    const OpScope scope = op("moe_combine");
+    check_moe_combine(y, slot, weights, out, dt_, dt_);
+    cpu::moe_combine(pool_, y, slot, weights, out, beta);
+  }
   LossStats lm_head_loss(const LossArgs& a) override {
     const double passes = 1.0 + (a.dh.defined() ? 1.0 : 0.0) + (a.teacher_h.defined() ? 1.0 : 0.0);
     const OpScope scope = op("lm_head_loss", 2.0 * passes * double(a.rows.numel()) * double(a.lm_head.numel()));

@@ -34,6 +34,14 @@ void dflash_attention_backward(ThreadPool& tp, const DFlashAttnArgs& a, const Te
                                const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
                                const Tensor& dk_blk, const Tensor& dv_blk);
 
+void moe_route(ThreadPool& tp, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
+               const Tensor& weights);
+void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
+void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets,
+                const Tensor& y, MoeAct act, const MoeLinearDims& d);
+void moe_combine(ThreadPool& tp, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
+                 float beta);
+
 LossStats lm_head_loss(ThreadPool& tp, const LossArgs& a);
 void adamw(ThreadPool& tp, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
            const AdamWArgs& a, const Tensor& param_compute);

@@ -4,11 +4,30 @@
 #pragma once
 #include <cstdint>
 
+#ifndef DFLASH_CUDA_EMU
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#endif
+
 #include "backend/cuda/common.cuh"
 
 namespace dflash::cuda {
 
 #ifndef DFLASH_CUDA_EMU
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (nothing links libcuda), looked up once per process
+// (a thread-safe static). Throws if the driver has none.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+    DFLASH_CHECK(err == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != nullptr,
+                 "cuda: the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(err), ")");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
 
 // Shared-memory address of a generic pointer into shared memory.
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -69,6 +88,14 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
           dst),
       "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+// The box of the 2-D tiled tensor map `map` at element coordinates (c0, c1) (innermost first), as tma_load_3d.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1)
       : "memory");
 }
 // The box of `map` at (c0, c1, c2) from shared memory at src into global memory (elements past the tensor's end are

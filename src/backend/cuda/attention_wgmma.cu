@@ -138,10 +138,6 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t a) {
   return v;
 }
 
-// This thread's warpgroup index, read from lane 0 so that the compiler knows it is uniform over the warp (CUTLASS's
-// canonical_warp_group_idx): the shared-memory addresses and wgmma descriptors derived from it then stay in uniform
-// registers instead of being moved there (R2UR) before every wgmma.
-__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) >> 7, 0); }
 // 2^x on the special-function unit, denormal results flushed to zero (one MUFU.EX2; exp2f without -ftz adds the
 // denormal range handling around it). Probabilities below 2^-126 do not matter here.
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -248,13 +244,6 @@ __device__ __forceinline__ unsigned long long tl_ns() {
 #define DFLASH_TL_SUB(k) do { } while (0)
 #endif
 
-// setmaxnreg (sm_90a, PTX ISA 9.7.19.5): this warpgroup's registers per thread lowered / raised to N (a multiple of
-// 8 in [24, 256]); every warp of the warpgroup executes the same one. It takes effect only with a register cap at
-// entry (__launch_bounds__(threads, 1)), and the raise waits until the lowered warpgroups have released enough.
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
 // Programmatic dependent launch (sm_90; CUDA C++ Programming Guide 4.5, PTX ISA "griddepcontrol"). A kernel launched
 // with launch_pdl may start while the kernel before it on the stream is still running (once every CTA of that one
@@ -1455,14 +1444,7 @@ void launch_pdl(const char* name, dim3 grid, int threads, size_t smem, cudaStrea
 // map over one row at `dummy` that no tile reads. cuTensorMapEncodeTiled comes through the runtime's driver entry
 // point, so nothing links libcuda. Throws with the driver's error code if the encoding fails.
 CUtensorMap kv_map(const void* base, int64_t T, int heads, int box_rows, const void* dummy) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
-    DFLASH_CHECK(err == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != nullptr,
-                 "attention (cuda): the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(err), ")");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (T == 0 || base == nullptr) {
     base = dummy;
     T = 1;

@@ -85,6 +85,7 @@ class CudaContext final : public Context {
     err_ = empty(DType::I32, {1});
     DFLASH_CUDA_CHECK(cudaMemsetAsync(err_.data, 0, sizeof(int), st_->stream));
     cuda::attention_init_attributes(optin);
+    cuda::moe_init_attributes(optin);
     env_.stream = st_->stream;
     env_.device = dev_;
     env_.lt = lt_.get();
@@ -359,6 +360,29 @@ class CudaContext final : public Context {
     const OpScope scope =
         op("dflash_attention_backward", profiling() ? 2.5 * dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
     cuda::dflash_attention_backward(env_, on_device(a), out, lse, dout, dq, dkc, dvc, dkb, dvb);
+  }
+  void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) override {
+    const OpScope scope = op("moe_route");
+    check_moe_route(logits, k, idx, weights, DType::BF16, DType::F32);
+    cuda::moe_route(env_, on_device(logits), k, normalize, idx, weights);
+  }
+  void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) override {
+    const OpScope scope = op("moe_group");
+    check_moe_group(idx, offsets, rows, slot);
+    cuda::moe_group(env_, on_device(idx), offsets, rows, slot);
+  }
+  void moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
+                  MoeAct act) override {
+    const MoeLinearDims d = check_moe_linear(x, rows, w, offsets, y, act, DType::BF16);
+    const OpScope scope = op_gemm(act == MoeAct::SwiGLU ? "moe_linear_swiglu" : "moe_linear", d.R,
+                                  act == MoeAct::SwiGLU ? 2 * d.N : d.N, d.K);
+    const Tensor r = rows ? on_device(*rows) : Tensor{};
+    cuda::moe_linear(env_, x, rows ? &r : nullptr, w, on_device(offsets), y, act, d);
+  }
+  void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta) override {
+    const OpScope scope = op("moe_combine");
+    check_moe_combine(y, slot, weights, out, DType::BF16, DType::F32);
+    cuda::moe_combine(env_, y, on_device(slot), on_device(weights), out, beta);
   }
   LossStats lm_head_loss(const LossArgs& a) override {
     const double passes = 1.0 + (a.dh.defined() ? 1.0 : 0.0) + (a.teacher_h.defined() ? 1.0 : 0.0);

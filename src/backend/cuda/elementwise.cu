@@ -32,6 +32,7 @@ std::string describe_error_bits(int bits) {
   add(kErrGatherRow, "gather_rows / lm_head_loss: a row index is outside the source tensor");
   add(kErrLossLabel, "lm_head_loss: a label is outside [0, vocab)");
   add(kErrAnchor, "dflash_attention: a valid block's anchor is outside [0, S]");
+  add(kErrExpertId, "moe_group: an expert id is outside [0, num_experts)");
   if (s.empty()) s = cat("unknown device error bits ", bits);
   return s;
 }

@@ -34,6 +34,7 @@ enum ErrBits : int {
   kErrGatherRow = 2,     // gather_rows / lm_head_loss: row index outside the source
   kErrLossLabel = 4,     // lm_head_loss: label outside [0, V)
   kErrAnchor = 8,        // dflash_attention: a valid block's anchor outside [0, S]
+  kErrExpertId = 16,     // moe_group: an expert id outside [0, E)
 };
 // "embedding: token id outside [0, V); ..." for the bits set.
 std::string describe_error_bits(int bits);
@@ -106,6 +107,20 @@ bool attention_supported(int d, int smem_limit, std::string* why);
 std::string attention_config(int d, int smem_limit);
 // Sets the kernels' dynamic-shared-memory attribute to smem_optin (called once per context at construction).
 void attention_init_attributes(int smem_optin);
+
+// ---- Mixture of Experts (moe.cu) -----------------------------------------------------------------------------
+// Shapes as backend/context.h; logits / x / w / y / out BF16, weights F32. moe_route and moe_group take E <= 1024
+// experts and k <= 32.
+void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights);
+void moe_group(Env& e, const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
+void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
+                MoeAct act, const MoeLinearDims& d);
+void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta);
+// The kernel moe_linear runs for N output columns and inner size K: "wgmma" (the Hopper grouped GEMM; K % 8 == 0,
+// N even, 16-byte aligned x and w) or "simt" (any shape; the emulator).
+std::string moe_linear_path(int64_t N, int64_t K, bool swiglu);
+// Sets the Hopper grouped GEMM's dynamic-shared-memory attribute (once per context, at construction).
+void moe_init_attributes(int smem_optin);
 
 // ---- loss and optimizer -------------------------------------------------------------------------------------
 LossStats lm_head_loss(Env& e, const LossArgs& a);  // synchronises (the stats are host vectors)

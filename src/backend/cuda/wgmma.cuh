@@ -183,3 +183,21 @@ __device__ __forceinline__ void gemm_rs_mnmajor_sync(float (&d)[N / 2], uint32_t
 #endif  // DFLASH_CUDA_EMU
 
 }  // namespace dflash::cuda::wg
+
+namespace dflash::cuda {
+#ifndef DFLASH_CUDA_EMU
+// This thread's warpgroup index, read from lane 0 so that the compiler knows it is uniform over the warp (CUTLASS's
+// canonical_warp_group_idx): the shared-memory addresses and wgmma descriptors derived from it then stay in uniform
+// registers instead of being moved there (R2UR) before every wgmma.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) >> 7, 0); }
+
+// setmaxnreg (sm_90a, PTX ISA 9.7.19.5): this warpgroup's registers per thread lowered / raised to N (a multiple of
+// 8 in [24, 256]); every warp of the warpgroup executes the same one. It takes effect only with a register cap at
+// entry (__launch_bounds__(threads, minBlocks)), and the raise waits until the lowered warpgroups have released
+// enough.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+#endif  // DFLASH_CUDA_EMU
+}  // namespace dflash::cuda

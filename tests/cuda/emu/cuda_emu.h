@@ -299,6 +299,11 @@ inline float atomicAdd(float* p, float v) {
   *p = o + v;
   return o;
 }
+inline int atomicAdd(int* p, int v) {
+  const int o = *p;
+  *p = o + v;
+  return o;
+}
 
 #define __global__
 #define __device__
@@ -519,6 +524,11 @@ inline T __shfl_xor_sync(unsigned, T v, int mask) {
 template <class T>
 inline T __shfl_sync(unsigned, T v, int src) {
   return ::emu::shfl(v, src & 31);
+}
+template <class T>
+inline T __shfl_up_sync(unsigned, T v, int delta) {
+  const int lane = static_cast<int>(::emu::me().lane);
+  return ::emu::shfl(v, lane >= delta ? lane - delta : lane);
 }
 #define DFLASH_LAUNCH(grid, block, smem, stream, ...) ::emu::launch(dim3(grid), dim3(block), (smem), (stream), __VA_ARGS__)
 #define DFLASH_DYN_SMEM(name) unsigned char* name = ::emu::dyn_smem()

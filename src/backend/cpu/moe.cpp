@@ -1,0 +1,122 @@
+// cpu/moe.cpp — the Mixture-of-Experts ops (backend/context.h): routing, grouping by expert, the grouped expert GEMM
+// and the weighted combine. The reference of the CUDA kernels (backend/cuda/moe.cu): plain loops, one OpenBLAS
+// product per expert.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+
+namespace dflash::cpu {
+
+void moe_route(ThreadPool& tp, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
+               const Tensor& weights) {
+  dispatch_float("moe_route", logits.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t T_ = logits.shape[0], E = logits.shape[1];
+    tp.parallel_for(T_, 16, [&](int64_t b, int64_t e) {
+      std::vector<int32_t> order(static_cast<size_t>(E));
+      for (int64_t t = b; t < e; ++t) {
+        const T* z = logits.ptr<T>() + t * E;
+        std::iota(order.begin(), order.end(), 0);
+        // the k largest logits, ties to the lower expert index (a strict weak order: logit desc, index asc)
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [z](int32_t a, int32_t c) { return z[a] > z[c] || (z[a] == z[c] && a < c); });
+        const T mx = z[order[0]];
+        T sum = 0;
+        for (int64_t i = 0; i < E; ++i) sum += std::exp(z[i] - mx);
+        T chosen = 0;
+        for (int64_t j = 0; j < k; ++j) chosen += std::exp(z[order[j]] - mx) / sum;
+        for (int64_t j = 0; j < k; ++j) {
+          const T p = std::exp(z[order[j]] - mx) / sum;
+          idx.ptr<int32_t>()[t * k + j] = order[j];
+          weights.ptr<T>()[t * k + j] = normalize ? p / chosen : p;
+        }
+      }
+    });
+  });
+}
+
+void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) {
+  const int64_t n = idx.numel(), k = idx.shape[1], E = offsets.numel() - 1;
+  const int32_t* ix = idx.ptr<int32_t>();
+  std::vector<int64_t> cursor(static_cast<size_t>(E) + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    DFLASH_CHECK(ix[i] >= 0 && ix[i] < E, "moe_group: expert id ", ix[i], " of token ", i / k, " outside [0, ", E, ")");
+    ++cursor[static_cast<size_t>(ix[i]) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) cursor[e + 1] += cursor[e];
+  for (int64_t e = 0; e <= E; ++e) offsets.ptr<int32_t>()[e] = static_cast<int32_t>(cursor[e]);
+  for (int64_t i = 0; i < n; ++i) {  // pairs in (token, slot) order: each expert's rows in token order
+    const int64_t r = cursor[ix[i]]++;
+    rows.ptr<int32_t>()[r] = static_cast<int32_t>(i / k);
+    slot.ptr<int32_t>()[i] = static_cast<int32_t>(r);
+  }
+}
+
+void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets,
+                const Tensor& y, MoeAct act, const MoeLinearDims& d) {
+  dispatch_float("moe_linear", x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const int32_t* off = offsets.ptr<int32_t>();
+    DFLASH_CHECK(off[0] == 0 && off[d.E] == d.R, "moe_linear: offsets run from ", off[0], " to ", off[d.E],
+                 ", expected 0 to ", d.R, " (the rows of y)");
+    const int64_t Nw = w.shape[1], xr = x.rows();
+    std::vector<T> a, g;
+    for (int64_t e = 0; e < d.E; ++e) {
+      const int64_t r0 = off[e], M = off[e + 1] - off[e];
+      DFLASH_CHECK(M >= 0 && off[e + 1] <= d.R, "moe_linear: offsets not ascending at expert ", e);
+      if (M == 0) continue;
+      const T* A = x.ptr<T>() + r0 * d.K;
+      if (rows) {  // gather the expert's rows of x
+        a.resize(static_cast<size_t>(M * d.K));
+        for (int64_t i = 0; i < M; ++i) {
+          const int32_t src = rows->ptr<int32_t>()[r0 + i];
+          DFLASH_CHECK(src >= 0 && src < xr, "moe_linear: row ", src, " outside x's ", xr, " rows");
+          std::copy_n(x.ptr<T>() + src * d.K, d.K, a.data() + i * d.K);
+        }
+        A = a.data();
+      }
+      const T* W = w.ptr<T>() + e * Nw * d.K;
+      T* Y = y.ptr<T>() + r0 * d.N;
+      if (act == MoeAct::None) {
+        pgemm(tp, false, true, M, d.N, d.K, A, d.K, W, d.K, T(0), Y, d.N);
+        continue;
+      }
+      g.resize(static_cast<size_t>(M * Nw));  // [M, 2N]: gate columns, then up columns
+      pgemm(tp, false, true, M, Nw, d.K, A, d.K, W, d.K, T(0), g.data(), Nw);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t c = 0; c < d.N; ++c) {
+          const T gv = g[i * Nw + c], uv = g[i * Nw + d.N + c];
+          Y[i * d.N + c] = gv * (T(1) / (T(1) + std::exp(-gv))) * uv;
+        }
+    }
+  });
+}
+
+void moe_combine(ThreadPool& tp, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
+                 float beta) {
+  dispatch_float("moe_combine", out.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t Tn = out.rows(), H = out.shape.back(), k = weights.shape[1], R = y.rows();
+    const int32_t* sl = slot.ptr<int32_t>();
+    for (int64_t i = 0; i < Tn * k; ++i)
+      DFLASH_CHECK(sl[i] >= 0 && sl[i] < R, "moe_combine: slot ", sl[i], " outside y's ", R, " rows");
+    tp.parallel_for(Tn, 8, [&](int64_t b, int64_t e) {
+      std::vector<T> acc(static_cast<size_t>(H));
+      for (int64_t t = b; t < e; ++t) {
+        std::fill(acc.begin(), acc.end(), T(0));
+        for (int64_t j = 0; j < k; ++j) {
+          const T wj = weights.ptr<T>()[t * k + j];
+          const T* yr = y.ptr<T>() + static_cast<int64_t>(sl[t * k + j]) * H;
+          for (int64_t c = 0; c < H; ++c) acc[c] += wj * yr[c];
+        }
+        T* o = out.ptr<T>() + t * H;
+        for (int64_t c = 0; c < H; ++c) o[c] = acc[c] + (beta != 0.f ? T(beta) * o[c] : T(0));
+      }
+    });
+  });
+}
+
+}  // namespace dflash::cpu

@@ -1,0 +1,631 @@
+// cuda/moe.cu — the Mixture-of-Experts ops (backend/context.h): routing, grouping by expert, the grouped expert GEMM
+// and the weighted combine. No op reads a count back to the host: a MoE layer runs without a host synchronisation,
+// and the launch sizes depend only on T, k, E and the weights' shapes (never on how the tokens were routed).
+//
+//  moe_route    one warp per token: the fp32 softmax over E <= 1024 logits (E / 32 per lane in registers), the k
+//               largest by k warp arg-max reductions (logit descending, expert index ascending on ties).
+//  moe_group    three small kernels over chunks of 64 tokens: per-chunk expert counts, one block scanning them into
+//               the experts' offsets and each chunk's starting row per expert, then each chunk placing its pairs
+//               (a thread per expert walking the chunk in token order: every expert's rows stay in token order).
+//  moe_linear   the grouped GEMM. Tiles of 128 grouped rows x 128 columns never straddle two experts; the tiles of
+//               expert e are numbered from tile_off[e] (a warp's scan of ceil(count_e / 128)), the grid is sized to
+//               the most tiles any routing can need (ceil(R / 128) + E per column tile) and blocks past the last
+//               tile exit at once. Hopper kernel (k_moe_gemm_wg): one producer warpgroup loads A — the tile's rows
+//               of x, gathered through `rows` — by cp.async into 128-byte-swizzled panels, and thread 0 the weight
+//               tile by TMA (two boxes of 64 rows: for SwiGLU the expert's gate rows n0.. and up rows N + n0.., so
+//               the tile's 128 columns are 64 gate and 64 up columns of the same 64 outputs); a ring of NS stages with
+//               full / empty mbarriers; two consumer warpgroups each issue wgmma m64n128k16 over their 64 rows (fp32
+//               accumulators) and write the epilogue (the SwiGLU of each thread's gate column c and up column c + 64,
+//               which the m64n128 accumulator layout puts in the same thread) straight to y in bf16.
+//               Any other shape (K or N odd, K not a multiple of 8) and the CPU emulator run a plain tiled kernel.
+//  moe_combine  one block per token: the k rows of y weighted and summed in fp32 in slot order, + beta out.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dflash::cuda {
+
+namespace {
+
+constexpr int kGroupChunk = 64;     // tokens per chunk of moe_group
+constexpr int kMaxExperts = 1024;   // moe_route keeps E / 32 logits per lane; moe_group scans E in one block
+
+// ---- moe_route ------------------------------------------------------------------------------------------------------
+template <int EPL>  // experts per lane: E <= 32 EPL
+__global__ void k_moe_route(const bf16* __restrict__ logits, int64_t T, int E, int k, bool normalize,
+                            int32_t* __restrict__ idx, float* __restrict__ weights) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= T) return;
+  const bf16* z = logits + t * E;
+  float v[EPL];
+  unsigned taken = 0;  // bit i: this lane's expert lane + 32 i already chosen
+  float mx = -INFINITY;
+  DFLASH_UNROLL
+  for (int i = 0; i < EPL; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? __bfloat162float(z[e]) : -INFINITY;
+    if (e >= E) taken |= 1u << i;
+    mx = fmaxf(mx, v[i]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+  DFLASH_UNROLL
+  for (int i = 0; i < EPL; ++i) sum += lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
+  sum = warp_sum(sum);
+  float chosen_sum = 0.f, my_p = 0.f;
+  int my_e = 0;
+  for (int j = 0; j < k; ++j) {
+    // this lane's best remaining (value descending, index ascending), then the warp's
+    float bv = -INFINITY;
+    int be = INT_MAX;
+    DFLASH_UNROLL
+    for (int i = 0; i < EPL; ++i) {
+      const int e = lane + 32 * i;
+      if (!(taken >> i & 1u) && (v[i] > bv || be == INT_MAX)) {
+        bv = v[i];
+        be = e;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (ov > bv || (ov == bv && oe < be)) {
+        bv = ov;
+        be = oe;
+      }
+    }
+    if ((be & 31) == lane) taken |= 1u << (be >> 5);
+    const float p = expf(bv - mx) / sum;
+    chosen_sum += p;
+    if (lane == j) {
+      my_e = be;
+      my_p = p;
+    }
+  }
+  if (lane < k) {
+    idx[t * k + lane] = my_e;
+    weights[t * k + lane] = normalize ? my_p / chosen_sum : my_p;
+  }
+}
+
+// ---- moe_group ------------------------------------------------------------------------------------------------------
+// counts[c * E + e] = pairs of chunk c routed to expert e. Expert ids outside [0, E) set kErrExpertId and count as
+// expert 0 (the result is void; the error is raised at the next synchronising call).
+__global__ void k_moe_count(const int32_t* __restrict__ idx, int64_t n, int k, int E, int32_t* __restrict__ counts,
+                            int* err) {
+  __shared__ int cnt[kMaxExperts];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kGroupChunk * k, p1 = min(n, p0 + static_cast<int64_t>(kGroupChunk) * k);
+  for (int64_t p = p0 + threadIdx.x; p < p1; p += blockDim.x) {
+    int e = idx[p];
+    if (e < 0 || e >= E) {
+      atomicOr(err, kErrExpertId);
+      e = 0;
+    }
+    atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[static_cast<int64_t>(blockIdx.x) * E + e] = cnt[e];
+}
+
+// One block (kMaxExperts threads): thread e turns its column of counts into each chunk's first row for e (relative),
+// the block scans the totals into offsets, and the columns are shifted by offsets[e].
+__global__ void k_moe_scan(int32_t* __restrict__ counts, int chunks, int E, int32_t* __restrict__ offsets) {
+  __shared__ int tot[kMaxExperts];
+  const int e = threadIdx.x;
+  int run = 0;
+  if (e < E)
+    for (int c = 0; c < chunks; ++c) {
+      const int x = counts[static_cast<int64_t>(c) * E + e];
+      counts[static_cast<int64_t>(c) * E + e] = run;
+      run += x;
+    }
+  tot[e] = e < E ? run : 0;
+  __syncthreads();
+  if (e == 0) {  // E <= 1024 additions: a serial scan is a few microseconds
+    int s = 0;
+    for (int i = 0; i < E; ++i) {
+      const int x = tot[i];
+      tot[i] = s;
+      s += x;
+    }
+    offsets[E] = s;
+  }
+  __syncthreads();
+  if (e < E) {
+    offsets[e] = tot[e];
+    for (int c = 0; c < chunks; ++c) counts[static_cast<int64_t>(c) * E + e] += tot[e];
+  }
+}
+
+// Chunk c's pairs placed: thread e walks the chunk's pairs in (token, slot) order.
+__global__ void k_moe_place(const int32_t* __restrict__ idx, int64_t n, int k, int E, const int32_t* __restrict__ base,
+                            int32_t* __restrict__ rows, int32_t* __restrict__ slot) {
+  __shared__ int32_t sIdx[kGroupChunk * 32];
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kGroupChunk * k;
+  const int np = static_cast<int>(min(n - p0, static_cast<int64_t>(kGroupChunk) * k));
+  for (int i = threadIdx.x; i < np; i += blockDim.x) {
+    const int e = idx[p0 + i];
+    sIdx[i] = e < 0 || e >= E ? 0 : e;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int r = base[static_cast<int64_t>(blockIdx.x) * E + e];
+    for (int i = 0; i < np; ++i)
+      if (sIdx[i] == e) {
+        rows[r] = static_cast<int32_t>((p0 + i) / k);
+        slot[p0 + i] = r;
+        ++r;
+      }
+  }
+}
+
+// ---- moe_linear: the tile schedule ----------------------------------------------------------------------------------
+// tile_off[e] = sum over e' < e of ceil(count_e' / BM): one warp, E / 32 experts per lane and a warp scan.
+__global__ void k_moe_tiles(const int32_t* __restrict__ offsets, int E, int BM, int32_t* __restrict__ tile_off) {
+  const int lane = threadIdx.x;
+  const int per = (E + 31) / 32, e0 = lane * per, e1 = min(E, e0 + per);
+  int mine = 0;
+  for (int e = e0; e < e1; ++e) mine += (offsets[e + 1] - offsets[e] + BM - 1) / BM;
+  int incl = mine;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int x = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += x;
+  }
+  int run = incl - mine;
+  for (int e = e0; e < e1; ++e) {
+    tile_off[e] = run;
+    run += (offsets[e + 1] - offsets[e] + BM - 1) / BM;
+  }
+  if (lane == 31) tile_off[E] = incl;
+}
+
+struct MoeGemmParams {
+  const bf16* x;             // [x_rows, K]
+  const int32_t* rows;       // [R] tokens of the grouped rows, or null (a = x[r])
+  const int32_t* offsets;    // [E + 1]
+  const int32_t* tile_off;   // [E + 1]
+  const bf16* w;             // [E, Nw, K]
+  bf16* y;                   // [R, N]
+  int64_t N, K, Nw, x_rows;
+  int E, n_tiles;
+  int* err;
+};
+
+// The expert and first grouped row of m-tile mt (tiles of BM rows; tile_off as k_moe_tiles wrote it): the largest e
+// with tile_off[e] <= mt (experts without rows have tile_off[e] == tile_off[e + 1] and are passed over).
+__device__ __forceinline__ int tile_expert(const MoeGemmParams& p, int mt) {
+  int lo = 0, hi = p.E;  // tile_off[lo] <= mt < tile_off[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (p.tile_off[mid] <= mt) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// ---- moe_linear: the portable kernel (any shape; the CPU emulator) --------------------------------------------------
+// Block (32, 8) computes a 32 x 32 output tile: thread (tx, ty) the column tx of rows ty, ty + 8, ty + 16, ty + 24;
+// SwiGLU keeps a gate and an up accumulator per output.
+constexpr int kSimtBM = 32;
+template <bool SWIGLU>
+__global__ void k_moe_gemm_simt(MoeGemmParams p) {
+  __shared__ float sA[32][33];
+  __shared__ float sG[32][33];
+  __shared__ float sU[32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int mt = blockIdx.x / p.n_tiles, nt = blockIdx.x % p.n_tiles;
+  if (mt >= p.tile_off[p.E]) return;
+  const int e = tile_expert(p, mt);
+  const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kSimtBM, m_end = p.offsets[e + 1];
+  const int64_t n0 = static_cast<int64_t>(nt) * 32;
+  const bf16* we = p.w + static_cast<int64_t>(e) * p.Nw * p.K;
+  float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int64_t k0 = 0; k0 < p.K; k0 += 32) {
+    for (int i = ty; i < 32; i += 8) {
+      const int64_t r = m0 + i, kk = k0 + tx;
+      float a = 0.f;
+      if (r < m_end && kk < p.K) {
+        int64_t src = p.rows ? p.rows[r] : r;
+        if (src < 0 || src >= p.x_rows) {
+          atomicOr(p.err, kErrGatherRow);
+          src = 0;
+        }
+        a = to_f(p.x[src * p.K + kk]);
+      }
+      sA[i][tx] = a;
+      const int64_t n = n0 + i;
+      sG[i][tx] = n < p.N && kk < p.K ? to_f(we[n * p.K + kk]) : 0.f;
+      if (SWIGLU) sU[i][tx] = n < p.N && kk < p.K ? to_f(we[(p.N + n) * p.K + kk]) : 0.f;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < 32; ++kk) {
+      const float g = sG[tx][kk], u = SWIGLU ? sU[tx][kk] : 0.f;
+      DFLASH_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        ag[q] += sA[ty + 8 * q][kk] * g;
+        if (SWIGLU) au[q] += sA[ty + 8 * q][kk] * u;
+      }
+    }
+    __syncthreads();
+  }
+  const int64_t n = n0 + tx;
+  if (n >= p.N) return;
+  DFLASH_UNROLL
+  for (int q = 0; q < 4; ++q) {
+    const int64_t r = m0 + ty + 8 * q;
+    if (r < m_end) p.y[r * p.N + n] = __float2bfloat16(SWIGLU ? silu(ag[q]) * au[q] : ag[q]);
+  }
+}
+
+#ifndef DFLASH_CUDA_EMU
+// ---- moe_linear: the Hopper kernel ----------------------------------------------------------------------------------
+constexpr int kWgBM = 128, kWgBK = 64;  // tile rows, k-step; 128 columns (BN) per tile
+constexpr int kWgTileBytes = kWgBM * kWgBK * 2;  // an A or B stage: 128 rows of one 128-byte panel (16 KB)
+constexpr int kWgThreads = 384;                   // consumer warpgroups 0, 1; producer warpgroup 2
+
+// Register split of one CTA: producer / consumer registers per thread for MINB CTAs per SM (65536 / MINB per CTA;
+// 128 producer threads, 256 consumer threads; multiples of 8).
+template <int MINB>
+struct WgRegs;
+template <>
+struct WgRegs<1> {
+  static constexpr int kProducer = 40, kConsumer = 232;
+};
+template <>
+struct WgRegs<2> {
+  static constexpr int kProducer = 24, kConsumer = 104;
+};
+
+template <int NS>
+constexpr size_t moe_wg_smem() {
+  return static_cast<size_t>(2 * NS) * kWgTileBytes + 1024;  // A and B stages, and the 1024-byte alignment
+}
+
+template <bool SWIGLU, int NS, int MINB>
+__global__ void __launch_bounds__(kWgThreads, MINB) k_moe_gemm_wg(MoeGemmParams p, const __grid_constant__ CUtensorMap wmap) {
+  DFLASH_DYN_SMEM(smem_raw);
+  __shared__ alignas(8) uint64_t sBar[2 * NS];  // stage s: full (A's copies and B's bytes landed), empty (consumers done)
+  const int mt = blockIdx.x / p.n_tiles, nt = blockIdx.x % p.n_tiles;
+  if (mt >= p.tile_off[p.E]) return;  // (uniform over the CTA, before any barrier)
+  const int e = tile_expert(p, mt);
+  const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kWgBM, m_end = p.offsets[e + 1];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sA = base, sB = base + NS * kWgTileBytes;
+  const uint32_t bFull = smem_u32(&sBar[0]), bEmpty = bFull + 8 * NS;
+  const int tid = threadIdx.x, wga = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31;
+  const int KT = static_cast<int>((p.K + kWgBK - 1) / kWgBK);
+  if (tid == 0) {
+    tma_prefetch_map(&wmap);
+    DFLASH_UNROLL
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(bFull + 8 * s, 128 + 1);  // every producer thread's copies, and thread 0's expected TMA bytes
+      mbar_init(bEmpty + 8 * s, 8);       // every consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wga == 2) {  // ---- producer
+    setmaxnreg_dec<WgRegs<MINB>::kProducer>();
+    const int pt = tid - 256, c = pt & 7;
+    int64_t src[8];
+    bool ok[8];
+    DFLASH_UNROLL
+    for (int q = 0; q < 8; ++q) {
+      const int64_t r = m0 + (pt >> 3) + 16 * q;
+      ok[q] = r < m_end;
+      int64_t s = ok[q] ? (p.rows ? p.rows[r] : r) : 0;
+      if (ok[q] && (s < 0 || s >= p.x_rows)) {
+        atomicOr(p.err, kErrGatherRow);
+        ok[q] = false;
+        s = 0;
+      }
+      src[q] = s * p.K;
+    }
+    // weight rows of the tile's two 64-row boxes: [n0, n0 + 64) and [n0 + 64, ..) or, for SwiGLU, the gate rows
+    // [n0, n0 + 64) and the up rows [N + n0, ..) with n0 = 64 nt
+    const int64_t wrow = static_cast<int64_t>(e) * p.Nw;
+    const int b0 = static_cast<int>(wrow + (SWIGLU ? 64 * nt : 128 * nt));
+    const int b1 = static_cast<int>(SWIGLU ? wrow + p.N + 64 * nt : wrow + 128 * nt + 64);
+    for (int kt = 0; kt < KT; ++kt) {
+      const int st = kt % NS;
+      if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
+      const uint32_t full = bFull + 8 * st;
+      if (pt == 0) {
+        mbar_arrive_expect_tx(full, kWgTileBytes);
+        tma_load_2d(sB + st * kWgTileBytes, &wmap, full, kt * kWgBK, b0);
+        tma_load_2d(sB + st * kWgTileBytes + 64 * 128, &wmap, full, kt * kWgBK, b1);
+      }
+      const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
+      const bool kin = kc < p.K;
+      DFLASH_UNROLL
+      for (int q = 0; q < 8; ++q) {
+        const int row = (pt >> 3) + 16 * q;
+        cp_async16(sA + st * kWgTileBytes + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
+                   ok[q] && kin);
+      }
+      cp_async_mbar_arrive(full);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumers: warpgroup wga owns rows 64 wga .. 64 wga + 63 of the tile
+  setmaxnreg_inc<WgRegs<MINB>::kConsumer>();
+  float d[64];
+  DFLASH_UNROLL
+  for (int i = 0; i < 64; ++i) d[i] = 0.f;
+  const uint32_t aW = sA + wga * 64 * 128;
+  for (int kt = 0; kt < KT; ++kt) {
+    const int st = kt % NS;
+    mbar_wait(bFull + 8 * st, (kt / NS) & 1);
+    const uint64_t da = wg::desc_kmajor(aW + st * kWgTileBytes), db = wg::desc_kmajor(sB + st * kWgTileBytes);
+    wg::pin(d);
+    wg::fence();
+    DFLASH_UNROLL
+    for (int kk = 0; kk < kWgBK / 16; ++kk)
+      wg::wgmma_ss<128>(d, wg::desc_add(da, kk * 32), wg::desc_add(db, kk * 32), (kt | kk) != 0);
+    wg::commit();
+    wg::wait<1>();  // k-step kt - 1's products are done: its stage goes back to the producer
+    wg::pin(d);
+    if (kt > 0 && lane == 0) mbar_arrive(bEmpty + 8 * ((kt - 1) % NS));
+  }
+  wg::wait<0>();
+  wg::pin(d);
+
+  // epilogue: accumulator d[4 j + i] holds row 16 warp + lane / 4 + 8 (i / 2), column 8 j + 2 (lane % 4) + i % 2
+  const int r_in = wga * 64 + warp * 16 + (lane >> 2), c_in = 2 * (lane & 3);
+  DFLASH_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = m0 + r_in + 8 * h;
+    if (r >= m_end) continue;
+    bf16* yr = p.y + r * p.N;
+    if (SWIGLU) {
+      DFLASH_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        const int64_t col = static_cast<int64_t>(nt) * 64 + 8 * j + c_in;
+        if (col >= p.N) continue;
+        const float v0 = silu(d[4 * j + 2 * h]) * d[4 * (j + 8) + 2 * h];
+        const float v1 = silu(d[4 * j + 2 * h + 1]) * d[4 * (j + 8) + 2 * h + 1];
+        *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(v0, v1);
+      }
+    } else {
+      DFLASH_UNROLL
+      for (int j = 0; j < 16; ++j) {
+        const int64_t col = static_cast<int64_t>(nt) * 128 + 8 * j + c_in;
+        if (col >= p.N) continue;
+        *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+      }
+    }
+  }
+}
+
+// The 2-D TMA map of the weights [E Nw, K] (bf16, K innermost): boxes of 64 columns x 64 rows, 128-byte swizzle (one
+// SW128 panel of wgmma.cuh per box), out-of-range elements zero-filled.
+CUtensorMap weight_map(const void* w, int64_t rows, int64_t K) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * 2};
+  const cuuint32_t box[2] = {64, 64}, elem[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(w), dims, strides,
+                                          box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  DFLASH_CHECK(r == CUDA_SUCCESS, "moe_linear (cuda): cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
+               ") for weights [", rows, ", ", K, "]");
+  return map;
+}
+
+// The Hopper kernel's variant: CTAs per SM (1: 4 stages, registers 40 / 232; 2: 3 stages, 24 / 104), chosen by
+// measurement (bench/NOTES.md, MoE grouped GEMM); a build with -DDFLASH_MOE_WG_MINB=2 runs the other one.
+#ifndef DFLASH_MOE_WG_MINB
+#define DFLASH_MOE_WG_MINB 1
+#endif
+constexpr int kWgMinBlocks = DFLASH_MOE_WG_MINB, kWgStages = kWgMinBlocks == 1 ? 4 : 3;
+
+template <bool SWIGLU>
+void launch_wg(Env& e, const MoeGemmParams& p, int64_t max_tiles, int64_t w_rows) {
+  const CUtensorMap map = weight_map(p.w, w_rows, p.K);
+  constexpr size_t smem = moe_wg_smem<kWgStages>();
+  const int64_t blocks = max_tiles * p.n_tiles;
+  DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
+  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, smem, e.stream,
+                k_moe_gemm_wg<SWIGLU, kWgStages, kWgMinBlocks>)(p, map);
+  check_launch("k_moe_gemm_wg");
+}
+#endif  // DFLASH_CUDA_EMU
+
+// ---- moe_combine ----------------------------------------------------------------------------------------------------
+// Block per token, thread per 8 columns (H % 8 == 0) or per column.
+__global__ void k_moe_combine(const bf16* __restrict__ y, const int32_t* __restrict__ slot,
+                              const float* __restrict__ weights, bf16* __restrict__ out, int64_t H, int k, int64_t R,
+                              float beta, int* err) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) {
+      int64_t r = slot[t * k + j];
+      if (r < 0 || r >= R) {
+        atomicOr(err, kErrGatherRow);
+        continue;
+      }
+      acc += weights[t * k + j] * to_f(y[r * H + c]);
+    }
+    bf16* o = out + t * H + c;
+    *o = __float2bfloat16(beta != 0.f ? acc + beta * to_f(*o) : acc);
+  }
+}
+
+__global__ void k_moe_combine8(const bf16* __restrict__ y, const int32_t* __restrict__ slot,
+                               const float* __restrict__ weights, bf16* __restrict__ out, int64_t H, int k, int64_t R,
+                               float beta, int* err) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * 8; c < H; c += static_cast<int64_t>(blockDim.x) * 8) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < k; ++j) {
+      const int64_t r = slot[t * k + j];
+      if (r < 0 || r >= R) {
+        atomicOr(err, kErrGatherRow);
+        continue;
+      }
+      const float wj = weights[t * k + j];
+      float f[8];
+      bf16x8_to_f(*reinterpret_cast<const uint4*>(y + r * H + c), f);
+      DFLASH_UNROLL
+      for (int i = 0; i < 8; ++i) acc[i] += wj * f[i];
+    }
+    uint4* o = reinterpret_cast<uint4*>(out + t * H + c);
+    if (beta != 0.f) {
+      float f[8];
+      bf16x8_to_f(*o, f);
+      DFLASH_UNROLL
+      for (int i = 0; i < 8; ++i) acc[i] += beta * f[i];
+    }
+    *o = f_to_bf16x8(acc);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+std::string moe_linear_path(int64_t N, int64_t K, bool swiglu) {
+#ifdef DFLASH_CUDA_EMU
+  (void)N, (void)K, (void)swiglu;
+  return "simt";
+#else
+  return N % 2 == 0 && K % 8 == 0 && K >= 8 ? "wgmma" : "simt";
+#endif
+}
+
+void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) {
+  check_on_dev("moe_route", idx, "idx");
+  check_on_dev("moe_route", weights, "weights");
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  DFLASH_CHECK(E <= kMaxExperts && k <= 32, "moe_route (cuda): E = ", E, " experts, k = ", k,
+               " (supported: E <= ", kMaxExperts, ", k <= 32)");
+  if (T == 0) return;
+  const unsigned blocks = static_cast<unsigned>((T + 7) / 8);
+  const bf16* z = static_cast<bf16*>(logits.data);
+  int32_t* ix = idx.ptr<int32_t>();
+  float* w = weights.ptr<float>();
+  const int Ei = static_cast<int>(E), ki = static_cast<int>(k);
+  if (E <= 32) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<1>)(z, T, Ei, ki, normalize, ix, w);
+  else if (E <= 64) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<2>)(z, T, Ei, ki, normalize, ix, w);
+  else if (E <= 128) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<4>)(z, T, Ei, ki, normalize, ix, w);
+  else if (E <= 256) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<8>)(z, T, Ei, ki, normalize, ix, w);
+  else if (E <= 512) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<16>)(z, T, Ei, ki, normalize, ix, w);
+  else DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<32>)(z, T, Ei, ki, normalize, ix, w);
+  check_launch("k_moe_route");
+}
+
+void moe_group(Env& e, const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) {
+  check_on_dev("moe_group", offsets, "offsets");
+  check_on_dev("moe_group", rows, "rows");
+  check_on_dev("moe_group", slot, "slot");
+  const int64_t n = idx.numel(), k = idx.shape[1], E = offsets.numel() - 1;
+  DFLASH_CHECK(E <= kMaxExperts && k <= 32, "moe_group (cuda): E = ", E, ", k = ", k, " (supported: E <= ",
+               kMaxExperts, ", k <= 32)");
+  const int64_t T = n / k, chunks = std::max<int64_t>(1, (T + kGroupChunk - 1) / kGroupChunk);
+  DFLASH_CHECK(chunks < (int64_t{1} << 31), "moe_group (cuda): ", T, " tokens");
+  Tensor counts = e.alloc(DType::I32, {chunks, E});
+  const int Ei = static_cast<int>(E), ki = static_cast<int>(k), C = static_cast<int>(chunks);
+  DFLASH_LAUNCH(C, 256, 0, e.stream, k_moe_count)(idx.ptr<int32_t>(), n, ki, Ei, counts.ptr<int32_t>(), e.err_flag);
+  check_launch("k_moe_count");
+  DFLASH_LAUNCH(1, kMaxExperts, 0, e.stream, k_moe_scan)(counts.ptr<int32_t>(), C, Ei, offsets.ptr<int32_t>());
+  check_launch("k_moe_scan");
+  if (n == 0) return;
+  DFLASH_LAUNCH(C, 256, 0, e.stream, k_moe_place)(idx.ptr<int32_t>(), n, ki, Ei, counts.ptr<int32_t>(),
+                                                  rows.ptr<int32_t>(), slot.ptr<int32_t>());
+  check_launch("k_moe_place");
+}
+
+void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
+                MoeAct act, const MoeLinearDims& d) {
+  check_on_dev("moe_linear", x, "x");
+  check_on_dev("moe_linear", w, "w");
+  check_on_dev("moe_linear", y, "y");
+  if (d.R == 0 || d.N == 0) return;
+  const bool swiglu = act == MoeAct::SwiGLU;
+  DFLASH_CHECK(d.E <= (int64_t{1} << 20), "moe_linear (cuda): ", d.E, " experts");
+  MoeGemmParams p;
+  p.x = static_cast<bf16*>(x.data);
+  p.rows = rows ? rows->ptr<int32_t>() : nullptr;
+  p.offsets = offsets.ptr<int32_t>();
+  p.w = static_cast<bf16*>(w.data);
+  p.y = static_cast<bf16*>(y.data);
+  p.N = d.N;
+  p.K = d.K;
+  p.Nw = w.shape[1];
+  p.x_rows = x.rows();
+  p.E = static_cast<int>(d.E);
+  p.err = e.err_flag;
+  Tensor tile_off = e.alloc(DType::I32, {d.E + 1});
+  p.tile_off = tile_off.ptr<int32_t>();
+  const bool wgmma = moe_linear_path(d.N, d.K, swiglu) == "wgmma" && aligned16(p.x) && aligned16(p.w);
+#ifndef DFLASH_CUDA_EMU
+  if (wgmma) {
+    const int BM = kWgBM, BN = swiglu ? 64 : 128;
+    DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, BM, tile_off.ptr<int32_t>());
+    check_launch("k_moe_tiles");
+    p.n_tiles = static_cast<int>((d.N + BN - 1) / BN);
+    const int64_t max_tiles = (d.R + BM - 1) / BM + d.E;
+    const int64_t w_rows = d.E * p.Nw;
+    DFLASH_CHECK(w_rows < (int64_t{1} << 31), "moe_linear (cuda): ", w_rows, " weight rows");
+    if (swiglu) launch_wg<true>(e, p, max_tiles, w_rows);
+    else launch_wg<false>(e, p, max_tiles, w_rows);
+    return;
+  }
+#else
+  (void)wgmma;
+#endif
+  DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, kSimtBM, tile_off.ptr<int32_t>());
+  check_launch("k_moe_tiles");
+  p.n_tiles = static_cast<int>((d.N + 31) / 32);
+  const int64_t blocks = ((d.R + kSimtBM - 1) / kSimtBM + d.E) * p.n_tiles;
+  DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
+  if (swiglu) DFLASH_LAUNCH(static_cast<unsigned>(blocks), dim3(32, 8), 0, e.stream, k_moe_gemm_simt<true>)(p);
+  else DFLASH_LAUNCH(static_cast<unsigned>(blocks), dim3(32, 8), 0, e.stream, k_moe_gemm_simt<false>)(p);
+  check_launch("k_moe_gemm_simt");
+}
+
+void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta) {
+  check_on_dev("moe_combine", y, "y");
+  check_on_dev("moe_combine", out, "out");
+  const int64_t T = out.rows(), H = out.shape.back(), k = weights.shape[1], R = y.rows();
+  if (T == 0) return;
+  DFLASH_CHECK(T < (int64_t{1} << 31), "moe_combine (cuda): ", T, " tokens");
+  const unsigned blocks = static_cast<unsigned>(T);
+  if (H % 8 == 0 && aligned16(y.data) && aligned16(out.data)) {
+    const int threads = static_cast<int>(std::min<int64_t>(256, H / 8));
+    DFLASH_LAUNCH(blocks, threads, 0, e.stream, k_moe_combine8)(static_cast<bf16*>(y.data), slot.ptr<int32_t>(),
+                                                                weights.ptr<float>(), static_cast<bf16*>(out.data), H,
+                                                                static_cast<int>(k), R, beta, e.err_flag);
+    check_launch("k_moe_combine8");
+  } else {
+    const int threads = static_cast<int>(std::min<int64_t>(256, H));
+    DFLASH_LAUNCH(blocks, threads, 0, e.stream, k_moe_combine)(static_cast<bf16*>(y.data), slot.ptr<int32_t>(), weights.ptr<float>(),
+                                                               static_cast<bf16*>(out.data), H, static_cast<int>(k), R, beta,
+                                                               e.err_flag);
+    check_launch("k_moe_combine");
+  }
+}
+
+void moe_init_attributes(int smem_optin) {
+#ifndef DFLASH_CUDA_EMU
+  allow_dynamic_smem(smem_optin, k_moe_gemm_wg<true, kWgStages, kWgMinBlocks>,
+                     k_moe_gemm_wg<false, kWgStages, kWgMinBlocks>);
+#else
+  (void)smem_optin;
+#endif
+}
+
+}  // namespace dflash::cuda

@@ -1,0 +1,126 @@
+// io/model_family.cpp — the supported target families, one entry each (io/model_family.h). Each reads the keys of
+// its transformers configuration class that the shared reader (io/hf_config.cpp) does not, with that class's
+// defaults, and says what every layer is.
+#include "io/model_family.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dflash {
+
+namespace {
+
+// The dense plan: attention with the config's bias / qk-norm flags, SwiGLU of intermediate_size.
+LayerSpec dense_layer(const ModelConfig& c, int64_t) {
+  LayerSpec s;
+  s.attention.bias = c.attention_bias;
+  s.attention.qk_norm = c.qk_norm;
+  s.mlp = ChannelMixer::Dense;
+  s.mlp_width = c.intermediate_size;
+  return s;
+}
+
+// ---- Llama (transformers LlamaConfig) -----------------------------------------------------------------------------
+void read_llama(const JsonFields& f, ModelConfig& c) {
+  c.head_dim = f.opt_int("head_dim", c.hidden_size / c.num_attention_heads);
+  c.max_position_embeddings = f.opt_int("max_position_embeddings", 2048);
+  c.attention_bias = f.opt_bool("attention_bias", false);
+  c.bos_token_id = f.j.contains("bos_token_id") ? f.opt_int("bos_token_id", -1) : 1;  // LlamaConfig: bos 1, eos 2
+  if (!f.j.contains("eos_token_id")) c.eos_token_ids = {2};
+}
+
+// ---- Qwen2 (Qwen2Config): q/k/v biases always ---------------------------------------------------------------------
+void read_qwen2(const JsonFields& f, ModelConfig& c) {
+  c.head_dim = f.opt_int("head_dim", c.hidden_size / c.num_attention_heads);
+  c.attention_bias = true;  // Qwen2Attention has q/k/v biases whatever attention_bias says
+}
+
+// ---- Qwen3 (Qwen3Config): per-head q/k RMSNorm; an absent head_dim is 128 ---------------------------------------
+void read_qwen3(const JsonFields& f, ModelConfig& c) {
+  c.head_dim = f.opt_int("head_dim", f.j.contains("head_dim") ? c.hidden_size / c.num_attention_heads : 128);
+  c.attention_bias = f.opt_bool("attention_bias", false);
+  c.qk_norm = true;
+}
+
+// ---- Qwen3-MoE (Qwen3MoeConfig, Qwen3MoeSparseMoeBlock) -----------------------------------------------------------
+void read_qwen3_moe(const JsonFields& f, ModelConfig& c) {
+  // Qwen3MoeAttention: head_dim = getattr(config, "head_dim", H / nh); the published configs give it (128).
+  c.head_dim = f.opt_int("head_dim", c.hidden_size / c.num_attention_heads);
+  c.attention_bias = f.opt_bool("attention_bias", false);
+  c.qk_norm = true;
+  MoeConfig& m = c.moe;
+  m.num_experts = f.opt_int("num_experts", 128);
+  m.top_k = f.opt_int("num_experts_per_tok", 8);
+  m.expert_width = f.opt_int("moe_intermediate_size", 768);
+  m.norm_topk_prob = f.opt_bool("norm_topk_prob", false);
+  m.decoder_sparse_step = f.opt_int("decoder_sparse_step", 1);
+  m.mlp_only_layers = f.opt_int_list("mlp_only_layers");
+  DFLASH_CHECK(m.num_experts >= 0, f.src, ": num_experts: must be >= 0, got ", m.num_experts);
+  if (m.num_experts > 0) {
+    DFLASH_CHECK(m.top_k >= 1 && m.top_k <= m.num_experts, f.src, ": num_experts_per_tok: ", m.top_k,
+                 " must be in [1, num_experts = ", m.num_experts, "]");
+    DFLASH_CHECK(m.expert_width > 0, f.src, ": moe_intermediate_size: must be positive, got ", m.expert_width);
+  }
+  DFLASH_CHECK(m.decoder_sparse_step >= 1, f.src, ": decoder_sparse_step: must be >= 1, got ", m.decoder_sparse_step);
+  for (int64_t l : m.mlp_only_layers)
+    DFLASH_CHECK(l >= 0 && l < c.num_hidden_layers, f.src, ": mlp_only_layers: layer ", l, " is not in [0, ",
+                 c.num_hidden_layers, ")");
+}
+
+LayerSpec qwen3_moe_layer(const ModelConfig& c, int64_t l) {
+  LayerSpec s = dense_layer(c, l);
+  const MoeConfig& m = c.moe;
+  const bool dense_only = std::find(m.mlp_only_layers.begin(), m.mlp_only_layers.end(), l) != m.mlp_only_layers.end();
+  if (!dense_only && m.num_experts > 0 && (l + 1) % m.decoder_sparse_step == 0) {
+    s.mlp = ChannelMixer::MoE;
+    s.mlp_width = m.expert_width;
+  }
+  return s;
+}
+
+}  // namespace
+
+const std::vector<ModelFamily>& model_families() {
+  static const std::vector<ModelFamily> families = {
+      {Arch::Llama, "llama", "LlamaForCausalLM", "Llama", "Llama-3.1-8B-Instruct, Llama-3.x", read_llama, dense_layer},
+      {Arch::Qwen2, "qwen2", "Qwen2ForCausalLM", "Qwen2", "Qwen2.5-7B-Instruct, Qwen2-7B-Instruct", read_qwen2,
+       dense_layer},
+      {Arch::Qwen3, "qwen3", "Qwen3ForCausalLM", "Qwen3", "Qwen3-4B, Qwen3-8B, Qwen3-32B", read_qwen3, dense_layer},
+      {Arch::Qwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3-MoE",
+       "Qwen3-30B-A3B, Qwen3-Coder-30B-A3B-Instruct, Qwen3-235B-A22B", read_qwen3_moe, qwen3_moe_layer},
+  };
+  return families;
+}
+
+const ModelFamily* family_by_architecture(const std::string& name) {
+  for (const ModelFamily& f : model_families())
+    if (name == f.architecture) return &f;
+  return nullptr;
+}
+
+const ModelFamily* family_by_model_type(const std::string& model_type) {
+  for (const ModelFamily& f : model_families())
+    if (model_type == f.model_type) return &f;
+  return nullptr;
+}
+
+const ModelFamily& family_of(Arch a) {
+  for (const ModelFamily& f : model_families())
+    if (f.arch == a) return f;
+  DFLASH_FAIL("family_of: no family for arch ", static_cast<int>(a));
+}
+
+std::string supported_architectures() {
+  std::string s;
+  for (const ModelFamily& f : model_families()) s += (s.empty() ? "" : ", ") + std::string(f.architecture);
+  return s;
+}
+
+std::string supported_model_types() {
+  std::string s;
+  for (const ModelFamily& f : model_families()) s += (s.empty() ? "" : ", ") + std::string(f.model_type);
+  return s;
+}
+
+}  // namespace dflash

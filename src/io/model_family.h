@@ -1,0 +1,59 @@
+// io/model_family.h — one description per target architecture: which config.json it is, the keys and defaults of
+// its own (beyond those every family shares, read by io/hf_config.cpp), the per-layer plan made from them, the
+// Hugging Face weight names and the default target layer ids. A new family is one more entry in
+// io/model_family.cpp, plus a mixer in model/target/ when it brings a new kind of layer.
+// defines: WeightNames, ModelFamily, model_families, family_by_architecture, family_by_model_type, family_of
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/hf_config.h"
+#include "io/json_fields.h"
+
+namespace dflash {
+
+// Tensor names of a family's safetensors. A layer's tensor is layer + "{l}." + one of the per-layer names; the
+// projections take ".weight" (and ".bias") after their name. Experts: per expert expert + "{e}." + gate_proj.weight,
+// up_proj.weight, down_proj.weight (the published checkpoints), or fused over the experts expert + gate_up_proj
+// [E, 2 I, H] (gate rows first) and expert + down_proj [E, H, I] (transformers 5's in-memory layout).
+struct WeightNames {
+  std::string embed = "model.embed_tokens.weight";
+  std::string final_norm = "model.norm.weight";
+  std::string lm_head = "lm_head.weight";
+  std::string layer = "model.layers.";
+  std::string in_norm = "input_layernorm.weight", post_norm = "post_attention_layernorm.weight";
+  std::string q = "self_attn.q_proj", k = "self_attn.k_proj", v = "self_attn.v_proj", o = "self_attn.o_proj";
+  std::string q_norm = "self_attn.q_norm.weight", k_norm = "self_attn.k_norm.weight";
+  std::string gate = "mlp.gate_proj.weight", up = "mlp.up_proj.weight", down = "mlp.down_proj.weight";
+  std::string router = "mlp.gate.weight";
+  std::string expert = "mlp.experts.";
+};
+
+struct ModelFamily {
+  Arch arch;
+  const char* model_type;     // config.json "model_type"
+  const char* architecture;   // config.json "architectures" entry, the transformers class
+  const char* title;          // "Qwen3-MoE"
+  const char* published;      // published targets of this family (README, dflash info)
+  // The family's own keys and transformers' defaults for them, read after the shared keys are in c (head_dim
+  // default, biases, qk-norm, MoE keys, BOS/EOS defaults). Throws Error naming src and the key.
+  void (*read)(const JsonFields& f, ModelConfig& c);
+  // Layer l's plan from the config (c.layers is filled from this for l = 0 .. num_hidden_layers - 1).
+  LayerSpec (*layer)(const ModelConfig& c, int64_t l);
+  // Default target layer ids for nf taps; nullptr: the spec's rule (io/hf_config.h default_target_layer_ids).
+  std::vector<int64_t> (*default_layer_ids)(const ModelConfig& c, int64_t nf) = nullptr;
+  WeightNames names;
+};
+
+// Every supported family, in the order `dflash info` and the README list them.
+const std::vector<ModelFamily>& model_families();
+// The family of an architectures entry / a model_type, or nullptr.
+const ModelFamily* family_by_architecture(const std::string& name);
+const ModelFamily* family_by_model_type(const std::string& model_type);
+const ModelFamily& family_of(Arch a);
+// "LlamaForCausalLM, Qwen2ForCausalLM, ..." and "llama, qwen2, ...": the lists the refusals name.
+std::string supported_architectures();
+std::string supported_model_types();
+
+}  // namespace dflash

@@ -1,0 +1,96 @@
+// model/target/attention.cpp — the target's causal attention mixer (model/target/attention.h).
+#include "model/target/attention.h"
+
+#include <cmath>
+
+namespace dflash {
+
+KVCache KVCache::create(Context& ctx, const ModelConfig& cfg, int64_t capacity) {
+  KVCache c;
+  c.capacity = capacity;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    c.k.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim}));
+    c.v.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim}));
+  }
+  return c;
+}
+
+void KVCache::truncate(int64_t new_len) {
+  DFLASH_CHECK(new_len >= 0 && new_len <= len, "KVCache::truncate to ", new_len, " of ", len);
+  len = new_len;
+}
+
+AttentionWeights load_attention(WeightSource& src, const std::string& p, const WeightNames& n, const ModelConfig& cfg,
+                                const AttentionSpec& spec) {
+  const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  AttentionWeights w;
+  w.wq = src.matrix(p + n.q + ".weight", {nh * d, H});
+  w.wk = src.matrix(p + n.k + ".weight", {nkv * d, H});
+  w.wv = src.matrix(p + n.v + ".weight", {nkv * d, H});
+  w.wo = src.matrix(p + n.o + ".weight", {H, nh * d});
+  if (spec.bias) {
+    w.bq = src.matrix(p + n.q + ".bias", {nh * d});
+    w.bk = src.matrix(p + n.k + ".bias", {nkv * d});
+    w.bv = src.matrix(p + n.v + ".bias", {nkv * d});
+  }
+  if (spec.qk_norm) {
+    w.q_norm = src.norm(p + n.q_norm, {d});
+    w.k_norm = src.norm(p + n.k_norm, {d});
+  }
+  return w;
+}
+
+int64_t attention_params(const ModelConfig& cfg, const AttentionSpec& spec) {
+  const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  return 2 * H * nh * d + 2 * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? 2 * d : 0);
+}
+
+void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionSpec& spec, const ModelConfig& cfg,
+                       int64_t l, const Tensor& x, const Tensor& pos, const Tensor& inv_freq,
+                       std::span<const AttnSegment> segs, const Tensor& h) {
+  const int64_t R = x.rows(), d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const DType dt = ctx.compute_dtype();
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  Tensor q = ctx.empty(dt, {R, nh, d});
+  Tensor k = ctx.empty(dt, {R, nkv, d});
+  Tensor v = ctx.empty(dt, {R, nkv, d});
+  Tensor o = ctx.empty(dt, {R, nh, d});
+  Tensor none;
+  ctx.linear(x, w.wq, w.bq.defined() ? &w.bq : nullptr, q.reshape({R, nh * d}));
+  ctx.linear(x, w.wk, w.bk.defined() ? &w.bk : nullptr, k.reshape({R, nkv * d}));
+  ctx.linear(x, w.wv, w.bv.defined() ? &w.bv : nullptr, v.reshape({R, nkv * d}));
+  if (spec.qk_norm) {
+    Tensor q2 = q.reshape({R * nh, d}), k2 = k.reshape({R * nkv, d});
+    ctx.rmsnorm(q2, w.q_norm, eps, q2, none);
+    ctx.rmsnorm(k2, w.k_norm, eps, k2, none);
+  }
+  ctx.rope(q, pos, inv_freq, false);
+  ctx.rope(k, pos, inv_freq, false);
+  // attention per sequence, all in one call: over its cache (the new rows appended first), or causally among its own
+  // rows
+  std::vector<CausalSeq> attn(segs.size());
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const AttnSegment& s = segs[i];
+    const int64_t T = s.end - s.begin;
+    CausalSeq& a = attn[i];
+    a.begin = s.begin;
+    a.end = s.end;
+    if (s.cache) {
+      KVCache& c = *s.cache;
+      ctx.copy(c.k[l].slice(s.start, s.start + T), k.slice(s.begin, s.end));
+      ctx.copy(c.v[l].slice(s.start, s.start + T), v.slice(s.begin, s.end));
+      a.k = c.k[l].slice(0, s.start + T);
+      a.v = c.v[l].slice(0, s.start + T);
+      a.q_offset = s.start;
+    } else {
+      a.k = k.slice(s.begin, s.end);
+      a.v = v.slice(s.begin, s.end);
+      a.q_offset = 0;
+    }
+  }
+  ctx.attention_causal_batch(q, o, attn, scale);
+  ctx.linear(o.reshape({R, nh * d}), w.wo, nullptr, h, 1.0f);  // h += o Wo^T
+}
+
+}  // namespace dflash

@@ -1,0 +1,51 @@
+// model/target/mlp.h — the target's channel mixers: the dense SwiGLU MLP and the Mixture of Experts.
+// defines: DenseMlpWeights, MoeWeights, load_dense_mlp, dense_mlp_forward, load_moe, moe_forward, mlp_params
+//
+// Dense (LlamaMLP / Qwen3MLP):      h += down(silu(gate(x)) * up(x))                         width I
+// MoE (Qwen3MoeSparseMoeBlock):     p = softmax(x Wr^T) (fp32, all E experts); the top_k experts of largest p,
+//                                   their p renormalised to sum 1 when norm_topk_prob;
+//                                   h += sum_j p_j down_e(silu(gate_e(x)) * up_e(x))         width expert_width
+// The MoE runs as five ops on the stacked rows (backend/context.h): the router GEMM, moe_route (top-k and weights),
+// moe_group (the (token, slot) pairs sorted by expert), moe_linear twice (one grouped GEMM per projection: gate and
+// up together with the SwiGLU in its epilogue, then down) and moe_combine (the weighted sum into h). None of them
+// reads a value back to the host: a MoE layer needs no host synchronisation.
+#pragma once
+#include <string>
+
+#include "backend/context.h"
+#include "io/hf_config.h"
+#include "model/target/weights.h"
+
+namespace dflash {
+
+struct DenseMlpWeights {
+  Tensor w_gate, w_up, w_down;  // [I, H], [I, H], [H, I]
+};
+
+struct MoeWeights {
+  Tensor router;     // [E, H]
+  Tensor gate_up;    // [E, 2 I, H]: expert e's gate rows 0..I-1, then its up rows (transformers 5's layout)
+  Tensor down;       // [E, H, I]
+};
+
+// Calls in this order: gate, up, down.
+DenseMlpWeights load_dense_mlp(WeightSource& src, const std::string& prefix, const WeightNames& names, int64_t H,
+                               int64_t I);
+// h [R, H] += down(silu(gate(x)) * up(x)); x [R, H] act.
+void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, const Tensor& h);
+
+// The experts of a checkpoint in either layout: per expert (prefix + names.expert + "{e}.gate_proj.weight", ...: the
+// published checkpoints) or fused (prefix + names.expert + "gate_up_proj" [E, 2I, H] and "down_proj" [E, H, I]:
+// what transformers 5 holds in memory). Calls: router, gate (+up), down.
+MoeWeights load_moe(WeightSource& src, const std::string& prefix, const WeightNames& names, int64_t H,
+                    const MoeConfig& moe);
+// h [R, H] += MoE(x); x [R, H] act. Returns the experts chosen, idx [R, k] I32 (on ctx's device).
+Tensor moe_forward(Context& ctx, const MoeWeights& w, const MoeConfig& moe, const Tensor& x, const Tensor& h);
+
+// Parameters of one layer's channel mixer: all of them, and those each token uses (router + top_k experts).
+struct MlpParams {
+  int64_t total = 0, active = 0;
+};
+MlpParams mlp_params(const ModelConfig& cfg, const LayerSpec& spec);
+
+}  // namespace dflash

@@ -1,0 +1,71 @@
+// model/target/weights.h — where a target's tensors come from: a Hugging Face checkpoint (names of the family,
+// io/model_family.h) or random values (benchmarks at published shapes without a download). The mixers load their
+// weights through this one interface, so a loaded and a random target are built by the same code.
+// defines: WeightSource, CheckpointWeights, RandomTargetWeights
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "backend/context.h"
+#include "io/model_family.h"
+#include "io/safetensors.h"
+
+namespace dflash {
+
+// Every tensor comes back on the context's device in its compute dtype. `name` is the Hugging Face name (the
+// random source ignores it, but draws its values in call order: the order of the calls is part of a random
+// target's identity).
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual Context& ctx() = 0;
+  // A weight matrix or vector of `shape` (random: N(0, 0.02)). Throws Error naming the file and tensor when missing
+  // or of another shape.
+  virtual Tensor matrix(const std::string& name, const Shape& shape) = 0;
+  // A norm weight (random: ones).
+  virtual Tensor norm(const std::string& name, const Shape& shape) = 0;
+  // Whether the checkpoint has `name` (random: false).
+  virtual bool has(const std::string& name) const = 0;
+  // Experts stacked along a new first dim: [E, rows, cols] from per-expert tensors name_of(e) [rows, cols] placed at
+  // rows row0 .. row0 + rows of each expert's block of `block_rows` rows (the others are filled by further calls).
+  // dst must be [E, block_rows, cols] on the context's device.
+  virtual void stack_experts(const Tensor& dst, int64_t row0, const std::string& prefix, const std::string& suffix,
+                             const Shape& one) = 0;
+};
+
+// A checkpoint directory (config.json + *.safetensors or model.safetensors.index.json).
+class CheckpointWeights final : public WeightSource {
+ public:
+  CheckpointWeights(const std::string& dir, Context& ctx) : ws_(WeightStore::open(dir)), ctx_(ctx) {}
+  Context& ctx() override { return ctx_; }
+  Tensor matrix(const std::string& name, const Shape& shape) override {
+    return ctx_.to_device(ws_.f32(name, shape), ctx_.compute_dtype());
+  }
+  Tensor norm(const std::string& name, const Shape& shape) override { return matrix(name, shape); }
+  bool has(const std::string& name) const override { return ws_.has(name); }
+  void stack_experts(const Tensor& dst, int64_t row0, const std::string& prefix, const std::string& suffix,
+                     const Shape& one) override;
+  const WeightStore& store() const { return ws_; }
+
+ private:
+  WeightStore ws_;
+  Context& ctx_;
+};
+
+// Random values drawn on the device by fill_normal(seed, RandomTarget, stream k), k counting the calls from
+// `first_stream`: identical on every device and backend.
+class RandomTargetWeights final : public WeightSource {
+ public:
+  RandomTargetWeights(Context& ctx, uint64_t seed, uint64_t first_stream = 0) : ctx_(ctx), seed_(seed), k_(first_stream) {}
+  Context& ctx() override { return ctx_; }
+  Tensor matrix(const std::string&, const Shape& shape) override;
+  Tensor norm(const std::string&, const Shape& shape) override;
+  bool has(const std::string&) const override { return false; }
+  void stack_experts(const Tensor& dst, int64_t row0, const std::string&, const std::string&, const Shape& one) override;
+
+ private:
+  Context& ctx_;
+  uint64_t seed_, k_;
+};
+
+}  // namespace dflash
