@@ -83,12 +83,15 @@ LayerSpec qwen3_moe_layer(const ModelConfig& c, int64_t l) {
 
 const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> families = {
-      {Arch::Llama, "llama", "LlamaForCausalLM", "Llama", "Llama-3.1-8B-Instruct, Llama-3.x", read_llama, dense_layer},
+      {Arch::Llama, "llama", "LlamaForCausalLM", "Llama", "Llama-3.1-8B-Instruct, Llama-3.x", read_llama, dense_layer,
+       nullptr, WeightNames{}},
       {Arch::Qwen2, "qwen2", "Qwen2ForCausalLM", "Qwen2", "Qwen2.5-7B-Instruct, Qwen2-7B-Instruct", read_qwen2,
-       dense_layer},
-      {Arch::Qwen3, "qwen3", "Qwen3ForCausalLM", "Qwen3", "Qwen3-4B, Qwen3-8B, Qwen3-32B", read_qwen3, dense_layer},
+       dense_layer, nullptr, WeightNames{}},
+      {Arch::Qwen3, "qwen3", "Qwen3ForCausalLM", "Qwen3", "Qwen3-4B, Qwen3-8B, Qwen3-32B", read_qwen3, dense_layer,
+       nullptr, WeightNames{}},
       {Arch::Qwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3-MoE",
-       "Qwen3-30B-A3B, Qwen3-Coder-30B-A3B-Instruct, Qwen3-235B-A22B", read_qwen3_moe, qwen3_moe_layer},
+       "Qwen3-30B-A3B, Qwen3-Coder-30B-A3B-Instruct, Qwen3-235B-A22B", read_qwen3_moe, qwen3_moe_layer,
+       nullptr, WeightNames{}},
   };
   return families;
 }

@@ -98,6 +98,12 @@ class Target {
   // Throws Error for a size mismatch, an empty sequence, ids outside the vocabulary or a full cache.
   Output forward_batch(Context& ctx, std::span<const std::vector<int32_t>> ids, std::span<KVCache* const> caches,
                        std::span<const int64_t> layer_ids, bool want_final) const;
+  // Several sequences without caches in one pass (a batch's prefill): sequence i's ids[i] (host I32, T_i >= 1) at
+  // positions 0 .. T_i - 1, causal within itself; rows stacked in sequence order, every projection and expert GEMM one
+  // call over all rows. Layers after max(layer_ids) are skipped unless want_final. Per sequence the result equals
+  // forward(ctx, ids[i], layer_ids, want_final) up to GEMM rounding. Throws Error as forward_batch.
+  Output forward_packed(Context& ctx, std::span<const std::vector<int32_t>> ids, std::span<const int64_t> layer_ids,
+                        bool want_final) const;
   // logits [R, V] act = hidden [R, H] (final-normed) @ lm_head^T
   void logits(Context& ctx, const Tensor& hidden, const Tensor& out) const;
 
