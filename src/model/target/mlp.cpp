@@ -46,7 +46,7 @@ Tensor moe_forward(Context& ctx, const MoeWeights& w, const MoeConfig& m, const 
   Tensor logits = ctx.empty(dt, {R, E});
   ctx.linear(x, w.router, nullptr, logits);  // in the activation dtype, as transformers' router (then fp32 softmax)
   Tensor idx = ctx.empty(DType::I32, {R, k});
-  Tensor weights = ctx.empty(DType::F32, {R, k});
+  Tensor weights = ctx.empty(ctx.param_dtype(), {R, k});
   ctx.moe_route(logits, k, m.norm_topk_prob, idx, weights);
   Tensor offsets = ctx.empty(DType::I32, {E + 1});
   Tensor rows = ctx.empty(DType::I32, {R * k});
