@@ -156,13 +156,25 @@ def overlap(intervals, t0, t1):
 
 
 def build_target(a, dev):
-    """HF Qwen3Model with random weights at the target shapes, built on `dev` (main thread only: it changes the
-    process-global default dtype while it builds)."""
+    """HF Qwen3Model (or Qwen3MoeModel with --target-family qwen3_moe, experts through transformers' fastest
+    implementation, grouped_mm) with random weights at the target shapes, built on `dev` (main thread only: it
+    changes the process-global default dtype while it builds)."""
     from transformers import Qwen3Config, Qwen3Model
 
-    cfg = Qwen3Config(vocab_size=a.V, hidden_size=a.H, intermediate_size=a.I, num_hidden_layers=a.target_layers,
-                      num_attention_heads=a.nh, num_key_value_heads=a.nkv, head_dim=a.d,
-                      max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False, use_cache=False)
+    if a.target_family == "qwen3_moe":
+        from transformers import Qwen3MoeConfig, Qwen3MoeModel
+
+        Qwen3Model = Qwen3MoeModel  # noqa: N806
+        cfg = Qwen3MoeConfig(vocab_size=a.V, hidden_size=a.H, intermediate_size=a.I, num_hidden_layers=a.target_layers,
+                             num_attention_heads=a.nh, num_key_value_heads=a.nkv, head_dim=a.d,
+                             max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                             use_cache=False, num_experts=a.experts, num_experts_per_tok=a.top_k,
+                             moe_intermediate_size=a.moe_I, norm_topk_prob=True, decoder_sparse_step=1,
+                             mlp_only_layers=[])
+    else:
+        cfg = Qwen3Config(vocab_size=a.V, hidden_size=a.H, intermediate_size=a.I, num_hidden_layers=a.target_layers,
+                          num_attention_heads=a.nh, num_key_value_heads=a.nkv, head_dim=a.d,
+                          max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False, use_cache=False)
     # rope theta 1e6 (Qwen3-8B): transformers 5 keeps it in rope_parameters, 4.x in rope_theta; set what exists
     try:
         rp = getattr(cfg, "rope_parameters", None)
@@ -190,6 +202,8 @@ def build_target(a, dev):
                 p.fill_(1.0)
     model = model.to(device=dev).eval()
     model.requires_grad_(False)
+    if a.target_family == "qwen3_moe":
+        model.set_experts_implementation(a.experts_impl)
     return model
 
 
@@ -795,6 +809,13 @@ def main():
     ap.add_argument("--target-layers", type=int, default=36)
     ap.add_argument("--rope-theta", type=float, default=1e6)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--target-family", default="qwen3", choices=["qwen3", "qwen3_moe"],
+                    help="qwen3_moe: a Qwen3MoeModel target (set --H 2048 --I 6144 --nkv 4 --target-layers 48 for "
+                         "Qwen3-30B-A3B; --I is then also the drafter's MLP width)")
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--moe-I", type=int, default=768)
+    ap.add_argument("--experts-impl", default="grouped_mm", help="transformers' experts implementation")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print(f"torch_pipeline.py: no CUDA device visible to torch {torch.__version__}; nothing measured", flush=True)
