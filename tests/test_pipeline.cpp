@@ -162,6 +162,34 @@ TEST(Pipeline, TwoPlusTwoMatchesOneWorkerAndRepeatsBitForBit) {
   fs::remove_all(root);
 }
 
+// The same with a Mixture-of-Experts target (tests/golden/target_qwen3_moe: 8 experts top-2, one dense layer): 2 + 2
+// workers give the loss and parameters of 1 + 1 on the same global batch, and the loss falls.
+TEST(Pipeline, MoeTargetTwoPlusTwoMatchesOneWorker) {
+  const std::string root = train_tmpdir("pipemoe");
+  const std::string data = make_train_data(root);
+  TrainConfig one = tiny_train_config(root, data);
+  one.target_dir = source_dir() + "/tests/golden/target_qwen3_moe";
+  one.max_steps = 12;
+  one.out_dir = root + "/one";
+  train(one);
+  TrainConfig two = one;
+  two.targets = "2";
+  two.drafters = "2";
+  two.out_dir = root + "/two";
+  TrainSummary s2 = train(two);
+  EXPECT_EQ(s2.lazy_inits_after_warmup, 0);
+  auto m1 = read_metrics_jsonl(one.out_dir), m2 = read_metrics_jsonl(two.out_dir);
+  ASSERT_EQ(m1.size(), 12u);
+  ASSERT_EQ(m2.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) {
+    const double l1 = m1[i]["loss"].get<double>(), l2 = m2[i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(l1 - l2), 1e-5 * std::fabs(l1)) << "step " << i + 1;
+  }
+  EXPECT_LT(m1.back()["loss"].get<double>(), m1.front()["loss"].get<double>());
+  EXPECT_LE(rel_err(final_params(two.out_dir), final_params(one.out_dir)), 1e-5);
+  fs::remove_all(root);
+}
+
 // Eight workers (4 + 4) for 50 steps: run under ThreadSanitizer by scripts/test.sh; nothing is initialised lazily
 // once the worker threads run (case C01).
 TEST(Threads, Pipeline4Plus4RunsCleanCaseC01) {

@@ -69,6 +69,41 @@ TEST(TargetGolden, Qwen3MatchesTransformers) { check_golden("target_qwen3", "cpu
 TEST(TargetGolden, Llama3WithRopeScalingMatchesTransformers) { check_golden("target_llama3", "cpu"); }
 TEST(TargetGolden, Qwen2WithBiasMatchesTransformers) { check_golden("target_qwen2", "cpu"); }
 TEST(TargetGolden, Qwen3InFp64) { check_golden("target_qwen3", "cpu64"); }
+TEST(TargetGolden, Qwen3MoeMatchesTransformers) { check_golden("target_qwen3_moe", "cpu"); }
+TEST(TargetGolden, Qwen3MoeInFp64) { check_golden("target_qwen3_moe", "cpu64"); }
+
+// The experts each token chose, per MoE layer and in order, equal the golden's (tools/ref_dflash.py's choice, which
+// transformers' was checked against); the same weights in the other expert layout, sharded over two files with
+// model.safetensors.index.json, give the same bits.
+TEST(TargetGolden, Qwen3MoeChoosesTheGoldensExpertsInAnyLayout) {
+  const std::string dir = test::source_dir() + "/tests/golden/target_qwen3_moe";
+  auto ctx = make_context("cpu");
+  auto target = Target::load(dir, *ctx);
+  auto g = SafetensorsFile::open(dir + "/golden.safetensors");
+  const ModelConfig& cfg = target->config();
+  std::vector<int64_t> all(static_cast<size_t>(cfg.num_hidden_layers));
+  std::iota(all.begin(), all.end(), 0);
+  const Tensor ids = g->view("input_ids");
+  auto out = target->forward(*ctx, ids, all, true);
+  int moe_layers = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const Tensor& r = out.router_topk[static_cast<size_t>(l)];
+    if (cfg.layer(l).mlp == ChannelMixer::Dense) {
+      EXPECT_FALSE(r.defined());
+      continue;
+    }
+    ++moe_layers;
+    const Tensor want = g->view(cat("router_topk.", l));
+    ASSERT_EQ(r.numel(), want.numel());
+    for (int64_t i = 0; i < r.numel(); ++i)
+      ASSERT_EQ(r.ptr<int32_t>()[i], want.ptr<int32_t>()[i]) << "layer " << l << " pair " << i;
+  }
+  EXPECT_EQ(moe_layers, 3);  // layer 2 is dense (mlp_only_layers)
+  auto sharded = Target::load(dir + "_sharded", *ctx);
+  auto o2 = sharded->forward(*ctx, ids, all, true);
+  EXPECT_EQ(to_f32_vector(o2.features), to_f32_vector(out.features));
+  EXPECT_EQ(to_f32_vector(o2.final_hidden), to_f32_vector(out.final_hidden));
+}
 
 TEST(Target, LayerIndexCaseC10) {
   // 8-layer toy (Qwen2 layout: q/k/v biases): W_v = 0 and b_v = e_0 make every attention output e_0 whatever the

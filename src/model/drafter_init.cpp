@@ -53,6 +53,9 @@ void init_drafter_from_target(Context& ctx, ParamSet& ps, const DrafterConfig& c
                                          "mlp.down_proj.weight"};
   for (size_t l = 0; l < layers.size(); ++l) {
     const std::string src = cat("model.layers.", layers[l], "."), dst = cat("layers.", l, ".");
+    DFLASH_CHECK(target.has(src + "mlp.gate_proj.weight") || !target.has(src + "mlp.gate.weight"),
+                 "--init-from-target: target layer ", layers[l], " is a Mixture-of-Experts layer; its experts cannot "
+                 "start a dense draft layer (name dense target layers, or keep the spec's random init)");
     for (const char* w : kWeights) set(dst + w, src + w);
     for (const char* w : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
       if (target.has(src + w)) set(dst + w, src + w);
