@@ -16,11 +16,14 @@
 //   cublas_grouped_gate_up / cublas_grouped_down
 //                           cublasGemmGroupedBatchedEx over the same experts and rows (one group per expert with
 //                           rows; its sizes are host arrays, so the offsets are copied to the host first: timed with
-//                           that copy and its synchronisation, "sync", and without, "gemm").
+//                           that copy and its synchronisation, "sync", and without, "gemm"; both include the upload of
+//                           its pointer arrays, which cuBLAS reads from device memory).
+// DFLASH_MOE_GEMM_VARIANT=0|1|2 picks the Hopper kernel's variant (backend/cuda/moe.cu kWgVariants).
 // FLOPs of the prefill: per token and layer 2 x (q, k, v, o + router + top_k experts x 3 H I) plus causal attention
 // 4 d nh T (T + 1) / 2 per sequence, no lm_head (bench/torch_moe.py: moe_prefill_flops). MFU against 989 TFLOP/s.
 //
 //   bench_moe [--seqs 4] [--T 3072] [--layers 48] [--config FILE] [--budget-s 10] [--max-reps 5] [--device cuda]
+//             [--gemm-only]
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -121,22 +124,24 @@ int main(int argc, char** argv) {
              reps, first * 1e3, gib(double(ctx->memory().peak_bytes)));
     };
 
-    // ---- the prefill ----
+    // ---- the prefill (--gemm-only: skipped, for variant sweeps) ----
     std::vector<std::vector<int32_t>> seqs;
     std::vector<int64_t> lens;
     for (int64_t i = 0; i < nseq; ++i) {
       seqs.push_back(rand_ids(T));
       lens.push_back(T);
     }
-    const std::string tag = cat(nseq, "x", T);
-    run("moe_prefill_" + tag, [&] { (void)target->forward_packed(*ctx, seqs, layer_ids, /*want_final=*/true); },
-        moe_prefill_flops(cfg, Lt, lens), double(nseq * T), Lt);
-    const int64_t last = layer_ids.back() + 1;
-    run("moe_prefill_" + tag + "_cap", [&] { (void)target->forward_packed(*ctx, seqs, layer_ids, false); },
-        moe_prefill_flops(cfg, last, lens), double(nseq * T), last);
-    const Tensor one = cpu_tensor_i32(seqs[0], {T});
-    run(cat("moe_prefill_1x", T), [&] { (void)target->forward(*ctx, one, layer_ids, true); },
-        moe_prefill_flops(cfg, Lt, {T}), double(T), Lt);
+    if (!args.flag("gemm-only")) {
+      const std::string tag = cat(nseq, "x", T);
+      run("moe_prefill_" + tag, [&] { (void)target->forward_packed(*ctx, seqs, layer_ids, /*want_final=*/true); },
+          moe_prefill_flops(cfg, Lt, lens), double(nseq * T), Lt);
+      const int64_t last = layer_ids.back() + 1;
+      run("moe_prefill_" + tag + "_cap", [&] { (void)target->forward_packed(*ctx, seqs, layer_ids, false); },
+          moe_prefill_flops(cfg, last, lens), double(nseq * T), last);
+      const Tensor one = cpu_tensor_i32(seqs[0], {T});
+      run(cat("moe_prefill_1x", T), [&] { (void)target->forward(*ctx, one, layer_ids, true); },
+          moe_prefill_flops(cfg, Lt, {T}), double(T), Lt);
+    }
 
     // ---- the grouped expert GEMM alone, on the routing of the packed tokens at layer 0's router ----
     const int64_t R = nseq * T;
@@ -214,10 +219,25 @@ int main(int argc, char** argv) {
           beta.push_back(0.f);
           gs.push_back(1);
         }
+        // the pointer arrays live in device memory (cuBLAS reads them there); the sizes are host arrays
+        const int64_t G = static_cast<int64_t>(gs.size());
+        Tensor ptrs = ctx->empty(DType::I64, {3 * G});
+        std::vector<int64_t> hp(static_cast<size_t>(3 * G));
+        for (int64_t g = 0; g < G; ++g) {
+          hp[g] = reinterpret_cast<int64_t>(A[g]);
+          hp[G + g] = reinterpret_cast<int64_t>(B[g]);
+          hp[2 * G + g] = reinterpret_cast<int64_t>(C[g]);
+        }
+        Tensor hpt = cpu_empty(DType::I64, {3 * G});
+        std::copy(hp.begin(), hp.end(), hpt.ptr<int64_t>());
+        ctx->copy(ptrs, hpt);
+        const auto* dp = static_cast<void* const*>(ptrs.data);
         const cublasStatus_t st = cublasGemmGroupedBatchedEx(
-            h, ta.data(), tb.data(), m.data(), n.data(), kk.data(), alpha.data(), A.data(), CUDA_R_16BF, lda.data(),
-            B.data(), CUDA_R_16BF, ldb.data(), beta.data(), C.data(), CUDA_R_16BF, ldc.data(),
-            static_cast<int>(gs.size()), gs.data(), CUBLAS_COMPUTE_32F);
+            h, ta.data(), tb.data(), m.data(), n.data(), kk.data(), alpha.data(),
+            reinterpret_cast<const void* const*>(dp), CUDA_R_16BF, lda.data(),
+            reinterpret_cast<const void* const*>(dp + G), CUDA_R_16BF, ldb.data(), beta.data(),
+            const_cast<void* const*>(dp + 2 * G), CUDA_R_16BF, ldc.data(), static_cast<int>(G), gs.data(),
+            CUBLAS_COMPUTE_32F);
         DFLASH_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasGemmGroupedBatchedEx: status ", static_cast<int>(st));
       };
       auto with_sync = [&](auto&& g) {

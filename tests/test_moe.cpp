@@ -249,6 +249,15 @@ TEST(MoeConfig, SparseStepDenseLayersAndRefusals) {
   EXPECT_NE(m.find("Qwen3MoeForCausalLM"), std::string::npos) << m;  // the list of supported ones
 }
 
+TEST(MoeConfig, NumLocalExpertsAsTransformers5WritesIt) {
+  json j = json::parse(kQwen3_30B_A3B);
+  j.erase("num_experts");
+  j["num_local_experts"] = 64;
+  EXPECT_EQ(parse_model_config(j, "x").moe.num_experts, 64);
+  j.erase("num_local_experts");
+  EXPECT_EQ(parse_model_config(j, "x").moe.num_experts, 128);  // Qwen3MoeConfig's default
+}
+
 TEST(MoeConfig, TextConfigOfImageTextCheckpoints) {
   // keys under text_config (as image-text checkpoints write them) are read from there
   json t = json::parse(kQwen3_30B_A3B);

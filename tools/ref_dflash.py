@@ -244,7 +244,8 @@ def load_hf_config(path: str) -> dict:
         "qkv_bias": mt == "qwen2" or bool(c.get("attention_bias", False)),
         "o_bias": mt != "qwen2" and bool(c.get("attention_bias", False)),
         # Qwen3-MoE (Qwen3MoeConfig defaults): layer l is MoE when l not in mlp_only_layers and (l+1) % step == 0
-        "num_experts": int(c.get("num_experts", 128)) if mt == "qwen3_moe" else 0,
+        # transformers 5 writes num_local_experts (Qwen3MoeConfig's alias of num_experts)
+        "num_experts": int(c.get("num_experts", c.get("num_local_experts", 128))) if mt == "qwen3_moe" else 0,
         "num_experts_per_tok": int(c.get("num_experts_per_tok", 8)),
         "moe_intermediate_size": int(c.get("moe_intermediate_size", 768)),
         "norm_topk_prob": bool(c.get("norm_topk_prob", False)),

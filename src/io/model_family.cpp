@@ -50,7 +50,8 @@ void read_qwen3_moe(const JsonFields& f, ModelConfig& c) {
   c.attention_bias = f.opt_bool("attention_bias", false);
   c.qk_norm = true;
   MoeConfig& m = c.moe;
-  m.num_experts = f.opt_int("num_experts", 128);
+  // transformers 5 writes the count as num_local_experts (an alias of num_experts in Qwen3MoeConfig's attribute map)
+  m.num_experts = f.opt_int("num_experts", f.opt_int("num_local_experts", 128));
   m.top_k = f.opt_int("num_experts_per_tok", 8);
   m.expert_width = f.opt_int("moe_intermediate_size", 768);
   m.norm_topk_prob = f.opt_bool("norm_topk_prob", false);

@@ -14,6 +14,7 @@
 // Methods returning host values synchronise the stream and turn device error bits into an Error.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -94,6 +95,7 @@ class CudaContext final : public Context {
     env_.err_flag = err_.ptr<int>();
     env_.smem_limit = smem_cap > 0 ? std::min(smem_cap, optin) : optin;
     env_.num_sms = prop.multiProcessorCount;
+    if (const char* v = std::getenv("DFLASH_MOE_GEMM_VARIANT")) env_.moe_variant = std::atoi(v);  // (cuda/ops.h Env)
     env_.alloc = [this](DType t, Shape s) { return empty(t, std::move(s)); };
     DFLASH_CUDA_CHECK(cudaStreamSynchronize(st_->stream));
   }

@@ -32,6 +32,7 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kGroupChunk = 64;     // tokens per chunk of moe_group
+constexpr int kMoeDefaultVariant = 0;  // the Hopper grouped GEMM's variant when Env::moe_variant is unset (-1)
 constexpr int kMaxExperts = 1024;   // moe_route keeps E / 32 logits per lane; moe_group scans E in one block
 
 // ---- moe_route ------------------------------------------------------------------------------------------------------
@@ -268,30 +269,25 @@ __global__ void k_moe_gemm_simt(MoeGemmParams p) {
 
 #ifndef DFLASH_CUDA_EMU
 // ---- moe_linear: the Hopper kernel ----------------------------------------------------------------------------------
-constexpr int kWgBM = 128, kWgBK = 64;  // tile rows, k-step; 128 columns (BN) per tile
-constexpr int kWgTileBytes = kWgBM * kWgBK * 2;  // an A or B stage: 128 rows of one 128-byte panel (16 KB)
-constexpr int kWgThreads = 384;                   // consumer warpgroups 0, 1; producer warpgroup 2
+constexpr int kWgBM = 128, kWgBK = 64;        // tile rows, k-step
+constexpr int kWgATile = kWgBM * kWgBK * 2;   // an A stage: 128 rows of one 128-byte panel (16 KB)
+constexpr int kWgThreads = 384;               // consumer warpgroups 0, 1; producer warpgroup 2
 
-// Register split of one CTA: producer / consumer registers per thread for MINB CTAs per SM (65536 / MINB per CTA;
-// 128 producer threads, 256 consumer threads; multiples of 8).
-template <int MINB>
-struct WgRegs;
-template <>
-struct WgRegs<1> {
-  static constexpr int kProducer = 40, kConsumer = 232;
-};
-template <>
-struct WgRegs<2> {
-  static constexpr int kProducer = 24, kConsumer = 104;
-};
+// Register split of the CTA (one per SM: 65536 registers; 128 producer threads, 256 consumer threads, multiples of 8).
+// Two CTAs per SM do not fit: ptxas compiles the whole kernel under launch_bounds' cap (80 registers at 384 x 2
+// threads), too few for a warpgroup MMA's 64 accumulators and its operands.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
-template <int NS>
-constexpr size_t moe_wg_smem() {
-  return static_cast<size_t>(2 * NS) * kWgTileBytes + 1024;  // A and B stages, and the 1024-byte alignment
+// Shared memory of a variant: NS stages of A (16 KB) and B (BN rows, BN x 128 bytes), and the 1024-byte alignment.
+constexpr size_t moe_wg_smem(int BN, int NS) {
+  return static_cast<size_t>(NS) * (kWgATile + BN * 128) + 1024;
 }
 
-template <bool SWIGLU, int NS, int MINB>
-__global__ void __launch_bounds__(kWgThreads, MINB) k_moe_gemm_wg(MoeGemmParams p, const __grid_constant__ CUtensorMap wmap) {
+// BN columns per tile (128 or 256: wgmma m64nBNk16), NS stages.
+template <bool SWIGLU, int BN, int NS>
+__global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, const __grid_constant__ CUtensorMap wmap) {
+  static_assert(BN == 128 || BN == 256, "tiles of 128 or 256 columns");
+  constexpr int kBTile = BN * 128, kBoxes = BN / 64;  // B stage bytes; 64-row TMA boxes per stage
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ alignas(8) uint64_t sBar[2 * NS];  // stage s: full (A's copies and B's bytes landed), empty (consumers done)
   const int mt = blockIdx.x / p.n_tiles, nt = blockIdx.x % p.n_tiles;
@@ -299,7 +295,7 @@ __global__ void __launch_bounds__(kWgThreads, MINB) k_moe_gemm_wg(MoeGemmParams 
   const int e = tile_expert(p, mt);
   const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kWgBM, m_end = p.offsets[e + 1];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sA = base, sB = base + NS * kWgTileBytes;
+  const uint32_t sA = base, sB = base + NS * kWgATile;
   const uint32_t bFull = smem_u32(&sBar[0]), bEmpty = bFull + 8 * NS;
   const int tid = threadIdx.x, wga = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31;
   const int KT = static_cast<int>((p.K + kWgBK - 1) / kWgBK);
@@ -315,7 +311,7 @@ __global__ void __launch_bounds__(kWgThreads, MINB) k_moe_gemm_wg(MoeGemmParams 
   __syncthreads();
 
   if (wga == 2) {  // ---- producer
-    setmaxnreg_dec<WgRegs<MINB>::kProducer>();
+    setmaxnreg_dec<kProducerRegs>();
     const int pt = tid - 256, c = pt & 7;
     int64_t src[8];
     bool ok[8];
@@ -331,26 +327,30 @@ __global__ void __launch_bounds__(kWgThreads, MINB) k_moe_gemm_wg(MoeGemmParams 
       }
       src[q] = s * p.K;
     }
-    // weight rows of the tile's two 64-row boxes: [n0, n0 + 64) and [n0 + 64, ..) or, for SwiGLU, the gate rows
-    // [n0, n0 + 64) and the up rows [N + n0, ..) with n0 = 64 nt
+    // the weight rows of the tile, in 64-row boxes: [n0, n0 + BN), n0 = BN nt; for SwiGLU the gate rows
+    // [h0, h0 + BN / 2) then the up rows [N + h0, ..), h0 = BN / 2 nt
     const int64_t wrow = static_cast<int64_t>(e) * p.Nw;
-    const int b0 = static_cast<int>(wrow + (SWIGLU ? 64 * nt : 128 * nt));
-    const int b1 = static_cast<int>(SWIGLU ? wrow + p.N + 64 * nt : wrow + 128 * nt + 64);
+    int brow[kBoxes];
+    DFLASH_UNROLL
+    for (int b = 0; b < kBoxes; ++b)
+      brow[b] = static_cast<int>(SWIGLU ? wrow + (b < kBoxes / 2 ? 0 : p.N) + static_cast<int64_t>(BN / 2) * nt +
+                                              64 * (b % (kBoxes / 2))
+                                        : wrow + static_cast<int64_t>(BN) * nt + 64 * b);
     for (int kt = 0; kt < KT; ++kt) {
       const int st = kt % NS;
       if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
       const uint32_t full = bFull + 8 * st;
       if (pt == 0) {
-        mbar_arrive_expect_tx(full, kWgTileBytes);
-        tma_load_2d(sB + st * kWgTileBytes, &wmap, full, kt * kWgBK, b0);
-        tma_load_2d(sB + st * kWgTileBytes + 64 * 128, &wmap, full, kt * kWgBK, b1);
+        mbar_arrive_expect_tx(full, kBTile);
+        DFLASH_UNROLL
+        for (int b = 0; b < kBoxes; ++b) tma_load_2d(sB + st * kBTile + b * 64 * 128, &wmap, full, kt * kWgBK, brow[b]);
       }
       const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
       const bool kin = kc < p.K;
       DFLASH_UNROLL
       for (int q = 0; q < 8; ++q) {
         const int row = (pt >> 3) + 16 * q;
-        cp_async16(sA + st * kWgTileBytes + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
+        cp_async16(sA + st * kWgATile + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
                    ok[q] && kin);
       }
       cp_async_mbar_arrive(full);
@@ -360,20 +360,20 @@ __global__ void __launch_bounds__(kWgThreads, MINB) k_moe_gemm_wg(MoeGemmParams 
   }
 
   // ---- consumers: warpgroup wga owns rows 64 wga .. 64 wga + 63 of the tile
-  setmaxnreg_inc<WgRegs<MINB>::kConsumer>();
-  float d[64];
+  setmaxnreg_inc<kConsumerRegs>();
+  float d[BN / 2];
   DFLASH_UNROLL
-  for (int i = 0; i < 64; ++i) d[i] = 0.f;
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
   const uint32_t aW = sA + wga * 64 * 128;
   for (int kt = 0; kt < KT; ++kt) {
     const int st = kt % NS;
     mbar_wait(bFull + 8 * st, (kt / NS) & 1);
-    const uint64_t da = wg::desc_kmajor(aW + st * kWgTileBytes), db = wg::desc_kmajor(sB + st * kWgTileBytes);
+    const uint64_t da = wg::desc_kmajor(aW + st * kWgATile), db = wg::desc_kmajor(sB + st * kBTile);
     wg::pin(d);
     wg::fence();
     DFLASH_UNROLL
     for (int kk = 0; kk < kWgBK / 16; ++kk)
-      wg::wgmma_ss<128>(d, wg::desc_add(da, kk * 32), wg::desc_add(db, kk * 32), (kt | kk) != 0);
+      wg::wgmma_ss<BN>(d, wg::desc_add(da, kk * 32), wg::desc_add(db, kk * 32), (kt | kk) != 0);
     wg::commit();
     wg::wait<1>();  // k-step kt - 1's products are done: its stage goes back to the producer
     wg::pin(d);
@@ -382,7 +382,8 @@ __global__ void __launch_bounds__(kWgThreads, MINB) k_moe_gemm_wg(MoeGemmParams 
   wg::wait<0>();
   wg::pin(d);
 
-  // epilogue: accumulator d[4 j + i] holds row 16 warp + lane / 4 + 8 (i / 2), column 8 j + 2 (lane % 4) + i % 2
+  // epilogue: accumulator d[4 j + i] holds row 16 warp + lane / 4 + 8 (i / 2), column 8 j + 2 (lane % 4) + i % 2;
+  // for SwiGLU, gate column c (< BN / 2) and its up column c + BN / 2 are d[4 j + i] and d[4 (j + BN / 16) + i]
   const int r_in = wga * 64 + warp * 16 + (lane >> 2), c_in = 2 * (lane & 3);
   DFLASH_UNROLL
   for (int h = 0; h < 2; ++h) {
@@ -391,17 +392,17 @@ __global__ void __launch_bounds__(kWgThreads, MINB) k_moe_gemm_wg(MoeGemmParams 
     bf16* yr = p.y + r * p.N;
     if (SWIGLU) {
       DFLASH_UNROLL
-      for (int j = 0; j < 8; ++j) {
-        const int64_t col = static_cast<int64_t>(nt) * 64 + 8 * j + c_in;
+      for (int j = 0; j < BN / 16; ++j) {
+        const int64_t col = static_cast<int64_t>(nt) * (BN / 2) + 8 * j + c_in;
         if (col >= p.N) continue;
-        const float v0 = silu(d[4 * j + 2 * h]) * d[4 * (j + 8) + 2 * h];
-        const float v1 = silu(d[4 * j + 2 * h + 1]) * d[4 * (j + 8) + 2 * h + 1];
+        const float v0 = silu(d[4 * j + 2 * h]) * d[4 * (j + BN / 16) + 2 * h];
+        const float v1 = silu(d[4 * j + 2 * h + 1]) * d[4 * (j + BN / 16) + 2 * h + 1];
         *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(v0, v1);
       }
     } else {
       DFLASH_UNROLL
-      for (int j = 0; j < 16; ++j) {
-        const int64_t col = static_cast<int64_t>(nt) * 128 + 8 * j + c_in;
+      for (int j = 0; j < BN / 8; ++j) {
+        const int64_t col = static_cast<int64_t>(nt) * BN + 8 * j + c_in;
         if (col >= p.N) continue;
         *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
       }
@@ -424,22 +425,33 @@ CUtensorMap weight_map(const void* w, int64_t rows, int64_t K) {
   return map;
 }
 
-// The Hopper kernel's variant: CTAs per SM (1: 4 stages, registers 40 / 232; 2: 3 stages, 24 / 104), chosen by
-// measurement (bench/NOTES.md, MoE grouped GEMM); a build with -DDFLASH_MOE_WG_MINB=2 runs the other one.
-#ifndef DFLASH_MOE_WG_MINB
-#define DFLASH_MOE_WG_MINB 1
-#endif
-constexpr int kWgMinBlocks = DFLASH_MOE_WG_MINB, kWgStages = kWgMinBlocks == 1 ? 4 : 3;
+// The Hopper kernel's variants (Env::moe_variant; bench/NOTES.md "MoE grouped GEMM"): tile columns, stages.
+struct WgVariant {
+  int bn, stages;
+};
+constexpr WgVariant kWgVariants[] = {{128, 4}, {256, 4}, {128, 6}};
 
-template <bool SWIGLU>
-void launch_wg(Env& e, const MoeGemmParams& p, int64_t max_tiles, int64_t w_rows) {
-  const CUtensorMap map = weight_map(p.w, w_rows, p.K);
-  constexpr size_t smem = moe_wg_smem<kWgStages>();
-  const int64_t blocks = max_tiles * p.n_tiles;
-  DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
-  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, smem, e.stream,
-                k_moe_gemm_wg<SWIGLU, kWgStages, kWgMinBlocks>)(p, map);
+template <bool SWIGLU, int BN, int NS>
+void launch_wg_t(Env& e, const MoeGemmParams& p, int64_t blocks, const CUtensorMap& map) {
+  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, moe_wg_smem(BN, NS), e.stream,
+                k_moe_gemm_wg<SWIGLU, BN, NS>)(p, map);
   check_launch("k_moe_gemm_wg");
+}
+
+// Launches variant v; p.n_tiles is set here (it depends on the variant's tile width).
+template <bool SWIGLU>
+void launch_wg(Env& e, MoeGemmParams p, int64_t R, int v, int64_t w_rows) {
+  const WgVariant& wv = kWgVariants[v];
+  const int cols = SWIGLU ? wv.bn / 2 : wv.bn;  // output columns per tile
+  p.n_tiles = static_cast<int>((p.N + cols - 1) / cols);
+  const int64_t blocks = ((R + kWgBM - 1) / kWgBM + p.E) * p.n_tiles;
+  DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
+  const CUtensorMap map = weight_map(p.w, w_rows, p.K);
+  switch (v) {
+    case 0: launch_wg_t<SWIGLU, 128, 4>(e, p, blocks, map); break;
+    case 1: launch_wg_t<SWIGLU, 256, 4>(e, p, blocks, map); break;
+    default: launch_wg_t<SWIGLU, 128, 6>(e, p, blocks, map); break;
+  }
 }
 #endif  // DFLASH_CUDA_EMU
 
@@ -573,15 +585,13 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const Tensor& w, co
   const bool wgmma = moe_linear_path(d.N, d.K, swiglu) == "wgmma" && aligned16(p.x) && aligned16(p.w);
 #ifndef DFLASH_CUDA_EMU
   if (wgmma) {
-    const int BM = kWgBM, BN = swiglu ? 64 : 128;
-    DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, BM, tile_off.ptr<int32_t>());
+    DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, kWgBM, tile_off.ptr<int32_t>());
     check_launch("k_moe_tiles");
-    p.n_tiles = static_cast<int>((d.N + BN - 1) / BN);
-    const int64_t max_tiles = (d.R + BM - 1) / BM + d.E;
     const int64_t w_rows = d.E * p.Nw;
     DFLASH_CHECK(w_rows < (int64_t{1} << 31), "moe_linear (cuda): ", w_rows, " weight rows");
-    if (swiglu) launch_wg<true>(e, p, max_tiles, w_rows);
-    else launch_wg<false>(e, p, max_tiles, w_rows);
+    const int v = e.moe_variant >= 0 && e.moe_variant < 3 ? e.moe_variant : kMoeDefaultVariant;
+    if (swiglu) launch_wg<true>(e, p, d.R, v, w_rows);
+    else launch_wg<false>(e, p, d.R, v, w_rows);
     return;
   }
 #else
@@ -621,8 +631,9 @@ void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weig
 
 void moe_init_attributes(int smem_optin) {
 #ifndef DFLASH_CUDA_EMU
-  allow_dynamic_smem(smem_optin, k_moe_gemm_wg<true, kWgStages, kWgMinBlocks>,
-                     k_moe_gemm_wg<false, kWgStages, kWgMinBlocks>);
+  allow_dynamic_smem(smem_optin, k_moe_gemm_wg<true, 128, 4>, k_moe_gemm_wg<false, 128, 4>,
+                     k_moe_gemm_wg<true, 256, 4>, k_moe_gemm_wg<false, 256, 4>, k_moe_gemm_wg<true, 128, 6>,
+                     k_moe_gemm_wg<false, 128, 6>);
 #else
   (void)smem_optin;
 #endif

@@ -49,6 +49,10 @@ struct Env {
   int smem_limit = 48 * 1024;      // dynamic shared memory one block may use (device opt-in maximum, or lower)
   int num_sms = 1;
   std::function<Tensor(DType, Shape)> alloc;  // stream-ordered device allocation (freed on the stream)
+  // The Hopper grouped GEMM's variant (moe.cu kWgVariants: 0 = tiles of 128 columns, 4 stages; 1 = 256 columns, 4
+  // stages; 2 = 128 columns, 6 stages), from DFLASH_MOE_GEMM_VARIANT when the context is made (a benchmarking knob;
+  // -1 = the measured default).
+  int moe_variant = -1;
 };
 
 // Checks that t is a CUDA tensor of dtype dt (Error naming op and tensor otherwise).
