@@ -32,7 +32,7 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kGroupChunk = 64;     // tokens per chunk of moe_group
-constexpr int kMoeDefaultVariant = 0;  // the Hopper grouped GEMM's variant when Env::moe_variant is unset (-1)
+constexpr int kMoeDefaultVariant = 1;  // the Hopper grouped GEMM's variant when Env::moe_variant is unset (-1): 256 columns
 constexpr int kMaxExperts = 1024;   // moe_route keeps E / 32 logits per lane; moe_group scans E in one block
 
 // ---- moe_route ------------------------------------------------------------------------------------------------------
