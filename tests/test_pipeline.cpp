@@ -171,8 +171,14 @@ TEST(Pipeline, MoeTargetTwoPlusTwoMatchesOneWorker) {
   one.target_dir = source_dir() + "/tests/golden/target_qwen3_moe";
   one.max_steps = 12;
   one.out_dir = root + "/one";
+  one.export_at_end = true;
   train(one);
+  // the export: a dense Qwen3-style drafter whose MLP is 3 H wide (not the experts' 32)
+  const auto ex = nlohmann::json::parse(read_file(one.out_dir + "/export/config.json"));
+  EXPECT_EQ(ex["intermediate_size"].get<int64_t>(), 3 * 64);
+  EXPECT_EQ(ex["dflash_config"]["target_layer_ids"], nlohmann::json({1, 2}));
   TrainConfig two = one;
+  two.export_at_end = false;
   two.targets = "2";
   two.drafters = "2";
   two.out_dir = root + "/two";
