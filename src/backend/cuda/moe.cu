@@ -7,16 +7,17 @@
 //  moe_group    three small kernels over chunks of 64 tokens: per-chunk expert counts, one block scanning them into
 //               the experts' offsets and each chunk's starting row per expert, then each chunk placing its pairs
 //               (a thread per expert walking the chunk in token order: every expert's rows stay in token order).
-//  moe_linear   the grouped GEMM. Tiles of 128 grouped rows x 128 columns never straddle two experts; the tiles of
+//  moe_linear   the grouped GEMM. Tiles of 128 grouped rows x BN columns never straddle two experts; the tiles of
 //               expert e are numbered from tile_off[e] (a warp's scan of ceil(count_e / 128)), the grid is sized to
 //               the most tiles any routing can need (ceil(R / 128) + E per column tile) and blocks past the last
 //               tile exit at once. Hopper kernel (k_moe_gemm_wg): one producer warpgroup loads A — the tile's rows
 //               of x, gathered through `rows` — by cp.async into 128-byte-swizzled panels, and thread 0 the weight
-//               tile by TMA (two boxes of 64 rows: for SwiGLU the expert's gate rows n0.. and up rows N + n0.., so
-//               the tile's 128 columns are 64 gate and 64 up columns of the same 64 outputs); a ring of NS stages with
-//               full / empty mbarriers; two consumer warpgroups each issue wgmma m64n128k16 over their 64 rows (fp32
-//               accumulators) and write the epilogue (the SwiGLU of each thread's gate column c and up column c + 64,
-//               which the m64n128 accumulator layout puts in the same thread) straight to y in bf16.
+//               tile by TMA (BN / 64 boxes of 64 rows: for SwiGLU the expert's gate rows h0.. and up rows N + h0..,
+//               so the tile's BN columns are BN / 2 gate and BN / 2 up columns of the same outputs); a ring of NS
+//               stages with full / empty mbarriers; two consumer warpgroups each issue wgmma m64nBNk16 over their
+//               64 rows (fp32 accumulators) and write the epilogue (the SwiGLU of each thread's gate column c and up
+//               column c + BN / 2, which the m64nBN accumulator layout puts in the same thread) straight to y in
+//               bf16. BN = 256 with 4 stages is the default (bench/NOTES.md 23: 1.5x the 128-column tiles).
 //               Any other shape (K or N odd, K not a multiple of 8) and the CPU emulator run a plain tiled kernel.
 //  moe_combine  one block per token: the k rows of y weighted and summed in fp32 in slot order, + beta out.
 #include <algorithm>
