@@ -392,3 +392,30 @@ TEST(MoeEndToEnd, CaptureWritesHfHiddenStates) {
   EXPECT_NE(std::system(cmd.c_str()), 0);
   std::filesystem::remove_all(tmp);
 }
+
+// dflash info on an MoE config: the family, the per-layer plan as runs, parameters and the drafter's default width.
+TEST(MoeEndToEnd, InfoPrintsThePlanAndParameters) {
+  const std::string tmp = cat("/tmp/dflash_test_info_", getpid());
+  std::filesystem::remove_all(tmp);
+  std::filesystem::create_directories(tmp);
+  json j = json::parse(kQwen3_30B_A3B);
+  j["num_hidden_layers"] = 6;
+  j["mlp_only_layers"] = {4};
+  write_file_atomic(tmp + "/config.json", j.dump());
+  const std::string cmd = cat(DFLASH_BINARY, " info ", tmp, " --json > ", tmp, "/out.json 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp + "/out.json");
+  const json o = json::parse(read_file(tmp + "/out.json"))["config"];
+  EXPECT_EQ(o["family"], "Qwen3-MoE");
+  ASSERT_EQ(o["layers"].size(), 3u);  // 0-3 MoE, 4 dense, 5 MoE
+  EXPECT_EQ(o["layers"][0]["layers"], "0-3");
+  EXPECT_EQ(o["layers"][1]["layers"], "4");
+  EXPECT_NE(o["layers"][1]["plan"].get<std::string>().find("dense SwiGLU of width 6144"), std::string::npos);
+  EXPECT_NE(o["layers"][2]["plan"].get<std::string>().find("MoE 128 experts top-8 of width 768"), std::string::npos);
+  const ModelConfig c = parse_model_config(j, "x");
+  const TargetParams p = target_params(c);
+  EXPECT_EQ(o["params"]["total"].get<int64_t>(), p.total);
+  EXPECT_EQ(o["params"]["active_per_token"].get<int64_t>(), p.active);
+  EXPECT_EQ(o["device_weight_bytes_bf16"].get<int64_t>(), 2 * p.total);
+  EXPECT_EQ(o["drafter_default_intermediate_size"].get<int64_t>(), 6144);
+  std::filesystem::remove_all(tmp);
+}
