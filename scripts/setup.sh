@@ -26,7 +26,11 @@ PKGS=(
   openmpi-bin libopenmpi-dev  # Open MPI: multi-process training
   gnuplot-nox          # dflash plot
 )
+# test oracles only (not needed by the build or by users): Python's Jinja2, the engine Hugging Face renders chat
+# templates with (tests/oracle/render_chat.py)
+ORACLE_PKGS=(python3 python3-jinja2)
 missing=()
+[ "$ORACLES" = 1 ] && PKGS+=("${ORACLE_PKGS[@]}")
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
