@@ -82,8 +82,8 @@ PrepareOptions opts(const TempDir& t, std::vector<std::string> inputs, const std
 }
 
 ChatEncoding qwen3_encode(const std::vector<ChatMessage>& ms) {
-  ChatEncoder enc(qwen3_tok(), ChatTemplate::detect(qwen3_tok()->chat_template(), ""));
-  return enc.encode(ms, {});
+  ChatEncoder enc(qwen3_tok(), ChatTemplate::load(*qwen3_tok(), "auto"));
+  return enc.encode(ms, ChatTemplateChoice{}.options());
 }
 
 std::vector<std::pair<int64_t, std::string>> skipped_lines(const PrepareSummary& s) {
@@ -138,8 +138,9 @@ TEST(Prepare, C13EmptyAndOddConversations) {
   EXPECT_EQ(m["counts"]["skipped"]["system_only"], 1);
   EXPECT_EQ(m["counts"]["skipped_total"], 5);
   EXPECT_EQ(m["tokenizer"]["sha256"], qwen3_tok()->hash());
-  EXPECT_EQ(m["chat_template"]["name"], "qwen3");
-  EXPECT_EQ(m["chat_template"]["source_sha256"], sha256_hex(qwen3_tok()->chat_template()));
+  EXPECT_EQ(m["chat_template"]["sha256"], sha256_hex(qwen3_tok()->chat_template()));
+  EXPECT_EQ(m["chat_template"]["origin"], kQwen3Dir + "/tokenizer_config.json");
+  EXPECT_EQ(m["chat_template"]["mask_rule"], "prefixes");
   EXPECT_EQ(m["flags"]["enable_thinking"], true);
   EXPECT_EQ(m["max_length"], 3072);
   ASSERT_EQ(m["inputs"].size(), 1u);
