@@ -383,8 +383,11 @@ std::optional<std::vector<size_t>> token_starts(const ChatEncoder& enc, const st
     auto match = [&](std::string_view b) {
       return !b.empty() && pos + b.size() <= text.size() && std::memcmp(text.data() + pos, b.data(), b.size()) == 0;
     };
+    std::string raw;
     if (match(tb)) {
       pos += tb.size();
+    } else if (raw = enc.tokenizer().id_to_token(ids[i]); raw != tb && match(raw)) {
+      pos += raw.size();  // an added token matched as written in the text (normalized=false, e.g. Gemma's "▁▁")
     } else if (tb.size() > 1 && tb[0] == ' ' && (pos >= text.size() || text[pos] != ' ') && match(tb.substr(1))) {
       pos += tb.size() - 1;
     } else if (tb == " " && (pos >= text.size() || text[pos] != ' ')) {

@@ -32,7 +32,7 @@ struct Tokenizer::Impl {
   tok::Decoder decoder;
 
   std::vector<std::string> id_token;  // token text as in tokenizer.json ("" = no such id)
-  std::vector<std::string> id_bytes;  // decoder.h token_bytes; added tokens: their content
+  std::vector<std::string> id_bytes;  // decoder.h token_bytes (special added tokens: their content)
   std::vector<uint8_t> id_flags;      // kExists | kAdded | kSpecial
   static constexpr uint8_t kExists = 1, kAdded = 2, kSpecial = 4;
   tok::StrMap added_of;               // added token content -> id
@@ -153,7 +153,9 @@ void Tokenizer::Impl::build_id_tables(const tok::TokenizerJsonReader& rd, const 
     const size_t u = static_cast<size_t>(t.id);
     id_token[u] = t.content;
     id_flags[u] = static_cast<uint8_t>(kExists | kAdded | (t.special ? kSpecial : 0));
-    id_bytes[u] = t.content;
+    // as HF decodes them: the decoder's per-token steps on the content (Gemma's "▁▁" is two spaces); special
+    // tokens as written
+    id_bytes[u] = t.special ? t.content : decoder.token_bytes(t.content);
     added_of[t.content] = t.id;
     added_contents.push_back(t.content);
   }

@@ -59,8 +59,8 @@ class Tokenizer {
   // The contents of every added token (tokenizer.json "added_tokens").
   const std::vector<std::string>& added_tokens() const;
   // The exact bytes token `id` stands for in the normalized text, before the decoder's sequence-level steps
-  // (Strip): byte-level tokens' bytes, SentencePiece pieces with "▁" as " " and <0xXX> as the byte, added tokens'
-  // content. "" for an unknown id.
+  // (Strip): byte-level tokens' bytes, SentencePiece pieces with "▁" as " " and <0xXX> as the byte; special
+  // added tokens: their content. "" for an unknown id.
   std::string_view token_bytes(int32_t id) const;
   // SHA-256 of the tokenizer.json bytes (recorded in data manifests and exports).
   const std::string& hash() const;
