@@ -15,8 +15,7 @@ namespace {
 [[noreturn]] void type_error(const std::string& where, const std::string& msg) { throw TemplateError(where + ": " + msg); }
 
 [[noreturn]] void undefined_error(const Value& v, const std::string& where) {
-  throw TemplateError(cat(where, ": ", v.str().empty() ? std::string("a value") : "'" + v.str() + "'",
-                          " is undefined"));
+  throw TemplateError(cat(where, ": ", v.undefined_message()));
 }
 
 uint32_t next_cp(std::string_view s, size_t& i) {
@@ -304,7 +303,7 @@ Value dict_method(const Value& self, const std::string& name) {
       List out;
       for (const auto& [k, v] : d.dict().items) {
         if (name == "items") {
-          out.emplace_back(List{Value(k), v});
+          out.push_back(Value::tuple(List{Value(k), v}));
         } else {
           out.push_back(name == "keys" ? Value(k) : v);
         }
@@ -717,7 +716,8 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
     const int64_t prec = require_int(a.get(0, "precision", Value(int64_t{0})), w, "precision");
     const std::string method = py_str(a.get(1, "method", Value("common")));
     const double p = std::pow(10.0, static_cast<double>(prec)), x = v.as_float() * p;
-    const double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::round(x);
+    // Python's round(): halves to even
+    const double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::nearbyint(x);
     return Value(r / p);
   }
   if (n == "list") return Value(iterate(v, w));

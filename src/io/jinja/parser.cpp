@@ -69,7 +69,7 @@ class Parser {
     for (;;) {
       const Token& tk = cur();
       if (tk.type == T::End) {
-        if (ends.size() > 0) fail(tk.line, cat("missing '{% ", *ends.begin(), " %}' (the template ended)"));
+        if (ends.size() > 0) fail(tk.line, cat("missing '{% ", *(ends.end() - 1), " %}' (the template ended)"));
         return body;
       }
       if (tk.type == T::Text) {

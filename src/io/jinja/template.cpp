@@ -1,5 +1,5 @@
-// io/jinja/template.cpp — see template.h. A tree-walking interpreter: scopes as in Jinja2 (a for loop and a macro
-// call open one; if does not; `set` writes to the innermost), macros as functions over a capture buffer,
+// io/jinja/template.cpp — see template.h. A tree-walking interpreter: scopes as in Jinja2 (each for-loop
+// iteration and each macro call opens one; if does not; `set` writes to the innermost), macros as functions over a capture buffer,
 // loop.* as Jinja2's LoopContext, the globals of Hugging Face's chat-template environment.
 #include "io/jinja/template.h"
 
@@ -115,7 +115,7 @@ Value Interp::eval(const Expr& e, Scope& sc) {
       List l;
       l.reserve(e.kids.size());
       for (const ExprP& k : e.kids) l.push_back(eval(*k, sc));
-      return Value(std::move(l));
+      return e.k == Expr::K::Tuple ? Value::tuple(std::move(l)) : Value(std::move(l));
     }
     case Expr::K::Dict: {
       auto d = std::make_shared<Dict>();
@@ -128,8 +128,8 @@ Value Interp::eval(const Expr& e, Scope& sc) {
     }
     case Expr::K::Attr: {
       Value obj = eval(*e.kids[0], sc);
-      if (obj.is_undefined() && !obj.str().empty()) {
-        throw TemplateError(cat(e.where, ": '", obj.str(), "' is undefined (reading its attribute '", e.name, "')"));
+      if (obj.is_undefined()) {
+        throw TemplateError(cat(e.where, ": ", obj.undefined_message(), " (reading its attribute '", e.name, "')"));
       }
       return get_attr(obj, e.name, e.where);
     }
@@ -141,7 +141,7 @@ Value Interp::eval(const Expr& e, Scope& sc) {
     case Expr::K::Call: {
       Value f = eval(*e.kids[0], sc);
       if (!f.is_function()) {
-        if (f.is_undefined()) fail(e.line, cat("'", f.str().empty() ? "the callee" : f.str(), "' is undefined (called)"));
+        if (f.is_undefined()) fail(e.line, cat(f.undefined_message(), " (called)"));
         fail(e.line, cat("'", f.type_name(), "' object is not callable"));
       }
       Args a = eval_args(e, 1, sc);
@@ -254,30 +254,33 @@ Interp::Flow Interp::exec(const Node& n, Scope& sc) {
 Interp::Flow Interp::exec_for(const Node& n, Scope& sc) {
   const std::string where = cat("template line ", n.line);
   List items = iterate(eval(*n.expr, sc), where);
-  Scope loop_scope;
-  loop_scope.parent = &sc;
-  auto bind = [&](const Value& item) {
+  // Each iteration runs in a fresh scope (as Jinja2: a `set` in the body lasts until the iteration ends).
+  auto bind = [&](Scope& it, const Value& item) {
     if (n.targets.size() == 1) {
-      loop_scope.set(n.targets[0], item);
+      it.set(n.targets[0], item);
       return;
     }
     List parts = iterate(item, where);
     if (parts.size() != n.targets.size())
       fail(n.line, cat("cannot unpack ", parts.size(), " values into ", n.targets.size(), " loop variables"));
-    for (size_t i = 0; i < parts.size(); ++i) loop_scope.set(n.targets[i], parts[i]);
+    for (size_t i = 0; i < parts.size(); ++i) it.set(n.targets[i], parts[i]);
   };
   if (n.cond) {  // {% for x in xs if cond %}: filter first, so loop.length and loop.last count what is kept
     List kept;
-    for (const Value& it : items) {
-      bind(it);
-      if (eval(*n.cond, loop_scope).truthy()) kept.push_back(it);
+    for (const Value& item : items) {
+      Scope it;
+      it.parent = &sc;
+      bind(it, item);
+      if (eval(*n.cond, it).truthy()) kept.push_back(item);
     }
     items = std::move(kept);
   }
   if (items.empty()) return exec(n.else_body, sc);
   const int64_t len = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < len; ++i) {
-    bind(items[static_cast<size_t>(i)]);
+    Scope it;
+    it.parent = &sc;
+    bind(it, items[static_cast<size_t>(i)]);
     auto loop = std::make_shared<Dict>();
     loop->items = {{"index", Value(i + 1)},
                    {"index0", Value(i)},
@@ -294,8 +297,8 @@ Interp::Flow Interp::exec_for(const Node& n, Scope& sc) {
                       if (a.pos.empty()) throw TemplateError(a.where + ": no items for cycling given");
                       return a.pos[static_cast<size_t>(i) % a.pos.size()];
                     })}};
-    loop_scope.set("loop", Value(std::move(loop)));
-    if (exec(n.body, loop_scope) == Flow::Break) break;
+    it.set("loop", Value(std::move(loop)));
+    if (exec(n.body, it) == Flow::Break) break;
   }
   return Flow::Normal;
 }

@@ -30,6 +30,12 @@ bool Value::truthy() const {
   return false;
 }
 
+std::string Value::undefined_message() const {
+  if (s_.empty()) return "a value is undefined";
+  if (s_.find(' ') != std::string::npos) return s_;  // a sentence from an attribute / item lookup
+  return "'" + s_ + "' is undefined";
+}
+
 std::string Value::type_name() const {
   switch (kind_) {
     case Kind::Undefined: return "Undefined";
@@ -88,7 +94,7 @@ bool py_equal(const Value& a, const Value& b) {
     case Value::Kind::String: return a.str() == b.str();
     case Value::Kind::List: {
       const List &x = a.list(), &y = b.list();
-      if (x.size() != y.size()) return false;
+      if (x.size() != y.size() || a.is_tuple() != b.is_tuple()) return false;
       for (size_t i = 0; i < x.size(); ++i)
         if (!py_equal(x[i], y[i])) return false;
       return true;
@@ -198,13 +204,14 @@ void repr_into(const Value& v, std::string& out) {
   switch (v.kind()) {
     case Value::Kind::String: repr_string(v.str(), out); return;
     case Value::Kind::List: {
-      out.push_back('[');
+      out.push_back(v.is_tuple() ? '(' : '[');
       const List& l = v.list();
       for (size_t i = 0; i < l.size(); ++i) {
         if (i) out += ", ";
         repr_into(l[i], out);
       }
-      out.push_back(']');
+      if (v.is_tuple() && l.size() == 1) out.push_back(',');
+      out.push_back(v.is_tuple() ? ')' : ']');
       return;
     }
     case Value::Kind::Dict: {

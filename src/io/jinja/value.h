@@ -66,6 +66,12 @@ class Value {
   Value(List l) : kind_(Kind::List), l_(std::make_shared<List>(std::move(l))) {}
   Value(std::shared_ptr<Dict> d) : kind_(Kind::Dict), d_(std::move(d)) {}
   static Value function(std::string name, Function f);
+  static Value tuple(List l) {  // a Python tuple: a List that prints as (a, b) and never equals a list
+    Value v(std::move(l));
+    v.tuple_ = true;
+    return v;
+  }
+  bool is_tuple() const { return tuple_; }
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::Undefined; }
@@ -92,11 +98,14 @@ class Value {
   const std::string& fn_name() const { return s_; }
 
   bool truthy() const;              // Python bool()
+  // Undefined: what is missing, in words ("'x' is undefined", "dict object has no attribute 'y'").
+  std::string undefined_message() const;
   std::string type_name() const;    // Python's type name: "str", "int", "list", "dict", "NoneType", ...
 
  private:
   explicit Value(Kind k) : kind_(k) {}
   Kind kind_ = Kind::Undefined;
+  bool tuple_ = false;
   int64_t i_ = 0;
   double f_ = 0;
   std::string s_;
