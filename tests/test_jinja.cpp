@@ -89,6 +89,8 @@ const Case kCases[] = {
      R"({"v": {"b": 1, "a": 2}})"},
     // str methods
     {"{{ '  a b  '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ '\n\nab\n'.lstrip('\n') }}|{{ 'ab\n\n'.rstrip() }}", "{}"},
+    {"{{ s.strip() }}|{{ s.strip('é 　') }}|{{ s|trim }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ s.split() }}",
+     R"({"s": "\u3000é xé \u2009\u0085"})"},
     {"{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a,b,c'.rsplit(',', 1) }}", "{}"},
     {"{{ 'hello'.startswith('he') }} {{ 'hello'.endswith(('x', 'lo')) }} {{ 'a-b'.replace('-', '') }} {{ 'abc'.find('c') }}",
      "{}"},

@@ -22,24 +22,22 @@ uint32_t next_cp(std::string_view s, size_t& i) {
   const auto b0 = static_cast<uint8_t>(s[i]);
   auto cont = [&](size_t k) { return i + k < s.size() && (static_cast<uint8_t>(s[i + k]) & 0xC0) == 0x80; };
   auto cb = [&](size_t k) { return static_cast<uint32_t>(static_cast<uint8_t>(s[i + k]) & 0x3F); };
-  if (b0 < 0x80) {
-    i += 1;
-    return b0;
+  uint32_t c = b0;
+  size_t n = 1;
+  if (b0 >= 0x80) {
+    if ((b0 & 0xE0) == 0xC0 && cont(1)) {
+      c = ((b0 & 0x1Fu) << 6) | cb(1);
+      n = 2;
+    } else if ((b0 & 0xF0) == 0xE0 && cont(1) && cont(2)) {
+      c = ((b0 & 0x0Fu) << 12) | (cb(1) << 6) | cb(2);
+      n = 3;
+    } else if ((b0 & 0xF8) == 0xF0 && cont(1) && cont(2) && cont(3)) {
+      c = ((b0 & 0x07u) << 18) | (cb(1) << 12) | (cb(2) << 6) | cb(3);
+      n = 4;
+    }
   }
-  if ((b0 & 0xE0) == 0xC0 && cont(1)) {
-    i += 2;
-    return ((b0 & 0x1Fu) << 6) | cb(1);
-  }
-  if ((b0 & 0xF0) == 0xE0 && cont(1) && cont(2)) {
-    i += 3;
-    return ((b0 & 0x0Fu) << 12) | (cb(1) << 6) | cb(2);
-  }
-  if ((b0 & 0xF8) == 0xF0 && cont(1) && cont(2) && cont(3)) {
-    i += 4;
-    return ((b0 & 0x07u) << 18) | (cb(1) << 12) | (cb(2) << 6) | cb(3);
-  }
-  i += 1;
-  return b0;
+  i += n;
+  return c;
 }
 
 std::string ascii_lower(std::string s) {
