@@ -451,3 +451,169 @@ TEST(ChatTemplate, TokenizeChatCli) {
   EXPECT_NE(read_file(dir + "/err.txt").find("not_alternating"), std::string::npos);
   fs::remove_all(dir);
 }
+
+// ---- the corpus ------------------------------------------------------------------------------------------------
+
+namespace {
+
+struct CorpusTemplate {
+  const char* file;       // in tests/data/templates (SOURCES.md says where each comes from)
+  const char* tokenizer;  // the npm tokenizer the renderings are tokenized with
+};
+
+const CorpusTemplate kCorpus[] = {
+    {"Qwen3-8B.jinja", "qwen3"},
+    {"Qwen3.5-4B.jinja", "qwen3"},
+    {"QwQ-32B.jinja", "qwen3"},
+    {"chatml-demo.jinja", "qwen3"},
+    {"Meta-Llama-3-8B-Instruct.jinja", "llama3_1"},
+    {"Llama-3.1-8B-Instruct.jinja", "llama3_1"},
+    {"Llama-3.2-3B-Instruct.jinja", "llama3_1"},
+    {"DeepSeek-V3.jinja", "deepseek_v3"},
+    {"DeepSeek-V3.1.jinja", "deepseek_v3"},
+    {"DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek_v3"},
+    {"GLM-4.6.jinja", "qwen3"},
+    {"Kimi-K2-Instruct.jinja", "qwen3"},
+    {"Kimi-K2-Thinking.jinja", "qwen3"},
+    {"MiniMax-M2.jinja", "qwen3"},
+    {"gpt-oss-120b.jinja", "gptoss"},
+    {"gemma-2-2b-it.jinja", "gemma3"},
+    {"gemma-3-it.jinja", "gemma3"},
+    {"gemma-4-it.jinja", "gemma3"},
+    {"Mistral-Nemo-Instruct-2407.jinja", "llama2"},
+    {"Phi-3.5-mini-instruct.jinja", "llama2"},
+};
+
+struct Conversation {
+  std::string name;
+  ojson messages;
+  bool tools = false;
+  bool generation_prompt = false;
+  bool thinking = true;
+};
+
+std::vector<Conversation> corpus_conversations() {
+  const ojson reasoning_turn = {{"role", "assistant"},
+                                {"content", "The answer is 51."},
+                                {"reasoning_content", "17 * 3 = 51, checking: 51 / 3 = 17."},
+                                {"thinking", "17 * 3 = 51, checking: 51 / 3 = 17."}};
+  const ojson tool_call = {
+      {"role", "assistant"},
+      {"content", ""},
+      {"tool_calls",
+       {{{"id", "call12345"},
+         {"type", "function"},
+         {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}, {"unit", "celsius"}}}}}}}}};
+  const ojson tool_result = {
+      {"role", "tool"}, {"tool_call_id", "call12345"}, {"name", "get_weather"}, {"content", "{\"temp\": 21}"}};
+  auto U = [](const char* c) { return ojson{{"role", "user"}, {"content", c}}; };
+  auto A = [](const char* c) { return ojson{{"role", "assistant"}, {"content", c}}; };
+  auto S = [](const char* c) { return ojson{{"role", "system"}, {"content", c}}; };
+  std::vector<Conversation> v = {
+      {"single", {U("Hello!"), A("Hi there. How can I help?")}},
+      {"system", {S("You are terse."), U("What is 2+2?"), A("4.")}},
+      {"multi_turn", {S("Be brief."), U("Name a color."), A("Blue."), U("Another?"), A("Green, of course.")}},
+      {"reasoning", {U("What is 17*3?"), reasoning_turn}},
+      {"reasoning_multi", {U("What is 17*3?"), reasoning_turn, U("And 18*3?"),
+                           {{"role", "assistant"}, {"content", "54."}, {"reasoning_content", "17*3 + 3 = 54."},
+                            {"thinking", "17*3 + 3 = 54."}}}},
+      {"think_in_content", {U("q"), A("<think>\nstep one\n</think>\n\nFirst answer.")}},
+      {"tool_call", {U("Weather in Paris?"), tool_call, tool_result, A("It is 21 degrees in Paris.")}, true},
+      {"unicode", {U("Ünïcödé 🙂 日本語で?"), A("  Spaced\n\nlines 😀 Ελληνικά \n")}},
+      {"gen_prompt", {S("Be brief."), U("Hi")}, false, true},
+      {"gen_prompt_multi", {U("Hi"), A("Hello."), U("Bye")}, false, true},
+  };
+  for (const char* n : {"single", "multi_turn", "reasoning", "gen_prompt"}) {
+    for (const Conversation& c : std::vector<Conversation>(v)) {
+      if (c.name != n) continue;
+      Conversation off = c;
+      off.name += "/no_thinking";
+      off.thinking = false;
+      v.push_back(off);
+    }
+  }
+  return v;
+}
+
+const ojson kTools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+  "description": "Get the current weather in a city", "parameters": {"type": "object", "properties": {
+  "city": {"type": "string", "description": "The city"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+  "required": ["city"]}}}])");
+
+}  // namespace
+
+// The corpus: for every template, every conversation renders the same text as Python's Jinja2, with the same
+// supervised spans, and tokenizes to the same ids as transformers.js; a conversation the template refuses
+// (raise_exception, a type error of the template, a turn whose output cannot be located) fails in both.
+TEST(ChatTemplateCorpus, EveryTemplateMatchesTheOracles) {
+  ASSERT_GE(std::size(kCorpus), 20u);
+  const auto convs = corpus_conversations();
+  struct Item {
+    const CorpusTemplate* t;
+    const Conversation* c;
+    ChatOptions o;
+    std::vector<ChatMessage> msgs;
+  };
+  std::vector<Item> items;
+  std::map<std::string, std::unique_ptr<ChatEncoder>> encs;
+  std::vector<ojson> reqs;
+  for (const CorpusTemplate& t : kCorpus) {
+    auto& enc = encs[t.file];
+    enc = std::make_unique<ChatEncoder>(tok(t.tokenizer), ChatTemplate(read_file(kTemplates + t.file), t.file));
+    for (const Conversation& c : convs) {
+      Item it{&t, &c, opts(c.thinking, c.generation_prompt), parse_messages(c.messages)};
+      if (c.tools) it.o.tools = kTools;
+      reqs.push_back(oracle_request(*enc, it.msgs, it.o));
+      items.push_back(std::move(it));
+    }
+  }
+  const auto res = test::run_chat_oracle(reqs);
+  ASSERT_EQ(res.size(), items.size());
+  std::map<std::string, std::vector<size_t>> by_tokenizer;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (res[i].contains("text")) by_tokenizer[items[i].t->tokenizer].push_back(i);
+  std::vector<std::vector<int32_t>> ids(items.size());
+  for (const auto& [name, idx] : by_tokenizer) {
+    std::vector<std::pair<std::string, bool>> texts;
+    for (size_t i : idx) texts.emplace_back(res[i]["text"].get<std::string>(), true);
+    auto got = test::run_tokenize_oracle(name, texts);
+    for (size_t k = 0; k < idx.size(); ++k) ids[idx[k]] = got[k];
+  }
+  std::map<std::string, int> rendered;
+  int refused = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    SCOPED_TRACE(cat(it.t->file, " / ", it.c->name));
+    const ChatEncoder& enc = *encs[it.t->file];
+    if (res[i].contains("error")) {
+      EXPECT_THROW(enc.encode(it.msgs, it.o), BadRow) << "the oracle fails: " << res[i]["error"];
+      ++refused;
+      continue;
+    }
+    RenderedChat r;
+    try {
+      r = enc.render(it.msgs, it.o);
+    } catch (const BadRow& e) {
+      ADD_FAILURE() << "we fail where the oracle renders: " << e.what();
+      continue;
+    }
+    EXPECT_EQ(r.text, res[i]["text"].get<std::string>());
+    if (res[i].contains("spans")) {
+      const auto want_spans = res[i]["spans"].get<std::vector<std::pair<size_t, size_t>>>();
+      EXPECT_EQ(spans_of(r), want_spans);
+      if (!it.o.add_generation_prompt) EXPECT_FALSE(want_spans.empty()) << "no supervised text";
+    }
+    ChatEncoding e;
+    try {
+      e = enc.encode_rendered(r);
+    } catch (const BadRow& err) {
+      ADD_FAILURE() << err.what();
+      continue;
+    }
+    EXPECT_EQ(e.ids, ids[i]);
+    ++rendered[it.t->file];
+  }
+  for (const CorpusTemplate& t : kCorpus) EXPECT_GE(rendered[t.file], 6) << t.file << ": too few conversations render";
+  std::printf("[corpus] %zu templates, %zu renderings compared, %d refused by the template in both engines\n",
+              std::size(kCorpus), items.size() - static_cast<size_t>(refused), refused);
+}

@@ -78,6 +78,8 @@ const Case kCases[] = {
      R"({"items": [{"n": "a"}, {"n": "b"}]})"},
     {"{{ d|items|list }} {{ d.items()|list }} {{ d.keys()|list }} {{ d.values()|list }} {{ d.get('a') }} {{ d.get('z', 0) }}",
      R"({"d": {"a": 1, "b": [2]}})"},
+    {"{% for k, v in d|dictsort %}{{ k }}{{ v }}{% endfor %} {{ d|dictsort(reverse=true) }} {{ d|dictsort(by='value') }}",
+     R"({"d": {"b": 1, "a": 3, "C": 2}})"},
     {"{{ '3'|int + 1 }} {{ '2.5'|float }} {{ 'x'|int }} {{ 3.7|int }} {{ -3|abs }} {{ 2.567|round(2) }} {{ 2.5|round }}", "{}"},
     {"{{ [1, 2, 3]|sum }} {{ [3, 1]|min }} {{ [3, 1]|max }} {{ 'ab'|list }} {{ [1, 2]|reverse|list }} {{ 'abc'|reverse }}", "{}"},
     {"{{ 42|string ~ 'x' }} {{ none|string }} {{ 'a b  c'|wordcount }} {{ '<a & b>'|e }} {{ '<x>'|safe }}", "{}"},

@@ -404,7 +404,7 @@ Value attribute_of(const Value& v, const std::string& attr, const std::string& w
 
 bool filter_supported(std::string_view n) {
   static const std::set<std::string_view> kNames = {
-      "abs",  "attr",   "capitalize", "count", "d",       "default", "e",         "escape",     "first",
+      "abs",  "attr",   "capitalize", "count", "d",       "default", "dictsort", "e",         "escape",     "first",
       "float", "indent", "int",       "items", "join",    "last",    "length",    "list",       "lower",
       "map",  "max",    "min",        "reject", "rejectattr", "replace", "reverse", "round", "safe",
       "select", "selectattr", "sort", "string", "sum",    "title",   "tojson",    "trim",       "unique",
@@ -859,6 +859,20 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
         return py_less(sort_key(y, attribute, cs, w), sort_key(x, attribute, cs, w), w);
       });
     }
+    return Value(std::move(l));
+  }
+  if (n == "dictsort") {  // (key, value) pairs sorted by key (or by="value"), case-insensitive by default
+    if (!v.is_dict()) type_error(w, cat("dictsort expects a mapping, not ", v.type_name()));
+    a.expect(3, {"case_sensitive", "by", "reverse"});
+    const bool cs = a.get(0, "case_sensitive", Value(false)).truthy();
+    const bool by_value = py_str(a.get(1, "by", Value("key"))) == "value";
+    const bool rev = a.get(2, "reverse", Value(false)).truthy();
+    List l;
+    for (const auto& [k, x] : v.dict().items) l.push_back(Value::tuple(List{Value(k), x}));
+    auto key = [&](const Value& p) { return sort_key(p.list()[by_value ? 1 : 0], Value::none(), cs, w); };
+    std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
+      return rev ? py_less(key(y), key(x), w) : py_less(key(x), key(y), w);
+    });
     return Value(std::move(l));
   }
   if (n == "sum") {
