@@ -23,15 +23,6 @@ bool known_role(const std::string& r) {
   return r == "system" || r == "developer" || r == "user" || r == "assistant" || r == "tool";
 }
 
-jinja::Value message_value(const ChatMessage& m) {
-  if (!m.source.is_null()) return jinja::from_json(m.source);
-  auto d = std::make_shared<jinja::Dict>();
-  d->items.emplace_back("role", jinja::Value(m.role));
-  d->items.emplace_back("content", jinja::Value(m.content));
-  if (m.reasoning_content) d->items.emplace_back("reasoning_content", jinja::Value(*m.reasoning_content));
-  return jinja::Value(std::move(d));
-}
-
 size_t common_prefix(std::string_view a, std::string_view b) {
   size_t n = 0;
   const size_t m = std::min(a.size(), b.size());
@@ -58,6 +49,15 @@ std::string snippet(std::string_view s, size_t at) {
 }  // namespace
 
 // ---- messages -------------------------------------------------------------------------------------------------
+
+jinja::Value message_value(const ChatMessage& m) {
+  if (!m.source.is_null()) return jinja::from_json(m.source);
+  auto d = std::make_shared<jinja::Dict>();
+  d->items.emplace_back("role", jinja::Value(m.role));
+  d->items.emplace_back("content", jinja::Value(m.content));
+  if (m.reasoning_content) d->items.emplace_back("reasoning_content", jinja::Value(*m.reasoning_content));
+  return jinja::Value(std::move(d));
+}
 
 bool ChatMessage::has_tool_calls() const {
   if (!source.is_object()) return false;
@@ -245,11 +245,16 @@ nlohmann::json ChatTemplate::to_json() const {
 
 ChatTemplate::Rendered ChatTemplate::render_full(std::span<const ChatMessage> messages, const ChatOptions& o,
                                                  const ojson& special) const {
-  jinja::Dict vars;
   jinja::List ms;
   ms.reserve(messages.size());
   for (const ChatMessage& m : messages) ms.push_back(message_value(m));
-  vars.items.emplace_back("messages", jinja::Value(std::move(ms)));
+  return render_values(ms, o, special);
+}
+
+ChatTemplate::Rendered ChatTemplate::render_values(const jinja::List& messages, const ChatOptions& o,
+                                                   const ojson& special) const {
+  jinja::Dict vars;
+  vars.items.emplace_back("messages", jinja::Value(messages));
   vars.items.emplace_back("tools", jinja::from_json(o.tools));
   vars.items.emplace_back("documents", jinja::Value::none());
   vars.items.emplace_back("add_generation_prompt", jinja::Value(o.add_generation_prompt));
@@ -278,7 +283,11 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
 RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms, const ChatOptions& o,
                          const ojson& special, std::span<const std::string> added) {
   RenderedChat out;
-  ChatTemplate::Rendered full = t.render_full(ms, o, special);
+  jinja::List values;  // every message converted once; prefixes share them
+  values.reserve(ms.size() + 1);
+  for (const ChatMessage& m : ms) values.push_back(message_value(m));
+  auto prefix = [&](size_t n) { return jinja::List(values.begin(), values.begin() + static_cast<long>(n)); };
+  ChatTemplate::Rendered full = t.render_values(values, o, special);
   out.text = std::move(full.text);
   const std::string& R = out.text;
   std::vector<std::pair<size_t, size_t>> spans;
@@ -288,11 +297,11 @@ RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms,
     ChatOptions gen = o, plain = o;
     gen.add_generation_prompt = true;
     plain.add_generation_prompt = false;
-    auto render = [&](std::span<const ChatMessage> m, const ChatOptions& opt) { return t.render(m, opt, special); };
+    auto render = [&](const jinja::List& m, const ChatOptions& opt) { return t.render_values(m, opt, special).text; };
     for (size_t i = 0; i < ms.size(); ++i) {
       if (ms[i].role != "assistant") continue;
-      const size_t s = common_prefix(render(ms.subspan(0, i), gen), R);
-      const std::string L = i + 1 == ms.size() ? R : render(ms.subspan(0, i + 1), plain);
+      const size_t s = common_prefix(render(prefix(i), gen), R);
+      const std::string L = i + 1 == ms.size() ? R : render(prefix(i + 1), plain);
       size_t e = 0;
       if (L.size() > s && starts_with(R, L)) {
         e = L.size();
@@ -304,12 +313,12 @@ RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms,
                                             "); a template with {% generation %} blocks marks it exactly"));
         };
         if (i + 1 >= ms.size()) fail("the turn's output cannot be found");
-        std::vector<ChatMessage> stand_in(ms.begin(), ms.begin() + static_cast<long>(i));
-        stand_in.push_back({"assistant", kSentinel, std::nullopt, {}});
+        jinja::List stand_in = prefix(i);
+        stand_in.push_back(message_value({"assistant", kSentinel, std::nullopt, {}}));
         const std::string alone = render(stand_in, plain);
-        stand_in.push_back(ms[i + 1]);
+        stand_in.push_back(values[i + 1]);
         const std::string with_next = render(stand_in, plain);
-        const std::string N = render(ms.subspan(0, i + 2), plain);
+        const std::string N = render(prefix(i + 2), plain);
         const size_t p = with_next.find(kSentinel, s), q = alone.find(kSentinel, s);
         if (p == std::string::npos || q == std::string::npos || !starts_with(R, N)) fail("the turn's output cannot be found");
         const std::string_view tail = std::string_view(with_next).substr(p + std::strlen(kSentinel));

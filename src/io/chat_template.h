@@ -2,7 +2,7 @@
 // engine io/jinja exactly as Hugging Face's apply_chat_template renders it), tokenized once, with the assistant
 // loss mask of docs/spec.md 2.6.
 // defines: BadRow, ChatMessage, parse_messages, validate_conversation, ChatTemplate, ChatOptions, RenderedChat,
-//          render_chat, ChatEncoding, ChatEncoder, py_strip
+//          render_chat, ChatEncoding, ChatEncoder, ChatTemplateChoice, chat_flags, message_value, py_strip
 //
 // Where the template comes from (ChatTemplate::load): a file given with --chat-template PATH (a .jinja file, or a
 // tokenizer_config.json / JSON file with "chat_template"), else the tokenizer directory's tokenizer_config.json
@@ -153,12 +153,17 @@ class ChatTemplate {
   // {"sha256", "origin", "mask_rule"} for manifests and exports.
   nlohmann::json to_json() const;
 
+  // render() with the byte ranges the template's {% generation %} blocks produced (empty without them).
   struct Rendered {
     std::string text;
     std::vector<std::pair<size_t, size_t>> generation;
   };
   Rendered render_full(std::span<const ChatMessage> messages, const ChatOptions& opts,
                        const nlohmann::ordered_json& special) const;
+  // The same, with the messages already as template values (message_value): render_chat renders many prefixes
+  // of one conversation and converts its messages once.
+  Rendered render_values(const jinja::List& messages, const ChatOptions& opts,
+                         const nlohmann::ordered_json& special) const;
 
  private:
   std::string source_, origin_, sha256_;
@@ -207,6 +212,10 @@ class ChatEncoder {
   nlohmann::ordered_json special_;
   std::vector<std::string> added_;
 };
+
+// A message as the template sees it: its source object (every key, in order), or {"role", "content"
+// [, "reasoning_content"]} from the fields.
+jinja::Value message_value(const ChatMessage& m);
 
 // Python str.strip / lstrip / rstrip on UTF-8 text (io/jinja/value.h).
 using jinja::py_strip;

@@ -12,9 +12,9 @@ namespace dflash::jinja {
 
 namespace {
 
-[[noreturn]] void type_error(const std::string& where, const std::string& msg) { throw TemplateError(where + ": " + msg); }
+[[noreturn]] void type_error(std::string_view where, const std::string& msg) { throw TemplateError(cat(where, ": ", msg)); }
 
-[[noreturn]] void undefined_error(const Value& v, const std::string& where) {
+[[noreturn]] void undefined_error(const Value& v, std::string_view where) {
   throw TemplateError(cat(where, ": ", v.undefined_message()));
 }
 
@@ -51,20 +51,20 @@ std::string ascii_upper(std::string s) {
   return s;
 }
 
-std::string require_str(const Value& v, const std::string& where, const char* what) {
+std::string require_str(const Value& v, std::string_view where, const char* what) {
   if (v.is_string()) return v.str();
   if (v.is_undefined()) undefined_error(v, where);
   type_error(where, cat(what, " must be str, not ", v.type_name()));
 }
 
-int64_t require_int(const Value& v, const std::string& where, const char* what) {
+int64_t require_int(const Value& v, std::string_view where, const char* what) {
   if (v.is_int() || v.is_bool()) return v.as_int();
   if (v.is_undefined()) undefined_error(v, where);
   type_error(where, cat(what, " must be an integer, not ", v.type_name()));
 }
 
 // Python str.split(sep, maxsplit) / rsplit.
-List py_split(const std::string& s, const Value& sep, int64_t maxsplit, bool from_right, const std::string& where) {
+List py_split(const std::string& s, const Value& sep, int64_t maxsplit, bool from_right, std::string_view where) {
   List out;
   if (sep.is_none() || sep.is_undefined()) {
     // runs of whitespace; no empty strings
@@ -134,7 +134,7 @@ Value bound(const Value& self, const std::string& name, std::function<Value(cons
   return Value::function(name, [self, f = std::move(f)](Args& a) { return f(self, a); });
 }
 
-bool starts_or_ends(const std::string& s, const Value& what, bool ends, const std::string& where) {
+bool starts_or_ends(const std::string& s, const Value& what, bool ends, std::string_view where) {
   auto one = [&](const Value& v) {
     const std::string x = require_str(v, where, "the prefix");
     return ends ? s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0 : s.rfind(x, 0) == 0;
@@ -331,7 +331,7 @@ int64_t index_of(int64_t i, size_t n) { return i < 0 ? i + static_cast<int64_t>(
 
 // Python slice indices for a sequence of length n.
 std::vector<size_t> slice_indices(size_t n, const Value& start, const Value& stop, const Value& step,
-                                  const std::string& where) {
+                                  std::string_view where) {
   auto given = [](const Value& v) { return !v.is_undefined() && !v.is_none(); };
   const int64_t st = given(step) ? require_int(step, where, "the slice step") : 1;
   if (st == 0) type_error(where, "slice step cannot be zero");
@@ -381,7 +381,7 @@ std::string html_escape(const std::string& s) {
 }
 
 // The key a sort / unique / min / max filter compares: attribute, then lower-cased unless case_sensitive.
-Value sort_key(const Value& v, const Value& attribute, bool case_sensitive, const std::string& where) {
+Value sort_key(const Value& v, const Value& attribute, bool case_sensitive, std::string_view where) {
   Value k = v;
   if (!attribute.is_undefined() && !attribute.is_none()) {
     for (const List& parts = py_split(require_str(attribute, where, "attribute"), Value("."), -1, false, where);
@@ -392,7 +392,7 @@ Value sort_key(const Value& v, const Value& attribute, bool case_sensitive, cons
   return k;
 }
 
-Value attribute_of(const Value& v, const std::string& attr, const std::string& where) {
+Value attribute_of(const Value& v, const std::string& attr, std::string_view where) {
   Value k = v;
   for (const Value& p : py_split(attr, Value("."), -1, false, where)) k = get_item(k, to_number(p, false, p), where);
   return k;
@@ -423,7 +423,7 @@ bool test_supported(std::string_view n) {
 
 // ---- access ---------------------------------------------------------------------------------------------
 
-Value get_attr(const Value& obj, const std::string& name, const std::string& where) {
+Value get_attr(const Value& obj, const std::string& name, std::string_view where) {
   switch (obj.kind()) {
     case Value::Kind::Undefined: undefined_error(obj, where);
     case Value::Kind::String: return string_method(obj, name);
@@ -462,7 +462,7 @@ Value get_attr(const Value& obj, const std::string& name, const std::string& whe
   }
 }
 
-Value get_item(const Value& obj, const Value& key, const std::string& where) {
+Value get_item(const Value& obj, const Value& key, std::string_view where) {
   switch (obj.kind()) {
     case Value::Kind::Undefined: undefined_error(obj, where);
     case Value::Kind::Dict:
@@ -493,7 +493,7 @@ Value get_item(const Value& obj, const Value& key, const std::string& where) {
   }
 }
 
-Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, const std::string& where) {
+Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, std::string_view where) {
   if (obj.is_undefined()) undefined_error(obj, where);
   if (obj.is_list()) {
     List out;
@@ -510,7 +510,7 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
   type_error(where, cat("'", obj.type_name(), "' object is not subscriptable"));
 }
 
-List iterate(const Value& v, const std::string& where) {
+List iterate(const Value& v, std::string_view where) {
   switch (v.kind()) {
     case Value::Kind::Undefined: return {};
     case Value::Kind::List: return v.list();
@@ -531,7 +531,7 @@ List iterate(const Value& v, const std::string& where) {
 
 // ---- operators ------------------------------------------------------------------------------------------
 
-Value binary_op(const std::string& op, const Value& a, const Value& b, const std::string& where) {
+Value binary_op(const std::string& op, const Value& a, const Value& b, std::string_view where) {
   if (op == "~") return Value(py_str(a) + py_str(b));
   if (op == "==") return Value(py_equal(a, b));
   if (op == "!=") return Value(!py_equal(a, b));
@@ -607,7 +607,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, const std
 // ---- tests ----------------------------------------------------------------------------------------------
 
 bool apply_test(const std::string& n, const Value& v, Args& a) {
-  const std::string& w = a.where;
+  const std::string_view w = a.where;
   if (n == "defined") return !v.is_undefined();
   if (n == "undefined") return v.is_undefined();
   if (n == "none") return v.is_none();
@@ -650,7 +650,7 @@ bool apply_test(const std::string& n, const Value& v, Args& a) {
 // ---- filters --------------------------------------------------------------------------------------------
 
 Value apply_filter(const std::string& n, const Value& v, Args& a) {
-  const std::string& w = a.where;
+  const std::string_view w = a.where;
   if (n == "default" || n == "d") {
     a.expect(2, {"default_value", "boolean"});
     const bool boolean = a.get(1, "boolean", Value(false)).truthy();

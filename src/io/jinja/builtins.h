@@ -20,15 +20,15 @@ bool apply_test(const std::string& name, const Value& operand, Args& args);
 
 // obj.name: a method of str / dict / list bound to obj when it has one by that name, else the item. An
 // Undefined obj is an error (Jinja2's UndefinedError); a missing attribute is Undefined.
-Value get_attr(const Value& obj, const std::string& name, const std::string& where);
+Value get_attr(const Value& obj, const std::string& name, std::string_view where);
 // obj[key]: the item when there is one, else the attribute (Jinja2's getitem order); negative list / string
 // indices count from the end; missing -> Undefined.
-Value get_item(const Value& obj, const Value& key, const std::string& where);
+Value get_item(const Value& obj, const Value& key, std::string_view where);
 // obj[start:stop:step] for lists and strings (code points); absent parts are Undefined.
-Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, const std::string& where);
+Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, std::string_view where);
 // + - * / // % ** ~ == != < > <= >= in notin, with Python's types and errors.
-Value binary_op(const std::string& op, const Value& a, const Value& b, const std::string& where);
+Value binary_op(const std::string& op, const Value& a, const Value& b, std::string_view where);
 // The items a for loop or a filter iterates: list items, dict keys, string characters; Undefined: none.
-List iterate(const Value& v, const std::string& where);
+List iterate(const Value& v, std::string_view where);
 
 }  // namespace dflash::jinja

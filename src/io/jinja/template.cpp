@@ -144,8 +144,7 @@ Value Interp::eval(const Expr& e, Scope& sc) {
         if (f.is_undefined()) fail(e.line, cat(f.undefined_message(), " (called)"));
         fail(e.line, cat("'", f.type_name(), "' object is not callable"));
       }
-      Args a = eval_args(e, 1, sc);
-      a.where = cat(e.where, ": ", f.fn_name(), "()");
+      Args a = eval_args(e, 1, sc);  // errors name the line; the callee is in the template text there
       return f.fn()(a);
     }
     case Expr::K::Filter: {
@@ -277,27 +276,33 @@ Interp::Flow Interp::exec_for(const Node& n, Scope& sc) {
   }
   if (items.empty()) return exec(n.else_body, sc);
   const int64_t len = static_cast<int64_t>(items.size());
+  // One `loop` object per loop, its fields updated in place each iteration (building it anew per iteration
+  // dominated the cost of short loops).
+  auto index = std::make_shared<int64_t>(0);
+  auto loop = std::make_shared<Dict>();
+  loop->items = {{"index", Value()},    {"index0", Value()},   {"revindex", Value()},  {"revindex0", Value()},
+                 {"first", Value()},    {"last", Value()},     {"length", Value(len)}, {"depth", Value(int64_t{1})},
+                 {"depth0", Value(int64_t{0})}, {"previtem", Value()}, {"nextitem", Value()},
+                 {"cycle", Value::function("loop.cycle", [index](Args& a) -> Value {
+                    if (a.pos.empty()) throw TemplateError(cat(a.where, ": no items for cycling given"));
+                    return a.pos[static_cast<size_t>(*index) % a.pos.size()];
+                  })}};
+  const Value loop_value(loop);
   for (int64_t i = 0; i < len; ++i) {
     Scope it;
     it.parent = &sc;
     bind(it, items[static_cast<size_t>(i)]);
-    auto loop = std::make_shared<Dict>();
-    loop->items = {{"index", Value(i + 1)},
-                   {"index0", Value(i)},
-                   {"revindex", Value(len - i)},
-                   {"revindex0", Value(len - i - 1)},
-                   {"first", Value(i == 0)},
-                   {"last", Value(i == len - 1)},
-                   {"length", Value(len)},
-                   {"depth", Value(int64_t{1})},
-                   {"depth0", Value(int64_t{0})},
-                   {"previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("loop.previtem")},
-                   {"nextitem", i + 1 < len ? items[static_cast<size_t>(i + 1)] : Value::undefined("loop.nextitem")},
-                   {"cycle", Value::function("loop.cycle", [i](Args& a) -> Value {
-                      if (a.pos.empty()) throw TemplateError(a.where + ": no items for cycling given");
-                      return a.pos[static_cast<size_t>(i) % a.pos.size()];
-                    })}};
-    it.set("loop", Value(std::move(loop)));
+    *index = i;
+    auto& f = loop->items;
+    f[0].second = Value(i + 1);
+    f[1].second = Value(i);
+    f[2].second = Value(len - i);
+    f[3].second = Value(len - i - 1);
+    f[4].second = Value(i == 0);
+    f[5].second = Value(i == len - 1);
+    f[9].second = i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("loop.previtem");
+    f[10].second = i + 1 < len ? items[static_cast<size_t>(i + 1)] : Value::undefined("loop.nextitem");
+    it.set("loop", loop_value);
     if (exec(n.body, it) == Flow::Break) break;
   }
   return Flow::Normal;
@@ -350,9 +355,9 @@ void add_globals(Scope& g, const RenderOptions& o) {
             stop = num(1);
             if (a.pos.size() == 3) step = num(2);
           } else {
-            throw TemplateError(a.where + ": range expected at least 1 argument, got 0");
+            throw TemplateError(cat(a.where, ": range expected at least 1 argument, got 0"));
           }
-          if (step == 0) throw TemplateError(a.where + ": range() arg 3 must not be zero");
+          if (step == 0) throw TemplateError(cat(a.where, ": range() arg 3 must not be zero"));
           List l;
           for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
             if (static_cast<int64_t>(l.size()) >= kMaxRange)

@@ -10,7 +10,7 @@ namespace dflash::jinja {
 
 Value Value::function(std::string name, Function f) {
   Value v(Kind::Function);
-  v.s_ = std::move(name);
+  v.s_ = std::make_shared<const std::string>(std::move(name));
   v.fn_ = std::make_shared<Function>(std::move(f));
   return v;
 }
@@ -22,7 +22,7 @@ bool Value::truthy() const {
     case Kind::Bool:
     case Kind::Int: return i_ != 0;
     case Kind::Float: return f_ != 0.0;
-    case Kind::String: return !s_.empty();
+    case Kind::String: return !str().empty();
     case Kind::List: return !l_->empty();
     case Kind::Dict: return !d_->items.empty();
     case Kind::Function: return true;
@@ -30,10 +30,16 @@ bool Value::truthy() const {
   return false;
 }
 
+const std::string& Value::empty_string() {
+  static const std::string kEmpty;
+  return kEmpty;
+}
+
 std::string Value::undefined_message() const {
-  if (s_.empty()) return "a value is undefined";
-  if (s_.find(' ') != std::string::npos) return s_;  // a sentence from an attribute / item lookup
-  return "'" + s_ + "' is undefined";
+  const std::string& n = str();
+  if (n.empty()) return "a value is undefined";
+  if (n.find(' ') != std::string::npos) return n;  // a sentence from an attribute / item lookup
+  return "'" + n + "' is undefined";
 }
 
 std::string Value::type_name() const {
@@ -114,7 +120,7 @@ bool py_equal(const Value& a, const Value& b) {
   }
 }
 
-bool py_less(const Value& a, const Value& b, const std::string& where) {
+bool py_less(const Value& a, const Value& b, std::string_view where) {
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.as_float() < b.as_float();
     return a.as_int() < b.as_int();
@@ -257,7 +263,7 @@ void json_string(const std::string& s, std::string& out) {
   out.push_back('"');
 }
 
-void json_into(const Value& v, const JsonFormat& f, int depth, std::string& out, const std::string& where) {
+void json_into(const Value& v, const JsonFormat& f, int depth, std::string& out, std::string_view where) {
   auto newline = [&](int d) {
     out.push_back('\n');
     out.append(static_cast<size_t>(f.indent * d), ' ');
@@ -339,7 +345,7 @@ std::string py_repr(const Value& v) {
   return out;
 }
 
-std::string to_json_text(const Value& v, const JsonFormat& f, const std::string& where) {
+std::string to_json_text(const Value& v, const JsonFormat& f, std::string_view where) {
   std::string out;
   json_into(v, f, 0, out, where);
   return out;

@@ -51,7 +51,7 @@ class Value {
   Value() = default;  // Undefined
   static Value undefined(std::string name = {}) {
     Value v;
-    v.s_ = std::move(name);
+    if (!name.empty()) v.s_ = std::make_shared<const std::string>(std::move(name));
     return v;
   }
   static Value none() { return Value(Kind::None); }
@@ -60,9 +60,9 @@ class Value {
   Value(int64_t v) : kind_(Kind::Int), i_(v) {}
   Value(size_t v) : kind_(Kind::Int), i_(static_cast<int64_t>(v)) {}
   Value(double v) : kind_(Kind::Float), f_(v) {}
-  Value(std::string s) : kind_(Kind::String), s_(std::move(s)) {}
-  Value(std::string_view s) : kind_(Kind::String), s_(s) {}
-  Value(const char* s) : kind_(Kind::String), s_(s) {}
+  Value(std::string s) : kind_(Kind::String), s_(std::make_shared<const std::string>(std::move(s))) {}
+  Value(std::string_view s) : Value(std::string(s)) {}
+  Value(const char* s) : Value(std::string(s)) {}
   Value(List l) : kind_(Kind::List), l_(std::make_shared<List>(std::move(l))) {}
   Value(std::shared_ptr<Dict> d) : kind_(Kind::Dict), d_(std::move(d)) {}
   static Value function(std::string name, Function f);
@@ -88,14 +88,14 @@ class Value {
   bool as_bool() const { return i_ != 0; }
   int64_t as_int() const { return kind_ == Kind::Float ? static_cast<int64_t>(f_) : i_; }
   double as_float() const { return kind_ == Kind::Float ? f_ : static_cast<double>(i_); }
-  const std::string& str() const { return s_; }        // String; Undefined: the missing name
+  const std::string& str() const { return s_ ? *s_ : empty_string(); }  // String; Undefined: the missing name
   const List& list() const { return *l_; }
   List& list_mut() { return *l_; }
   const Dict& dict() const { return *d_; }
   Dict& dict_mut() { return *d_; }
   const std::shared_ptr<Dict>& dict_ptr() const { return d_; }
   const Function& fn() const { return *fn_; }
-  const std::string& fn_name() const { return s_; }
+  const std::string& fn_name() const { return str(); }
 
   bool truthy() const;              // Python bool()
   // Undefined: what is missing, in words ("'x' is undefined", "dict object has no attribute 'y'").
@@ -104,11 +104,12 @@ class Value {
 
  private:
   explicit Value(Kind k) : kind_(k) {}
+  static const std::string& empty_string();
   Kind kind_ = Kind::Undefined;
   bool tuple_ = false;
   int64_t i_ = 0;
   double f_ = 0;
-  std::string s_;
+  std::shared_ptr<const std::string> s_;  // shared: reading a variable or an item copies no text
   std::shared_ptr<List> l_;
   std::shared_ptr<Dict> d_;
   std::shared_ptr<Function> fn_;
@@ -125,7 +126,9 @@ struct Dict {
 struct Args {
   std::vector<Value> pos;
   std::vector<std::pair<std::string, Value>> kw;
-  std::string where;  // "line N: filter 'x'" for error messages
+  // "template line N: filter 'x'" for error messages: a view of the expression's text in the syntax tree, so that a
+  // call formats nothing unless it fails
+  std::string_view where;
   // The argument at position i or named `name`; `dflt` when neither is given.
   Value get(size_t i, std::string_view name, Value dflt = Value()) const;
   // Throws TemplateError when more than n positional or an unknown keyword argument is passed.
@@ -134,7 +137,7 @@ struct Args {
 
 bool py_equal(const Value& a, const Value& b);  // Python ==
 // Python <, for numbers, strings (code point order = UTF-8 byte order) and lists; TemplateError otherwise.
-bool py_less(const Value& a, const Value& b, const std::string& where);
+bool py_less(const Value& a, const Value& b, std::string_view where);
 std::string py_str(const Value& v);   // Python str(); Undefined -> ""
 std::string py_repr(const Value& v);  // Python repr()
 std::string py_float_repr(double d);  // repr(float): shortest round trip, "1.0", "1e+16", "inf", "nan"
@@ -145,7 +148,7 @@ struct JsonFormat {
   bool sort_keys = false;
 };
 // json.dumps(v, ensure_ascii=False, ...) as Python writes it. TemplateError for Undefined / functions.
-std::string to_json_text(const Value& v, const JsonFormat& f, const std::string& where);
+std::string to_json_text(const Value& v, const JsonFormat& f, std::string_view where);
 Value from_json(const nlohmann::ordered_json& j);
 
 // Python's str.isspace() for one code point, and str.strip / lstrip / rstrip on UTF-8 text: chars == nullopt
