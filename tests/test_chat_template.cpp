@@ -601,7 +601,9 @@ TEST(ChatTemplateCorpus, EveryTemplateMatchesTheOracles) {
     if (res[i].contains("spans")) {
       const auto want_spans = res[i]["spans"].get<std::vector<std::pair<size_t, size_t>>>();
       EXPECT_EQ(spans_of(r), want_spans);
-      if (!it.o.add_generation_prompt) EXPECT_FALSE(want_spans.empty()) << "no supervised text";
+      if (!it.o.add_generation_prompt) {
+        EXPECT_FALSE(want_spans.empty()) << "no supervised text";
+      }
     }
     ChatEncoding e;
     try {
