@@ -22,7 +22,9 @@
 // its element index) and a reason key, when it is not valid JSON ("invalid_json"; also an empty array slot),
 // not an object ("not_object"), none of the four kinds ("unrecognized_row"), a blank line ("empty_line"), a
 // conversation breaking the rules of validate_conversation (chat_template.h: "empty_messages", "unknown_role",
-// "system_only", "not_alternating", "assistant_first", "no_assistant", "empty_content", "bad_message", ...), a
+// "system_only", "not_alternating", "assistant_first", "no_assistant", "empty_content", "bad_message"; the
+// template's own refusal "template_refused" (raise_exception), "template_error" (a runtime error of the template,
+// with its line), "template_mask" (a turn whose output cannot be located), ...), a
 // bad pair ("bad_pair") or pre-tokenized row ("bad_pretokenized"), or when the sample has no supervised pair (a
 // position a with mask[a] = mask[a+1] = 1; spec 2.1): "too_long" if the cut removed it, else
 // "no_supervised_pair". Nothing is dropped silently: every skip is counted per reason (summary and manifest) and
