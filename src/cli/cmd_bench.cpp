@@ -3,6 +3,10 @@
 //     Encodes the same corpus with our Tokenizer (single-threaded, best of --repeat runs, each on a freshly loaded
 //     tokenizer so its word cache starts cold) and with the npm oracle (tests/oracle/tokenize.mjs --bench: node
 //     times its own encode loop, load and I/O excluded), prints both MB/s and the ratio, then ours on N threads.
+//   bench chat-template --tokenizer DIR --input rows.jsonl [--chat-template FILE] [--repeat N]
+//     Renders every {"messages"} / {"prompt", "completion"} row of the file through the chat template and derives
+//     its supervised spans (the work prepare does before tokenizing), single-threaded, best of --repeat runs; the
+//     same work as bench/chat_template_engine.py does with Python's Jinja2 (the engine choice of issue 35).
 // Other bench subcommands get their own register_bench_* below.
 #include <unistd.h>
 
@@ -20,6 +24,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "io/chat_template.h"
 #include "io/tokenizer.h"
 
 namespace dflash::cli {
@@ -274,12 +279,67 @@ void register_bench_tokenizer(CLI::App& bench) {
   sub->callback([] { bench_tokenizer(o); });
 }
 
+struct ChatTemplateBenchOptions : ChatTemplateChoice {
+  std::string tokenizer, input;
+  int repeat = 3;
+};
+
+void bench_chat_template(const ChatTemplateBenchOptions& o) {
+  auto tok = Tokenizer::load(o.tokenizer);
+  ChatEncoder enc(tok, ChatTemplate::load(*tok, o.chat_template, o.chat_template_name));
+  std::vector<std::vector<ChatMessage>> rows;
+  std::ifstream f(o.input, std::ios::binary);
+  DFLASH_CHECK(f.good(), o.input, ": cannot open");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    const ojson j = ojson::parse(line);
+    if (j.contains("messages")) {
+      rows.push_back(parse_messages(j["messages"]));
+    } else if (j.contains("prompt") && j.contains("completion")) {
+      rows.push_back({{"user", j["prompt"].get<std::string>(), std::nullopt, {}},
+                      {"assistant", j["completion"].get<std::string>(), std::nullopt, {}}});
+    }
+  }
+  DFLASH_CHECK(!rows.empty(), o.input, ": no {\"messages\"} or {\"prompt\", \"completion\"} rows");
+  const ChatOptions co = o.options();
+  double best = 1e30;
+  int64_t bad = 0;
+  for (int r = 0; r < std::max(1, o.repeat); ++r) {
+    bad = 0;
+    const double t0 = now_s();
+    for (const auto& ms : rows) {
+      try {
+        enc.render(ms, co);
+      } catch (const BadRow&) {
+        ++bad;
+      }
+    }
+    best = std::min(best, now_s() - t0);
+  }
+  std::printf("chat template %s: %zu rows (%lld refused), %.3f s, %.0f rows/s (render + supervised spans, 1 thread, "
+              "best of %d)\n",
+              enc.chat_template().origin().c_str(), rows.size(), static_cast<long long>(bad), best,
+              static_cast<double>(rows.size()) / best, std::max(1, o.repeat));
+}
+
+void register_bench_chat_template(CLI::App& bench) {
+  auto* sub = bench.add_subcommand("chat-template", "chat-template rendering + mask rows/s (1 thread)");
+  static ChatTemplateBenchOptions o;
+  sub->add_option("--tokenizer", o.tokenizer, "directory holding tokenizer.json (+ tokenizer_config.json)")->required();
+  sub->add_option("--input", o.input, "JSON Lines of {\"messages\"} or {\"prompt\", \"completion\"} rows")->required();
+  sub->add_option("--chat-template", o.chat_template, "auto or a template file")->capture_default_str();
+  sub->add_option("--repeat", o.repeat, "runs; the best is reported")->default_val(3);
+  sub->callback([] { bench_chat_template(o); });
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  auto* sub = app.add_subcommand("bench", "benchmarks (subcommands: tokenizer)");
+  auto* sub = app.add_subcommand("bench", "benchmarks (subcommands: tokenizer, chat-template)");
   sub->require_subcommand(1);
   register_bench_tokenizer(*sub);
+  register_bench_chat_template(*sub);
 }
 
 }  // namespace dflash::cli

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "backend/context.h"
+#include "cli/chat_options.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -73,11 +74,7 @@ void register_generate(CLI::App& app) {
                   "`dflash prepare --format`")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "chat", "raw"}));
-  sub->add_option("--chat-template", c->g.chat_template, "auto | qwen3 | chatml | llama3 | llama3.1")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "qwen3", "chatml", "llama3", "llama3.1"}));
-  sub->add_flag("--no-thinking", [c](int64_t) { c->g.enable_thinking = false; },
-                "render the generation prompt with enable_thinking=false (Qwen3)");
+  add_chat_template_options(sub, c->g);
   sub->add_option("--stop-id", c->stop_ids, "extra stop token id (repeatable); the defaults are the tokenizer's eos, "
                   "config.json and generation_config.json eos_token_id");
   sub->add_flag("--no-default-stops", c->no_default_stops, "use only the --stop-id ids");

@@ -2,6 +2,7 @@
 // SpecForge conversations), pairs or pre-tokenized rows -> a data directory.
 #include <cstdio>
 
+#include "cli/chat_options.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/prepare.h"
@@ -22,16 +23,11 @@ void register_prepare(CLI::App& app) {
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
   sub->add_option("--threads", o->threads, "tokenization threads (0 = all cores); output is identical for any N")
       ->capture_default_str();
-  sub->add_option("--format", o->format, "prompt/completion rows: chat (through the chat template), raw "
+  sub->add_option("--format", o->format, "prompt/completion rows: chat (through the model's chat template), raw "
                   "(prompt + completion + eos), auto (chat when there is a chat template)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "chat", "raw"}));
-  sub->add_option("--chat-template", o->chat_template, "chat template: auto (detect from tokenizer_config.json), "
-                  "qwen3, chatml, llama3, llama3.1")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "qwen3", "chatml", "llama3", "llama3.1"}));
-  sub->add_flag("--no-thinking", [o](int64_t) { o->enable_thinking = false; },
-                "render with enable_thinking=false (Qwen3; recorded in the manifest)");
+  add_chat_template_options(sub, *o);
   sub->add_flag("--overwrite", o->overwrite, "replace an existing data directory");
   sub->callback([o] {
     PrepareSummary s = run_prepare(*o);

@@ -1,8 +1,9 @@
 // cli/cmd_tokenize.cpp — `dflash tokenize --tokenizer DIR`: text on stdin -> its token ids as one JSON array
 // (no BOS added); `--no-special` encodes special added tokens written in the text as plain text; `--decode` reads
 // a JSON array of ids and prints the text (`--skip-special` drops special tokens). `--chat` reads one conversation
-// ({"messages": [...]} or the bare array) and prints {"ids": [...], "loss_mask": [...]} exactly as `dflash prepare`
-// renders it (chat template auto-detected or --chat-template; --no-thinking), to debug a chat template.
+// ({"messages": [...], "tools"?: [...]} or the bare array) and prints {"ids": [...], "loss_mask": [...], "text": ...}
+// exactly as `dflash prepare` renders it (the model's template or --chat-template, the same variables), to debug a
+// chat template; --generation-prompt renders the prompt `dflash generate` would send instead (no mask).
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -10,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/chat_options.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/chat_template.h"
@@ -19,14 +21,13 @@ namespace dflash::cli {
 
 namespace {
 
-struct TokenizeOptions {
+struct TokenizeOptions : ChatTemplateChoice {
   std::string tokenizer;
+  bool generation_prompt = false;
   bool no_special = false;
   bool decode = false;
   bool skip_special = false;
   bool chat = false;
-  bool no_thinking = false;
-  std::string chat_template = "auto";
 };
 
 std::string read_stdin() {
@@ -42,13 +43,13 @@ void run_tokenize(const TokenizeOptions& o) {
   auto tok = Tokenizer::load(o.tokenizer);
   const std::string input = read_stdin();
   if (o.chat) {
-    nlohmann::json j;
+    nlohmann::ordered_json j;
     try {
-      j = nlohmann::json::parse(input);
+      j = nlohmann::ordered_json::parse(input);
     } catch (const nlohmann::json::exception& e) {
       DFLASH_FAIL("tokenize --chat: standard input is not JSON: ", e.what());
     }
-    const nlohmann::json& msgs = j.is_object() && j.contains("messages") ? j["messages"] : j;
+    const nlohmann::ordered_json& msgs = j.is_object() && j.contains("messages") ? j["messages"] : j;
     std::vector<ChatMessage> ms;
     try {
       ms = parse_messages(msgs);
@@ -56,22 +57,29 @@ void run_tokenize(const TokenizeOptions& o) {
       DFLASH_FAIL("tokenize --chat: ", e.what(), " (", e.reason(), ")");
     }
     try {
-      validate_conversation(ms);
+      validate_conversation(ms, o.generation_prompt);
     } catch (const BadRow& e) {
       std::fprintf(stderr, "warning: `dflash prepare` would skip this conversation (%s): %s\n", e.reason().c_str(),
                    e.what());
     }
-    const std::string bos = tok->bos_id() ? tok->id_to_token(*tok->bos_id()) : std::string();
-    ChatEncoder enc(tok, ChatTemplate::select(o.chat_template, tok->chat_template(), bos));
-    ChatOptions co;
-    co.enable_thinking = !o.no_thinking;
-    ChatEncoding e = enc.encode(ms, co);
-    std::string out = "{\"ids\": [";
-    for (size_t i = 0; i < e.ids.size(); ++i) out += (i ? "," : "") + std::to_string(e.ids[i]);
-    out += "], \"loss_mask\": [";
-    for (size_t i = 0; i < e.loss_mask.size(); ++i) out += (i ? "," : "") + std::to_string(int(e.loss_mask[i]));
-    out += "]}\n";
-    std::fwrite(out.data(), 1, out.size(), stdout);
+    ChatEncoder enc(tok, ChatTemplate::load(*tok, o.chat_template, o.chat_template_name));
+    ChatOptions co = o.options();
+    co.add_generation_prompt = o.generation_prompt;
+    if (j.is_object() && j.contains("tools") && j["tools"].is_array()) co.tools = j["tools"];
+    RenderedChat r;
+    ChatEncoding e;
+    try {
+      r = enc.render(ms, co);
+      e = enc.encode_rendered(r);
+    } catch (const BadRow& err) {
+      DFLASH_FAIL("tokenize --chat: ", err.what(), " (", err.reason(), ")");
+    }
+    nlohmann::ordered_json out;
+    out["ids"] = e.ids;
+    out["loss_mask"] = e.loss_mask;
+    out["text"] = r.text;
+    const std::string line = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    std::fwrite(line.data(), 1, line.size(), stdout);
     return;
   }
   if (o.decode) {
@@ -115,11 +123,10 @@ void register_tokenize(CLI::App& app) {
   sub->add_flag("--no-special", o.no_special, "encode special tokens written in the text as plain text");
   sub->add_flag("--decode", o.decode, "read a JSON array of ids on stdin and print the text");
   sub->add_flag("--skip-special", o.skip_special, "with --decode: leave out special tokens");
-  sub->add_flag("--chat", o.chat, "one conversation JSON ({\"messages\": [...]}) -> {\"ids\", \"loss_mask\"}");
-  sub->add_flag("--no-thinking", o.no_thinking, "with --chat: render with enable_thinking=false (Qwen3)");
-  sub->add_option("--chat-template", o.chat_template, "with --chat: auto, qwen3, chatml, llama3, llama3.1")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "qwen3", "chatml", "llama3", "llama3.1"}));
+  sub->add_flag("--chat", o.chat, "one conversation JSON ({\"messages\": [...]}) -> {\"ids\", \"loss_mask\", \"text\"}");
+  sub->add_flag("--generation-prompt", o.generation_prompt, "with --chat: the prompt `dflash generate` renders "
+                "(add_generation_prompt=true; the conversation ends with the user)");
+  add_chat_template_options(sub, o);
   sub->callback([] { run_tokenize(o); });
 }
 

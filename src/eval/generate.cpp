@@ -277,7 +277,7 @@ int64_t count_lines(const std::string& path) {
 }
 
 struct Pending {
-  json row;  // the output row being built (index, prompt or messages)
+  nlohmann::ordered_json row;  // the output row being built (index, prompt or messages), keys in input order
   bool messages = false;
   std::vector<int32_t> prompt_ids;
 };
@@ -295,10 +295,9 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
                " ids, the target's embedding ", target.config().vocab_size, " rows");
   std::unique_ptr<ChatEncoder> chat;
   const std::optional<int32_t> bos = tok->bos_id();
-  if (!tok->chat_template().empty() || o.chat_template != "auto") {
+  if (!tok->chat_templates().empty() || (o.chat_template != "auto" && !o.chat_template.empty())) {
     try {
-      chat = std::make_unique<ChatEncoder>(
-          tok, ChatTemplate::select(o.chat_template, tok->chat_template(), bos ? tok->id_to_token(*bos) : ""));
+      chat = std::make_unique<ChatEncoder>(tok, ChatTemplate::load(*tok, o.chat_template, o.chat_template_name));
     } catch (const Error& e) {
       if (o.format != "raw") throw;
       log_warn("no chat template: ", e.what());
@@ -306,10 +305,13 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
   }
   DFLASH_CHECK(o.format != "chat" || chat, "--format chat: the tokenizer has no chat template; pass --chat-template");
   const bool chat_prompts = o.format == "chat" || (o.format == "auto" && chat);
-  ChatOptions copts;
-  copts.enable_thinking = o.enable_thinking;
+  ChatOptions copts = o.options();
   copts.add_generation_prompt = true;
-  log_info("generate: prompts as ", chat_prompts ? cat("chat (", chat->chat_template().name, " template)") : "raw",
+  log_info("generate: prompts as ",
+           chat_prompts ? cat("chat (template ", chat->chat_template().origin(), ", sha256 ",
+                              chat->chat_template().sha256(), ", variables ",
+                              chat_flags(copts, &chat->chat_template()).dump(), ")")
+                        : std::string("raw"),
            " text; stop ids ", json(o.decode.eos_ids).dump(), "; ",
            o.decode.sampling.temperature > 0 ? cat("temperature ", o.decode.sampling.temperature, ", top-p ",
                                                    o.decode.sampling.top_p, ", seed ", o.decode.sampling.seed)
@@ -356,9 +358,9 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
         skip(l.number, "empty_line", "blank line");
         continue;
       }
-      json j;
+      nlohmann::ordered_json j;  // key order matters to templates (tool schemas, arguments)
       try {
-        j = json::parse(l.text);
+        j = nlohmann::ordered_json::parse(l.text);
       } catch (const json::exception& e) {
         skip(l.number, "invalid_json", cat("invalid JSON: ", json_row_error(e, l.number)));
         continue;
@@ -368,7 +370,7 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
         continue;
       }
       Pending p;
-      p.row = json::object();
+      p.row = nlohmann::ordered_json::object();
       p.row["index"] = index;
       try {
         if (j.contains("messages")) {
@@ -376,14 +378,17 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
           validate_conversation(ms, true);
           if (ms.back().role != "user") throw BadRow("last_not_user", "the last message is not the user's");
           if (!chat) throw BadRow("no_chat_template", "a messages row, and no chat template is available");
-          p.prompt_ids = chat->encode(ms, copts).ids;
+          ChatOptions row_opts = copts;
+          if (auto tools = j.find("tools"); tools != j.end() && tools->is_array()) row_opts.tools = *tools;
+          p.prompt_ids = chat->encode(ms, row_opts).ids;
           p.messages = true;
           p.row["messages"] = j["messages"];
+          if (row_opts.tools.is_array()) p.row["tools"] = row_opts.tools;
         } else if (j.contains("prompt")) {
           if (!j["prompt"].is_string()) throw BadRow("bad_prompt", "\"prompt\" is not a string");
           const std::string prompt = j["prompt"].get<std::string>();
           if (chat_prompts) {
-            std::vector<ChatMessage> ms = {{"user", prompt, std::nullopt}};
+            std::vector<ChatMessage> ms = {{"user", prompt, std::nullopt, {}}};
             validate_conversation(ms, true);
             p.prompt_ids = chat->encode(ms, copts).ids;
           } else {
@@ -417,7 +422,7 @@ GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr
     Pending p = std::move(pending.front());
     pending.pop_front();
     const std::string completion = tok->decode(r.ids, false);
-    json& row = p.row;
+    auto& row = p.row;
     if (p.messages) {
       row["messages"].push_back({{"role", "assistant"}, {"content", completion}});
     } else {

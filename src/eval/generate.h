@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "io/chat_template.h"
 #include "model/target.h"
 
 namespace dflash {
@@ -69,7 +70,9 @@ void generate_batched(Context& ctx, const Target& target, const DecodeOptions& o
 // eos_token_id (number or list) when the file exists; sorted, unique.
 std::vector<int32_t> stop_token_ids(const std::string& target_dir, const ModelConfig& cfg, const Tokenizer* tok);
 
-struct GenerateOptions {
+// The template and its variables (ChatTemplateChoice, chat_template.h): the same as `dflash prepare` takes, so
+// regenerated and prepared data are rendered alike.
+struct GenerateOptions : ChatTemplateChoice {
   std::string prompts;                  // JSONL (plain or gzip): {"prompt": "..."} or {"messages": [...]}
   std::string out;                      // JSONL written row by row
   DecodeOptions decode;
@@ -77,8 +80,6 @@ struct GenerateOptions {
                                         // does for prompt/completion pairs (auto = chat when the tokenizer has a
                                         // chat template). raw: [bos] + tokens(prompt); chat: the user turn and the
                                         // assistant generation prompt. {"messages"} rows always use the template.
-  std::string chat_template = "auto";   // auto | qwen3 | chatml | llama3 | llama3.1
-  bool enable_thinking = true;          // Qwen3 template flag (as in prepare)
   bool resume = false;                  // continue an existing output: rows already there are kept and skipped
   bool overwrite = false;               // replace an existing output (a non-empty out needs resume or overwrite)
   bool write_ids = false;               // also write "prompt_ids" and "completion_ids"
@@ -99,7 +100,8 @@ struct GenerateSummary {
 
 // The `dflash generate` job. Output rows, one JSON object per line, in input order:
 //   {"index": i, "prompt": ..., "completion": ..., "finish_reason": "eos"|"length"}   for {"prompt"} rows
-//   {"index": i, "messages": [...the input messages, {"role": "assistant", "content": completion}],
+//   {"index": i, "messages": [...the input messages, {"role": "assistant", "content": completion}] (and the row's
+//    "tools", which the template also saw),
 //    "finish_reason": ...}                                                            for {"messages"} rows
 // plus "prompt_ids" / "completion_ids" with write_ids. i is the 0-based line index in the prompts file; completion
 // is tokenizer.decode(generated ids without the stop token). Each row is flushed when written. The output is claimed

@@ -1,13 +1,11 @@
-// io/chat_template.cpp — see chat_template.h for the rendering and loss-mask rules.
+// io/chat_template.cpp — see chat_template.h for where templates come from, the variables and the mask rule.
 #include "io/chat_template.h"
 
 #include <algorithm>
 #include <cstring>
-#include <regex>
-
-#include <nlohmann/json.hpp>
 
 #include "core/fs.h"
+#include "io/jinja/template.h"
 #include "io/tokenizer.h"
 #include "io/unicode_nfc.h"
 
@@ -15,259 +13,375 @@ namespace dflash {
 
 namespace {
 
-// ---- UTF-8 helpers ---------------------------------------------------------------------------------------
+using ojson = nlohmann::ordered_json;
 
-// Decodes the code point at s[i] and advances i. An invalid byte decodes as itself (0x80..0xFF), length 1.
-uint32_t next_cp(std::string_view s, size_t& i) {
-  const auto b0 = static_cast<uint8_t>(s[i]);
-  auto cont = [&](size_t k) { return i + k < s.size() && (static_cast<uint8_t>(s[i + k]) & 0xC0) == 0x80; };
-  auto cb = [&](size_t k) { return static_cast<uint32_t>(static_cast<uint8_t>(s[i + k]) & 0x3F); };
-  if (b0 < 0x80) {
-    i += 1;
-    return b0;
-  }
-  if ((b0 & 0xE0) == 0xC0 && b0 >= 0xC2 && cont(1)) {
-    uint32_t c = ((b0 & 0x1Fu) << 6) | cb(1);
-    i += 2;
-    return c;
-  }
-  if ((b0 & 0xF0) == 0xE0 && cont(1) && cont(2)) {
-    uint32_t c = ((b0 & 0x0Fu) << 12) | (cb(1) << 6) | cb(2);
-    if (c >= 0x800 && (c < 0xD800 || c > 0xDFFF)) {
-      i += 3;
-      return c;
-    }
-  }
-  if ((b0 & 0xF8) == 0xF0 && cont(1) && cont(2) && cont(3)) {
-    uint32_t c = ((b0 & 0x07u) << 18) | (cb(1) << 12) | (cb(2) << 6) | cb(3);
-    if (c >= 0x10000 && c <= 0x10FFFF) {
-      i += 4;
-      return c;
-    }
-  }
-  i += 1;
-  return b0;
-}
-
-void append_utf8(std::string& out, uint32_t c) {
-  if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
-
-// Python's str.isspace() (Unicode 14): bidi class WS, B or S, or general category Zs.
-bool py_isspace(uint32_t c) {
-  if (c >= 0x09 && c <= 0x0D) return true;
-  if (c >= 0x1C && c <= 0x20) return true;
-  if (c == 0x85 || c == 0xA0 || c == 0x1680) return true;
-  if (c >= 0x2000 && c <= 0x200A) return true;
-  return c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
+constexpr const char* kSentinel = "dflashsentinel7f3a";
 
 bool is_blank(std::string_view s) { return py_strip(s, std::nullopt).empty(); }
 
-bool contains(std::string_view hay, std::string_view needle) { return hay.find(needle) != std::string_view::npos; }
-
-// Python: s.split(sep)[0] and s.split(sep)[-1].
-std::string_view split_first(std::string_view s, std::string_view sep) {
-  size_t p = s.find(sep);
-  return p == std::string_view::npos ? s : s.substr(0, p);
-}
-std::string_view split_last(std::string_view s, std::string_view sep) {
-  size_t p = s.rfind(sep);
-  return p == std::string_view::npos ? s : s.substr(p + sep.size());
+bool known_role(const std::string& r) {
+  return r == "system" || r == "developer" || r == "user" || r == "assistant" || r == "tool";
 }
 
-// Unescapes a Jinja string literal body (the escapes that occur in chat templates).
-std::string jinja_unescape(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      char c = s[++i];
-      switch (c) {
-        case 'n': out.push_back('\n'); break;
-        case 't': out.push_back('\t'); break;
-        case 'r': out.push_back('\r'); break;
-        default: out.push_back(c); break;
-      }
-    } else {
-      out.push_back(s[i]);
+size_t common_prefix(std::string_view a, std::string_view b) {
+  size_t n = 0;
+  const size_t m = std::min(a.size(), b.size());
+  while (n < m && a[n] == b[n]) ++n;
+  while (n > 0 && n < b.size() && (static_cast<unsigned char>(b[n]) & 0xC0) == 0x80) --n;  // a UTF-8 boundary
+  return n;
+}
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+// The longest added token that `s` starts with ("" when none).
+std::string_view leading_added(std::string_view s, std::span<const std::string> added) {
+  std::string_view best;
+  for (const std::string& t : added)
+    if (t.size() > best.size() && starts_with(s, t)) best = t;
+  return best;
+}
+
+std::string snippet(std::string_view s, size_t at) {
+  size_t b = at >= 20 ? at - 20 : 0;
+  return nlohmann::json(std::string(s.substr(b, 40))).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+// ---- messages -------------------------------------------------------------------------------------------------
+
+jinja::Value message_value(const ChatMessage& m) {
+  if (!m.source.is_null()) return jinja::from_json(m.source);
+  auto d = std::make_shared<jinja::Dict>();
+  d->items.emplace_back("role", jinja::Value(m.role));
+  d->items.emplace_back("content", jinja::Value(m.content));
+  if (m.reasoning_content) d->items.emplace_back("reasoning_content", jinja::Value(*m.reasoning_content));
+  return jinja::Value(std::move(d));
+}
+
+bool ChatMessage::has_tool_calls() const {
+  if (!source.is_object()) return false;
+  auto it = source.find("tool_calls");
+  return it != source.end() && it->is_array() && !it->empty();
+}
+
+std::vector<ChatMessage> parse_messages(const ojson& j) {
+  if (!j.is_array()) throw BadRow("bad_message", "\"messages\" is not an array");
+  std::vector<ChatMessage> out;
+  out.reserve(j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& m = j[i];
+    if (!m.is_object()) throw BadRow("bad_message", cat("message ", i, " is not an object"));
+    auto r = m.find("role");
+    if (r == m.end() || !r->is_string()) throw BadRow("bad_message", cat("message ", i, ": \"role\" is not a string"));
+    ChatMessage cm;
+    cm.role = r->get<std::string>();
+    if (!known_role(cm.role)) {
+      throw BadRow("unknown_role",
+                   cat("message ", i, ": unknown role \"", cm.role, "\" (system, developer, user, assistant, tool)"));
     }
+    cm.source = m;
+    auto tc = m.find("tool_calls");
+    if (tc != m.end() && !tc->is_null() && !tc->is_array())
+      throw BadRow("bad_message", cat("message ", i, ": \"tool_calls\" is not an array"));
+    auto c = m.find("content");
+    const bool null_ok = cm.role == "assistant" && cm.has_tool_calls();
+    if (c != m.end() && c->is_string()) {
+      cm.content = c->get<std::string>();
+    } else if (!(null_ok && (c == m.end() || c->is_null()))) {
+      throw BadRow("bad_message", cat("message ", i, " (", cm.role, "): \"content\" is missing or not a string"));
+    }
+    auto rc = m.find("reasoning_content");
+    if (rc != m.end() && !rc->is_null()) {
+      if (!rc->is_string()) throw BadRow("bad_message", cat("message ", i, ": \"reasoning_content\" is not a string"));
+      cm.reasoning_content = rc->get<std::string>();
+    }
+    out.push_back(std::move(cm));
   }
   return out;
 }
 
-// The default system text a ChatML template writes when the conversation has no system message, read from a
-// literal '<|im_start|>system\n<text><|im_end|>' in its source ("" when there is none).
-std::string chatml_default_system(std::string_view jinja) {
-  static const std::regex re(R"(<\|im_start\|>system\\n([^'"<]+?)<\|im_end\|>)");
-  std::match_results<std::string_view::const_iterator> m;
-  if (std::regex_search(jinja.begin(), jinja.end(), m, re)) return jinja_unescape(std::string(m[1].first, m[1].second));
-  return "";
-}
-
-std::string llama_date_string(std::string_view jinja) {
-  static const std::regex re(R"(set\s+date_string\s*=\s*["']([^"']+)["'])");
-  std::match_results<std::string_view::const_iterator> m;
-  if (std::regex_search(jinja.begin(), jinja.end(), m, re)) return std::string(m[1].first, m[1].second);
-  return "26 Jul 2024";
-}
-
-bool is_qwen3_source(std::string_view j) {
-  return contains(j, "<|im_start|>") && contains(j, "</think>") && contains(j, "last_query_index") &&
-         contains(j, "reasoning_content");
-}
-
-// ---- rendering ---------------------------------------------------------------------------------------------
-
-class Builder {
- public:
-  void add(std::string_view s, bool supervised) {
-    if (s.empty()) return;
-    size_t b = r_.text.size();
-    r_.text.append(s);
-    if (!r_.segments.empty() && r_.segments.back().supervised == supervised) {
-      r_.segments.back().end = r_.text.size();
-    } else {
-      r_.segments.push_back({b, r_.text.size(), supervised});
+void validate_conversation(std::span<const ChatMessage> ms, bool allow_no_assistant) {
+  if (ms.empty()) throw BadRow("empty_messages", "the conversation has no messages");
+  for (size_t i = 0; i < ms.size(); ++i) {
+    if (!known_role(ms[i].role))
+      throw BadRow("unknown_role", cat("message ", i, ": unknown role \"", ms[i].role, "\""));
+  }
+  auto is_system = [](const ChatMessage& m) { return m.role == "system" || m.role == "developer"; };
+  size_t first = 0;
+  while (first < ms.size() && is_system(ms[first])) ++first;
+  if (first == ms.size()) throw BadRow("system_only", "the conversation has only system messages");
+  for (size_t i = 1; i < ms.size(); ++i) {
+    if (is_system(ms[i])) {
+      throw BadRow("not_alternating", cat("message ", i, " is a ", ms[i].role, " message; only the first may be"));
     }
   }
-  RenderedChat take() { return std::move(r_); }
-
- private:
-  RenderedChat r_;
-};
-
-void check_role(const ChatMessage& m, size_t i) {
-  if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-    throw BadRow("unknown_role", cat("message ", i, ": unknown role \"", m.role, "\" (system, user, assistant)"));
+  if (ms[first].role == "assistant") {
+    throw BadRow("assistant_first", cat("message ", first, ": the first turn is the assistant's, not the user's"));
   }
-}
-
-void render_chatml(const ChatTemplate& t, std::span<const ChatMessage> ms, const ChatOptions& o, Builder& b) {
-  size_t start = 0;
-  if (!ms.empty() && ms[0].role == "system") {
-    b.add(cat("<|im_start|>system\n", ms[0].content, "<|im_end|>\n"), false);
-    start = 1;
-  } else if (!t.default_system.empty()) {
-    b.add(cat("<|im_start|>system\n", t.default_system, "<|im_end|>\n"), false);
+  if (ms[first].role == "tool") throw BadRow("not_alternating", cat("message ", first, ": a tool message opens the turns"));
+  bool any_assistant = false;
+  for (size_t i = first + 1; i < ms.size(); ++i) {
+    const ChatMessage &p = ms[i - 1], &m = ms[i];
+    if (m.role == "tool") {
+      if (!(p.role == "tool" || (p.role == "assistant" && p.has_tool_calls())))
+        throw BadRow("not_alternating", cat("message ", i, ": a tool message that answers no assistant tool call"));
+    } else if (m.role == p.role) {
+      throw BadRow("not_alternating", cat("messages ", i - 1, " and ", i, " are both ", m.role,
+                                          " turns; user and assistant must alternate"));
+    }
+    any_assistant |= m.role == "assistant";
   }
-  for (size_t i = start; i < ms.size(); ++i) {
+  if (!any_assistant && !allow_no_assistant) throw BadRow("no_assistant", "the conversation has no assistant turn");
+  for (size_t i = first; i < ms.size(); ++i) {
     const ChatMessage& m = ms[i];
-    if (m.role == "assistant") {
-      b.add("<|im_start|>assistant\n", false);
-      b.add(m.content, true);
-      b.add("<|im_end|>", true);
-      b.add("\n", false);
-    } else {
-      b.add(cat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n"), false);
+    if (m.role == "user" && is_blank(m.content)) throw BadRow("empty_content", cat("message ", i, ": the user turn is empty"));
+    if (m.role == "assistant" && is_blank(m.content) && (!m.reasoning_content || is_blank(*m.reasoning_content)) &&
+        !m.has_tool_calls()) {
+      throw BadRow("empty_content", cat("message ", i, ": the assistant turn is empty"));
     }
   }
-  if (o.add_generation_prompt) b.add("<|im_start|>assistant\n", false);
 }
 
-void render_qwen3(std::span<const ChatMessage> ms, const ChatOptions& o, Builder& b) {
-  const size_t n = ms.size();
-  if (n > 0 && ms[0].role == "system") b.add(cat("<|im_start|>system\n", ms[0].content, "<|im_end|>\n"), false);
-  // The last user message that is not a tool response (the template's ns.last_query_index).
-  size_t last_query = n == 0 ? 0 : n - 1;
-  for (size_t k = n; k-- > 0;) {
-    const std::string& c = ms[k].content;
-    bool tool_response = c.starts_with("<tool_response>") && c.ends_with("</tool_response>");
-    if (ms[k].role == "user" && !tool_response) {
-      last_query = k;
-      break;
-    }
+// ---- options ----------------------------------------------------------------------------------------------
+
+ChatOptions ChatTemplateChoice::options() const {
+  ChatOptions o;
+  o.enable_thinking = enable_thinking;
+  if (!reasoning_effort.empty()) o.reasoning_effort = reasoning_effort;
+  for (const std::string& kv : template_args) {
+    const size_t eq = kv.find('=');
+    DFLASH_CHECK(eq != std::string::npos && eq > 0, "--template-arg \"", kv, "\": expected key=value");
+    const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    DFLASH_CHECK(k != "messages" && k != "tools" && k != "documents" && k != "add_generation_prompt",
+                 "--template-arg ", k, ": this variable is set by dflash itself");
+    ojson val = ojson::parse(v, nullptr, /*allow_exceptions=*/false);
+    if (val.is_discarded()) val = v;
+    o.template_args.emplace_back(k, std::move(val));
   }
-  for (size_t i = 0; i < n; ++i) {
-    const ChatMessage& m = ms[i];
-    if (m.role == "user" || (m.role == "system" && i != 0)) {
-      b.add(cat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n"), false);
-    } else if (m.role == "assistant") {
-      std::string content = m.content;
-      std::string reasoning;
-      if (m.reasoning_content) {
-        reasoning = *m.reasoning_content;
-      } else if (contains(m.content, "</think>")) {
-        content = py_strip(split_last(m.content, "</think>"), "\n", true, false);
-        std::string before = py_strip(split_first(m.content, "</think>"), "\n", false, true);
-        reasoning = py_strip(split_last(before, "<think>"), "\n", true, false);
+  o.now = now != 0 ? now : std::time(nullptr);
+  return o;
+}
+
+nlohmann::json chat_flags(const ChatOptions& o, const ChatTemplate* t) {
+  nlohmann::json f = {{"add_generation_prompt", o.add_generation_prompt}, {"enable_thinking", o.enable_thinking}};
+  if (o.reasoning_effort) f["reasoning_effort"] = *o.reasoning_effort;
+  if (!o.template_args.empty()) {
+    nlohmann::json a = nlohmann::json::object();
+    for (const auto& [k, v] : o.template_args) a[k] = nlohmann::json::parse(v.dump());
+    f["template_args"] = a;
+  }
+  if (t && t->uses_strftime_now()) {
+    std::tm tm{};
+    const std::time_t now = o.now;
+    localtime_r(&now, &tm);
+    char buf[64];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+    f["strftime_now"] = buf;
+  }
+  return f;
+}
+
+// ---- the template -------------------------------------------------------------------------------------------
+
+ChatTemplate::ChatTemplate(std::string source, std::string origin) : source_(std::move(source)), origin_(std::move(origin)) {
+  DFLASH_CHECK(!source_.empty(), origin_, ": the chat template is empty");
+  sha256_ = sha256_hex(source_);
+  try {
+    tmpl_ = std::make_shared<const jinja::Template>(source_);
+  } catch (const jinja::TemplateError& e) {
+    DFLASH_FAIL(origin_, ": chat template: ", e.what());
+  }
+}
+
+ChatTemplate ChatTemplate::load(const Tokenizer& tok, const std::string& path, const std::string& name) {
+  if (!path.empty() && path != "auto") {
+    DFLASH_CHECK(file_exists(path), "--chat-template ", path, ": no such file");
+    const std::string text = read_file(path);
+    if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+      ojson j;
+      try {
+        j = ojson::parse(text);
+      } catch (const ojson::exception& e) {
+        DFLASH_FAIL(path, ": invalid JSON: ", e.what());
       }
-      b.add("<|im_start|>assistant\n", false);
-      if (i > last_query && (i == n - 1 || !reasoning.empty())) {
-        std::string r = py_strip(reasoning, "\n");
-        b.add(cat("<think>\n", r, "\n</think>\n\n"), !r.empty());
-        b.add(py_strip(content, "\n", true, false), true);
+      auto ct = j.is_object() ? j.find("chat_template") : j.end();
+      DFLASH_CHECK(j.is_object() && ct != j.end(), path, ": no \"chat_template\" field");
+      if (ct->is_string()) return ChatTemplate(ct->get<std::string>(), path);
+      DFLASH_CHECK(ct->is_array(), path, ": chat_template: expected a string or a list of {\"name\", \"template\"}");
+      std::string found, first;
+      for (const auto& e : *ct) {
+        DFLASH_CHECK(e.is_object() && e.contains("template") && e["template"].is_string(), path,
+                     ": chat_template: expected a list of {\"name\", \"template\"}");
+        const std::string n = e.value("name", std::string());
+        if (first.empty()) first = e["template"].get<std::string>();
+        if (n == (name.empty() ? "default" : name)) found = e["template"].get<std::string>();
+      }
+      DFLASH_CHECK(!found.empty() || name.empty(), path, ": no chat template named \"", name, "\"");
+      return ChatTemplate(found.empty() ? first : found, path + (name.empty() ? "" : "#" + name));
+    }
+    return ChatTemplate(text, path);
+  }
+  const auto& list = tok.chat_templates();
+  DFLASH_CHECK(!list.empty(), "the tokenizer has no chat template (", tok.chat_template_origin(),
+               "); pass --chat-template FILE.jinja, or use --format raw");
+  if (!name.empty()) {
+    for (const auto& [n, src] : list)
+      if (n == name) return ChatTemplate(src, tok.chat_template_origin() + "#" + name);
+    std::string names;
+    for (const auto& [n, src] : list) names += (names.empty() ? "" : ", ") + n;
+    DFLASH_FAIL(tok.chat_template_origin(), ": no chat template named \"", name, "\" (it has: ", names, ")");
+  }
+  return ChatTemplate(tok.chat_template(), tok.chat_template_origin());
+}
+
+const char* ChatTemplate::mask_rule() const { return tmpl_->has_generation() ? "generation" : "prefixes"; }
+
+bool ChatTemplate::uses_strftime_now() const { return source_.find("strftime_now") != std::string::npos; }
+
+nlohmann::json ChatTemplate::to_json() const {
+  return {{"sha256", sha256_}, {"origin", origin_}, {"mask_rule", mask_rule()}};
+}
+
+ChatTemplate::Rendered ChatTemplate::render_full(std::span<const ChatMessage> messages, const ChatOptions& o,
+                                                 const ojson& special) const {
+  jinja::List ms;
+  ms.reserve(messages.size());
+  for (const ChatMessage& m : messages) ms.push_back(message_value(m));
+  return render_values(ms, o, special);
+}
+
+ChatTemplate::Rendered ChatTemplate::render_values(const jinja::List& messages, const ChatOptions& o,
+                                                   const ojson& special) const {
+  jinja::Dict vars;
+  vars.items.emplace_back("messages", jinja::Value(messages));
+  vars.items.emplace_back("tools", jinja::from_json(o.tools));
+  vars.items.emplace_back("documents", jinja::Value::none());
+  vars.items.emplace_back("add_generation_prompt", jinja::Value(o.add_generation_prompt));
+  vars.items.emplace_back("enable_thinking", jinja::Value(o.enable_thinking));
+  if (o.reasoning_effort) vars.items.emplace_back("reasoning_effort", jinja::Value(*o.reasoning_effort));
+  if (special.is_object())
+    for (auto it = special.begin(); it != special.end(); ++it) vars.set(it.key(), jinja::from_json(it.value()));
+  for (const auto& [k, v] : o.template_args) vars.set(k, jinja::from_json(v));
+  jinja::RenderOptions ro;
+  ro.now = o.now;
+  try {
+    jinja::Rendered r = tmpl_->render(vars, ro);
+    return {std::move(r.text), std::move(r.generation)};
+  } catch (const jinja::TemplateError& e) {
+    if (e.raised()) throw BadRow("template_refused", cat("the chat template refused the conversation: ", e.what()));
+    throw BadRow("template_error", cat(origin_, ": ", e.what()));
+  }
+}
+
+std::string ChatTemplate::render(std::span<const ChatMessage> messages, const ChatOptions& o, const ojson& special) const {
+  return render_full(messages, o, special).text;
+}
+
+// ---- the supervised spans (chat_template.h, "Supervised text") ------------------------------------------------
+
+RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms, const ChatOptions& o,
+                         const ojson& special, std::span<const std::string> added) {
+  RenderedChat out;
+  jinja::List values;  // every message converted once; prefixes share them
+  values.reserve(ms.size() + 1);
+  for (const ChatMessage& m : ms) values.push_back(message_value(m));
+  auto prefix = [&](size_t n) { return jinja::List(values.begin(), values.begin() + static_cast<long>(n)); };
+  ChatTemplate::Rendered full = t.render_values(values, o, special);
+  out.text = std::move(full.text);
+  const std::string& R = out.text;
+  std::vector<std::pair<size_t, size_t>> spans;
+  if (std::strcmp(t.mask_rule(), "generation") == 0) {
+    spans = std::move(full.generation);
+  } else if (!o.add_generation_prompt) {
+    ChatOptions gen = o, plain = o;
+    gen.add_generation_prompt = true;
+    plain.add_generation_prompt = false;
+    auto render = [&](const jinja::List& m, const ChatOptions& opt) { return t.render_values(m, opt, special).text; };
+    for (size_t i = 0; i < ms.size(); ++i) {
+      if (ms[i].role != "assistant") continue;
+      const size_t s = common_prefix(render(prefix(i), gen), R);
+      const std::string L = i + 1 == ms.size() ? R : render(prefix(i + 1), plain);
+      size_t e = 0;
+      if (L.size() > s && starts_with(R, L)) {
+        e = L.size();
       } else {
-        b.add(content, true);
+        // The turn renders differently once later messages follow: a stand-in turn with a sentinel content,
+        // followed by the same next message, shows where the turn's content ends and what closes it.
+        const auto fail = [&](const char* what) {
+          throw BadRow("template_mask", cat("assistant turn ", i, ": ", what, " (", t.origin(),
+                                            "); a template with {% generation %} blocks marks it exactly"));
+        };
+        if (i + 1 >= ms.size()) fail("the turn's output cannot be found");
+        jinja::List stand_in = prefix(i);
+        stand_in.push_back(message_value({"assistant", kSentinel, std::nullopt, {}}));
+        const std::string alone = render(stand_in, plain);
+        stand_in.push_back(values[i + 1]);
+        const std::string with_next = render(stand_in, plain);
+        const std::string N = render(prefix(i + 2), plain);
+        const size_t p = with_next.find(kSentinel, s), q = alone.find(kSentinel, s);
+        if (p == std::string::npos || q == std::string::npos || !starts_with(R, N)) fail("the turn's output cannot be found");
+        const std::string_view tail = std::string_view(with_next).substr(p + std::strlen(kSentinel));
+        if (N.size() < tail.size() || N.compare(N.size() - tail.size(), tail.size(), tail) != 0 ||
+            N.size() - tail.size() < s)
+          fail("the turn's end cannot be found");
+        e = N.size() - tail.size();
+        const std::string_view closing = std::string_view(alone).substr(q + std::strlen(kSentinel));
+        if (!closing.empty() && starts_with(tail, closing)) {
+          e += closing.size();
+        } else if (!leading_added(closing, added).empty()) {
+          e += leading_added(tail, added).size();  // the closing token differs when later turns follow
+        }
       }
-      b.add("<|im_end|>", true);
-      b.add("\n", false);
-    }
-  }
-  if (o.add_generation_prompt) {
-    b.add("<|im_start|>assistant\n", false);
-    if (!o.enable_thinking) b.add("<think>\n\n</think>\n\n", false);
-  }
-}
-
-void render_llama3(const ChatTemplate& t, std::span<const ChatMessage> ms, const ChatOptions& o, Builder& b) {
-  size_t start = 0;
-  if (t.llama_system_block) {
-    b.add(t.bos_token, false);
-    std::string sys;
-    if (!ms.empty() && ms[0].role == "system") {
-      sys = py_strip(ms[0].content, std::nullopt);
-      start = 1;
-    }
-    b.add(cat("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ",
-              t.date_string, "\n\n", sys, "<|eot_id|>"),
-          false);
-  }
-  for (size_t i = start; i < ms.size(); ++i) {
-    const ChatMessage& m = ms[i];
-    if (i == 0 && !t.llama_system_block) b.add(t.bos_token, false);
-    b.add(cat("<|start_header_id|>", m.role, "<|end_header_id|>\n\n"), false);
-    const bool sup = m.role == "assistant";
-    b.add(py_strip(m.content, std::nullopt), sup);
-    b.add("<|eot_id|>", sup);
-  }
-  if (o.add_generation_prompt) b.add("<|start_header_id|>assistant<|end_header_id|>\n\n", false);
-}
-
-// GPT-2 byte-level alphabet: code point -> byte (-1 where the code point is not in the alphabet).
-const std::vector<int>& byte_decoder() {
-  static const std::vector<int> dec = [] {
-    std::vector<int> d(512, -1);
-    int n = 0;
-    for (int b = 0; b < 256; ++b) {
-      bool direct = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-      if (direct) {
-        d[b] = b;
-      } else {
-        d[256 + n] = b;
-        ++n;
+      // whitespace after the turn's last added token is the separator before the next turn
+      std::string_view body = std::string_view(R).substr(s, e > s ? e - s : 0);
+      const std::string stripped = py_strip(body, std::nullopt, false, true);
+      if (stripped.size() < body.size()) {
+        for (const std::string& tk : added) {
+          if (stripped.size() >= tk.size() && stripped.compare(stripped.size() - tk.size(), tk.size(), tk) == 0) {
+            e = s + stripped.size();
+            break;
+          }
+        }
       }
+      if (e > s) spans.emplace_back(s, e);
     }
-    return d;
-  }();
-  return dec;
+  }
+  size_t pos = 0;
+  for (const auto& [b, e] : spans) {
+    if (b < pos || e > R.size()) continue;  // overlapping or out of range: keep the first
+    if (b > pos) out.segments.push_back({pos, b, false});
+    out.segments.push_back({b, e, true});
+    pos = e;
+  }
+  if (pos < R.size()) out.segments.push_back({pos, R.size(), false});
+  return out;
 }
 
-// Token start offsets of `ids` in `text`, or nullopt when the token bytes do not reproduce text exactly.
-// On mismatch *bad_at is the byte offset where they first differ.
+// ---- the encoder -------------------------------------------------------------------------------------------
+
+ChatEncoder::ChatEncoder(std::shared_ptr<const Tokenizer> tokenizer, ChatTemplate tmpl)
+    : tok_(std::move(tokenizer)), tmpl_(std::move(tmpl)) {
+  DFLASH_CHECK(tok_ != nullptr, "ChatEncoder: no tokenizer");
+  special_ = ojson::object();
+  for (const auto& [k, v] : tok_->special_tokens()) special_[k] = v;
+  added_ = tok_->added_tokens();
+}
+
+std::string_view ChatEncoder::token_bytes(int32_t id) const { return tok_->token_bytes(id); }
+
+RenderedChat ChatEncoder::render(std::span<const ChatMessage> messages, const ChatOptions& opts) const {
+  return render_chat(tmpl_, messages, opts, special_, added_);
+}
+
+ChatEncoding ChatEncoder::encode(std::span<const ChatMessage> messages, const ChatOptions& opts) const {
+  return encode_rendered(render(messages, opts));
+}
+
+namespace {
+
+// Token start offsets of `ids` in `text`, or nullopt when the token bytes do not reproduce the text (a leading
+// space that a SentencePiece normalizer prepends to a piece is allowed). *bad_at: where they first differ.
 std::optional<std::vector<size_t>> token_starts(const ChatEncoder& enc, const std::vector<int32_t>& ids,
                                                 std::string_view text, size_t* bad_at) {
   std::vector<size_t> starts(ids.size());
@@ -275,11 +389,22 @@ std::optional<std::vector<size_t>> token_starts(const ChatEncoder& enc, const st
   for (size_t i = 0; i < ids.size(); ++i) {
     std::string_view tb = enc.token_bytes(ids[i]);
     starts[i] = pos;
-    if (tb.empty() || pos + tb.size() > text.size() || std::memcmp(text.data() + pos, tb.data(), tb.size()) != 0) {
+    auto match = [&](std::string_view b) {
+      return !b.empty() && pos + b.size() <= text.size() && std::memcmp(text.data() + pos, b.data(), b.size()) == 0;
+    };
+    std::string raw;
+    if (match(tb)) {
+      pos += tb.size();
+    } else if (raw = enc.tokenizer().id_to_token(ids[i]); raw != tb && match(raw)) {
+      pos += raw.size();  // an added token matched as written in the text (normalized=false, e.g. Gemma's "▁▁")
+    } else if (tb.size() > 1 && tb[0] == ' ' && (pos >= text.size() || text[pos] != ' ') && match(tb.substr(1))) {
+      pos += tb.size() - 1;
+    } else if (tb == " " && (pos >= text.size() || text[pos] != ' ')) {
+      // a prepended space that is a token of its own
+    } else {
       *bad_at = pos;
       return std::nullopt;
     }
-    pos += tb.size();
   }
   if (pos != text.size()) {
     *bad_at = pos;
@@ -298,207 +423,7 @@ std::vector<uint8_t> mask_from_starts(const std::vector<size_t>& starts, const R
   return mask;
 }
 
-std::string snippet(std::string_view s, size_t at) {
-  size_t b = at >= 20 ? at - 20 : 0;
-  return nlohmann::json(std::string(s.substr(b, 40))).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 }  // namespace
-
-// ---- public API ----------------------------------------------------------------------------------------
-
-std::string py_strip(std::string_view s, const std::optional<std::string_view>& chars, bool left, bool right) {
-  std::vector<uint32_t> set;
-  if (chars) {
-    for (size_t i = 0; i < chars->size();) set.push_back(next_cp(*chars, i));
-  }
-  auto strip_cp = [&](uint32_t c) {
-    return chars ? std::find(set.begin(), set.end(), c) != set.end() : py_isspace(c);
-  };
-  std::vector<std::pair<uint32_t, size_t>> cps;  // code point, byte offset
-  for (size_t i = 0; i < s.size();) {
-    size_t at = i;
-    cps.emplace_back(next_cp(s, i), at);
-  }
-  size_t b = 0, e = cps.size();
-  if (left) {
-    while (b < e && strip_cp(cps[b].first)) ++b;
-  }
-  if (right) {
-    while (e > b && strip_cp(cps[e - 1].first)) --e;
-  }
-  const size_t bb = b < cps.size() ? cps[b].second : s.size();
-  const size_t eb = e < cps.size() ? cps[e].second : s.size();
-  return std::string(s.substr(bb, eb - bb));
-}
-
-std::vector<ChatMessage> parse_messages(const nlohmann::json& j) {
-  if (!j.is_array()) throw BadRow("bad_message", "\"messages\" is not an array");
-  std::vector<ChatMessage> out;
-  out.reserve(j.size());
-  for (size_t i = 0; i < j.size(); ++i) {
-    const auto& m = j[i];
-    if (!m.is_object()) throw BadRow("bad_message", cat("message ", i, " is not an object"));
-    auto r = m.find("role");
-    if (r == m.end() || !r->is_string()) throw BadRow("bad_message", cat("message ", i, ": \"role\" is not a string"));
-    ChatMessage cm;
-    cm.role = r->get<std::string>();
-    check_role(cm, i);
-    auto c = m.find("content");
-    if (c == m.end() || !c->is_string()) {
-      throw BadRow("bad_message", cat("message ", i, " (", cm.role, "): \"content\" is missing or not a string"));
-    }
-    cm.content = c->get<std::string>();
-    auto tc = m.find("tool_calls");
-    if (tc != m.end() && !tc->is_null() && !(tc->is_array() && tc->empty())) {
-      throw BadRow("unsupported_tool_calls", cat("message ", i, ": tool_calls are not supported"));
-    }
-    auto rc = m.find("reasoning_content");
-    if (rc != m.end() && !rc->is_null()) {
-      if (!rc->is_string()) throw BadRow("bad_message", cat("message ", i, ": \"reasoning_content\" is not a string"));
-      cm.reasoning_content = rc->get<std::string>();
-    }
-    out.push_back(std::move(cm));
-  }
-  return out;
-}
-
-void validate_conversation(std::span<const ChatMessage> ms, bool allow_no_assistant) {
-  if (ms.empty()) throw BadRow("empty_messages", "the conversation has no messages");
-  for (size_t i = 0; i < ms.size(); ++i) check_role(ms[i], i);
-  size_t first = 0;
-  while (first < ms.size() && ms[first].role == "system") ++first;
-  if (first == ms.size()) throw BadRow("system_only", "the conversation has only system messages");
-  for (size_t i = 1; i < ms.size(); ++i) {
-    if (ms[i].role == "system") {
-      throw BadRow("not_alternating", cat("message ", i, " is a system message; only the first may be"));
-    }
-  }
-  if (ms[first].role == "assistant") {
-    throw BadRow("assistant_first", cat("message ", first, ": the first turn is the assistant's, not the user's"));
-  }
-  bool any_assistant = false;
-  for (size_t i = first + 1; i < ms.size(); ++i) {
-    if (ms[i].role == ms[i - 1].role) {
-      throw BadRow("not_alternating", cat("messages ", i - 1, " and ", i, " are both ", ms[i].role,
-                                          " turns; user and assistant must alternate"));
-    }
-    any_assistant |= ms[i].role == "assistant";
-  }
-  if (!any_assistant && !allow_no_assistant) throw BadRow("no_assistant", "the conversation has no assistant turn");
-  for (size_t i = first; i < ms.size(); ++i) {
-    const ChatMessage& m = ms[i];
-    if (m.role == "user" && is_blank(m.content)) {
-      throw BadRow("empty_content", cat("message ", i, ": the user turn is empty"));
-    }
-    if (m.role == "assistant" && is_blank(m.content) && (!m.reasoning_content || is_blank(*m.reasoning_content))) {
-      throw BadRow("empty_content", cat("message ", i, ": the assistant turn is empty"));
-    }
-  }
-}
-
-ChatTemplate ChatTemplate::detect(std::string_view jinja, const std::string& bos_token) {
-  ChatTemplate t;
-  if (contains(jinja, "<|im_start|>")) {
-    if (is_qwen3_source(jinja)) {
-      t = select("qwen3", jinja, bos_token);
-    } else if (contains(jinja, "<think>") || contains(jinja, "</think>")) {
-      DFLASH_FAIL("chat template: a ChatML template with think tags that is not Qwen3's (e.g. QwQ or a distilled "
-                  "reasoning model) is not supported; pass --chat-template qwen3 or chatml if one of them renders it");
-    } else {
-      t = select("chatml", jinja, bos_token);
-    }
-  } else if (contains(jinja, "<|start_header_id|>") && contains(jinja, "<|eot_id|>")) {
-    t = select(contains(jinja, "Cutting Knowledge Date") ? "llama3.1" : "llama3", jinja, bos_token);
-  } else if (jinja.empty()) {
-    DFLASH_FAIL("the tokenizer has no chat template (tokenizer_config.json \"chat_template\"); pass --chat-template "
-                "qwen3|chatml|llama3|llama3.1 or use --format raw");
-  } else {
-    DFLASH_FAIL("chat template not recognized (supported: ChatML / Qwen2 / Qwen2.5 / Qwen3, Llama-3 / Llama-3.1); "
-                "pass --chat-template qwen3|chatml|llama3|llama3.1 to choose one");
-  }
-  return t;
-}
-
-ChatTemplate ChatTemplate::select(const std::string& name, std::string_view jinja, const std::string& bos_token) {
-  if (name == "auto" || name.empty()) return detect(jinja, bos_token);
-  ChatTemplate t;
-  t.name = name;
-  t.source_sha256 = jinja.empty() ? "" : sha256_hex(jinja);
-  if (name == "qwen3") {
-    t.family = Family::ChatML;
-    t.qwen3_think = true;
-  } else if (name == "chatml") {
-    t.family = Family::ChatML;
-    if (contains(jinja, "<|im_start|>")) t.default_system = chatml_default_system(jinja);
-  } else if (name == "llama3" || name == "llama3.1") {
-    t.family = Family::Llama3;
-    t.llama_system_block = name == "llama3.1";
-    if (t.llama_system_block) t.date_string = llama_date_string(jinja);
-    // The template writes bos_token itself; a template without it (or no template) still gets the tokenizer's.
-    t.bos_token = bos_token;
-    if (contains(jinja, "<|start_header_id|>") && !contains(jinja, "bos_token")) t.bos_token.clear();
-  } else {
-    DFLASH_FAIL("unknown chat template name \"", name, "\" (auto, qwen3, chatml, llama3, llama3.1)");
-  }
-  return t;
-}
-
-nlohmann::json ChatTemplate::to_json() const {
-  nlohmann::json j = {{"name", name}, {"source_sha256", source_sha256}};
-  if (family == Family::ChatML) j["default_system"] = default_system;
-  if (family == Family::Llama3) j["bos_token"] = bos_token;
-  if (llama_system_block) j["date_string"] = date_string;
-  return j;
-}
-
-RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms, const ChatOptions& o) {
-  for (size_t i = 0; i < ms.size(); ++i) check_role(ms[i], i);
-  Builder b;
-  if (t.family == ChatTemplate::Family::Llama3) {
-    render_llama3(t, ms, o, b);
-  } else if (t.qwen3_think) {
-    render_qwen3(ms, o, b);
-  } else {
-    render_chatml(t, ms, o, b);
-  }
-  return b.take();
-}
-
-ChatEncoder::ChatEncoder(std::shared_ptr<const Tokenizer> tokenizer, ChatTemplate tmpl)
-    : tok_(std::move(tokenizer)), tmpl_(std::move(tmpl)) {
-  DFLASH_CHECK(tok_ != nullptr, "ChatEncoder: no tokenizer");
-  const auto& dec = byte_decoder();
-  const int64_t v = tok_->vocab_size();
-  bytes_.resize(static_cast<size_t>(std::max<int64_t>(v, 0)));
-  for (int64_t id = 0; id < v; ++id) {
-    std::string s = tok_->id_to_token(static_cast<int32_t>(id));
-    if (s.empty() || tok_->is_special(static_cast<int32_t>(id))) {
-      bytes_[id] = std::move(s);
-      continue;
-    }
-    std::string out;
-    out.reserve(s.size());
-    for (size_t i = 0; i < s.size();) {
-      uint32_t c = next_cp(s, i);
-      if (c < dec.size() && dec[c] >= 0) {
-        out.push_back(static_cast<char>(dec[c]));
-      } else {
-        append_utf8(out, c);  // not in the byte alphabet: an added token's literal text
-      }
-    }
-    bytes_[id] = std::move(out);
-  }
-}
-
-std::string_view ChatEncoder::token_bytes(int32_t id) const {
-  if (id < 0 || static_cast<size_t>(id) >= bytes_.size()) return {};
-  return bytes_[id];
-}
-
-ChatEncoding ChatEncoder::encode(std::span<const ChatMessage> messages, const ChatOptions& opts) const {
-  return encode_rendered(render_chat(tmpl_, messages, opts));
-}
 
 ChatEncoding ChatEncoder::encode_rendered(const RenderedChat& r) const {
   ChatEncoding e;
@@ -524,9 +449,8 @@ ChatEncoding ChatEncoder::encode_rendered(const RenderedChat& r) const {
       return e;
     }
   }
-  throw BadRow("tokenization_mismatch",
-               cat("the tokens do not reproduce the rendered text at byte ", bad_at, " (near ", snippet(r.text, bad_at),
-                   "); is the tokenizer byte-level BPE?"));
+  throw BadRow("tokenization_mismatch", cat("the tokens do not reproduce the rendered text at byte ", bad_at,
+                                            " (near ", snippet(r.text, bad_at), ")"));
 }
 
 }  // namespace dflash

@@ -1,35 +1,50 @@
-// io/chat_template.h — renders a conversation the way the model's own Jinja chat template does (ChatML for
-// Qwen2/Qwen2.5/Qwen3 with Qwen3's think-tag rules; Llama-3 / Llama-3.1 headers), tokenizes it once and derives
-// the assistant loss mask from byte offsets.
+// io/chat_template.h — a conversation rendered by the model's own chat template (its Jinja source, run by our
+// engine io/jinja exactly as Hugging Face's apply_chat_template renders it), tokenized once, with the assistant
+// loss mask of docs/spec.md 2.6.
 // defines: BadRow, ChatMessage, parse_messages, validate_conversation, ChatTemplate, ChatOptions, RenderedChat,
-//          render_chat, ChatEncoding, ChatEncoder, py_strip
+//          render_chat, ChatEncoding, ChatEncoder, ChatTemplateChoice, chat_flags, message_value, py_strip
 //
-// Rendering semantics. Output equals the template rendered by Python jinja2 (transformers' apply_chat_template,
-// which is what vLLM / SGLang use when they serve the model) and then tokenized by the HF tokenizer with
-// add_special_tokens=False. The one place where the npm package @huggingface/jinja 0.5.x (our test oracle)
-// differs: it ignores the argument of str.strip/lstrip/rstrip (Qwen3's `.strip('\n')` trims every kind of
-// whitespace there). We follow Python; the tests check both agree wherever the package is faithful and check
-// the Python behaviour through the oracle's python_strip mode. `trim` uses Python's str.strip() whitespace set.
+// Where the template comes from (ChatTemplate::load): a file given with --chat-template PATH (a .jinja file, or a
+// tokenizer_config.json / JSON file with "chat_template"), else the tokenizer directory's tokenizer_config.json
+// "chat_template" (a string, or a list of {"name", "template"}: the one named by --chat-template-name, else
+// "default", else the first), else its chat_template.jinja.
 //
-// Loss mask (spec 2.6, case C14). mask = 1 exactly on each assistant turn's output:
-//   ChatML:  content and its `<|im_end|>`; 0 on `<|im_start|>assistant\n`, on the "\n" after `<|im_end|>`, on
-//            system/user turns and on the generation prompt.
-//   Qwen3:   as ChatML; a think block `<think>\n{r}\n</think>\n\n` that the template renders for a turn is
-//            assistant output (mask 1, tags included: the model generates them in thinking mode) when r is
-//            non-empty, and 0 when empty (`<think>\n\n</think>\n\n`, the tags the template inserts itself).
-//   Llama-3: trimmed content and its `<|eot_id|>`; 0 on `<|start_header_id|>assistant<|end_header_id|>\n\n`, on
-//            bos, on the system block (including Llama-3.1's "Cutting Knowledge Date" lines) and on user turns.
-// Token rule: the rendered text is tokenized as ONE string (token-identical to HF). For byte-level BPE every
-// token's bytes are exact, so cumulative byte lengths give each token's span; a token is supervised iff its
-// FIRST byte lies inside a supervised span. (A token straddling a boundary therefore belongs to the side where
-// it starts; with these templates that only happens for unusual whitespace at the very start of a content.)
-// If the tokenizer normalizes the text (Qwen's NFC) the spans are re-derived on the NFC form of each segment;
-// if the token bytes still do not reproduce the text, encode() throws BadRow("tokenization_mismatch").
+// Variables the template sees (ChatOptions::variables): messages; tools (the row's "tools", else None);
+// documents (None); add_generation_prompt; enable_thinking; reasoning_effort (when given); the tokenizer's special
+// tokens bos_token, eos_token, unk_token, pad_token, sep_token, cls_token, mask_token (those it defines);
+// every --template-arg key=value (value read as JSON when it parses, else as a string; it overrides the above).
+// strftime_now formats ChatOptions::now (the start of the run; recorded when the template calls it).
 //
-// Thread safety: ChatTemplate / ChatEncoder are immutable after construction; encode() is const and may be
-// called from many threads.
+// Supervised text (spec 2.6; ChatTemplate::mask_rule() names which applies):
+//   "generation": the template has {% generation %} blocks: exactly the text they render (HF's
+//                 return_assistant_tokens_mask).
+//   "prefixes":   per assistant turn i, with R the whole conversation rendered:
+//                 start: where R departs from the prompt the model is served for this turn,
+//                        P = render(messages[:i], add_generation_prompt=true): s = common prefix of P and R;
+//                 end:   L = render(messages[:i+1]); when R begins with L, e = |L| (the turn renders the same
+//                        whether or not later turns follow); else the template renders the turn differently once
+//                        later messages follow (it drops the turn's reasoning, or ends it with another token): the
+//                        turn's end in R is found by rendering a stand-in turn (a sentinel content) followed by the
+//                        next message; the text after the sentinel is the turn's closing text plus the next
+//                        message, and the closing text (its end-of-turn token) stays with the turn;
+//                 then whitespace after the turn's last added token (the separator the template writes between
+//                 turns, e.g. "\n" after <|im_end|>) is not supervised.
+//   So each assistant turn is trained on what the model generates after its served prompt: its reasoning as the
+//   template renders it in R (dropped for earlier turns by templates that drop it: not trained), its content, its
+//   tool calls and its end-of-turn token; never the role header, the generation prompt, system / user / tool text.
+//   With enable_thinking=true and no reasoning, Qwen3-style templates render an empty think block after the
+//   prompt: it is supervised (it is what follows the served prompt); with enable_thinking=false it is part of
+//   the prompt.
+// Token rule: the rendered text is tokenized as ONE string (token-identical to HF with add_special_tokens=False);
+// token k is supervised iff its first byte lies in a supervised span. Token byte offsets come from each token's
+// bytes (Tokenizer::token_bytes) matched against the text, allowing the normalizer's NFC and the space a
+// SentencePiece normalizer prepends; tokens that do not reproduce the text are a BadRow("tokenization_mismatch").
+//
+// Thread safety: ChatTemplate and ChatEncoder are immutable after construction; their methods are const and may
+// run on many threads.
 #pragma once
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <optional>
 #include <span>
@@ -37,17 +52,22 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/jinja/value.h"
 
 namespace dflash {
 
 class Tokenizer;
+namespace jinja {
+class Template;
+}
 
 // A row that cannot become a training sample. reason() is a short stable key used for per-reason counts
 // (e.g. "empty_messages", "unknown_role", "assistant_first", "not_alternating", "system_only", "no_assistant",
-// "empty_content", "bad_message", "tokenization_mismatch"); what() says what is wrong in words.
+// "empty_content", "bad_message", "template_refused", "template_error", "template_mask",
+// "tokenization_mismatch"); what() says what is wrong in words.
 class BadRow : public Error {
  public:
   BadRow(std::string reason, const std::string& message) : Error(message), reason_(std::move(reason)) {}
@@ -58,54 +78,96 @@ class BadRow : public Error {
 };
 
 struct ChatMessage {
-  std::string role;  // "system" | "user" | "assistant"
+  std::string role;  // "system" | "developer" | "user" | "assistant" | "tool"
   std::string content;
-  // Assistant only: the `reasoning_content` field when present and not null (Qwen3 think block). Without it,
-  // Qwen3 takes the reasoning from `<think>...</think>` inside content, exactly as its template does.
-  std::optional<std::string> reasoning_content;
+  std::optional<std::string> reasoning_content;  // the "reasoning_content" field when present and not null
+  // The message as given (every key, in order: tool_calls, name, thinking, ...); what the template sees. When
+  // null, the template sees {"role", "content"[, "reasoning_content"]} from the fields above.
+  nlohmann::ordered_json source;
+  bool has_tool_calls() const;
 };
 
-// OpenAI-style messages: a JSON array of {"role": string, "content": string, "reasoning_content": string|null}.
-// Other keys are ignored except "tool_calls" (non-empty: BadRow "unsupported_tool_calls").
-// Throws BadRow: "bad_message" (not an array, a message that is not an object, role/content missing or not a
-// string), "unknown_role" (a role other than system/user/assistant).
-std::vector<ChatMessage> parse_messages(const nlohmann::json& messages);
+// OpenAI-style messages: a JSON array of objects with "role" and "content" (a string; null for an assistant turn
+// with tool calls), optional "reasoning_content" (string or null), "tool_calls" and any other keys, which are kept
+// for the template. Throws BadRow: "bad_message" (not an array, a message that is not an object, role / content
+// missing or of the wrong type), "unknown_role" (not system, developer, user, assistant, tool).
+std::vector<ChatMessage> parse_messages(const nlohmann::ordered_json& messages);
 
-// The structure a training conversation must have: [system] user assistant (user assistant)* [user].
-// Throws BadRow, checked in this order: "empty_messages" (no messages), "unknown_role", "system_only",
-// "not_alternating" (a system message after the first position, or two user / two assistant turns in a row),
-// "assistant_first" (first non-system turn is the assistant's), "no_assistant", "empty_content" (a user turn
-// whose content is empty or whitespace only, or an assistant turn with neither content nor reasoning).
-// A system message may be empty. With allow_no_assistant (prompts for eval) "no_assistant" is not an error.
+// The structure a training conversation must have: [system | developer] user, then assistant and user turns in
+// alternation, where an assistant turn with tool calls may be followed by tool messages and then the assistant
+// again. Throws BadRow, checked in this order: "empty_messages", "unknown_role", "system_only", "not_alternating"
+// (a system message after the first position, two user or two assistant turns in a row, a tool message not after
+// an assistant tool call or another tool message), "assistant_first", "no_assistant", "empty_content" (a user turn
+// that is empty or whitespace, an assistant turn with neither content, reasoning nor tool calls). With
+// allow_no_assistant (prompts for generation) "no_assistant" is not an error.
 void validate_conversation(std::span<const ChatMessage> messages, bool allow_no_assistant = false);
 
-// Which template, with the details read from its source.
-struct ChatTemplate {
-  enum class Family { ChatML, Llama3 };
-  std::string name;  // "qwen3" | "chatml" | "llama3" | "llama3.1"
-  Family family = Family::ChatML;
-  bool qwen3_think = false;         // ChatML: Qwen3's think-tag and last-query rules
-  std::string default_system;       // ChatML: system text used when the conversation has none ("" = none);
-                                    //   Qwen2.5: "You are Qwen, created by Alibaba Cloud. You are a helpful
-                                    //   assistant.", Qwen2: "You are a helpful assistant."
-  bool llama_system_block = false;  // Llama-3.1: the system block is always rendered, with the date lines
-  std::string date_string;          // Llama-3.1: "26 Jul 2024" (the template's own fallback; never today's date)
-  std::string bos_token;            // Llama: "<|begin_of_text|>" (rendered where the template writes bos_token)
-  std::string source_sha256;        // sha256 of the Jinja source it was made from ("" when none)
-
-  // Detects the template from its Jinja source. Throws Error when the source matches none of the supported
-  // families (the message suggests --chat-template).
-  static ChatTemplate detect(std::string_view jinja, const std::string& bos_token);
-  // name: "auto" (detect) | "qwen3" | "chatml" | "llama3" | "llama3.1". An explicit name picks the family;
-  // details (default system text, date string) are still read from `jinja` when it is of that family.
-  static ChatTemplate select(const std::string& name, std::string_view jinja, const std::string& bos_token);
-  // {"name", "source_sha256", "default_system", "date_string", "bos_token"} for manifests and exports.
-  nlohmann::json to_json() const;
+struct ChatOptions {
+  bool add_generation_prompt = false;  // append the assistant header (generation prompts)
+  bool enable_thinking = true;         // passed to the template as `enable_thinking`
+  std::optional<std::string> reasoning_effort;  // passed as `reasoning_effort` when set (gpt-oss: low/medium/high)
+  // --template-arg key=value pairs, values already parsed (JSON when the text parses, else a string).
+  std::vector<std::pair<std::string, nlohmann::ordered_json>> template_args;
+  nlohmann::ordered_json tools;  // the `tools` variable (null: None)
+  std::time_t now = 0;           // what strftime_now formats (0: the time of the call)
 };
 
-struct ChatOptions {
-  bool enable_thinking = true;         // Qwen3: false makes the generation prompt end in an empty think block
-  bool add_generation_prompt = false;  // append the assistant header (eval prompts)
+// What a command line chooses about templates (prepare, generate, tokenize share it): which template, and the
+// variables. `now` 0: the time the options are turned into ChatOptions.
+struct ChatTemplateChoice {
+  std::string chat_template = "auto";      // auto (the tokenizer's own), or a .jinja file / a JSON file with
+                                           // "chat_template" (a tokenizer_config.json)
+  std::string chat_template_name;          // which of a list of named templates ("": "default", else the first)
+  bool enable_thinking = true;
+  std::string reasoning_effort;            // "" = not passed
+  std::vector<std::string> template_args;  // "key=value" (value: JSON if it parses, else a string)
+  std::time_t now = 0;
+  // The variables. Throws Error for a template argument that is not key=value or names a variable the engine
+  // sets itself (messages, tools, documents, add_generation_prompt).
+  ChatOptions options() const;
+};
+
+// The template variables of `o` as the manifest and the export record them ("flags"): add_generation_prompt,
+// enable_thinking, reasoning_effort (when set), template_args (when any), strftime_now (the date string
+// "%Y-%m-%d %H:%M:%S" of o.now, when the template calls strftime_now).
+nlohmann::json chat_flags(const ChatOptions& o, const class ChatTemplate* tmpl);
+
+class ChatTemplate {
+ public:
+  // The template's source and where it came from (recorded). Throws Error naming `origin` and the template line
+  // for a syntax error or an unsupported construct.
+  ChatTemplate(std::string source, std::string origin);
+  // Finds the template for a tokenizer (see the header comment). `path` "" or "auto": the tokenizer's own;
+  // `name` picks one of a named list. Throws Error when there is none (the message says where it looked).
+  static ChatTemplate load(const Tokenizer& tok, const std::string& path, const std::string& name = "");
+
+  const std::string& source() const { return source_; }
+  const std::string& origin() const { return origin_; }
+  const std::string& sha256() const { return sha256_; }
+  const char* mask_rule() const;        // "generation" | "prefixes"
+  bool uses_strftime_now() const;
+  // Renders `messages` with the variables of `opts` and `special` (the tokenizer's special tokens). Throws BadRow
+  // "template_refused" (the template's raise_exception) or "template_error" (a runtime error, with its line).
+  std::string render(std::span<const ChatMessage> messages, const ChatOptions& opts,
+                     const nlohmann::ordered_json& special = {}) const;
+  // {"sha256", "origin", "mask_rule"} for manifests and exports.
+  nlohmann::json to_json() const;
+
+  // render() with the byte ranges the template's {% generation %} blocks produced (empty without them).
+  struct Rendered {
+    std::string text;
+    std::vector<std::pair<size_t, size_t>> generation;
+  };
+  Rendered render_full(std::span<const ChatMessage> messages, const ChatOptions& opts,
+                       const nlohmann::ordered_json& special) const;
+  // The same, with the messages already as template values (message_value): render_chat renders many prefixes
+  // of one conversation and converts its messages once.
+  Rendered render_values(const jinja::List& messages, const ChatOptions& opts,
+                         const nlohmann::ordered_json& special) const;
+
+ private:
+  std::string source_, origin_, sha256_;
+  std::shared_ptr<const jinja::Template> tmpl_;
 };
 
 // Rendered text as contiguous segments, each supervised or not; the segments cover text exactly.
@@ -118,8 +180,12 @@ struct RenderedChat {
   std::vector<Segment> segments;
 };
 
-// Renders `messages` (not validated here beyond what rendering needs: roles must be system/user/assistant).
-RenderedChat render_chat(const ChatTemplate& tmpl, std::span<const ChatMessage> messages, const ChatOptions& opts);
+// Renders `messages` and marks the supervised spans (the rule above; none with add_generation_prompt). `special`:
+// the special-token variables; `added_tokens`: the tokenizer's added tokens (for the end-of-turn trim). Throws
+// BadRow as ChatTemplate::render, and "template_mask" when a turn's output cannot be located.
+RenderedChat render_chat(const ChatTemplate& tmpl, std::span<const ChatMessage> messages, const ChatOptions& opts,
+                         const nlohmann::ordered_json& special = {},
+                         std::span<const std::string> added_tokens = {});
 
 struct ChatEncoding {
   std::vector<int32_t> ids;
@@ -128,25 +194,30 @@ struct ChatEncoding {
 
 class ChatEncoder {
  public:
-  // Builds a table of every token's bytes (byte-level BPE vocabulary; added tokens are their literal text).
   ChatEncoder(std::shared_ptr<const Tokenizer> tokenizer, ChatTemplate tmpl);
   // render_chat + tokenize the whole text once + mask by token start offsets. Throws BadRow as above.
   ChatEncoding encode(std::span<const ChatMessage> messages, const ChatOptions& opts) const;
+  RenderedChat render(std::span<const ChatMessage> messages, const ChatOptions& opts) const;
   ChatEncoding encode_rendered(const RenderedChat& rendered) const;
   const ChatTemplate& chat_template() const { return tmpl_; }
   const Tokenizer& tokenizer() const { return *tok_; }
-  // The exact bytes of token `id` ("" for an id outside the vocabulary).
+  // The tokenizer's special-token variables ({"bos_token": ..., ...}), as the template sees them.
+  const nlohmann::ordered_json& special_tokens() const { return special_; }
+  // The exact bytes of token `id` in the normalized text ("" for an id outside the vocabulary).
   std::string_view token_bytes(int32_t id) const;
 
  private:
   std::shared_ptr<const Tokenizer> tok_;
   ChatTemplate tmpl_;
-  std::vector<std::string> bytes_;
+  nlohmann::ordered_json special_;
+  std::vector<std::string> added_;
 };
 
-// Python str.strip / lstrip / rstrip on UTF-8 text. chars == nullopt: Python's whitespace (str.isspace);
-// else the code points of *chars.
-std::string py_strip(std::string_view s, const std::optional<std::string_view>& chars, bool left = true,
-                     bool right = true);
+// A message as the template sees it: its source object (every key, in order), or {"role", "content"
+// [, "reasoning_content"]} from the fields.
+jinja::Value message_value(const ChatMessage& m);
+
+// Python str.strip / lstrip / rstrip on UTF-8 text (io/jinja/value.h).
+using jinja::py_strip;
 
 }  // namespace dflash

@@ -101,16 +101,17 @@ class DatasetWriter {
 // ("dflash_training"."data"), whichever command writes the export:
 //   {"created_by": "dflash prepare" | null,
 //    "tokenizer_sha256": hex | null,   the tokenizer the ids come from
-//    "chat_template": {"name", "source_sha256", ...} | null,   the template conversations were rendered with
+//    "chat_template": {"sha256", "origin", "mask_rule"} | null,   the template conversations were rendered with
 //    "flags": {"format" (the requested --format), "pairs" (how prompt/completion rows became tokens: "chat" or
-//              "raw"), "enable_thinking", "add_generation_prompt"} | null,   the format and every template flag
+//              "raw"), "add_generation_prompt", "enable_thinking", "reasoning_effort"?, "template_args"?,
+//              "strftime_now"?} | null,   the format and every template variable (chat_template.h chat_flags)
 //    "max_length": n | null,
 //    "inputs": [{"path", "sha256", "bytes", "rows"}] | null, "counts": {...} | null}
 // A key the manifest lacks (a data set not written by prepare) is null. Never throws for a valid manifest.
 nlohmann::json data_provenance(const nlohmann::json& manifest);
 
 // The fields of two provenance blocks that decide how rows become tokens and loss masks — tokenizer_sha256, every
-// chat_template key and every flag (flags.format only when the resolved flags.pairs is absent) — that differ,
+// chat_template key but "origin" and every flag (flags.format only when the resolved flags.pairs is absent) — that differ,
 // one line each: "flags.enable_thinking: true (trained) vs false (evaluated)". `a_name` / `b_name` label the
 // sides. Inputs, counts and max_length are not compared (other data may rightly differ there). A side without the
 // block at all gives one line saying so.

@@ -88,16 +88,14 @@ RowConverter::RowConverter(std::shared_ptr<const Tokenizer> tokenizer, const Pre
   DFLASH_CHECK(o.format == "auto" || o.format == "chat" || o.format == "raw", "--format: \"", o.format,
                "\" is not one of auto, chat, raw");
   DFLASH_CHECK(o.max_length >= 2, "--max-length ", o.max_length, ": must be at least 2");
-  chat_opts_.enable_thinking = o.enable_thinking;
+  chat_opts_ = o.options();
   chat_opts_.add_generation_prompt = false;
   bos_ = tok_->bos_id();
   eos_ = tok_->eos_id();
-  const std::string& jinja = tok_->chat_template();
-  const std::string bos_token = bos_ ? tok_->id_to_token(*bos_) : std::string();
-  const bool have_template = !jinja.empty() || o.chat_template != "auto";
+  const bool have_template = !tok_->chat_templates().empty() || (o.chat_template != "auto" && !o.chat_template.empty());
   if (have_template) {
     try {
-      chat_ = std::make_unique<ChatEncoder>(tok_, ChatTemplate::select(o.chat_template, jinja, bos_token));
+      chat_ = std::make_unique<ChatEncoder>(tok_, ChatTemplate::load(*tok_, o.chat_template, o.chat_template_name));
     } catch (const Error& e) {
       // An unusable template only matters when rows will need it; with --format raw, messages rows are skipped.
       if (o.format != "raw") throw;
@@ -106,7 +104,7 @@ RowConverter::RowConverter(std::shared_ptr<const Tokenizer> tokenizer, const Pre
   }
   if (o.format == "chat") {
     DFLASH_CHECK(chat_ != nullptr, "--format chat: the tokenizer has no chat template (tokenizer_config.json "
-                 "\"chat_template\"); pass --chat-template qwen3|chatml|llama3|llama3.1");
+                 "\"chat_template\" or chat_template.jinja); pass --chat-template FILE.jinja");
   }
   chat_pairs_ = o.format == "chat" || (o.format == "auto" && chat_ != nullptr);
   if (!chat_pairs_) {
@@ -132,16 +130,16 @@ PreparedRow RowConverter::finish(PreparedRow r) const {
 
 PreparedRow RowConverter::convert(std::string_view line, int64_t line_number) const {
   if (py_strip(line, std::nullopt).empty()) throw BadRow("empty_line", "blank line");
-  json j;
+  nlohmann::ordered_json j;
   try {
-    j = json::parse(line);
-  } catch (const json::parse_error& e) {
+    j = nlohmann::ordered_json::parse(line);
+  } catch (const nlohmann::ordered_json::parse_error& e) {
     throw BadRow("invalid_json", cat("invalid JSON: ", json_row_error(e, line_number)));
   }
   if (!j.is_object()) throw BadRow("not_object", cat("the row is a JSON ", j.type_name(), ", not an object"));
   PreparedRow r;
   if (j.contains("input_ids")) {
-    const json& ids = j["input_ids"];
+    const auto& ids = j["input_ids"];
     auto lm = j.find("loss_mask");
     if (!ids.is_array() || ids.empty()) throw BadRow("bad_pretokenized", "\"input_ids\" is not a non-empty array");
     if (lm == j.end() || !lm->is_array()) throw BadRow("bad_pretokenized", "\"loss_mask\" is missing or not an array");
@@ -152,12 +150,12 @@ PreparedRow RowConverter::convert(std::string_view line, int64_t line_number) co
     r.ids.reserve(ids.size());
     r.loss_mask.reserve(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) {
-      const json& v = ids[i];
+      const auto& v = ids[i];
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
         throw BadRow("bad_pretokenized", cat("input_ids[", i, "] = ", v.dump(), " is not a token id in [0, ", vocab,
                                              ")"));
       }
-      const json& m = (*lm)[i];
+      const auto& m = (*lm)[i];
       int mv = -1;
       if (m.is_boolean()) mv = m.get<bool>() ? 1 : 0;
       if (m.is_number_integer() && (m.get<int64_t>() == 0 || m.get<int64_t>() == 1)) mv = static_cast<int>(m.get<int64_t>());
@@ -175,7 +173,15 @@ PreparedRow RowConverter::convert(std::string_view line, int64_t line_number) co
                                       : parse_messages(j["messages"]);
     validate_conversation(ms);
     if (!chat_) throw BadRow("no_chat_template", "a conversation row, and no chat template is available");
-    ChatEncoding e = chat_->encode(ms, chat_opts_);
+    ChatEncoding e;
+    if (auto tools = j.find("tools"); tools != j.end() && !tools->is_null()) {
+      if (!tools->is_array()) throw BadRow("bad_message", "\"tools\" is not an array");
+      ChatOptions with_tools = chat_opts_;
+      with_tools.tools = *tools;
+      e = chat_->encode(ms, with_tools);
+    } else {
+      e = chat_->encode(ms, chat_opts_);
+    }
     r.ids = std::move(e.ids);
     r.loss_mask = std::move(e.loss_mask);
     r.shape = conversations ? "conversations" : "messages";
@@ -189,7 +195,7 @@ PreparedRow RowConverter::convert(std::string_view line, int64_t line_number) co
     }
     const std::string prompt = p->get<std::string>(), completion = c->get<std::string>();
     if (chat_pairs_) {
-      std::vector<ChatMessage> ms = {{"user", prompt, std::nullopt}, {"assistant", completion, std::nullopt}};
+      std::vector<ChatMessage> ms = {{"user", prompt, std::nullopt, {}}, {"assistant", completion, std::nullopt, {}}};
       validate_conversation(ms);
       ChatEncoding e = chat_->encode(ms, chat_opts_);
       r.ids = std::move(e.ids);
@@ -201,10 +207,10 @@ PreparedRow RowConverter::convert(std::string_view line, int64_t line_number) co
       // exact ids as `dflash generate --write-ids` wrote them (the prompt's bos included): re-encoding the text
       // could tokenize the target's own output differently, and the data must be the target's tokens
       auto ids_of = [&](const char* key) {
-        const json& a = j[key];
+        const auto& a = j[key];
         if (!a.is_array()) throw BadRow("bad_pair", cat("\"", key, "\" is not an array"));
         std::vector<int32_t> v;
-        for (const json& x : a) {
+        for (const auto& x : a) {
           if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= tok_->vocab_size())
             throw BadRow("bad_pair", cat("\"", key, "\" holds ", x.dump(), ", not a token id"));
           v.push_back(static_cast<int32_t>(x.get<int64_t>()));
@@ -244,10 +250,10 @@ PreparedRow RowConverter::convert(std::string_view line, int64_t line_number) co
                                    "\"input_ids\"");
 }
 
-json conversations_to_messages(json conv) {
+nlohmann::ordered_json conversations_to_messages(nlohmann::ordered_json conv) {
   if (!conv.is_array()) throw BadRow("bad_message", "\"conversations\" is not an array");
   for (size_t i = 0; i < conv.size(); ++i) {
-    json& m = conv[i];
+    auto& m = conv[i];
     if (!m.is_object()) throw BadRow("bad_message", cat("conversations[", i, "] is not an object"));
     const bool sharegpt = m.contains("from");
     const char* role_key = sharegpt ? "from" : "role";
@@ -270,7 +276,7 @@ json conversations_to_messages(json conv) {
       throw BadRow("bad_message", cat("conversations[", i, "] (", name, "): \"", text_key,
                                       "\" is missing or not a string"));
     }
-    json text = std::move(*t);
+    nlohmann::ordered_json text = std::move(*t);
     m.erase("from");
     m.erase("value");
     m["role"] = role;
@@ -286,10 +292,9 @@ json RowConverter::describe() const {
   json d;
   d["tokenizer"] = t;
   d["chat_template"] = chat_ ? chat_->chat_template().to_json() : json(nullptr);
-  d["flags"] = {{"format", format_requested_},
-                {"pairs", chat_pairs_ ? "chat" : "raw"},
-                {"enable_thinking", chat_opts_.enable_thinking},
-                {"add_generation_prompt", chat_opts_.add_generation_prompt}};
+  d["flags"] = chat_flags(chat_opts_, chat_ ? &chat_->chat_template() : nullptr);
+  d["flags"]["format"] = format_requested_;
+  d["flags"]["pairs"] = chat_pairs_ ? "chat" : "raw";
   d["max_length"] = max_length_;
   return d;
 }

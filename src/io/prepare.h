@@ -7,7 +7,8 @@
 //   JSON Lines (one row per line), or a .json / .json.gz file holding one JSON array of rows (read element by
 //   element, never whole).
 // Rows (each file may mix them):
-//   {"messages": [{"role", "content", "reasoning_content"?}, ...]}   chat template + assistant loss mask
+//   {"messages": [{"role", "content", "reasoning_content"?, "tool_calls"?, ...}, ...], "tools"?: [...]}
+//        the model's chat template (the row's "tools" become the template's `tools`) + assistant loss mask
 //   {"conversations": [{"from", "value"}, ...]}                      ShareGPT; or [{"role", "content"}, ...] as
 //        SpecForge writes it. Roles human/user -> user, gpt/assistant/model -> assistant, system -> system
 //        (conversations_to_messages), then exactly as a messages row ("messages" wins in a row with both)
@@ -21,7 +22,9 @@
 // its element index) and a reason key, when it is not valid JSON ("invalid_json"; also an empty array slot),
 // not an object ("not_object"), none of the four kinds ("unrecognized_row"), a blank line ("empty_line"), a
 // conversation breaking the rules of validate_conversation (chat_template.h: "empty_messages", "unknown_role",
-// "system_only", "not_alternating", "assistant_first", "no_assistant", "empty_content", "bad_message", ...), a
+// "system_only", "not_alternating", "assistant_first", "no_assistant", "empty_content", "bad_message"; the
+// template's own refusal "template_refused" (raise_exception), "template_error" (a runtime error of the template,
+// with its line), "template_mask" (a turn whose output cannot be located), ...), a
 // bad pair ("bad_pair") or pre-tokenized row ("bad_pretokenized"), or when the sample has no supervised pair (a
 // position a with mask[a] = mask[a+1] = 1; spec 2.1): "too_long" if the cut removed it, else
 // "no_supervised_pair". Nothing is dropped silently: every skip is counted per reason (summary and manifest) and
@@ -44,7 +47,7 @@ namespace dflash {
 
 class Tokenizer;
 
-struct PrepareOptions {
+struct PrepareOptions : ChatTemplateChoice {  // the template and its variables: chat_template.h
   std::string tokenizer;            // tokenizer.json or a directory holding it (+ tokenizer_config.json)
   std::vector<std::string> inputs;  // JSON Lines or .json array files, plain or gzip
   std::string out;                  // the data directory to create
@@ -52,8 +55,6 @@ struct PrepareOptions {
   int threads = 0;                  // tokenization threads; <= 0: all cores. Output bytes do not depend on it.
   std::string format = "auto";      // auto | chat | raw (how prompt/completion rows are turned into tokens);
                                     // auto = chat when a chat template is available, else raw
-  std::string chat_template = "auto";  // auto | qwen3 | chatml | llama3 | llama3.1
-  bool enable_thinking = true;
   bool overwrite = false;
   int log_skipped_per_reason = 5;   // skipped rows logged (and kept in the summary) per reason
   bool progress = true;             // progress lines on stderr
@@ -89,8 +90,8 @@ struct PreparedRow {
 // Turns rows into samples. Immutable after construction; convert() is thread safe.
 class RowConverter {
  public:
-  // Resolves the format and the chat template (Error when --format chat has no usable template, or a template
-  // exists but is not recognized and --format is not raw).
+  // Resolves the format and the chat template (Error when --format chat has no template, or the template does not
+  // parse or uses a construct the engine lacks and --format is not raw).
   RowConverter(std::shared_ptr<const Tokenizer> tokenizer, const PrepareOptions& opts);
   // One row's JSON text (a line, or an element of a JSON array) -> sample. Throws BadRow for a row to skip.
   // line_number (1-based, 0 = unknown) places a JSON syntax error in the file: "invalid JSON: parse error at column
@@ -99,7 +100,8 @@ class RowConverter {
   // True when prompt/completion rows go through the chat template.
   bool chat_pairs() const { return chat_pairs_; }
   const ChatEncoder* chat() const { return chat_.get(); }
-  // {"tokenizer": {...}, "chat_template": {...} | null, "flags": {...}, "max_length": n} for the manifest.
+  // {"tokenizer": {...}, "chat_template": {"sha256", "origin", "mask_rule"} | null, "flags": {"format", "pairs",
+  // + chat_flags (every template variable)}, "max_length": n} for the manifest.
   nlohmann::json describe() const;
 
  private:
@@ -118,7 +120,7 @@ class RowConverter {
 // {"role", "content"}; role names map human/user -> "user", gpt/assistant/model -> "assistant", system -> "system".
 // Other keys of a turn are kept (e.g. "reasoning_content"). Throws BadRow: "bad_message" (not an array, a turn
 // that is not an object or has no string role / text), "unknown_role" (naming the turn's index and role).
-nlohmann::json conversations_to_messages(nlohmann::json conversations);
+nlohmann::ordered_json conversations_to_messages(nlohmann::ordered_json conversations);
 
 // Runs the whole preparation: reads every input in order, converts rows on opts.threads threads, writes the data
 // directory atomically (DatasetWriter) and returns the summary. The manifest's "inputs" entries record each

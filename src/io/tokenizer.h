@@ -1,6 +1,9 @@
-// io/tokenizer.h — Hugging Face tokenizer.json: byte-level BPE (GPT-2 byte alphabet) with the pre-tokenizer
-// split regex (PCRE2, UTF + JIT), added / special tokens, encode and decode. Token ids equal those of the
-// Hugging Face `tokenizers` library (checked against the transformers.js port in tests/oracle).
+// io/tokenizer.h — Hugging Face tokenizer.json: BPE, byte-level (GPT-2, Llama-3, Qwen, DeepSeek-V3, gpt-oss)
+// or SentencePiece-style with byte fallback (Llama-2, Mistral, Gemma), with added / special tokens, encode and
+// decode, and what tokenizer_config.json says (special tokens, chat templates). Token ids equal those of the
+// Hugging Face `tokenizers` library (checked against the transformers.js port in tests/oracle). Like that
+// library, each section of tokenizer.json is its own piece (io/tokenizer/): added_vocabulary, normalizer,
+// pre_tokenizer, bpe_model, decoder; a new kind is one more case in one piece.
 // defines: Tokenizer
 //
 // Thread safety: after construction every method is const and safe to call from many threads at once.
@@ -11,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace dflash {
@@ -43,7 +47,21 @@ class Tokenizer {
   // The drafter's mask token: tokenizer_config "mask_token" if set, else an added token named "<|MASK|>"
   // or "<mask>"; nullopt if none.
   std::optional<int32_t> mask_id() const;
-  const std::string& chat_template() const;  // the Jinja source, "" if none
+  // Chat templates: tokenizer_config.json "chat_template" (a string: one entry named ""; a list of {"name",
+  // "template"}: each), else chat_template.jinja (one entry named ""). chat_template() is the "default" one (else
+  // the first), "" if none; chat_template_origin() names the file it came from (or where it was looked for).
+  const std::string& chat_template() const;
+  const std::vector<std::pair<std::string, std::string>>& chat_templates() const;
+  const std::string& chat_template_origin() const;
+  // tokenizer_config.json's special tokens that are set, as (name, content): bos_token, eos_token, unk_token,
+  // pad_token, sep_token, cls_token, mask_token — the variables Hugging Face passes to a chat template.
+  const std::vector<std::pair<std::string, std::string>>& special_tokens() const;
+  // The contents of every added token (tokenizer.json "added_tokens").
+  const std::vector<std::string>& added_tokens() const;
+  // The exact bytes token `id` stands for in the normalized text, before the decoder's sequence-level steps
+  // (Strip): byte-level tokens' bytes, SentencePiece pieces with "▁" as " " and <0xXX> as the byte; special
+  // added tokens: their content. "" for an unknown id.
+  std::string_view token_bytes(int32_t id) const;
   // SHA-256 of the tokenizer.json bytes (recorded in data manifests and exports).
   const std::string& hash() const;
 

