@@ -172,12 +172,10 @@ void hold_run_dir(const TrainConfig& cfg, OpenedRun& r) {
 // Where the run starts: step 0, or the checkpoint LATEST names, whose settings and inputs must be this run's.
 void resume_point(const TrainConfig& cfg, OpenedRun& r) {
   r.latest = cfg.resume ? latest_checkpoint(cfg.out_dir) : "";
-  const std::string metrics_path = path_join(cfg.out_dir, "metrics.jsonl");
   r.budgeted = cfg.time_budget_s > 0 && cfg.max_steps <= 0;
   if (r.latest.empty()) {
     if (cfg.resume) log_info("no checkpoint in ", cfg.out_dir, "/checkpoints: starting from step 0");
     r.cfg_json["data_changes"] = nlohmann::json::array();
-    if (r.lead) r.metrics = std::make_unique<MetricsLog>(metrics_path, -1);
     return;
   }
   const auto info = nlohmann::json::parse(read_file(path_join(r.latest, "state.json")));
@@ -202,7 +200,11 @@ void resume_point(const TrainConfig& cfg, OpenedRun& r) {
   // a time budget goes on with what is left of it (a checkpoint from before "train_seconds" keeps its step count)
   r.budgeted = r.budgeted && info.contains("train_seconds");
   r.seconds_before = info.value("train_seconds", 0.0);
-  if (r.lead) r.metrics = std::make_unique<MetricsLog>(metrics_path, r.start);
+  if (r.budgeted && r.seconds_before >= cfg.time_budget_s && r.total_steps > r.start) {
+    log_info("resume: the time budget of ", cfg.time_budget_s, " s is spent (", r.seconds_before,
+             " s of training before): the run ends at step ", r.start);
+    r.total_steps = r.start;
+  }
 }
 
 // Before step 1: what the checkpoints (under --keep-checkpoints) and the export will take, against the free space.
@@ -239,7 +241,11 @@ OpenedRun open_run(const TrainConfig& cfg) {
   // bad option never costs the old run.
   if (r.lead) hold_run_dir(cfg, r);
   resume_point(cfg, r);
-  if (r.lead) check_space(cfg, r);
+  if (r.lead) {
+    check_space(cfg, r);
+    // the first write of the run: a refused start leaves no metrics.jsonl behind
+    r.metrics = std::make_unique<MetricsLog>(path_join(cfg.out_dir, "metrics.jsonl"), r.latest.empty() ? -1 : r.start);
+  }
   return r;
 }
 

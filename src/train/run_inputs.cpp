@@ -72,6 +72,33 @@ json weights_file_identity(const std::string& path) {
           {"sample_sha256", sha256_hex(sample)}};
 }
 
+// The weight files of a target directory, as WeightStore::open picks them (io/safetensors.h): the shards named by
+// model.safetensors.index.json, else model.safetensors, else every *.safetensors file; sorted by name.
+std::vector<std::string> weight_files(const std::string& dir) {
+  std::vector<std::string> files;
+  const std::string index = path_join(dir, "model.safetensors.index.json");
+  if (file_exists(index)) {
+    json idx;
+    try {
+      idx = json::parse(read_file(index));
+    } catch (const json::exception& e) {
+      DFLASH_FAIL(index, ": invalid JSON: ", e.what());
+    }
+    for (const auto& [tensor, shard] : idx.value("weight_map", json::object()).items())
+      if (shard.is_string()) files.push_back(path_join(dir, shard.get<std::string>()));
+  } else if (file_exists(path_join(dir, "model.safetensors"))) {
+    files.push_back(path_join(dir, "model.safetensors"));
+  } else {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      if (e.path().extension() == ".safetensors" && e.is_regular_file()) files.push_back(e.path().string());
+    DFLASH_CHECK(!ec, dir, ": cannot list: ", ec.message());
+  }
+  std::sort(files.begin(), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());
+  return files;
+}
+
 std::string shorten(const json& v, bool present) {
   if (!present) return "(absent)";
   std::string s = v.dump();
@@ -122,14 +149,8 @@ json target_identity(const std::string& target_dir, bool random_weights, uint64_
     id["weights"] = {{"random_seed", seed}};
     return id;
   }
-  std::vector<std::string> files;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(target_dir, ec))
-    if (e.path().extension() == ".safetensors" && e.is_regular_file()) files.push_back(e.path().string());
-  DFLASH_CHECK(!ec, target_dir, ": cannot list: ", ec.message());
-  std::sort(files.begin(), files.end());
   json w = json::array();
-  for (const std::string& f : files) w.push_back(weights_file_identity(f));
+  for (const std::string& f : weight_files(target_dir)) w.push_back(weights_file_identity(f));
   id["weights"] = w;
   return id;
 }

@@ -7,7 +7,8 @@
 //
 // The record ("inputs"):
 //   "target": {"config_sha256": sha256 of config.json,
-//              "weights": [{"file", "bytes", "header_sha256", "sample_sha256"}, ...] per *.safetensors file, sorted}
+//              "weights": [{"file", "bytes", "header_sha256", "sample_sha256"}, ...] per weight file, sorted: the
+//                          files the loader reads (the index's shards, else model.safetensors, else *.safetensors)}
 //             ("weights": {"random_seed": s} for --random-target)
 //   "tokenizer_sha256": the target's tokenizer.json (Tokenizer::hash), or null
 //   "data": the data set's manifest.json as written by prepare: how the rows became tokens (tokenizer, chat
