@@ -506,12 +506,12 @@ std::string checkpoint_after_failure(const TrainConfig& cfg, const OpenedRun& r,
                               : cat(control.who(), " failed: ", control.message());
   const std::string full =
       cat(msg, write_error.empty() ? std::string() : cat("; then the checkpoint of the failure: ", write_error),
-          ck.empty()  ? std::string("; no checkpoint was written")
-          : fallback  ? cat("; the optimizer state is sharded and its shards could not be put together (",
-                            r.nproc > 1 ? "other processes hold some" : "the drafters stopped at different points",
-                            "): the latest checkpoint is ", ck, " (continue with --resume)")
-          : rec.checkpoint_failed ? std::string()
-                                  : cat("; the last completed step is in ", ck, " (continue with --resume)"));
+          rec.checkpoint_failed ? std::string()  // its message says which checkpoint stands
+          : ck.empty()          ? std::string("; no checkpoint was written")
+          : fallback            ? cat("; the optimizer state is sharded and its shards could not be put together (",
+                                      r.nproc > 1 ? "other processes hold some" : "the drafters stopped at different "
+                                      "points", "): the latest checkpoint is ", ck, " (continue with --resume)")
+                                : cat("; the last completed step is in ", ck, " (continue with --resume)"));
   if (r.nproc > 1) {
     // Several processes: process 0 has the checkpoint; tell the others, let them hear it, then end the job
     // (MPI_Abort: collectives left half-way cannot be finalised cleanly).
