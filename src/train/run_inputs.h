@@ -16,7 +16,8 @@
 //           sha256) and what the data set holds (every shard's sha256, the counts). Compared key by key, whatever
 //           keys it has: a field a later prepare adds is covered without a change here.
 // Why this identity of the weights: hashing them whole costs a full read of the target at every start (16 GB for an
-// 8B target: about 40 s at 400 MB/s, minutes on a network file system). A file's size and the sha256 of its
+// 8B target: about 26 s at the 606 MB/s measured on the CI machine from a cold cache, minutes on a network file
+// system; the identity of a 4 GiB file took 6 ms there: bench/RESULTS.md, issue 39). A file's size and the sha256 of its
 // safetensors header pin every tensor's name, dtype, shape and byte range; the sha256 of 16 blocks of 64 KiB spread
 // evenly over its data catches another training of the same architecture (a fine-tune changes essentially every
 // weight). It reads at most 1 MiB per file. What it misses: a change confined to bytes outside the samples.
