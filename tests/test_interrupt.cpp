@@ -451,6 +451,40 @@ TEST(Interrupt, InputDifferencesAreFoundFieldByField) {
   EXPECT_EQ(r.data_changes[0]["step"], 5);
 }
 
+// The target's identity: the weight files the loader reads (the index's shards, not golden.safetensors beside a
+// model.safetensors), each with its size and header hash; a changed weight byte inside a sampled block and a changed
+// config.json are seen; a copy elsewhere has the same identity.
+TEST(Interrupt, TargetIdentityFollowsTheLoadersFilesAndSeesChangedWeights) {
+  const std::string golden = source_dir() + "/tests/golden";
+  const json sharded = target_identity(golden + "/target_qwen3_moe_sharded", false, 0);
+  ASSERT_EQ(sharded["weights"].size(), 2u) << sharded.dump(2);
+  EXPECT_EQ(sharded["weights"][0]["file"], "model-00001-of-00002.safetensors");
+  EXPECT_EQ(sharded["weights"][1]["file"], "model-00002-of-00002.safetensors");
+  EXPECT_EQ(sharded["weights"][1]["bytes"], 514224);
+  EXPECT_EQ(sharded["config_sha256"], sha256_hex(read_file(golden + "/target_qwen3_moe_sharded/config.json")));
+  const json one = target_identity(golden + "/target_qwen3", false, 0);
+  ASSERT_EQ(one["weights"].size(), 1u) << one.dump(2);
+  EXPECT_EQ(one["weights"][0]["file"], "model.safetensors");
+  EXPECT_EQ(target_identity(golden + "/target_qwen3", true, 7)["weights"], json({{"random_seed", 7}}));
+
+  const std::string root = tmpdir("identity"), copy = root + "/copy";
+  fs::copy(golden + "/target_qwen3", copy, fs::copy_options::recursive);
+  EXPECT_EQ(target_identity(copy, false, 0), one);
+  {  // one byte of the last weights (the last sampled block ends at the end of the file)
+    std::fstream f(copy + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x5a');
+  }
+  const json changed = target_identity(copy, false, 0);
+  EXPECT_EQ(changed["weights"][0]["header_sha256"], one["weights"][0]["header_sha256"]);
+  EXPECT_NE(changed["weights"][0]["sample_sha256"], one["weights"][0]["sample_sha256"]);
+  EXPECT_EQ(json_differences(one, changed, "target", {}),
+            (std::vector<std::string>{cat("target.weights[0].sample_sha256: ", one["weights"][0]["sample_sha256"].dump(),
+                                          " (checkpoint) vs ", changed["weights"][0]["sample_sha256"].dump(),
+                                          " (this run)")}));
+  fs::remove_all(root);
+}
+
 // Item 4 in one process: the lock names its holder; a second acquire fails at once naming it; released, the
 // directory can be taken again; a refused start puts the previous record back byte for byte.
 TEST(Interrupt, RunLockNamesItsHolderAndIsReleased) {

@@ -178,8 +178,16 @@ void resume_point(const TrainConfig& cfg, OpenedRun& r) {
     r.cfg_json["data_changes"] = nlohmann::json::array();
     return;
   }
-  const auto info = nlohmann::json::parse(read_file(path_join(r.latest, "state.json")));
-  const auto& old = info.at("config");
+  const std::string state_path = path_join(r.latest, "state.json");
+  nlohmann::json info;
+  try {
+    info = nlohmann::json::parse(read_file(state_path));
+    DFLASH_CHECK(info.is_object() && info.contains("config") && info.contains("step"), state_path,
+                 ": no \"config\" or \"step\"");
+  } catch (const nlohmann::json::exception& e) {
+    DFLASH_FAIL(state_path, ": invalid JSON: ", e.what());
+  }
+  const auto& old = info["config"];
   for (const char* k : kResumeKeys)
     DFLASH_CHECK(old.contains(k) && old[k] == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ",
                  k, " = ", old.contains(k) ? old[k].dump() : "(absent)", ", this run has ", r.cfg_json[k].dump(),

@@ -84,7 +84,9 @@ std::vector<std::string> weight_files(const std::string& dir) {
     } catch (const json::exception& e) {
       DFLASH_FAIL(index, ": invalid JSON: ", e.what());
     }
-    for (const auto& [tensor, shard] : idx.value("weight_map", json::object()).items())
+    DFLASH_CHECK(idx.is_object() && idx.contains("weight_map") && idx["weight_map"].is_object(), index,
+                 ": weight_map: missing or not an object");
+    for (const auto& [tensor, shard] : idx["weight_map"].items())
       if (shard.is_string()) files.push_back(path_join(dir, shard.get<std::string>()));
   } else if (file_exists(path_join(dir, "model.safetensors"))) {
     files.push_back(path_join(dir, "model.safetensors"));
