@@ -182,20 +182,23 @@ TEST(Interrupt, CheckpointKilledMidWriteIsCleanedUpAndTheResumeIsBitIdentical) {
 TEST(Interrupt, OnlyTheRunsOwnTemporariesAreRemoved) {
   const std::string out = tmpdir("own") + "/run";
   for (const char* d : {"checkpoints/step-00000010.tmp-123", "checkpoints/step-00000010", "checkpoints/mine.tmp-1",
-                        "export.tmp-77", "notes.tmp-5"})
-    fs::create_directories(out + "/" + d);
+                        "export.tmp-4194999", "notes.tmp-5"})
+    fs::create_directories(out + "/" + d);  // pid 4194999: above any pid_max, never running
+  const std::string live_export = cat(out, "/export.tmp-", getpid());  // a `dflash export` still writing
+  fs::create_directories(live_export);
   for (const char* f : {"checkpoints/step-00000010.tmp-123/params.safetensors", "checkpoints/LATEST.tmp.9",
-                        "metrics.jsonl.tmp.44", "metrics.jsonl.tmpx", "export.tmp-77/model.safetensors"})
+                        "metrics.jsonl.tmp.44", "metrics.jsonl.tmpx", "export.tmp-4194999/model.safetensors"})
     std::ofstream(out + "/" + f) << std::string(1000, 'x');
   const auto removed = remove_run_temporaries(out);
   ASSERT_EQ(removed.size(), 4u);
   EXPECT_EQ(removed[0].path, out + "/checkpoints/LATEST.tmp.9");
   EXPECT_EQ(removed[1].path, out + "/checkpoints/step-00000010.tmp-123");
   EXPECT_EQ(removed[1].bytes, 1000);
-  EXPECT_EQ(removed[2].path, out + "/export.tmp-77");
+  EXPECT_EQ(removed[2].path, out + "/export.tmp-4194999");
   EXPECT_EQ(removed[3].path, out + "/metrics.jsonl.tmp.44");
   for (const char* kept : {"checkpoints/step-00000010", "checkpoints/mine.tmp-1", "notes.tmp-5", "metrics.jsonl.tmpx"})
     EXPECT_TRUE(fs::exists(out + "/" + kept)) << kept;
+  EXPECT_TRUE(fs::exists(live_export));
   fs::remove_all(fs::path(out).parent_path());
 }
 

@@ -2,6 +2,7 @@
 #include "train/run_files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -99,6 +100,14 @@ std::vector<RemovedTemporary> remove_run_temporaries(const std::string& out_dir)
   scan(path_join(out_dir, "checkpoints"), {&ckpt_tmp, &latest_tmp});
   scan(out_dir, {&top_tmp});
   if (dir_exists(path_join(out_dir, "export"))) scan(out_dir, {&export_old});
+  // `dflash export --out <run>/export` writes the export's temporaries too, without the run's lock: those of a
+  // process still running on this host stay
+  std::erase_if(found, [](const std::string& p) {
+    const std::string n = fs::path(p).filename().string();
+    if (n.rfind("export.", 0) != 0) return false;
+    const pid_t pid = static_cast<pid_t>(std::atoll(n.c_str() + n.find('-') + 1));
+    return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
+  });
   std::sort(found.begin(), found.end());
   std::vector<RemovedTemporary> removed;
   for (const std::string& p : found) {

@@ -56,8 +56,9 @@ struct RemovedTemporary {
 //   export.old-<pid>/                        the previous export moved aside during the swap: only when export/
 //                                            exists (else it is the only export there is, and stays)
 // The caller must hold the run directory's lock (core/run_lock.h): then no other process of the run can be writing
-// any of them (in a job of several processes only process 0 writes there). Returns what was removed, sorted by
-// path. Error names a path that cannot be removed.
+// any of them (in a job of several processes only process 0 writes there). The export's temporaries are also
+// written by `dflash export --out <run>/export`, which does not take the run's lock: they stay while a process of
+// their pid runs on this host. Returns what was removed, sorted by path. Error names a path that cannot be removed.
 std::vector<RemovedTemporary> remove_run_temporaries(const std::string& out_dir);
 
 // The number of trainable parameters of a drafter of config dc (the tensors of model/drafter.cpp's constructor;
