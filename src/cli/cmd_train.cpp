@@ -37,7 +37,8 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_flag("--random-target", c.random_target,
                 "benchmarks: draw the target's weights at random from its config.json (no safetensors needed)");
   sub->add_option("--inject-fault", c.inject_fault, "testing aid: KIND:INDEX:STEP makes worker 'target N' or "
-                  "'drafter N' throw at step STEP (0-based)");
+                  "'drafter N' throw at step STEP (0-based); checkpoint:0:STEP stalls the write of the checkpoint of "
+                  "step STEP midway (for a test to kill the process)");
   sub->add_option("--num-layers", c.num_layers, "draft layers Ld")->capture_default_str();
   sub->add_option("--block-size", c.block_size, "block size B (16 for Qwen3 targets, 10 for Llama-3.1)")
       ->capture_default_str();
