@@ -57,24 +57,6 @@ std::vector<double> concat(const std::map<std::string, std::vector<double>>& m, 
   return v;
 }
 
-int run_binary(const std::vector<std::string>& args, pid_t* child = nullptr) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  if (child) {
-    *child = pid;
-    return 0;
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 std::vector<std::string> train_args(const TrainConfig& c) {
   std::vector<std::string> a = {DFLASH_BINARY, "train", "--target", c.target_dir, "--data", c.data_dir, "--out",
                                 c.out_dir, "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,2",

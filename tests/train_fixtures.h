@@ -1,6 +1,8 @@
 // tests/train_fixtures.h — small training runs for the tests: a learnable toy data set for the tiny Qwen3 golden
-// target, a config sized for 2 CPU cores, metrics reading, temporary directories.
+// target, a config sized for 2 CPU cores, metrics reading, temporary directories, child processes.
 #pragma once
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -26,9 +28,10 @@ inline std::string train_tmpdir(const std::string& name) {
 }
 
 // Arithmetic progressions mod 64, x[p+1] = x[p] + k (k in 1..3 per sample); loss mask from `mask(sample, p)`
-// (default: a 6-token prompt, then the response).
+// (default: a 6-token prompt, then the response). `meta`: the manifest's other fields (as prepare records them).
 inline std::string make_train_data(const std::string& root, int samples = 24, int len = 40,
-                                   const std::function<bool(int, int)>& mask = nullptr, const std::string& name = "data") {
+                                   const std::function<bool(int, int)>& mask = nullptr, const std::string& name = "data",
+                                   const nlohmann::json& meta = nlohmann::json::object()) {
   const std::string dir = root + "/" + name;
   DatasetWriter w(dir);
   Rng rng(5, RngPurpose::Test);
@@ -44,7 +47,7 @@ inline std::string make_train_data(const std::string& root, int samples = 24, in
     }
     w.add(ids, m);
   }
-  w.commit(nlohmann::json::object());
+  w.commit(meta);
   return dir;
 }
 
@@ -74,6 +77,34 @@ inline std::vector<nlohmann::json> read_metrics_jsonl(const std::string& out_dir
   std::string line;
   while (std::getline(in, line)) v.push_back(nlohmann::json::parse(line));
   return v;
+}
+
+// Runs a program (args[0]: its path) in a child process. Without `child`: waits, returns its exit status (128 +
+// the signal when a signal ended it). With `child`: returns 0 at once, the pid in *child. `log` (optional): the
+// child's stdout and stderr go to that file.
+inline int run_binary(const std::vector<std::string>& args, pid_t* child = nullptr, const std::string& log = "") {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (!log.empty()) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+    }
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  if (child) {
+    *child = pid;
+    return 0;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace dflash::test

@@ -3,7 +3,10 @@
 // target regenerated greedily with `dflash generate`). With no arguments, on the CPU: prepare the data, measure tau
 // of an untrained drafter, train a small drafter within a time budget, measure tau again (teacher-forced, and by
 // real speculative decoding), export. `--device cuda` trains a larger drafter longer on the GPU. An --out that holds
-// an earlier demo's result (run/, summary.json) is refused unless --resume (continue its training) or --overwrite.
+// an earlier demo's result (run/, summary.json) is refused unless --resume (continue its training) or --overwrite;
+// one that another demo is using is refused naming it (core/run_lock.h). SIGINT/SIGTERM during the training stop it
+// as they stop `train`: a checkpoint, exit status 130, and `--resume` continues; elsewhere (preparing, measuring tau)
+// they end the demo at once, which loses nothing a resume does not redo (the data is prepared atomically).
 #include <chrono>
 #include <cstdio>
 
@@ -12,8 +15,10 @@
 #include "backend/context.h"
 #include "cli/commands.h"
 #include "core/fs.h"
+#include "core/job_control.h"  // StopOnSignals
 #include "core/log.h"
 #include "core/output_dir.h"
+#include "core/run_lock.h"
 #include "eval/generate.h"
 #include "eval/tau.h"
 #include "io/dataset.h"
@@ -85,7 +90,13 @@ void run(const DemoOpts& o) {
   const bool gpu = o.device != "cpu";
   const std::string assets = find_assets(o.assets);
   const std::string target_dir = path_join(assets, "target");
-  claim_output_dir(o.out, o.resume, o.overwrite, OutputOf::Demo);  // an earlier demo: --resume or --overwrite
+  RunLock lock = RunLock::acquire(o.out, "dflash demo");  // one demo at a time on --out
+  try {
+    claim_output_dir(o.out, o.resume, o.overwrite, OutputOf::Demo);  // an earlier demo: --resume or --overwrite
+  } catch (...) {
+    lock.restore_and_release();
+    throw;
+  }
   const std::string train_dir =
       prepare_once(target_dir, path_join(assets, "train.jsonl.gz"), path_join(o.out, "data/train"));
   const std::string eval_dir =
@@ -146,7 +157,15 @@ void run(const DemoOpts& o) {
   log_info("demo: tau of the untrained drafter on ", eval_n, " eval samples ...");
   TauReport before = measure(*ctx, *target, untrained, eval_data, eval_n, false, eos);
 
-  TrainSummary ts = train(tc);
+  TrainSummary ts;
+  {
+    const StopOnSignals signals;  // as in `train`: a checkpoint after the current step, exit status 130
+    ts = train(tc, signals.flag());
+    if (ts.interrupted && signals.stopped()) {
+      log_info("demo: interrupted during training (checkpoint ", ts.checkpoint_dir, "); continue with --resume");
+      throw ExitCode{130};
+    }
+  }
   auto drafter = load_exported_drafter(*ctx, ts.export_dir);
   log_info("demo: tau of the trained drafter on ", eval_n, " eval samples (", gen_n, " by speculative decoding) ...");
   TauReport after = measure(*ctx, *target, *drafter, eval_data, eval_n, false, eos);

@@ -1,18 +1,12 @@
 // cli/cmd_train.cpp — `dflash train`: every TrainConfig key is an option; `--config FILE` reads the same keys
 // from the [train] section of a TOML/INI file (names as the long options without dashes, e.g. `block-size = 16`,
 // `target-layer-ids = [1, 9, 17, 25, 33]`); command-line options override the file.
-#include <csignal>
-
 #include "cli/commands.h"
+#include "core/job_control.h"  // StopOnSignals
 #include "core/log.h"
 #include "train/trainer.h"
 
 namespace dflash::cli {
-
-namespace {
-std::atomic<bool> g_stop{false};  // set by SIGINT/SIGTERM; the only process-wide state, written by the handler
-extern "C" void on_signal(int) { g_stop.store(true); }
-}  // namespace
 
 void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--target", c.target_dir, "Hugging Face target model directory")->required();
@@ -43,7 +37,8 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_flag("--random-target", c.random_target,
                 "benchmarks: draw the target's weights at random from its config.json (no safetensors needed)");
   sub->add_option("--inject-fault", c.inject_fault, "testing aid: KIND:INDEX:STEP makes worker 'target N' or "
-                  "'drafter N' throw at step STEP (0-based)");
+                  "'drafter N' throw at step STEP (0-based); checkpoint:0:STEP stalls the write of the checkpoint of "
+                  "step STEP midway (for a test to kill the process)");
   sub->add_option("--num-layers", c.num_layers, "draft layers Ld")->capture_default_str();
   sub->add_option("--block-size", c.block_size, "block size B (16 for Qwen3 targets, 10 for Llama-3.1)")
       ->capture_default_str();
@@ -103,7 +98,14 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0 = at the end only)")
       ->capture_default_str();
   sub->add_option("--keep-checkpoints", c.keep_checkpoints, "checkpoints kept")->capture_default_str();
-  sub->add_flag("--resume", c.resume, "continue from <out>/checkpoints/LATEST if present");
+  sub->add_flag("--resume", c.resume, "continue from <out>/checkpoints/LATEST if present (its settings, target, "
+                "tokenizer, template and data must be this run's)");
+  sub->add_flag("--allow-data-change", c.allow_data_change,
+                "with --resume: continue although the data set, tokenizer, chat template or its variables differ "
+                "from the checkpoint's (recorded in the run's provenance, config data_changes); never another target");
+  sub->add_flag("--require-space", c.require_space,
+                "refuse to start when the checkpoints --keep-checkpoints holds and the export may not fit in the free "
+                "space of --out's file system (default: a warning)");
   sub->add_flag("--overwrite", c.overwrite, "replace an earlier run in --out (its metrics.jsonl, checkpoints/, "
                 "export/, profile.txt; other files are kept); without it or --resume, train refuses such a directory");
   sub->add_option("--stop-after", c.stop_after,
@@ -120,10 +122,9 @@ void register_train(CLI::App& app) {
   auto cfg = std::make_shared<TrainConfig>();
   add_train_options(sub, *cfg);
   sub->callback([cfg] {
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
-    TrainSummary s = train(*cfg, &g_stop);
-    if (s.interrupted && g_stop.load()) throw ExitCode{130};
+    const StopOnSignals signals;  // SIGINT/SIGTERM: a checkpoint after the current step, then exit status 130
+    TrainSummary s = train(*cfg, signals.flag());
+    if (s.interrupted && signals.stopped()) throw ExitCode{130};
     log_info("trained ", s.steps_done, " steps in ", s.seconds, " s; last loss ", s.last_loss, ", EAL ", s.last_eal);
   });
 }

@@ -1,12 +1,16 @@
+// core/fs.cpp — see fs.h.
 #include "core/fs.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -128,6 +132,47 @@ std::string sha256_hex(std::string_view bytes) {
     out.push_back(hex[md[i] & 15]);
   }
   return out;
+}
+
+int64_t free_bytes(const std::string& path) {
+  struct statvfs s{};
+  if (::statvfs(path.c_str(), &s) != 0) return -1;
+  return static_cast<int64_t>(s.f_bavail) * static_cast<int64_t>(s.f_frsize);
+}
+
+int64_t tree_size(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (ec || !fs::exists(st)) return 0;
+  if (fs::is_regular_file(st)) {
+    const auto n = fs::file_size(path, ec);
+    return ec ? 0 : static_cast<int64_t>(n);
+  }
+  if (!fs::is_directory(st)) return 0;
+  int64_t total = 0;
+  for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code e2;
+    if (it->is_regular_file(e2) && !it->is_symlink(e2)) {
+      const auto n = it->file_size(e2);
+      if (!e2) total += static_cast<int64_t>(n);
+    }
+  }
+  return total;
+}
+
+std::string format_bytes(int64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (std::abs(v) >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char b[48];
+  if (u == 0) std::snprintf(b, sizeof b, "%lld B", static_cast<long long>(n));
+  else std::snprintf(b, sizeof b, "%.*f %s", std::abs(v) < 10 ? 2 : (std::abs(v) < 100 ? 1 : 0), v, units[u]);
+  return b;
 }
 
 std::string path_join(const std::string& dir, const std::string& name) {

@@ -1,5 +1,6 @@
 // core/fs.h — files: read-only memory maps, crash-safe writes, small helpers.
-// defines: MappedFile, AtomicFile, write_file_atomic, read_file, file_exists, make_dirs, sha256_hex
+// defines: MappedFile, AtomicFile, write_file_atomic, read_file, file_exists, make_dirs, sha256_hex, free_bytes,
+//          tree_size, format_bytes
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -58,5 +59,13 @@ void fsync_dir(const std::string& dir);
 std::string sha256_hex(std::string_view bytes);
 // "dir/name" with exactly one separator.
 std::string path_join(const std::string& dir, const std::string& name);
+// Bytes an unprivileged writer may still write on the file system that holds `path` (statvfs: f_bavail x
+// f_frsize); -1 when it cannot be known (path absent, statvfs failed).
+int64_t free_bytes(const std::string& path);
+// The size of a regular file, or the sum of the sizes of the regular files under a directory (recursively; links
+// are not followed); 0 when path is absent. Never throws (an entry that vanishes meanwhile counts 0).
+int64_t tree_size(const std::string& path);
+// A size for people: "812 B", "15.3 KiB", "1.27 GiB".
+std::string format_bytes(int64_t n);
 
 }  // namespace dflash

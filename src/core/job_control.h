@@ -1,7 +1,8 @@
 // core/job_control.h — the shared fault and shutdown state of a multi-threaded job (the training pipeline): the
 // first failure wins and is kept with the name of the worker that raised it; every blocking wait of the job polls
-// it, so no thread waits forever on a peer that has died.
-// defines: JobControl, JobAborted, kPollInterval
+// it, so no thread waits forever on a peer that has died. And what a signal does to a run: SIGINT / SIGTERM ask it to
+// stop after the current step (StopOnSignals), which then writes a checkpoint and ends with exit status 130.
+// defines: JobControl, JobAborted, kPollInterval, StopOnSignals
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -51,6 +52,21 @@ class JobControl {
   mutable std::mutex mu_;
   std::atomic<bool> failed_{false}, shutdown_{false};
   std::string who_, message_;
+};
+
+// While it lives, SIGINT and SIGTERM set a flag (flag(), for train()'s `stop`) instead of ending the process; the
+// previous handlers come back when it is destroyed, so a command installs it around the part that can stop cleanly
+// (the training loop) and keeps the default elsewhere. It also ignores SIGXFSZ meanwhile: a file-size limit
+// (ulimit -f) then fails the write with EFBIG, reported with the file's path and the bytes needed, instead of
+// killing the process mid-write. Signal dispositions are process-wide: at most one instance at a time (Error).
+class StopOnSignals {
+ public:
+  StopOnSignals();
+  ~StopOnSignals();
+  StopOnSignals(const StopOnSignals&) = delete;
+  StopOnSignals& operator=(const StopOnSignals&) = delete;
+  const std::atomic<bool>* flag() const;
+  bool stopped() const { return flag()->load(); }
 };
 
 }  // namespace dflash

@@ -36,26 +36,45 @@ Tensor host_state(Context& ctx, const Param& p, const Tensor& flat, const Tensor
 }  // namespace
 
 std::string save_checkpoint(Context& ctx, const std::string& out_dir, const ParamSet& ps, const CheckpointState& st,
-                            const FlatState& flat) {
+                            const FlatState& flat, const std::function<void(const std::string&)>& after_file) {
   const std::string root = path_join(out_dir, "checkpoints");
   make_dirs(root);
   char name[32];
   std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(st.step));
   const std::string dir = path_join(root, name);
-  const std::string tmp = cat(dir, ".tmp-", getpid());
+  const std::string tmp = cat(dir, kCheckpointTmpInfix, getpid());
   fs::remove_all(tmp);
-  make_dirs(tmp);
   std::vector<std::pair<std::string, Tensor>> params, optim;
   for (const auto& p : ps.all()) {
     params.emplace_back(p.name, host_state(ctx, p, flat.master, p.master));
     optim.emplace_back("m." + p.name, host_state(ctx, p, flat.m, p.m));
     optim.emplace_back("v." + p.name, host_state(ctx, p, flat.v, p.v));
   }
-  write_safetensors(path_join(tmp, "params.safetensors"), params);
-  write_safetensors(path_join(tmp, "optim.safetensors"), optim);
   nlohmann::json j = st.info;
   j["step"] = st.step;
-  write_file_atomic(path_join(tmp, "state.json"), j.dump(2) + "\n");
+  const std::string state = j.dump(2) + "\n";
+  try {
+    make_dirs(tmp);
+    write_safetensors(path_join(tmp, "params.safetensors"), params);
+    if (after_file) after_file(path_join(tmp, "params.safetensors"));
+    write_safetensors(path_join(tmp, "optim.safetensors"), optim);
+    if (after_file) after_file(path_join(tmp, "optim.safetensors"));
+    write_file_atomic(path_join(tmp, "state.json"), state);
+  } catch (const Error& e) {
+    // Nothing of this checkpoint stays: its temporary directory goes (it may fill what is left of the disk), the
+    // earlier checkpoints and LATEST were never touched.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    int64_t need = static_cast<int64_t>(state.size());
+    for (const auto* v : {&params, &optim})
+      for (const auto& [n, t] : *v) need += static_cast<int64_t>(t.nbytes() + n.size() + 64);  // data + header
+    const int64_t free = free_bytes(root);
+    const std::string prev = latest_checkpoint(out_dir);
+    DFLASH_FAIL("checkpoint of step ", st.step, ": ", e.what(), "; the checkpoint needs about ", format_bytes(need),
+                " (", need, " bytes) in ", root, ", ", free >= 0 ? format_bytes(free) : std::string("an unknown amount"),
+                " free there. ", prev.empty() ? std::string("There is no earlier checkpoint") :
+                cat("The previous checkpoint ", prev, " is intact (continue from it with --resume once there is room)"));
+  }
   std::error_code ec;
   fs::remove_all(dir, ec);
   fs::rename(tmp, dir, ec);
@@ -129,7 +148,8 @@ void prune_checkpoints(const std::string& out_dir, int64_t keep) {
   std::vector<std::string> dirs;
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find(".tmp-") == std::string::npos) dirs.push_back(n);
+    if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find(kCheckpointTmpInfix) == std::string::npos)
+      dirs.push_back(n);
   }
   std::sort(dirs.begin(), dirs.end());
   // the checkpoint LATEST names is never removed, whatever its step (a stale higher-numbered one must not push

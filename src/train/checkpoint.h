@@ -7,8 +7,13 @@
 // move freely between replicated and sharded runs of any topology.
 // written into "<dir>.tmp-<pid>" and renamed; then <out>/checkpoints/LATEST (one line: the directory name) is
 // replaced atomically. RNG needs no saved state: every stream is counter-based on (seed, purpose, step, index).
-// defines: CheckpointState, FlatState, save_checkpoint, latest_checkpoint, load_checkpoint, prune_checkpoints
+// A write that fails (a full or unwritable disk) removes its temporary directory and leaves every earlier checkpoint
+// and LATEST as they were; a process killed mid-write leaves "<dir>.tmp-<pid>", which the next start of the run
+// removes (train/run_files.h remove_run_temporaries).
+// defines: CheckpointState, FlatState, save_checkpoint, latest_checkpoint, load_checkpoint, prune_checkpoints,
+//          kCheckpointTmpInfix
 #pragma once
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -30,10 +35,18 @@ struct FlatState {
   Tensor master, m, v;
 };
 
+// The infix of a checkpoint's temporary directory: "step-00000200" + kCheckpointTmpInfix + "<pid>".
+inline constexpr const char* kCheckpointTmpInfix = ".tmp-";
+
 // Writes a checkpoint of `ps` (masters and moments, any device; `flat` replaces any of them) for `st`; returns
-// its directory.
+// its directory. `after_file` (may be empty; a test aid) runs after each of params.safetensors and
+// optim.safetensors is complete in the temporary directory, with that file's path. Error when a file cannot be
+// written: the message names the file, the reason (e.g. "No space left on device"), the bytes the checkpoint
+// needs and the bytes free on that file system, and says that the previous checkpoint is intact; the temporary
+// directory is removed first.
 std::string save_checkpoint(Context& ctx, const std::string& out_dir, const ParamSet& ps, const CheckpointState& st,
-                            const FlatState& flat = {});
+                            const FlatState& flat = {},
+                            const std::function<void(const std::string&)>& after_file = {});
 // The directory named by <out>/checkpoints/LATEST, or "" when there is none.
 std::string latest_checkpoint(const std::string& out_dir);
 // Restores masters (and compute copies) and moments into `ps` — or, with `shard`, the moments of the shard's

@@ -2,6 +2,9 @@
 #include "train/target_worker.h"
 
 #include <chrono>
+#include <thread>
+
+#include "core/log.h"
 
 namespace dflash {
 
@@ -12,7 +15,8 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
   DFLASH_CHECK(a != std::string::npos && b != std::string::npos, "--inject-fault '", spec,
                "': expected KIND:INDEX:STEP, e.g. drafter:1:3");
   f.kind = spec.substr(0, a);
-  DFLASH_CHECK(f.kind == "target" || f.kind == "drafter", "--inject-fault '", spec, "': KIND is target or drafter");
+  DFLASH_CHECK(f.kind == "target" || f.kind == "drafter" || f.kind == "checkpoint", "--inject-fault '", spec,
+               "': KIND is target, drafter or checkpoint");
   f.index = std::stoi(spec.substr(a + 1, b - a - 1));
   f.step = std::stoll(spec.substr(b + 1));
   return f;
@@ -21,6 +25,14 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
 void FaultPlan::maybe_throw(const char* k, int i, int64_t s) const {
   if (index >= 0 && kind == k && index == i && s >= step)
     DFLASH_FAIL("injected fault (--inject-fault ", kind, ":", index, ":", step, ")");
+}
+
+void FaultPlan::maybe_stall_checkpoint(int64_t s, const std::string& file) const {
+  if (kind != "checkpoint" || s != step || file.size() < 18 || file.substr(file.size() - 18) != "params.safetensors")
+    return;
+  log_warn("injected fault (--inject-fault checkpoint:", index, ":", step, "): the checkpoint write stalls in ", file);
+  std::this_thread::sleep_for(std::chrono::seconds(600));
+  DFLASH_FAIL("injected fault (--inject-fault checkpoint:", index, ":", step, "): nobody killed the stalled write");
 }
 
 TargetWorker::TargetWorker(int index, std::string name, std::unique_ptr<Context> ctx, std::shared_ptr<const Target> target,

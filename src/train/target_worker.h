@@ -41,13 +41,17 @@ class TargetWorker {
 };
 
 // Test aid (--inject-fault KIND:INDEX:STEP): the worker "target N" or "drafter N" (local index) throws when it
-// reaches global step STEP (0-based) or a later one, to test how the job stops.
+// reaches global step STEP (0-based) or a later one, to test how the job stops. KIND "checkpoint" (INDEX 0): the
+// write of the checkpoint of step STEP (its directory step-<STEP>) stalls once params.safetensors is complete in its
+// temporary directory, for a test to kill the process mid-write (it throws after 600 s if nobody does).
 struct FaultPlan {
-  std::string kind;  // "target" or "drafter"
+  std::string kind;  // "target", "drafter" or "checkpoint"
   int index = -1;
   int64_t step = -1;
   static FaultPlan parse(const std::string& spec);  // "" -> no fault; Error names a malformed spec
   void maybe_throw(const char* k, int i, int64_t s) const;
+  // KIND checkpoint: stalls when `file` (just written) is the params.safetensors of the checkpoint of step s.
+  void maybe_stall_checkpoint(int64_t s, const std::string& file) const;
 };
 
 }  // namespace dflash

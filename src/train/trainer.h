@@ -70,7 +70,11 @@ struct TrainConfig {
   int64_t checkpoint_every = 200;  // steps; 0 = only at the end / on interruption
   int64_t keep_checkpoints = 2;
   bool resume = false;             // continue from <out>/checkpoints/LATEST when it exists
+  bool allow_data_change = false;  // with resume: continue although the data set, tokenizer or template differ from
+                                   // the checkpoint's (recorded in config "data_changes"); never another target
   bool overwrite = false;          // replace an earlier run's results in <out> (else train refuses to start there)
+  bool require_space = false;      // refuse to start when the checkpoints --keep-checkpoints holds and the export
+                                   // may not fit in the free space of <out>'s file system (else a warning)
   int64_t stop_after = 0;          // > 0: checkpoint and stop once this many steps are done (a time slice of a
                                    // longer run: the schedule still spans all steps; continue with resume)
   bool export_at_end = true;       // <out>/export in the z-lab format
@@ -91,13 +95,19 @@ struct TrainSummary {
 };
 
 // Runs (or resumes) training. `stop` (may be null) is polled after each step: when set, every drafter stops after
-// the same step, a checkpoint is written and train() returns with interrupted = true. Throws Error for bad inputs
-// (naming file / field); first of all when out_dir already holds an earlier run's results (metrics.jsonl,
+// the same step, a checkpoint is written and train() returns with interrupted = true. The phases (each a function of
+// its own): open or resume the run directory (train/open_run.h: every check of the inputs, the directory, a resume
+// and the disk space), build the workers, warm up, the loop, finish (the export, or the checkpoint of a failure).
+// Throws Error for bad inputs (naming file / field); first of all when out_dir is held by another process (naming
+// it: host, pid, start time; core/run_lock.h), when it already holds an earlier run's results (metrics.jsonl,
 // checkpoints/, export/, profile.txt) and neither resume nor overwrite is set (core/output_dir.h: nothing is touched
-// then), for target layer ids that are not distinct and ascending (validate_target_layer_ids), for a mask_token_id
-// below -1, for a data set without one trainable sample, and when a worker fails (the message names the worker; a
-// checkpoint of the last completed step is written first). Under an MPI launcher every process calls train() with
-// the same config; process 0 writes the files.
+// then), when a resume's checkpoint was made with other settings or on other inputs (train/run_inputs.h), for target
+// layer ids that are not distinct and ascending (validate_target_layer_ids), for a mask_token_id below -1, for a data
+// set without one trainable sample, with require_space and too little free space, when a checkpoint cannot be
+// written (naming the file, the bytes needed and free; the previous checkpoint stays intact and metrics.jsonl is cut
+// back to its step), and when a worker fails (the message names the worker; a checkpoint of the last completed step
+// is written first). Under an MPI launcher every process calls train() with the same config; process 0 holds the
+// run directory and writes the files.
 TrainSummary train(const TrainConfig& cfg, const std::atomic<bool>* stop = nullptr);
 
 void to_json(nlohmann::json& j, const TrainConfig& c);
