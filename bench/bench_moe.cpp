@@ -100,28 +100,13 @@ int main(int argc, char** argv) {
       for (auto& x : v) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
       return v;
     };
-    auto timed = [&](auto&& fn) {
-      ctx->synchronize();
-      const double t0 = now_s();
-      fn();
-      ctx->synchronize();
-      return now_s() - t0;
-    };
-    auto measure = [&](auto&& fn, double* first) {
-      *first = timed(fn);  // warm-up
-      const int reps = std::max(2, std::min(max_reps, static_cast<int>(budget / std::max(*first, 1e-4))));
-      ctx->reset_peak_memory();
-      std::vector<double> ts;
-      for (int r = 0; r < reps; ++r) ts.push_back(timed(fn));
-      return std::make_pair(median(ts), reps);
-    };
     auto run = [&](const std::string& name, auto&& fn, double flops, double tokens, int64_t layers_run) {
-      double first = 0;
-      const auto [s, reps] = measure(fn, &first);
+      const Timing t = measure(*ctx, fn, budget, max_reps);
+      const double s = t.median_s;
       result("name=%s impl=dflash ms=%.2f tokens_per_s=%.0f tflops=%.1f mfu_989=%.4f layers=%lld reps=%d "
              "first_ms=%.1f peak_gib=%.2f",
              name.c_str(), s * 1e3, tokens / s, flops / s / 1e12, flops / s / 1e12 / kPeakTflops, (long long)layers_run,
-             reps, first * 1e3, gib(double(ctx->memory().peak_bytes)));
+             t.reps, t.first_s * 1e3, gib(double(ctx->memory().peak_bytes)));
     };
 
     // ---- the prefill (--gemm-only: skipped, for variant sweeps) ----
@@ -173,10 +158,9 @@ int main(int argc, char** argv) {
     note("routing of %lld tokens: %lld rows per expert on average, min %lld, max %lld", (long long)R,
          (long long)(R * k / E), (long long)mn, (long long)mx);
     auto gemm_row = [&](const char* name, const char* impl, auto&& fn, double flops) {
-      double first = 0;
-      const auto [s, reps] = measure(fn, &first);
-      result("name=%s impl=%s ms=%.3f tflops=%.1f mfu_989=%.4f reps=%d rows=%lld", name, impl, s * 1e3,
-             flops / s / 1e12, flops / s / 1e12 / kPeakTflops, reps, (long long)(R * k));
+      const Timing t = measure(*ctx, fn, budget, max_reps);
+      result("name=%s impl=%s ms=%.3f tflops=%.1f mfu_989=%.4f reps=%d rows=%lld", name, impl, t.median_s * 1e3,
+             flops / t.median_s / 1e12, flops / t.median_s / 1e12 / kPeakTflops, t.reps, (long long)(R * k));
     };
     gemm_row("moe_gemm_gate_up", "dflash", [&] { ctx->moe_linear(x, &rows, mw.gate_up, off, gu, MoeAct::None); }, f_gu);
     gemm_row("moe_gemm_swiglu", "dflash", [&] { ctx->moe_linear(x, &rows, mw.gate_up, off, act, MoeAct::SwiGLU); },

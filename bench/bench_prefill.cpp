@@ -95,24 +95,13 @@ int main(int argc, char** argv) {
       for (auto& x : v) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
       return v;
     };
-    auto timed = [&](auto&& fn) {
-      ctx->synchronize();
-      const double t0 = now_s();
-      fn();
-      ctx->synchronize();
-      return now_s() - t0;
-    };
     auto run = [&](const char* name, auto&& fn, double flops, double tokens, int64_t layers_run) {
-      const double probe = timed(fn);  // warm-up
-      const int reps = std::max(2, std::min(max_reps, static_cast<int>(budget / std::max(probe, 1e-4))));
-      ctx->reset_peak_memory();
-      std::vector<double> ts;
-      for (int r = 0; r < reps; ++r) ts.push_back(timed(fn));
-      const double s = median(ts);
+      const Timing t = measure(*ctx, fn, budget, max_reps);
+      const double s = t.median_s;
       result("name=%s impl=dflash ms=%.2f tokens_per_s=%.0f tflops=%.1f mfu_989=%.4f layers=%lld reps=%d "
              "first_ms=%.1f peak_gib=%.2f",
-             name, s * 1e3, tokens / s, flops / s / 1e12, flops / s / 1e12 / kPeakTflops, (long long)layers_run, reps,
-             probe * 1e3, gib(double(ctx->memory().peak_bytes)));
+             name, s * 1e3, tokens / s, flops / s / 1e12, flops / s / 1e12 / kPeakTflops, (long long)layers_run, t.reps,
+             t.first_s * 1e3, gib(double(ctx->memory().peak_bytes)));
     };
 
     const Tensor ids = cpu_tensor_i32(rand_ids(T), {T});

@@ -214,6 +214,34 @@ inline bool device_available(const std::string& dev, const char* prog) {
 
 inline double gib(double bytes) { return bytes / double(int64_t{1} << 30); }
 
+// Wall seconds of fn() between two synchronisations of ctx.
+template <class F>
+double timed(Context& ctx, F&& fn) {
+  ctx.synchronize();
+  const double t0 = now_s();
+  fn();
+  ctx.synchronize();
+  return now_s() - t0;
+}
+
+// A warm-up call of fn (first_s), then reps = 2 .. max_reps timed repeats fitting budget_s (the peak memory counted
+// from their start): the median seconds.
+struct Timing {
+  double median_s = 0, first_s = 0;
+  int reps = 0;
+};
+template <class F>
+Timing measure(Context& ctx, F&& fn, double budget_s, int max_reps) {
+  Timing t;
+  t.first_s = timed(ctx, fn);
+  t.reps = std::max(2, std::min(max_reps, static_cast<int>(budget_s / std::max(t.first_s, 1e-4))));
+  ctx.reset_peak_memory();
+  std::vector<double> ts;
+  for (int r = 0; r < t.reps; ++r) ts.push_back(timed(ctx, fn));
+  t.median_s = median(ts);
+  return t;
+}
+
 // The dense bf16 peak of the H200 SXM datasheet (issue 6's MFU reference).
 constexpr double kPeakTflops = 989.0;
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "io/tokenizer/util.h"  // defines: tok::decode_utf8
+
 namespace dflash {
 namespace {
 
@@ -85,38 +87,12 @@ const AttentionSet& attention() {
   return set;
 }
 
-// Decodes one code point at s[i] (strict UTF-8: no overlongs, surrogates or values above U+10FFFF). On an
-// invalid sequence returns kInvalidBase + the byte and advances by one.
+// Decodes one code point at s[i] (strict UTF-8, tok::decode_utf8). On an invalid sequence returns kInvalidBase + the
+// byte and advances by one.
 inline uint32_t next_cp(std::string_view s, size_t& i) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  unsigned char c = p[i];
-  if (c < 0x80) {
-    ++i;
-    return c;
-  }
-  auto cont = [&](size_t k) { return k < n && (p[k] & 0xC0) == 0x80; };
-  if (c >= 0xC2 && c <= 0xDF && cont(i + 1)) {
-    uint32_t cp = ((c & 0x1Fu) << 6) | (p[i + 1] & 0x3Fu);
-    i += 2;
-    return cp;
-  }
-  if (c >= 0xE0 && c <= 0xEF && cont(i + 1) && cont(i + 2)) {
-    uint32_t cp = ((c & 0x0Fu) << 12) | ((p[i + 1] & 0x3Fu) << 6) | (p[i + 2] & 0x3Fu);
-    if (cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) {
-      i += 3;
-      return cp;
-    }
-  }
-  if (c >= 0xF0 && c <= 0xF4 && cont(i + 1) && cont(i + 2) && cont(i + 3)) {
-    uint32_t cp = ((c & 0x07u) << 18) | ((p[i + 1] & 0x3Fu) << 12) | ((p[i + 2] & 0x3Fu) << 6) | (p[i + 3] & 0x3Fu);
-    if (cp >= 0x10000 && cp <= 0x10FFFF) {
-      i += 4;
-      return cp;
-    }
-  }
-  ++i;
-  return kInvalidBase + c;
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  const int32_t cp = tok::decode_utf8(s, i);
+  return cp >= 0 ? static_cast<uint32_t>(cp) : kInvalidBase + c;
 }
 
 void append_cp(std::string& out, uint32_t cp) {

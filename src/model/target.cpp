@@ -38,25 +38,9 @@ std::vector<TargetLayer> load_layers(WeightSource& src, const ModelConfig& cfg) 
   return layers;
 }
 
-}  // namespace
-
-std::shared_ptr<const Target> Target::load(const std::string& dir, Context& ctx) {
-  ModelConfig cfg = load_model_config(dir);
-  TargetHead head = load_target_head(dir, ctx);
-  CheckpointWeights src(dir, ctx);
-  TargetWeights w;
-  w.embed = head.embed;
-  w.lm_head = head.lm_head;
-  w.final_norm = src.norm(family_of(cfg.arch).names.final_norm, {cfg.hidden_size});
-  w.layers = load_layers(src, cfg);
-  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling));
-  return std::make_shared<const Target>(std::move(cfg), std::move(w));
-}
-
-TargetHead load_target_head(const std::string& dir, Context& ctx) {
-  ModelConfig cfg = load_model_config(dir);
+// The embedding and lm_head (tied or not) from an opened checkpoint.
+TargetHead read_head(const WeightStore& ws, const ModelConfig& cfg, Context& ctx, const std::string& dir) {
   const WeightNames& n = family_of(cfg.arch).names;
-  WeightStore ws = WeightStore::open(dir);
   const Shape shape = {cfg.vocab_size, cfg.hidden_size};
   TargetHead h;
   h.embed = ctx.to_device(ws.f32(n.embed, shape), ctx.compute_dtype());
@@ -67,6 +51,25 @@ TargetHead load_target_head(const std::string& dir, Context& ctx) {
     h.lm_head = ctx.to_device(ws.f32(n.lm_head, shape), ctx.compute_dtype());
   }
   return h;
+}
+
+}  // namespace
+
+std::shared_ptr<const Target> Target::load(const std::string& dir, Context& ctx) {
+  ModelConfig cfg = load_model_config(dir);
+  CheckpointWeights src(dir, ctx);
+  TargetHead head = read_head(src.store(), cfg, ctx, dir);
+  TargetWeights w;
+  w.embed = head.embed;
+  w.lm_head = head.lm_head;
+  w.final_norm = src.norm(family_of(cfg.arch).names.final_norm, {cfg.hidden_size});
+  w.layers = load_layers(src, cfg);
+  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling));
+  return std::make_shared<const Target>(std::move(cfg), std::move(w));
+}
+
+TargetHead load_target_head(const std::string& dir, Context& ctx) {
+  return read_head(WeightStore::open(dir), load_model_config(dir), ctx, dir);
 }
 
 TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t seed) {
