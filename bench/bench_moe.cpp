@@ -22,10 +22,19 @@
 // FLOPs of the prefill: per token and layer 2 x (q, k, v, o + router + top_k experts x 3 H I) plus causal attention
 // 4 d nh T (T + 1) / 2 per sequence, no lm_head (bench/torch_moe.py: moe_prefill_flops). MFU against 989 TFLOP/s.
 //
+// --experts H,I,E,k (issue 36: gpt-oss-20b is 2880,2880,32,4; 120b 2880,2880,128,4): instead of the above, the
+// expert GEMMs of gpt-oss alone on synthetic weights, R = seqs x T tokens routed by random logits: rows
+//   gptoss_gemm_glu_{bf16,mxfp4}   gate+up with biases and the clamped GLU epilogue (MoeAct::GptOssGLU), x gathered;
+//   gptoss_gemm_down_{bf16,mxfp4}  down with biases on the grouped rows;
+// bf16 weights N(0, 0.02); MXFP4 weights random e2m1 codes with e8m0 scales 2^-8 .. 2^-5 (the same bytes per
+// element as the published checkpoints: half a byte plus 1/32 of a scale byte).
+//
 //   bench_moe [--seqs 4] [--T 3072] [--layers 48] [--config FILE] [--budget-s 10] [--max-reps 5] [--device cuda]
-//             [--gemm-only]
+//             [--gemm-only] [--experts H,I,E,k]
 #include <cmath>
 #include <cstdio>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -64,6 +73,61 @@ double moe_prefill_flops(const ModelConfig& c, int64_t layers, const std::vector
   return f;
 }
 
+// The expert GEMMs of gpt-oss (bf16 and MXFP4 weights) on synthetic weights and a random routing (--experts).
+void expert_gemms(Context& ctx, const std::string& spec, int64_t R, double budget, int max_reps, uint64_t seed) {
+  int64_t H = 0, I = 0, E = 0, k = 0;
+  DFLASH_CHECK(std::sscanf(spec.c_str(), "%lld,%lld,%lld,%lld", reinterpret_cast<long long*>(&H),
+                           reinterpret_cast<long long*>(&I), reinterpret_cast<long long*>(&E),
+                           reinterpret_cast<long long*>(&k)) == 4 && H % 32 == 0 && I % 32 == 0 && E > 0 && k > 0,
+               "bench_moe: --experts wants H,I,E,k with H and I multiples of 32, got '", spec, "'");
+  RandPool pool(ctx, 1.0, seed + 11), wpool(ctx, 0.02, seed + 12);
+  const DType act = ctx.compute_dtype();
+  Tensor x = ctx.empty(act, {R, H}), logits = ctx.empty(act, {R, E});
+  pool.fill(x);
+  pool.fill(logits);
+  Tensor idx = ctx.empty(DType::I32, {R, k}), wts = ctx.empty(DType::F32, {R, k});
+  ctx.moe_route(logits, k, true, idx, wts);
+  Tensor off = ctx.empty(DType::I32, {E + 1}), rows = ctx.empty(DType::I32, {R * k}), slot = ctx.empty(DType::I32, {R * k});
+  ctx.moe_group(idx, off, rows, slot);
+  ExpertWeights gu(ctx.empty(act, {E, 2 * I, H})), dn(ctx.empty(act, {E, H, I}));
+  wpool.fill(gu.w);
+  wpool.fill(dn.w);
+  gu.bias = ctx.empty(act, {E, 2 * I});
+  dn.bias = ctx.empty(act, {E, H});
+  wpool.fill(gu.bias);
+  wpool.fill(dn.bias);
+  auto fp4 = [&](int64_t n_rows, int64_t K, uint64_t sd) {
+    Rng r(sd, RngPurpose::Test);
+    Tensor q = cpu_empty(DType::U8, {E, n_rows, K / 2}), sc = cpu_empty(DType::U8, {E, n_rows, K / 32});
+    for (uint8_t& b : q.span<uint8_t>()) b = static_cast<uint8_t>(r.below(256));
+    for (uint8_t& b : sc.span<uint8_t>()) b = static_cast<uint8_t>(119 + r.below(4));
+    return std::pair{ctx.to_device(q), ctx.to_device(sc)};
+  };
+  ExpertWeights guq, dnq;
+  std::tie(guq.w, guq.scales) = fp4(2 * I, H, seed + 13);
+  std::tie(dnq.w, dnq.scales) = fp4(H, I, seed + 14);
+  guq.bias = gu.bias;
+  dnq.bias = dn.bias;
+  Tensor a = ctx.empty(act, {R * k, I}), y = ctx.empty(act, {R * k, H});
+  const double f_gu = 2.0 * double(R * k) * double(2 * I) * double(H), f_dn = 2.0 * double(R * k) * double(H) * I;
+  note("gpt-oss experts H %lld, I %lld, %lld experts top-%lld, %lld tokens (%lld grouped rows); weights per expert "
+       "bf16 %.1f MiB, MXFP4 %.1f MiB",
+       (long long)H, (long long)I, (long long)E, (long long)k, (long long)R, (long long)(R * k),
+       3.0 * H * I * 2 / 1048576.0, 3.0 * H * I * (0.5 + 1.0 / 32) / 1048576.0);
+  auto row = [&](const char* name, auto&& fn, double flops) {
+    const Timing t = measure(ctx, fn, budget, max_reps);
+    result("name=%s impl=dflash ms=%.3f tflops=%.1f mfu_989=%.4f reps=%d rows=%lld", name, t.median_s * 1e3,
+           flops / t.median_s / 1e12, flops / t.median_s / 1e12 / kPeakTflops, t.reps, (long long)(R * k));
+    return t.median_s;
+  };
+  const double g16 = row("gptoss_gemm_glu_bf16", [&] { ctx.moe_linear(x, &rows, gu, off, a, MoeAct::GptOssGLU); }, f_gu);
+  const double g4 = row("gptoss_gemm_glu_mxfp4", [&] { ctx.moe_linear(x, &rows, guq, off, a, MoeAct::GptOssGLU); }, f_gu);
+  const double d16 = row("gptoss_gemm_down_bf16", [&] { ctx.moe_linear(a, nullptr, dn, off, y, MoeAct::None); }, f_dn);
+  const double d4 = row("gptoss_gemm_down_mxfp4", [&] { ctx.moe_linear(a, nullptr, dnq, off, y, MoeAct::None); }, f_dn);
+  result("name=gptoss_gemm_mxfp4_vs_bf16 impl=dflash glu=%.3f down=%.3f both=%.3f", g16 / g4, d16 / d4,
+         (g16 + d16) / (g4 + d4));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,6 +140,12 @@ int main(int argc, char** argv) {
     const int max_reps = static_cast<int>(args.i("max-reps", 5));
     const uint64_t seed = static_cast<uint64_t>(args.i("seed", 1));
     const std::string cfg_file = args.s("config", "");
+    if (!args.s("experts", "").empty()) {
+      auto ctx = make_context(device);
+      note("bench_moe on %s", ctx->describe().c_str());
+      expert_gemms(*ctx, args.s("experts", ""), nseq * T, budget, max_reps, seed);
+      return 0;
+    }
     nlohmann::json cj = nlohmann::json::parse(cfg_file.empty() ? std::string(kQwen3_30B_A3B) : read_file(cfg_file));
     if (args.i("layers", 0) > 0) cj["num_hidden_layers"] = args.i("layers", 0);
     const ModelConfig cfg = parse_model_config(cj, cfg_file.empty() ? "Qwen3-30B-A3B config.json" : cfg_file);

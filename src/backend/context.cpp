@@ -75,13 +75,28 @@ void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& row
   need(slot.dtype == DType::I32 && slot.numel() == n, op, "slot", slot, cat("I32 [", n, "]"));
 }
 
-MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets,
+MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& mw, const Tensor& offsets,
                                const Tensor& y, MoeAct act, DType dt) {
   const char* op = "moe_linear";
-  need(w.dtype == dt && w.ndim() == 3, op, "w", w, cat(dtype_name(dt), " [E, N, K]"));
-  const int64_t E = w.shape[0], K = w.shape[2], N = act == MoeAct::SwiGLU ? w.shape[1] / 2 : w.shape[1];
-  DFLASH_CHECK(act != MoeAct::SwiGLU || w.shape[1] % 2 == 0, op, ": SwiGLU needs w [E, 2N, K], got ",
-               shape_str(w.shape));
+  const Tensor& w = mw.w;
+  const bool gated = act != MoeAct::None;
+  int64_t K = 0;
+  if (mw.mxfp4()) {
+    need(w.dtype == DType::U8 && w.ndim() == 3, op, "w", w, "U8 [E, N', K/2] (MXFP4 elements)");
+    K = w.shape[2] * 2;
+    need(mw.scales.dtype == DType::U8 && mw.scales.ndim() == 3 && mw.scales.shape[0] == w.shape[0] &&
+             mw.scales.shape[1] == w.shape[1] && mw.scales.shape[2] * 32 == K,
+         op, "scales", mw.scales, cat("U8 [", w.shape[0], ", ", w.shape[1], ", ", K / 32, "] (one e8m0 per 32 of K)"));
+    DFLASH_CHECK(K % 32 == 0, op, ": MXFP4 needs K % 32 == 0, got K = ", K);
+  } else {
+    need(w.dtype == dt && w.ndim() == 3, op, "w", w, cat(dtype_name(dt), " [E, N, K]"));
+    K = w.shape[2];
+  }
+  const int64_t E = w.shape[0], N = gated ? w.shape[1] / 2 : w.shape[1];
+  DFLASH_CHECK(!gated || w.shape[1] % 2 == 0, op, ": a gated activation needs w [E, 2N, K], got ", shape_str(w.shape));
+  if (mw.bias.defined())
+    need(mw.bias.dtype == dt && mw.bias.numel() == E * w.shape[1], op, "bias", mw.bias,
+         cat(dtype_name(dt), " [", E, ", ", w.shape[1], "]"));
   need(x.dtype == dt && x.ndim() >= 1 && x.shape.back() == K, op, "x", x, cat(dtype_name(dt), " [*, ", K, "]"));
   need(offsets.dtype == DType::I32 && offsets.numel() == E + 1, op, "offsets", offsets, cat("I32 [", E + 1, "]"));
   need(y.dtype == dt && y.ndim() >= 1 && y.shape.back() == N, op, "y", y, cat(dtype_name(dt), " [R, ", N, "]"));
@@ -92,6 +107,35 @@ MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const Tensor
     need(x.rows() == R, op, "x", x, cat("[", R, ", ", K, "] (the grouped rows, no gather)"));
   }
   return {R, N, K, E};
+}
+
+void check_causal_opts(const char* op, const CausalAttnOpts& opts, int64_t nh) {
+  DFLASH_CHECK(opts.window >= 0, op, ": window must be >= 0, got ", opts.window);
+  if (opts.sinks.defined())
+    need(opts.sinks.dtype == DType::F32 && opts.sinks.numel() == nh, op, "sinks", opts.sinks, cat("F32 [", nh, "]"));
+}
+
+Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales) {
+  DFLASH_CHECK(blocks.device == Device::CPU && scales.device == Device::CPU && blocks.dtype == DType::U8 &&
+                   scales.dtype == DType::U8 && blocks.ndim() >= 1 && scales.ndim() == blocks.ndim(),
+               "mxfp4_dequantize: blocks and scales must be host U8 tensors of equal rank, got ", shape_str(blocks.shape),
+               " and ", shape_str(scales.shape));
+  const int64_t half = blocks.shape.back(), K = 2 * half;
+  DFLASH_CHECK(K % 32 == 0 && scales.shape.back() * 32 == K && blocks.numel() / half == scales.numel() / (K / 32),
+               "mxfp4_dequantize: blocks ", shape_str(blocks.shape), " and scales ", shape_str(scales.shape),
+               " do not hold one scale per 32 elements");
+  Shape out_shape = blocks.shape;
+  out_shape.back() = K;
+  Tensor out = cpu_empty(DType::F32, out_shape);
+  const uint8_t* b = blocks.ptr<uint8_t>();
+  const uint8_t* sc = scales.ptr<uint8_t>();
+  float* o = out.ptr<float>();
+  const int64_t n = out.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const unsigned byte = b[i / 2], code = (i & 1) ? byte >> 4 : byte & 15u;
+    o[i] = std::ldexp(e2m1_value(code), static_cast<int>(sc[i / 32]) - 127);
+  }
+  return out;
 }
 
 void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,

@@ -95,8 +95,33 @@ class Event {
 
 // The epilogue of Context::moe_linear.
 enum class MoeAct {
-  None,    // y = a W_e^T
-  SwiGLU,  // y = silu(a G_e^T) * (a U_e^T), W_e = [G_e ; U_e] (gate rows first)
+  None,       // y = a W_e^T
+  SwiGLU,     // y = silu(a G_e^T) * (a U_e^T), W_e = [G_e ; U_e] (gate rows first)
+  GptOssGLU,  // gpt-oss's clamped SwiGLU (transformers' GptOssExperts._apply_gate): gate rows first as SwiGLU
+              // (the loader de-interleaves HF's gate_up columns ::2 / 1::2); with g = a G_e^T + b_g, u = a U_e^T + b_u:
+              // g = min(g, 7), u = clamp(u, -7, 7), y = (u + 1) * g * sigmoid(1.702 g)
+};
+
+// The expert weights of Context::moe_linear: plain, or MXFP4 (OCP Microscaling Formats v1.0: e2m1 elements, one e8m0
+// scale per 32 consecutive elements along K; the layout of gpt-oss's published `*_blocks` / `*_scales`).
+struct ExpertWeights {
+  Tensor w;       // [E, N', K] act dtype; or U8 [E, N', K/2] when scales is defined: byte j of a row holds elements
+                  // 2j (low nibble) and 2j+1 (high nibble), e2m1 {0, .5, 1, 1.5, 2, 3, 4, 6}, sign bit 3
+  Tensor scales;  // U8 [E, N', K/32]: element value = e2m1 * 2^(scale - 127); undefined = plain weights
+  Tensor bias;    // [E, N'] act dtype, added to a w^T before the activation; undefined = none
+  ExpertWeights() = default;
+  ExpertWeights(const Tensor& w_) : w(w_) {}  // NOLINT: implicit, a plain weight tensor
+  bool mxfp4() const { return scales.defined(); }
+};
+
+// Options of Context::attention_causal / attention_causal_batch beyond plain causal GQA (gpt-oss; transformers'
+// GptOssAttention and masking_utils' sliding window):
+//   window > 0: the query at position p sees keys max(0, p - window + 1) .. p (kv_idx > q_idx - sliding_window)
+//   sinks [nh] F32, when defined: per head a logit s_h that joins every row's softmax denominator and adds no output:
+//   p_j = exp(x_j - m) / (sum_i exp(x_i - m) + exp(s_h - m)), m = max(max_i x_i, s_h), x = the scaled scores.
+struct CausalAttnOpts {
+  int64_t window = 0;
+  Tensor sinks;
 };
 
 struct MemoryStats {
@@ -199,16 +224,16 @@ class Context {
   // Causal GQA attention for the target: q [T, nh, d] at positions q_offset + t; k, v [Tk, nkv, d] at
   // positions 0..Tk-1 (a prefix, e.g. a KV cache); query t sees keys 0..q_offset+t. out [T, nh, d].
   virtual void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                int64_t q_offset, float scale) = 0;
+                                int64_t q_offset, float scale, const CausalAttnOpts& opts = {}) = 0;
   // The same for a batch of sequences stacked along T (the target's forward over several sequences): for each s
   // of seqs, rows [s.begin, s.end) of q and out attend to s.k / s.v as attention_causal(q rows, s.k, s.v, out rows,
   // s.q_offset). Rows outside every sequence are untouched. The default runs attention_causal per sequence; the
   // CUDA backend launches once for the whole batch (up to 32 sequences per launch).
   virtual void attention_causal_batch(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
-                                      float scale) {
+                                      float scale, const CausalAttnOpts& opts = {}) {
     for (const CausalSeq& s : seqs)
       if (s.end > s.begin)
-        attention_causal(q.slice(s.begin, s.end), s.k, s.v, out.slice(s.begin, s.end), s.q_offset, scale);
+        attention_causal(q.slice(s.begin, s.end), s.k, s.v, out.slice(s.begin, s.end), s.q_offset, scale, opts);
   }
   // DFlash block attention, forward: out [N*B, nh, d] act, lse [N*B, nh] F32 (log-sum-exp of the scaled
   // scores per row; -inf for rows that see nothing).
@@ -234,9 +259,11 @@ class Context {
   // x's rows; x [*, K]) or x[r] (x [R, K]), act dtype, and
   //   act None:   y[r] = a w[e]^T                         w [E, N, K],  y [R, N]
   //   act SwiGLU: y[r] = silu(a g^T) * (a u^T)            w [E, 2N, K]: g = rows 0..N-1 of w[e], u = rows N..2N-1
-  // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host.
-  virtual void moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
-                          MoeAct act) = 0;
+  //   act GptOssGLU: as SwiGLU with MoeAct's clamped gate (gpt-oss)
+  // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host. w may be MXFP4 (ExpertWeights,
+  // K % 32 == 0) and carry a bias [E, N'] added before the activation.
+  virtual void moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets,
+                          const Tensor& y, MoeAct act) = 0;
   // Weighted combine: out[t] = sum_j weights[t, j] y[slot[t k + j]] + beta out[t], summed in fp32 in slot order
   // and rounded once; y [T k, H] act, slot [T k] I32, weights [T, k] param dtype, out [T, H] act.
   virtual void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
@@ -300,8 +327,17 @@ struct MoeLinearDims {
 };
 void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act, DType param);
 void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
-MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets,
+MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets,
                                const Tensor& y, MoeAct act, DType dt);
+void check_causal_opts(const char* op, const CausalAttnOpts& opts, int64_t nh);
+// MXFP4 -> float: blocks U8 [..., K/2] (two e2m1 per byte, low nibble first), scales U8 [..., K/32] -> F32 [..., K]
+// (host tensors). The OCP MX v1.0 decoding transformers' integrations/mxfp4.py (convert_moe_packed_tensors) uses.
+Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales);
+// One e2m1 code (4 bits) as a float: {0, .5, 1, 1.5, 2, 3, 4, 6}, negated when bit 3 is set.
+inline float e2m1_value(unsigned code) {
+  static constexpr float kMag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  return (code & 8u) ? -kMag[code & 7u] : kMag[code & 7u];
+}
 void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,
                        DType param);
 

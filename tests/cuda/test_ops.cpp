@@ -448,14 +448,21 @@ TEST(CudaOps, FillNormal) {
 // far above either.
 constexpr double kAttnOutNmse = 1.0 / 65536, kAttnGradNmse = 1.0 / 16384;
 
-// Causal attention of the target: prefill (q_offset 0) and decode (queries at the end of a cache).
-void causal_case(int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t d) {
+// Causal attention of the target: prefill (q_offset 0) and decode (queries at the end of a cache); with window > 0
+// a sliding window, with sinks per-head sink logits N(0, 1.5) (gpt-oss; CausalAttnOpts).
+void causal_case(int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t d, int64_t window = 0, bool sinks = false) {
   const Tensor q = rnd({Tq, nh, d}, 40), k = rnd({Tk, nkv, d}, 41), v = rnd({Tk, nkv, d}, 42);
+  const Tensor sk = rnd({nh}, 39, 1.5);
   const int64_t off = Tk - Tq;
-  check_case(cat("attention_causal Tq", Tq, " Tk", Tk, " q_offset", off, " nh/nkv ", nh, "/", nkv, " d", d),
+  check_case(cat("attention_causal Tq", Tq, " Tk", Tk, " q_offset", off, " nh/nkv ", nh, "/", nkv, " d", d,
+                 window ? cat(" window ", window) : std::string(), sinks ? " sinks" : ""),
              {{"out", Kind::Nmse, true, double(Tk + d), kAttnOutNmse}}, [&](Context& c) {
                Tensor o = nan_out(c, {Tq, nh, d});
-               c.attention_causal(put(c, q), put(c, k), put(c, v), o, off, 1.0f / std::sqrt(static_cast<float>(d)));
+               CausalAttnOpts opts;
+               opts.window = window;
+               if (sinks) opts.sinks = put_raw(c, sk);
+               c.attention_causal(put(c, q), put(c, k), put(c, v), o, off, 1.0f / std::sqrt(static_cast<float>(d)),
+                                  opts);
                return Outs{get(c, o)};
              });
 }
@@ -553,6 +560,21 @@ TEST(CudaOps, AttentionCausal) {
     // (a half tile, m64n64) while consumer 1 runs the full width
     causal_case(256, 256, 8, 8, 128);
   }
+}
+
+// gpt-oss's attention: sinks, a sliding window (128 in the published models), both, at head dims 64 (gpt-oss) and 128
+// (the wgmma forward takes sinks; a window goes to the mma.sync kernel), prefill and decode.
+TEST(CudaOps, AttentionCausalSinksWindow) {
+  causal_case(40, 40, 4, 2, 64, 16, true);
+  causal_case(1, 41, 4, 2, 64, 16, true);
+  causal_case(40, 40, 4, 2, 64, 0, true);
+  causal_case(40, 40, 4, 2, 64, 16, false);
+  if (kEmu) return;
+  causal_case(700, 700, 64, 8, 64, 128, true);  // gpt-oss-20b's heads
+  causal_case(700, 700, 64, 8, 64, 0, true);
+  causal_case(16, 3000, 64, 8, 64, 128, true);  // decode past the window
+  causal_case(300, 300, 8, 2, 128, 0, true);    // the wgmma forward with sinks
+  causal_case(300, 300, 8, 2, 128, 64, true);
 }
 
 // DFlash attention forward + backward. Backward inputs (out rounded to bf16, lse in F32) come from the fp64
@@ -1150,6 +1172,60 @@ void moe_layer_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
                return Outs{get(c, off), get(c, rows), get(c, slot), get(c, ye), get(c, act), get(c, y), get(c, out1),
                            get(c, out0)};
              });
+}
+
+// gpt-oss's experts: the gate/up GEMM with biases and the clamped GLU, the down GEMM with biases, in bf16 and with
+// MXFP4 weights (random e2m1 codes and scales 2^-5 .. 2^1; the CPU dequantises in moe_linear). Inputs of scale 2-3
+// so the clamps at +-7 are reached.
+void moe_gptoss_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
+  const std::string nm = cat("moe gpt-oss T", T, " H", H, " I", I, " E", E, " k", k);
+  const Tensor ids = expert_ids(T, E, k, 300 + T, E > 2 ? 1 : -1);
+  const Tensor x = rnd({T, H}, 303, 2.0), wgu = rnd({E, 2 * I, H}, 304, 0.15), wd = rnd({E, H, I}, 305, 0.1);
+  const Tensor bgu = rnd({E, 2 * I}, 306, 0.5), bd = rnd({E, H}, 307, 0.5), a2 = rnd({T * k, I}, 308);
+  auto fp4 = [](int64_t n, int64_t kk, uint64_t seed, Tensor& q, Tensor& sc) {
+    Rng r(seed, RngPurpose::Test);
+    q = cpu_empty(DType::U8, {n / kk, kk / 2});
+    sc = cpu_empty(DType::U8, {n / kk, kk / 32});
+    for (uint8_t& b : q.span<uint8_t>()) b = static_cast<uint8_t>(r.below(256));
+    for (uint8_t& b : sc.span<uint8_t>()) b = static_cast<uint8_t>(122 + r.below(7));
+  };
+  Tensor qgu, sgu, qd, sd;
+  fp4(E * 2 * I * H, H, 310, qgu, sgu);
+  fp4(E * H * I, I, 311, qd, sd);
+  check_case(nm, {{"glu bf16", Kind::TwoX, true, double(H)}, {"down bf16", Kind::TwoX, true, double(I)},
+                  {"glu mxfp4", Kind::TwoX, true, double(H)}, {"down mxfp4", Kind::TwoX, true, double(I)}},
+             [&](Context& c) {
+               const Tensor idx = c.to_device(ids);
+               Tensor off = c.empty(DType::I32, {E + 1}), rows = c.empty(DType::I32, {T * k});
+               Tensor slot = c.empty(DType::I32, {T * k});
+               c.moe_group(idx, off, rows, slot);
+               ExpertWeights gu(put(c, wgu)), dn(put(c, wd));
+               gu.bias = put(c, bgu);
+               dn.bias = put(c, bd);
+               Tensor g1 = nan_out(c, {T * k, I}), d1 = nan_out(c, {T * k, H});
+               c.moe_linear(put(c, x), &rows, gu, off, g1, MoeAct::GptOssGLU);
+               c.moe_linear(put(c, a2), nullptr, dn, off, d1, MoeAct::None);
+               ExpertWeights gq, dq;
+               gq.w = put_raw(c, qgu.reshape({E, 2 * I, H / 2}));
+               gq.scales = put_raw(c, sgu.reshape({E, 2 * I, H / 32}));
+               gq.bias = gu.bias;
+               dq.w = put_raw(c, qd.reshape({E, H, I / 2}));
+               dq.scales = put_raw(c, sd.reshape({E, H, I / 32}));
+               dq.bias = dn.bias;
+               Tensor g2 = nan_out(c, {T * k, I}), d2 = nan_out(c, {T * k, H});
+               c.moe_linear(put(c, x), &rows, gq, off, g2, MoeAct::GptOssGLU);
+               c.moe_linear(put(c, a2), nullptr, dq, off, d2, MoeAct::None);
+               return Outs{get(c, g1), get(c, d1), get(c, g2), get(c, d2)};
+             });
+}
+
+TEST(CudaOps, MoeGptOss) {
+  moe_gptoss_case(19, 64, 32, 4, 2);
+  if (kEmu) return;
+  moe_gptoss_case(300, 64, 32, 8, 2);          // the golden's widths: one k-step, half of it zero-filled (K 32)
+  moe_gptoss_case(700, 2880, 2880, 32, 4);     // gpt-oss-20b's widths (K 2880 = 45 k-steps)
+  moe_gptoss_case(1000, 256, 192, 16, 4);      // several tiles per expert, I not a multiple of 64
+  moe_gptoss_case(40, 96, 96, 130, 4);         // many experts, most empty
 }
 
 TEST(CudaOps, MoE) {

@@ -1,5 +1,6 @@
 // cpu/attention_causal.cpp — the target's causal GQA attention (prefill and KV-cache decode).
-// out[t, h] = softmax_{k <= q_offset+t} (q[t,h] . k[k, g] * scale) v[k, g],  g = h / (nh / nkv).
+// out[t, h] = softmax_{k <= q_offset+t} (q[t,h] . k[k, g] * scale) v[k, g],  g = h / (nh / nkv); with
+// CausalAttnOpts a sliding window (keys p - window + 1 .. p) and per-head sinks in the denominator (context.h).
 // Per (kv head, query tile of kTile rows): S = Q K^T and O = P V through ?gemm on a [kTile, keys] buffer, so
 // memory stays linear in the sequence length (no T x T buffer).
 #include <cmath>
@@ -15,7 +16,7 @@ constexpr int64_t kTile = 64;
 }
 
 void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                      int64_t q_offset, float scale) {
+                      int64_t q_offset, float scale, const CausalAttnOpts& opts) {
   dispatch_float("attention_causal", q.dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr DType dt = float_dtype<T>();
@@ -29,7 +30,9 @@ void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Te
                  "attention_causal: q ", shape_str(q.shape), " k ", shape_str(k.shape), " v ", shape_str(v.shape));
     DFLASH_CHECK(q_offset >= 0 && q_offset + Tq <= Tk, "attention_causal: queries at ", q_offset, "..",
                  q_offset + Tq - 1, " need keys up to there, have ", Tk);
-    const int64_t rep = nh / nkv, tiles = (Tq + kTile - 1) / kTile;
+    check_causal_opts("attention_causal", opts, nh);
+    const int64_t rep = nh / nkv, tiles = (Tq + kTile - 1) / kTile, window = opts.window;
+    const float* sinks = opts.sinks.defined() ? opts.sinks.ptr<float>() : nullptr;
     const T* qp = q.ptr<T>();
     const T* kp = k.ptr<T>();
     const T* vp = v.ptr<T>();
@@ -48,13 +51,14 @@ void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Te
         gemm(false, true, rows, nk, d, qp + (t0 * nh + h) * d, nh * d, kp + g * d, nkv * d, T(0), s.data(), nk);
         for (int64_t r = 0; r < rows; ++r) {
           T* sr = s.data() + r * nk;
-          const int64_t vis = q_offset + t0 + r + 1;
-          T mx = -std::numeric_limits<T>::infinity();
-          for (int64_t j = 0; j < vis; ++j) mx = std::max(mx, sr[j] * sc);
-          T l = 0;
-          for (int64_t j = 0; j < vis; ++j) l += sr[j] = std::exp(sr[j] * sc - mx);
+          const int64_t vis = q_offset + t0 + r + 1, lo = window > 0 ? std::max<int64_t>(0, vis - window) : 0;
+          T mx = sinks ? static_cast<T>(sinks[h]) : -std::numeric_limits<T>::infinity();
+          for (int64_t j = lo; j < vis; ++j) mx = std::max(mx, sr[j] * sc);
+          T l = sinks ? std::exp(static_cast<T>(sinks[h]) - mx) : T(0);
+          for (int64_t j = lo; j < vis; ++j) l += sr[j] = std::exp(sr[j] * sc - mx);
           const T inv = T(1) / l;
-          for (int64_t j = 0; j < vis; ++j) sr[j] *= inv;
+          for (int64_t j = 0; j < lo; ++j) sr[j] = 0;
+          for (int64_t j = lo; j < vis; ++j) sr[j] *= inv;
           for (int64_t j = vis; j < nk; ++j) sr[j] = 0;
         }
         // O[rows, d] = P V

@@ -135,9 +135,9 @@ class CpuContext final : public Context {
     cpu::argmax(pool_, x, out);
   }
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
-                        float scale) override {
+                        float scale, const CausalAttnOpts& opts) override {
     const OpScope scope = op("attention_causal");
-    cpu::attention_causal(pool_, q, k, v, out, q_offset, scale);
+    cpu::attention_causal(pool_, q, k, v, out, q_offset, scale, opts);
   }
   void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
     const OpScope scope =
@@ -161,11 +161,11 @@ class CpuContext final : public Context {
     check_moe_group(idx, offsets, rows, slot);
     cpu::moe_group(idx, offsets, rows, slot);
   }
-  void moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
+  void moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets, const Tensor& y,
                   MoeAct act) override {
     const MoeLinearDims d = check_moe_linear(x, rows, w, offsets, y, act, dt_);
-    const OpScope scope = op_gemm(act == MoeAct::SwiGLU ? "moe_linear_swiglu" : "moe_linear", d.R,
-                                  act == MoeAct::SwiGLU ? 2 * d.N : d.N, d.K);
+    const bool gated = act != MoeAct::None;
+    const OpScope scope = op_gemm(gated ? "moe_linear_swiglu" : "moe_linear", d.R, gated ? 2 * d.N : d.N, d.K);
     cpu::moe_linear(pool_, x, rows, w, offsets, y, act, d);
   }
   void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta) override {

@@ -55,10 +55,12 @@ void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, con
   }
 }
 
-void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets,
+void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const ExpertWeights& mw, const Tensor& offsets,
                 const Tensor& y, MoeAct act, const MoeLinearDims& d) {
+  const Tensor& w = mw.w;
   dispatch_float("moe_linear", x.dtype, [&](auto tag) {
     using T = decltype(tag);
+    std::vector<T> wq;  // an MXFP4 expert's weights, dequantised (one expert at a time)
     const int32_t* off = offsets.ptr<int32_t>();
     DFLASH_CHECK(off[0] == 0 && off[d.E] == d.R, "moe_linear: offsets run from ", off[0], " to ", off[d.E],
                  ", expected 0 to ", d.R, " (the rows of y)");
@@ -78,18 +80,44 @@ void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const Tenso
         }
         A = a.data();
       }
-      const T* W = w.ptr<T>() + e * Nw * d.K;
+      const T* W = nullptr;
+      if (mw.mxfp4()) {
+        const uint8_t* blk = mw.w.ptr<uint8_t>() + e * Nw * (d.K / 2);
+        const uint8_t* sc = mw.scales.ptr<uint8_t>() + e * Nw * (d.K / 32);
+        wq.resize(static_cast<size_t>(Nw * d.K));
+        for (int64_t i = 0; i < Nw * d.K; ++i) {
+          const unsigned byte = blk[i / 2], code = (i & 1) ? byte >> 4 : byte & 15u;
+          wq[i] = static_cast<T>(std::ldexp(e2m1_value(code), static_cast<int>(sc[i / 32]) - 127));
+        }
+        W = wq.data();
+      } else {
+        W = w.ptr<T>() + e * Nw * d.K;
+      }
+      const T* bias = mw.bias.defined() ? mw.bias.ptr<T>() + e * Nw : nullptr;
       T* Y = y.ptr<T>() + r0 * d.N;
       if (act == MoeAct::None) {
         pgemm(tp, false, true, M, d.N, d.K, A, d.K, W, d.K, T(0), Y, d.N);
+        if (bias)
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t c = 0; c < d.N; ++c) Y[i * d.N + c] += bias[c];
         continue;
       }
       g.resize(static_cast<size_t>(M * Nw));  // [M, 2N]: gate columns, then up columns
       pgemm(tp, false, true, M, Nw, d.K, A, d.K, W, d.K, T(0), g.data(), Nw);
       for (int64_t i = 0; i < M; ++i)
         for (int64_t c = 0; c < d.N; ++c) {
-          const T gv = g[i * Nw + c], uv = g[i * Nw + d.N + c];
-          Y[i * d.N + c] = gv * (T(1) / (T(1) + std::exp(-gv))) * uv;
+          T gv = g[i * Nw + c], uv = g[i * Nw + d.N + c];
+          if (bias) {
+            gv += bias[c];
+            uv += bias[d.N + c];
+          }
+          if (act == MoeAct::GptOssGLU) {  // transformers' GptOssExperts._apply_gate (alpha 1.702, limit 7)
+            gv = std::min(gv, T(7));
+            uv = std::min(std::max(uv, T(-7)), T(7));
+            Y[i * d.N + c] = (uv + T(1)) * gv * (T(1) / (T(1) + std::exp(T(-1.702) * gv)));
+          } else {
+            Y[i * d.N + c] = gv * (T(1) / (T(1) + std::exp(-gv))) * uv;
+          }
         }
     }
   });

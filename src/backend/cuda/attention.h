@@ -38,7 +38,8 @@ struct AttnFwdParams {
   const int* anchors;      // DFlash [N] (device)
   const unsigned char* valid;  // DFlash [N] (device)
   int B, N;                // DFlash block size and number of blocks (S = T1)
-  int window;              // DFlash sliding window W (0 = full attention; spec 2.3)
+  int window;              // sliding window W (0 = full attention): DFlash spec 2.3; causal: keys p - W + 1 .. p
+  const float* sinks;      // causal: [nh] F32 per-head sink logits in each row's denominator (gpt-oss), or null
   int* err;
 };
 
@@ -102,8 +103,9 @@ __device__ __forceinline__ void attn_row_bounds(int mode, int qi, int q_offset, 
                                                 const int* anchors, const unsigned char* valid, int* err, int& lo1,
                                                 int& hi1, int& lo2, int& hi2) {
   if (mode == kAttnCausal) {
-    lo1 = lo2 = hi2 = 0;
+    lo2 = hi2 = 0;
     hi1 = min(q_offset + qi + 1, T1);
+    lo1 = window > 0 ? max(0, q_offset + qi + 1 - window) : 0;
     return;
   }
   dflash_row_bounds(qi, B, T1, window, anchors, valid, err, lo1, hi1, lo2, hi2);
@@ -121,7 +123,9 @@ inline void attn_rows_tiling(int nh, int nkv, int rows, int& hc, int& mq) {
 // The forward's row finish, shared by the tensor-core kernels (attention_tc.cu, attention_wgmma.cu): a thread's two
 // rows i = 0, 1 (the m16n8 C layout: 4 lanes per row, lane quad index t4) get their row sums l summed over the quad,
 // inv[i] = 1 / l (0 for a row that saw no key) and, for an existing row, lse = (m + log2 l) ln 2 at row orow[i] / D
-// (m in the log2 domain; -inf for a row that saw no key). Every lane of the warp calls it (quad shuffles).
+// (m in the log2 domain; -inf for a row that saw no key). Every lane of the warp calls it (quad shuffles). With sinks
+// (row orow / D = query * nh + head), l gains exp(s_head - m) in the log2 domain: exp2(s log2e - m), the sink's
+// term of the denominator (a row that saw no key keeps inv = 0: HF's output is 0 there too).
 __device__ __forceinline__ void attn_fwd_finish(const AttnFwdParams& p, int D, const bool (&rok)[2],
                                                 const int64_t (&orow)[2], float (&l)[2], const float (&m)[2], int t4,
                                                 float (&inv)[2]) {
@@ -130,6 +134,8 @@ __device__ __forceinline__ void attn_fwd_finish(const AttnFwdParams& p, int D, c
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    if (p.sinks != nullptr && rok[i] && l[i] > 0.f)
+      l[i] += exp2f(p.sinks[(orow[i] / D) % p.nh] * 1.4426950408889634f - m[i]);
     inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
     if (rok[i] && p.lse != nullptr && t4 == 0)
       p.lse[orow[i] / D] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2f : -INFINITY;

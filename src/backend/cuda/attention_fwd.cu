@@ -22,6 +22,12 @@ namespace {
 
 constexpr size_t align16(size_t b) { return (b + 15) / 16 * 16; }
 
+// A row's softmax denominator with the sink of head h (natural-log domain: m the row's running maximum; a row that
+// saw no key keeps l = 0).
+__device__ __forceinline__ float sink_l(const AttnFwdParams& p, float l, float m, int h) {
+  return p.sinks != nullptr && l > 0.f ? l + expf(p.sinks[h] - m) : l;
+}
+
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
   constexpr int M = 4096 / D;
@@ -57,10 +63,7 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
     int lo1 = 0, hi1 = 0, lo2 = 0, hi2 = 0;
     const int hh = r / mq, qi = q0 + r % mq;
     if (hh < hc && qi < p.Tq) {
-      if (p.mode == kAttnCausal)
-        hi1 = min(p.q_offset + qi + 1, p.T1);
-      else
-        dflash_row_bounds(qi, p.B, p.T1, p.window, p.anchors, p.valid, p.err, lo1, hi1, lo2, hi2);
+      attn_row_bounds(p.mode, qi, p.q_offset, p.T1, p.B, p.window, p.anchors, p.valid, p.err, lo1, hi1, lo2, hi2);
     }
     sLo1[r] = lo1;
     sHi1[r] = hi1;
@@ -174,7 +177,7 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
     const int idx = tid + NT * u, r = idx / D, c = idx % D;
     const int hh = r / mq, qi = q0 + r % mq;
     if (c < d && hh < hc && qi < p.Tq) {
-      const float l = sL[r];
+      const float l = sink_l(p, sL[r], sM[r], h0 + hh);
       O[(static_cast<int64_t>(qi) * nh + h0 + hh) * d + c] = __float2bfloat16(l > 0.f ? acc[u] / l : 0.f);
     }
   }
@@ -182,7 +185,7 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(AttnFwdParams p) {
     for (int r = tid; r < M; r += NT) {
       const int hh = r / mq, qi = q0 + r % mq;
       if (hh < hc && qi < p.Tq) {
-        const float l = sL[r];
+        const float l = sink_l(p, sL[r], sM[r], h0 + hh);
         p.lse[static_cast<int64_t>(qi) * nh + h0 + hh] = l > 0.f ? sM[r] + logf(l) : -INFINITY;
       }
     }

@@ -629,7 +629,7 @@ bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
-  const bool win = p.mode == kAttnDFlash && p.window > 0;
+  const bool win = p.window > 0;
   if (p.d == 64 && !win)
     DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<64, false>)(p);
   else if (p.d == 64)

@@ -1527,6 +1527,7 @@ void attn_fwd_timeline_report(const char* label) {
 
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
   if (p0.d != kWgD) return false;
+  if (p0.mode == kAttnCausal && p0.window > 0) return false;  // (its causal rows start at key 0: the mma.sync kernel)
   if (kFwdWgSmem + kFwdWgStatic > static_cast<size_t>(e.smem_limit)) return false;
   if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
   if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;

@@ -342,14 +342,14 @@ class CudaContext final : public Context {
     cuda::argmax(env_, x, out);
   }
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
-                        float scale) override {
+                        float scale, const CausalAttnOpts& opts) override {
     const OpScope scope = op("attention_causal");
-    cuda::attention_causal(env_, q, k, v, out, q_offset, scale);
+    cuda::attention_causal(env_, q, k, v, out, q_offset, scale, on_device(opts));
   }
-  void attention_causal_batch(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
-                              float scale) override {
+  void attention_causal_batch(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs, float scale,
+                              const CausalAttnOpts& opts) override {
     const OpScope scope = op("attention_causal");
-    cuda::attention_causal_batch(env_, q, out, seqs, scale);
+    cuda::attention_causal_batch(env_, q, out, seqs, scale, on_device(opts));
   }
   void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
     const OpScope scope =
@@ -373,13 +373,13 @@ class CudaContext final : public Context {
     check_moe_group(idx, offsets, rows, slot);
     cuda::moe_group(env_, on_device(idx), offsets, rows, slot);
   }
-  void moe_linear(const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
+  void moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets, const Tensor& y,
                   MoeAct act) override {
     const MoeLinearDims d = check_moe_linear(x, rows, w, offsets, y, act, DType::BF16);
-    const OpScope scope = op_gemm(act == MoeAct::SwiGLU ? "moe_linear_swiglu" : "moe_linear", d.R,
-                                  act == MoeAct::SwiGLU ? 2 * d.N : d.N, d.K);
+    const bool gated = act != MoeAct::None;
+    const OpScope scope = op_gemm(gated ? "moe_linear_swiglu" : "moe_linear", d.R, gated ? 2 * d.N : d.N, d.K);
     const Tensor r = rows ? on_device(*rows) : Tensor{};
-    cuda::moe_linear(env_, x, rows ? &r : nullptr, w, on_device(offsets), y, act, d);
+    cuda::moe_linear(env_, x, rows ? &r : nullptr, on_device(w), on_device(offsets), y, act, d);
   }
   void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta) override {
     const OpScope scope = op("moe_combine");
@@ -493,6 +493,14 @@ class CudaContext final : public Context {
     return to_device(t);
   }
   RopeArgs on_device(const RopeArgs& r) { return {on_device(r.pos), on_device(r.inv_freq), r.heads}; }
+  CausalAttnOpts on_device(const CausalAttnOpts& o) { return {o.window, on_device(o.sinks)}; }
+  ExpertWeights on_device(const ExpertWeights& w) {
+    ExpertWeights d;
+    d.w = on_device(w.w);
+    d.scales = on_device(w.scales);
+    d.bias = on_device(w.bias);
+    return d;
+  }
   DFlashAttnArgs on_device(const DFlashAttnArgs& a) {
     DFlashAttnArgs d = a;
     d.anchors = on_device(a.anchors);

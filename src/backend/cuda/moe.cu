@@ -193,7 +193,10 @@ struct MoeGemmParams {
   const int32_t* rows;       // [R] tokens of the grouped rows, or null (a = x[r])
   const int32_t* offsets;    // [E + 1]
   const int32_t* tile_off;   // [E + 1]
-  const bf16* w;             // [E, Nw, K]
+  const bf16* w;             // [E, Nw, K] bf16, or null when the weights are MXFP4:
+  const uint8_t* wq;         // [E, Nw, K / 2] MXFP4 elements (two e2m1 per byte, low nibble first)
+  const uint8_t* ws;         // [E, Nw, K / 32] e8m0 scales
+  const bf16* bias;          // [E, Nw] or null
   bf16* y;                   // [R, N]
   int64_t N, K, Nw, x_rows;
   int E, n_tiles;
@@ -214,12 +217,44 @@ __device__ __forceinline__ int tile_expert(const MoeGemmParams& p, int mt) {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
+// The epilogue's activation of a gate / up pair (MoeAct, backend/context.h): kActSwiGLU silu(g) u; kActGptOss the
+// clamped form of transformers' GptOssExperts._apply_gate (alpha 1.702, limit 7).
+enum : int { kActNone = 0, kActSwiGLU = 1, kActGptOss = 2 };
+template <int ACT>
+__device__ __forceinline__ float moe_act(float g, float u) {
+  if (ACT == kActGptOss) {
+    g = fminf(g, 7.f);
+    u = fminf(fmaxf(u, -7.f), 7.f);
+    return (u + 1.f) * g / (1.f + expf(-1.702f * g));
+  }
+  return silu(g) * u;
+}
+
+// One e2m1 code (4 bits, sign in bit 3) times 2^(scale - 127), exactly, as a float: the code's bits placed in a float's
+// exponent / mantissa give code * 2^-126 (the codes of exponent 0 become float subnormals, which FMUL takes exactly:
+// the build does not flush them); two multiplies keep 2^(scale - 1) from overflowing for scales above 128.
+__device__ __forceinline__ float e2m1_scaled(uint32_t code, float f_lo, float f_hi) {
+  const float v = __uint_as_float(((code & 8u) << 28) | ((code & 7u) << 22));
+  return v * f_lo * f_hi;
+}
+// (f_lo, f_hi) of an e8m0 scale s: f_lo f_hi = 2^126 2^(s - 127) = 2^(s - 1), each factor a normal float.
+__device__ __forceinline__ void e8m0_factors(uint32_t s, float& f_lo, float& f_hi) {
+  if (s <= 128u) {
+    f_lo = __uint_as_float((s + 126u) << 23);  // 2^(s - 1)
+    f_hi = 1.f;
+  } else {
+    f_lo = 8.507059173023462e37f;               // 2^126
+    f_hi = __uint_as_float(s << 23);             // 2^(s - 127)
+  }
+}
+
 // ---- moe_linear: the portable kernel (any shape; the CPU emulator) --------------------------------------------------
 // Block (32, 8) computes a 32 x 32 output tile: thread (tx, ty) the column tx of rows ty, ty + 8, ty + 16, ty + 24;
 // SwiGLU keeps a gate and an up accumulator per output.
 constexpr int kSimtBM = 32;
-template <bool SWIGLU>
+template <int ACT, bool FP4>
 __global__ void k_moe_gemm_simt(MoeGemmParams p) {
+  constexpr bool SWIGLU = ACT != kActNone;
   __shared__ float sA[32][33];
   __shared__ float sG[32][33];
   __shared__ float sU[32][33];
@@ -229,7 +264,16 @@ __global__ void k_moe_gemm_simt(MoeGemmParams p) {
   const int e = tile_expert(p, mt);
   const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kSimtBM, m_end = p.offsets[e + 1];
   const int64_t n0 = static_cast<int64_t>(nt) * 32;
-  const bf16* we = p.w + static_cast<int64_t>(e) * p.Nw * p.K;
+  const int64_t erow = static_cast<int64_t>(e) * p.Nw;
+  // weight element (row n of expert e, column kk) as a float
+  auto wv = [&](int64_t n, int64_t kk) -> float {
+    const int64_t r = erow + n;
+    if (!FP4) return to_f(p.w[r * p.K + kk]);
+    const uint32_t byte = p.wq[r * (p.K / 2) + kk / 2], code = (kk & 1) ? byte >> 4 : byte & 15u;
+    float f_lo, f_hi;
+    e8m0_factors(p.ws[r * (p.K / 32) + kk / 32], f_lo, f_hi);
+    return e2m1_scaled(code, f_lo, f_hi);
+  };
   float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
   for (int64_t k0 = 0; k0 < p.K; k0 += 32) {
     for (int i = ty; i < 32; i += 8) {
@@ -245,8 +289,8 @@ __global__ void k_moe_gemm_simt(MoeGemmParams p) {
       }
       sA[i][tx] = a;
       const int64_t n = n0 + i;
-      sG[i][tx] = n < p.N && kk < p.K ? to_f(we[n * p.K + kk]) : 0.f;
-      if (SWIGLU) sU[i][tx] = n < p.N && kk < p.K ? to_f(we[(p.N + n) * p.K + kk]) : 0.f;
+      sG[i][tx] = n < p.N && kk < p.K ? wv(n, kk) : 0.f;
+      if (SWIGLU) sU[i][tx] = n < p.N && kk < p.K ? wv(p.N + n, kk) : 0.f;
     }
     __syncthreads();
     for (int kk = 0; kk < 32; ++kk) {
@@ -261,10 +305,11 @@ __global__ void k_moe_gemm_simt(MoeGemmParams p) {
   }
   const int64_t n = n0 + tx;
   if (n >= p.N) return;
+  const float bg = p.bias ? to_f(p.bias[erow + n]) : 0.f, bu = p.bias && SWIGLU ? to_f(p.bias[erow + p.N + n]) : 0.f;
   DFLASH_UNROLL
   for (int q = 0; q < 4; ++q) {
     const int64_t r = m0 + ty + 8 * q;
-    if (r < m_end) p.y[r * p.N + n] = __float2bfloat16(SWIGLU ? silu(ag[q]) * au[q] : ag[q]);
+    if (r < m_end) p.y[r * p.N + n] = __float2bfloat16(SWIGLU ? moe_act<ACT>(ag[q] + bg, au[q] + bu) : ag[q] + bg);
   }
 }
 
@@ -276,19 +321,36 @@ constexpr int kWgThreads = 384;               // consumer warpgroups 0, 1; produ
 
 // Register split of the CTA (one per SM: 65536 registers; 128 producer threads, 256 consumer threads, multiples of 8).
 // Two CTAs per SM do not fit: ptxas compiles the whole kernel under launch_bounds' cap (80 registers at 384 x 2
-// threads), too few for a warpgroup MMA's 64 accumulators and its operands.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// threads), too few for a warpgroup MMA's 64 accumulators and its operands. MXFP4 weights: the producer also
+// dequantises B, so it gets more (and the consumers, with up to 128 accumulators, less).
+template <bool FP4>
+struct WgRegs {
+  static constexpr int producer = FP4 ? 88 : 40, consumer = FP4 ? 208 : 232;
+};
 
-// Shared memory of a variant: NS stages of A (16 KB) and B (BN rows, BN x 128 bytes), and the 1024-byte alignment.
-constexpr size_t moe_wg_smem(int BN, int NS) {
-  return static_cast<size_t>(NS) * (kWgATile + BN * 128) + 1024;
+// MXFP4 B of a stage: the raw tile (BN rows x 32 bytes = 64 e2m1 values per row) that the producer dequantises.
+constexpr int kWgRawRow = kWgBK / 2;
+
+// Shared memory of a variant: NS stages of A (16 KB) and B (BN rows, BN x 128 bytes), MXFP4's raw B ring, and the
+// 1024-byte alignment.
+constexpr size_t moe_wg_smem(int BN, int NS, bool fp4 = false) {
+  return static_cast<size_t>(NS) * (kWgATile + BN * 128 + (fp4 ? BN * kWgRawRow : 0)) + 1024;
 }
 
-// BN columns per tile (128 or 256: wgmma m64nBNk16), NS stages.
-template <bool SWIGLU, int BN, int NS>
+// BN columns per tile (128 or 256: wgmma m64nBNk16), NS stages; ACT the epilogue (kActNone / kActSwiGLU / kActGptOss);
+// FP4: the weights are MXFP4. Then B does not come by TMA: each producer thread cp.asyncs its 16-byte chunks of the
+// raw 4-bit tile (one MXFP4 block of 32 values each: row n, half h of the 64-column k-step) into a raw ring, and kLag
+// k-steps later dequantises the same chunks (its own copies: no barrier between producer threads) into the stage's
+// swizzled bf16 B tile, fences the generic writes for the async proxy and arrives on the stage's full barrier (which
+// then counts 128 cp.async arrivals for A and 128 of these).
+template <int ACT, bool FP4, int BN, int NS>
 __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, const __grid_constant__ CUtensorMap wmap) {
   static_assert(BN == 128 || BN == 256, "tiles of 128 or 256 columns");
+  constexpr bool SWIGLU = ACT != kActNone;
   constexpr int kBTile = BN * 128, kBoxes = BN / 64;  // B stage bytes; 64-row TMA boxes per stage
+  constexpr int kRawTile = BN * kWgRawRow, kChunks = BN * 2 / 128;  // MXFP4: raw stage bytes, chunks per thread
+  constexpr int kLag = 2;                                            // MXFP4: k-steps between a copy and its dequant
+  static_assert(!FP4 || NS > kLag, "the raw ring must outlast the lag");
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ alignas(8) uint64_t sBar[2 * NS];  // stage s: full (A's copies and B's bytes landed), empty (consumers done)
   const int mt = blockIdx.x / p.n_tiles, nt = blockIdx.x % p.n_tiles;
@@ -296,23 +358,32 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
   const int e = tile_expert(p, mt);
   const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kWgBM, m_end = p.offsets[e + 1];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sA = base, sB = base + NS * kWgATile;
+  const uint32_t sA = base, sB = base + NS * kWgATile, sRaw = sB + NS * kBTile;
   const uint32_t bFull = smem_u32(&sBar[0]), bEmpty = bFull + 8 * NS;
   const int tid = threadIdx.x, wga = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31;
   const int KT = static_cast<int>((p.K + kWgBK - 1) / kWgBK);
+  const int64_t wrow = static_cast<int64_t>(e) * p.Nw;
+  // weight row of the tile's row n (0 <= n < BN): [n0, n0 + BN), n0 = BN nt; for the gated acts the gate rows
+  // [h0, h0 + BN / 2) then the up rows [N + h0, ..), h0 = BN / 2 nt; -1 past the expert's rows
+  auto tile_wrow = [&](int n) -> int64_t {
+    const int64_t r = SWIGLU ? (n < BN / 2 ? 0 : p.N) + static_cast<int64_t>(BN / 2) * nt + n % (BN / 2)
+                             : static_cast<int64_t>(BN) * nt + n;
+    return (SWIGLU ? (static_cast<int64_t>(BN / 2) * nt + n % (BN / 2) < p.N) : r < p.Nw) ? wrow + r : -1;
+  };
   if (tid == 0) {
-    tma_prefetch_map(&wmap);
+    if (!FP4) tma_prefetch_map(&wmap);
     DFLASH_UNROLL
     for (int s = 0; s < NS; ++s) {
-      mbar_init(bFull + 8 * s, 128 + 1);  // every producer thread's copies, and thread 0's expected TMA bytes
-      mbar_init(bEmpty + 8 * s, 8);       // every consumer warp
+      // every producer thread's A copies and thread 0's expected TMA bytes; MXFP4: A copies and the dequant arrivals
+      mbar_init(bFull + 8 * s, FP4 ? 256 : 128 + 1);
+      mbar_init(bEmpty + 8 * s, 8);  // every consumer warp
     }
     mbar_init_fence();
   }
   __syncthreads();
 
   if (wga == 2) {  // ---- producer
-    setmaxnreg_dec<kProducerRegs>();
+    setmaxnreg_dec<WgRegs<FP4>::producer>();
     const int pt = tid - 256, c = pt & 7;
     int64_t src[8];
     bool ok[8];
@@ -328,40 +399,116 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
       }
       src[q] = s * p.K;
     }
-    // the weight rows of the tile, in 64-row boxes: [n0, n0 + BN), n0 = BN nt; for SwiGLU the gate rows
-    // [h0, h0 + BN / 2) then the up rows [N + h0, ..), h0 = BN / 2 nt
-    const int64_t wrow = static_cast<int64_t>(e) * p.Nw;
-    int brow[kBoxes];
-    DFLASH_UNROLL
-    for (int b = 0; b < kBoxes; ++b)
-      brow[b] = static_cast<int>(SWIGLU ? wrow + (b < kBoxes / 2 ? 0 : p.N) + static_cast<int64_t>(BN / 2) * nt +
-                                              64 * (b % (kBoxes / 2))
-                                        : wrow + static_cast<int64_t>(BN) * nt + 64 * b);
-    for (int kt = 0; kt < KT; ++kt) {
-      const int st = kt % NS;
-      if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
-      const uint32_t full = bFull + 8 * st;
-      if (pt == 0) {
-        mbar_arrive_expect_tx(full, kBTile);
-        DFLASH_UNROLL
-        for (int b = 0; b < kBoxes; ++b) tma_load_2d(sB + st * kBTile + b * 64 * 128, &wmap, full, kt * kWgBK, brow[b]);
-      }
-      const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
-      const bool kin = kc < p.K;
+    if constexpr (!FP4) {
+      int brow[kBoxes];
       DFLASH_UNROLL
-      for (int q = 0; q < 8; ++q) {
-        const int row = (pt >> 3) + 16 * q;
-        cp_async16(sA + st * kWgATile + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
-                   ok[q] && kin);
+      for (int b = 0; b < kBoxes; ++b)
+        brow[b] = static_cast<int>(SWIGLU ? wrow + (b < kBoxes / 2 ? 0 : p.N) + static_cast<int64_t>(BN / 2) * nt +
+                                                64 * (b % (kBoxes / 2))
+                                          : wrow + static_cast<int64_t>(BN) * nt + 64 * b);
+      for (int kt = 0; kt < KT; ++kt) {
+        const int st = kt % NS;
+        if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
+        const uint32_t full = bFull + 8 * st;
+        if (pt == 0) {
+          mbar_arrive_expect_tx(full, kBTile);
+          DFLASH_UNROLL
+          for (int b = 0; b < kBoxes; ++b)
+            tma_load_2d(sB + st * kBTile + b * 64 * 128, &wmap, full, kt * kWgBK, brow[b]);
+        }
+        const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
+        const bool kin = kc < p.K;
+        DFLASH_UNROLL
+        for (int q = 0; q < 8; ++q) {
+          const int row = (pt >> 3) + 16 * q;
+          cp_async16(sA + st * kWgATile + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
+                     ok[q] && kin);
+        }
+        cp_async_mbar_arrive(full);
       }
-      cp_async_mbar_arrive(full);
+    } else {
+      // chunk j of this thread: tile row n = (pt + 128 j) / 2, half (pt + 128 j) % 2 = pt % 2
+      const int half = pt & 1;
+      int32_t wr[kChunks];  // the chunk's weight row, -1 past the expert's rows
+      DFLASH_UNROLL
+      for (int j = 0; j < kChunks; ++j) wr[j] = static_cast<int32_t>(tile_wrow((pt + 128 * j) >> 1));
+      const int64_t rowb = p.K / 2, rows_s = p.K / 32;
+      // the scales of k-steps kt - 2 and kt - 1 (kLag = 2), one byte per chunk (kChunks <= 4), as a shift register
+      static_assert(kLag == 2 && kChunks <= 4, "two scale registers of four bytes");
+      uint32_t sc_lag2 = 0, sc_lag1 = 0;
+      auto dequant = [&](int kt, uint32_t sc) {
+        const int st = kt % NS;
+        DFLASH_UNROLL
+        for (int j = 0; j < kChunks; ++j) {
+          const int n = (pt + 128 * j) >> 1;
+          const uint32_t raw = sRaw + st * kRawTile + n * kWgRawRow + half * 16;
+          uint32_t v[4];
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                       : "r"(raw));
+          float f_lo, f_hi;
+          e8m0_factors((sc >> (8 * j)) & 255u, f_lo, f_hi);
+          DFLASH_UNROLL
+          for (int w = 0; w < 4; ++w) {  // 8 values = one 16-byte chunk of the bf16 row: k = 32 half + 8 w ..
+            uint32_t o[4];
+            DFLASH_UNROLL
+            for (int b = 0; b < 4; ++b) {
+              const uint32_t byte = v[w] >> (8 * b);
+              o[b] = wg::pack_bf16x2(e2m1_scaled(byte & 15u, f_lo, f_hi), e2m1_scaled((byte >> 4) & 15u, f_lo, f_hi));
+            }
+            const int cc = half * 4 + w;
+            const uint32_t dst = sB + st * kBTile + n * 128 + (((cc ^ n) & 7) << 4);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(o[0]), "r"(o[1]), "r"(o[2]),
+                         "r"(o[3])
+                         : "memory");
+          }
+        }
+        wg::fence_proxy_async();
+        mbar_arrive(bFull + 8 * st);
+      };
+      for (int kt = 0; kt < KT; ++kt) {
+        const int st = kt % NS;
+        if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
+        const uint32_t full = bFull + 8 * st;
+        const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
+        const bool kin = kc < p.K;
+        DFLASH_UNROLL
+        for (int q = 0; q < 8; ++q) {
+          const int row = (pt >> 3) + 16 * q;
+          cp_async16(sA + st * kWgATile + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
+                     ok[q] && kin);
+        }
+        cp_async_mbar_arrive(full);
+        // this k-step's raw chunks (past K or the expert's rows: zero-filled) and their scales
+        const int64_t kb = static_cast<int64_t>(kt) * 2 + half;  // the chunk's MXFP4 block along K
+        const bool bin = kb * 32 < p.K;
+        uint32_t sc = 0;
+        DFLASH_UNROLL
+        for (int j = 0; j < kChunks; ++j) {
+          const int n = (pt + 128 * j) >> 1;
+          const bool okc = bin && wr[j] >= 0;
+          cp_async16(sRaw + st * kRawTile + n * kWgRawRow + half * 16,
+                     p.wq + (okc ? wr[j] * rowb + kb * 16 : 0), okc);
+          sc |= (okc ? static_cast<uint32_t>(__ldg(p.ws + wr[j] * rows_s + kb)) : 127u) << (8 * j);
+        }
+        cp_async_commit();
+        if (kt >= kLag) {
+          cp_async_wait<kLag>();  // k-step kt - kLag's chunks have landed
+          dequant(kt - kLag, sc_lag2);
+        }
+        sc_lag2 = sc_lag1;
+        sc_lag1 = sc;
+      }
+      cp_async_wait<0>();
+      if (KT >= 2) dequant(KT - 2, sc_lag2);
+      if (KT >= 1) dequant(KT - 1, sc_lag1);
     }
     cp_async_wait<0>();
     return;
   }
 
   // ---- consumers: warpgroup wga owns rows 64 wga .. 64 wga + 63 of the tile
-  setmaxnreg_inc<kConsumerRegs>();
+  setmaxnreg_inc<WgRegs<FP4>::consumer>();
   float d[BN / 2];
   DFLASH_UNROLL
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
@@ -384,8 +531,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
   wg::pin(d);
 
   // epilogue: accumulator d[4 j + i] holds row 16 warp + lane / 4 + 8 (i / 2), column 8 j + 2 (lane % 4) + i % 2;
-  // for SwiGLU, gate column c (< BN / 2) and its up column c + BN / 2 are d[4 j + i] and d[4 (j + BN / 16) + i]
+  // for the gated acts, gate column c (< BN / 2) and its up column c + BN / 2 are d[4 j + i] and d[4 (j + BN / 16) + i]
   const int r_in = wga * 64 + warp * 16 + (lane >> 2), c_in = 2 * (lane & 3);
+  const bf16* bias = p.bias ? p.bias + wrow : nullptr;
   DFLASH_UNROLL
   for (int h = 0; h < 2; ++h) {
     const int64_t r = m0 + r_in + 8 * h;
@@ -396,16 +544,27 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
       for (int j = 0; j < BN / 16; ++j) {
         const int64_t col = static_cast<int64_t>(nt) * (BN / 2) + 8 * j + c_in;
         if (col >= p.N) continue;
-        const float v0 = silu(d[4 * j + 2 * h]) * d[4 * (j + BN / 16) + 2 * h];
-        const float v1 = silu(d[4 * j + 2 * h + 1]) * d[4 * (j + BN / 16) + 2 * h + 1];
-        *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(v0, v1);
+        float g0 = d[4 * j + 2 * h], g1 = d[4 * j + 2 * h + 1];
+        float u0 = d[4 * (j + BN / 16) + 2 * h], u1 = d[4 * (j + BN / 16) + 2 * h + 1];
+        if (bias) {
+          g0 += to_f(bias[col]);
+          g1 += to_f(bias[col + 1]);
+          u0 += to_f(bias[p.N + col]);
+          u1 += to_f(bias[p.N + col + 1]);
+        }
+        *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(moe_act<ACT>(g0, u0), moe_act<ACT>(g1, u1));
       }
     } else {
       DFLASH_UNROLL
       for (int j = 0; j < BN / 8; ++j) {
         const int64_t col = static_cast<int64_t>(nt) * BN + 8 * j + c_in;
         if (col >= p.N) continue;
-        *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+        if (bias) {
+          v0 += to_f(bias[col]);
+          v1 += to_f(bias[col + 1]);
+        }
+        *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(v0, v1);
       }
     }
   }
@@ -432,26 +591,32 @@ struct WgVariant {
 };
 constexpr WgVariant kWgVariants[] = {{128, 4}, {256, 4}, {128, 6}};
 
-template <bool SWIGLU, int BN, int NS>
+template <int ACT, bool FP4, int BN, int NS>
 void launch_wg_t(Env& e, const MoeGemmParams& p, int64_t blocks, const CUtensorMap& map) {
-  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, moe_wg_smem(BN, NS), e.stream,
-                k_moe_gemm_wg<SWIGLU, BN, NS>)(p, map);
+  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, moe_wg_smem(BN, NS, FP4), e.stream,
+                k_moe_gemm_wg<ACT, FP4, BN, NS>)(p, map);
   check_launch("k_moe_gemm_wg");
 }
 
-// Launches variant v; p.n_tiles is set here (it depends on the variant's tile width).
-template <bool SWIGLU>
+// Launches variant v; p.n_tiles is set here (it depends on the variant's tile width). The combinations part 1 did not
+// have (a bias-free SwiGLU stays the only one with three variants) run variants 0 and 1 (2 runs as 1).
+template <int ACT, bool FP4>
 void launch_wg(Env& e, MoeGemmParams p, int64_t R, int v, int64_t w_rows) {
+  constexpr bool kAll = ACT != kActGptOss && !FP4;
+  if (!kAll && v == 2) v = 1;
   const WgVariant& wv = kWgVariants[v];
-  const int cols = SWIGLU ? wv.bn / 2 : wv.bn;  // output columns per tile
+  const int cols = ACT != kActNone ? wv.bn / 2 : wv.bn;  // output columns per tile
   p.n_tiles = static_cast<int>((p.N + cols - 1) / cols);
   const int64_t blocks = ((R + kWgBM - 1) / kWgBM + p.E) * p.n_tiles;
   DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
-  const CUtensorMap map = weight_map(p.w, w_rows, p.K);
+  CUtensorMap map{};
+  if (!FP4) map = weight_map(p.w, w_rows, p.K);
   switch (v) {
-    case 0: launch_wg_t<SWIGLU, 128, 4>(e, p, blocks, map); break;
-    case 1: launch_wg_t<SWIGLU, 256, 4>(e, p, blocks, map); break;
-    default: launch_wg_t<SWIGLU, 128, 6>(e, p, blocks, map); break;
+    case 0: launch_wg_t<ACT, FP4, 128, 4>(e, p, blocks, map); break;
+    case 1: launch_wg_t<ACT, FP4, 256, 4>(e, p, blocks, map); break;
+    default:
+      if constexpr (kAll) launch_wg_t<ACT, FP4, 128, 6>(e, p, blocks, map);
+      break;
   }
 }
 #endif  // DFLASH_CUDA_EMU
@@ -561,29 +726,37 @@ void moe_group(Env& e, const Tensor& idx, const Tensor& offsets, const Tensor& r
   check_launch("k_moe_place");
 }
 
-void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
-                MoeAct act, const MoeLinearDims& d) {
+void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const ExpertWeights& mw, const Tensor& offsets,
+                const Tensor& y, MoeAct act, const MoeLinearDims& d) {
   check_on_dev("moe_linear", x, "x");
-  check_on_dev("moe_linear", w, "w");
+  check_on_dev("moe_linear", mw.w, "w");
   check_on_dev("moe_linear", y, "y");
+  if (mw.mxfp4()) check_on_dev("moe_linear", mw.scales, "scales");
+  if (mw.bias.defined()) check_on_dev("moe_linear", mw.bias, "bias");
   if (d.R == 0 || d.N == 0) return;
-  const bool swiglu = act == MoeAct::SwiGLU;
+  const bool fp4 = mw.mxfp4();
+  const int a = act == MoeAct::None ? kActNone : act == MoeAct::SwiGLU ? kActSwiGLU : kActGptOss;
   DFLASH_CHECK(d.E <= (int64_t{1} << 20), "moe_linear (cuda): ", d.E, " experts");
   MoeGemmParams p;
   p.x = static_cast<bf16*>(x.data);
   p.rows = rows ? rows->ptr<int32_t>() : nullptr;
   p.offsets = offsets.ptr<int32_t>();
-  p.w = static_cast<bf16*>(w.data);
+  p.w = fp4 ? nullptr : static_cast<bf16*>(mw.w.data);
+  p.wq = fp4 ? mw.w.ptr<uint8_t>() : nullptr;
+  p.ws = fp4 ? mw.scales.ptr<uint8_t>() : nullptr;
+  p.bias = mw.bias.defined() ? static_cast<bf16*>(mw.bias.data) : nullptr;
   p.y = static_cast<bf16*>(y.data);
   p.N = d.N;
   p.K = d.K;
-  p.Nw = w.shape[1];
+  p.Nw = mw.w.shape[1];
   p.x_rows = x.rows();
   p.E = static_cast<int>(d.E);
   p.err = e.err_flag;
   Tensor tile_off = e.alloc(DType::I32, {d.E + 1});
   p.tile_off = tile_off.ptr<int32_t>();
-  const bool wgmma = moe_linear_path(d.N, d.K, swiglu) == "wgmma" && aligned16(p.x) && aligned16(p.w);
+  // (MXFP4 with the plain SwiGLU, which no published model has, runs on the portable kernel)
+  const bool wgmma = moe_linear_path(d.N, d.K, act != MoeAct::None) == "wgmma" && aligned16(p.x) &&
+                     aligned16(mw.w.data) && !(fp4 && a == kActSwiGLU);
 #ifndef DFLASH_CUDA_EMU
   if (wgmma) {
     DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, kWgBM, tile_off.ptr<int32_t>());
@@ -591,8 +764,16 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const Tensor& w, co
     const int64_t w_rows = d.E * p.Nw;
     DFLASH_CHECK(w_rows < (int64_t{1} << 31), "moe_linear (cuda): ", w_rows, " weight rows");
     const int v = e.moe_variant >= 0 && e.moe_variant < 3 ? e.moe_variant : kMoeDefaultVariant;
-    if (swiglu) launch_wg<true>(e, p, d.R, v, w_rows);
-    else launch_wg<false>(e, p, d.R, v, w_rows);
+    if (fp4) {
+      if (a == kActNone) launch_wg<kActNone, true>(e, p, d.R, v, w_rows);
+      else launch_wg<kActGptOss, true>(e, p, d.R, v, w_rows);
+    } else if (a == kActNone) {
+      launch_wg<kActNone, false>(e, p, d.R, v, w_rows);
+    } else if (a == kActSwiGLU) {
+      launch_wg<kActSwiGLU, false>(e, p, d.R, v, w_rows);
+    } else {
+      launch_wg<kActGptOss, false>(e, p, d.R, v, w_rows);
+    }
     return;
   }
 #else
@@ -603,8 +784,16 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const Tensor& w, co
   p.n_tiles = static_cast<int>((d.N + 31) / 32);
   const int64_t blocks = ((d.R + kSimtBM - 1) / kSimtBM + d.E) * p.n_tiles;
   DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
-  if (swiglu) DFLASH_LAUNCH(static_cast<unsigned>(blocks), dim3(32, 8), 0, e.stream, k_moe_gemm_simt<true>)(p);
-  else DFLASH_LAUNCH(static_cast<unsigned>(blocks), dim3(32, 8), 0, e.stream, k_moe_gemm_simt<false>)(p);
+  const unsigned nb = static_cast<unsigned>(blocks);
+  const dim3 blk(32, 8);
+  switch (a + 3 * fp4) {
+    case 0: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActNone, false>)(p); break;
+    case 1: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActSwiGLU, false>)(p); break;
+    case 2: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActGptOss, false>)(p); break;
+    case 3: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActNone, true>)(p); break;
+    case 4: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActSwiGLU, true>)(p); break;
+    default: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActGptOss, true>)(p); break;
+  }
   check_launch("k_moe_gemm_simt");
 }
 
@@ -632,9 +821,12 @@ void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weig
 
 void moe_init_attributes(int smem_optin) {
 #ifndef DFLASH_CUDA_EMU
-  allow_dynamic_smem(smem_optin, k_moe_gemm_wg<true, 128, 4>, k_moe_gemm_wg<false, 128, 4>,
-                     k_moe_gemm_wg<true, 256, 4>, k_moe_gemm_wg<false, 256, 4>, k_moe_gemm_wg<true, 128, 6>,
-                     k_moe_gemm_wg<false, 128, 6>);
+  allow_dynamic_smem(smem_optin, k_moe_gemm_wg<kActSwiGLU, false, 128, 4>, k_moe_gemm_wg<kActNone, false, 128, 4>,
+                     k_moe_gemm_wg<kActSwiGLU, false, 256, 4>, k_moe_gemm_wg<kActNone, false, 256, 4>,
+                     k_moe_gemm_wg<kActSwiGLU, false, 128, 6>, k_moe_gemm_wg<kActNone, false, 128, 6>,
+                     k_moe_gemm_wg<kActGptOss, false, 128, 4>, k_moe_gemm_wg<kActGptOss, false, 256, 4>,
+                     k_moe_gemm_wg<kActNone, true, 128, 4>, k_moe_gemm_wg<kActNone, true, 256, 4>,
+                     k_moe_gemm_wg<kActGptOss, true, 128, 4>, k_moe_gemm_wg<kActGptOss, true, 256, 4>);
 #else
   (void)smem_optin;
 #endif

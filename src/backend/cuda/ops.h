@@ -95,10 +95,12 @@ double sum_squares(Env& e, const Tensor& x);  // synchronises
 void fill_normal(Env& e, const Tensor& out, double stdev, uint64_t seed, RngPurpose purpose, uint64_t stream);
 
 // ---- attention ----------------------------------------------------------------------------------------------
+// opts (context.h): sinks F32 on the device; the window and sinks run on the mma.sync and SIMT kernels (head dims
+// other than 128, or any window: the wgmma forward has neither).
 void attention_causal(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                      int64_t q_offset, float scale);
+                      int64_t q_offset, float scale, const CausalAttnOpts& opts = {});
 void attention_causal_batch(Env& e, const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
-                            float scale);
+                            float scale, const CausalAttnOpts& opts = {});
 void dflash_attention(Env& e, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse);
 void dflash_attention_backward(Env& e, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
                                const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
@@ -117,8 +119,9 @@ void attention_init_attributes(int smem_optin);
 // experts and k <= 32.
 void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights);
 void moe_group(Env& e, const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
-void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets, const Tensor& y,
-                MoeAct act, const MoeLinearDims& d);
+// w: bf16 or MXFP4 (ExpertWeights; on the device), optional bias; act None, SwiGLU or GptOssGLU.
+void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets,
+                const Tensor& y, MoeAct act, const MoeLinearDims& d);
 void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta);
 // The kernel moe_linear runs for N output columns and inner size K: "wgmma" (the Hopper grouped GEMM; K % 8 == 0,
 // N even, 16-byte aligned x and w) or "simt" (any shape; the emulator).
