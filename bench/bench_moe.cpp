@@ -89,7 +89,7 @@ void expert_gemms(Context& ctx, const std::string& spec, int64_t R, double budge
   ctx.moe_route(logits, k, true, idx, wts);
   Tensor off = ctx.empty(DType::I32, {E + 1}), rows = ctx.empty(DType::I32, {R * k}), slot = ctx.empty(DType::I32, {R * k});
   ctx.moe_group(idx, off, rows, slot);
-  ExpertWeights gu(ctx.empty(act, {E, 2 * I, H})), dn(ctx.empty(act, {E, H, I}));
+  MoeWeights gu(ctx.empty(act, {E, 2 * I, H})), dn(ctx.empty(act, {E, H, I}));
   wpool.fill(gu.w);
   wpool.fill(dn.w);
   gu.bias = ctx.empty(act, {E, 2 * I});
@@ -103,7 +103,7 @@ void expert_gemms(Context& ctx, const std::string& spec, int64_t R, double budge
     for (uint8_t& b : sc.span<uint8_t>()) b = static_cast<uint8_t>(119 + r.below(4));
     return std::pair{ctx.to_device(q), ctx.to_device(sc)};
   };
-  ExpertWeights guq, dnq;
+  MoeWeights guq, dnq;
   std::tie(guq.w, guq.scales) = fp4(2 * I, H, seed + 13);
   std::tie(dnq.w, dnq.scales) = fp4(H, I, seed + 14);
   guq.bias = gu.bias;

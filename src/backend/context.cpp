@@ -75,7 +75,7 @@ void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& row
   need(slot.dtype == DType::I32 && slot.numel() == n, op, "slot", slot, cat("I32 [", n, "]"));
 }
 
-MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& mw, const Tensor& offsets,
+MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& mw, const Tensor& offsets,
                                const Tensor& y, MoeAct act, DType dt) {
   const char* op = "moe_linear";
   const Tensor& w = mw.w;

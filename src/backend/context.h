@@ -104,13 +104,13 @@ enum class MoeAct {
 
 // The expert weights of Context::moe_linear: plain, or MXFP4 (OCP Microscaling Formats v1.0: e2m1 elements, one e8m0
 // scale per 32 consecutive elements along K; the layout of gpt-oss's published `*_blocks` / `*_scales`).
-struct ExpertWeights {
+struct MoeWeights {
   Tensor w;       // [E, N', K] act dtype; or U8 [E, N', K/2] when scales is defined: byte j of a row holds elements
                   // 2j (low nibble) and 2j+1 (high nibble), e2m1 {0, .5, 1, 1.5, 2, 3, 4, 6}, sign bit 3
   Tensor scales;  // U8 [E, N', K/32]: element value = e2m1 * 2^(scale - 127); undefined = plain weights
   Tensor bias;    // [E, N'] act dtype, added to a w^T before the activation; undefined = none
-  ExpertWeights() = default;
-  ExpertWeights(const Tensor& w_) : w(w_) {}  // NOLINT: implicit, a plain weight tensor
+  MoeWeights() = default;
+  MoeWeights(const Tensor& w_) : w(w_) {}  // NOLINT: implicit, a plain weight tensor
   bool mxfp4() const { return scales.defined(); }
 };
 
@@ -260,9 +260,9 @@ class Context {
   //   act None:   y[r] = a w[e]^T                         w [E, N, K],  y [R, N]
   //   act SwiGLU: y[r] = silu(a g^T) * (a u^T)            w [E, 2N, K]: g = rows 0..N-1 of w[e], u = rows N..2N-1
   //   act GptOssGLU: as SwiGLU with MoeAct's clamped gate (gpt-oss)
-  // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host. w may be MXFP4 (ExpertWeights,
+  // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host. w may be MXFP4 (MoeWeights,
   // K % 32 == 0) and carry a bias [E, N'] added before the activation.
-  virtual void moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets,
+  virtual void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                           const Tensor& y, MoeAct act) = 0;
   // Weighted combine: out[t] = sum_j weights[t, j] y[slot[t k + j]] + beta out[t], summed in fp32 in slot order
   // and rounded once; y [T k, H] act, slot [T k] I32, weights [T, k] param dtype, out [T, H] act.
@@ -327,7 +327,7 @@ struct MoeLinearDims {
 };
 void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act, DType param);
 void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
-MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets,
+MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                                const Tensor& y, MoeAct act, DType dt);
 void check_causal_opts(const char* op, const CausalAttnOpts& opts, int64_t nh);
 // MXFP4 -> float: blocks U8 [..., K/2] (two e2m1 per byte, low nibble first), scales U8 [..., K/32] -> F32 [..., K]

@@ -1199,13 +1199,13 @@ void moe_gptoss_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
                Tensor off = c.empty(DType::I32, {E + 1}), rows = c.empty(DType::I32, {T * k});
                Tensor slot = c.empty(DType::I32, {T * k});
                c.moe_group(idx, off, rows, slot);
-               ExpertWeights gu(put(c, wgu)), dn(put(c, wd));
+               MoeWeights gu(put(c, wgu)), dn(put(c, wd));
                gu.bias = put(c, bgu);
                dn.bias = put(c, bd);
                Tensor g1 = nan_out(c, {T * k, I}), d1 = nan_out(c, {T * k, H});
                c.moe_linear(put(c, x), &rows, gu, off, g1, MoeAct::GptOssGLU);
                c.moe_linear(put(c, a2), nullptr, dn, off, d1, MoeAct::None);
-               ExpertWeights gq, dq;
+               MoeWeights gq, dq;
                gq.w = put_raw(c, qgu.reshape({E, 2 * I, H / 2}));
                gq.scales = put_raw(c, sgu.reshape({E, 2 * I, H / 32}));
                gq.bias = gu.bias;

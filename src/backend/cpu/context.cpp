@@ -161,7 +161,7 @@ class CpuContext final : public Context {
     check_moe_group(idx, offsets, rows, slot);
     cpu::moe_group(idx, offsets, rows, slot);
   }
-  void moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets, const Tensor& y,
+  void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets, const Tensor& y,
                   MoeAct act) override {
     const MoeLinearDims d = check_moe_linear(x, rows, w, offsets, y, act, dt_);
     const bool gated = act != MoeAct::None;

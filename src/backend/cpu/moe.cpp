@@ -55,7 +55,7 @@ void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, con
   }
 }
 
-void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const ExpertWeights& mw, const Tensor& offsets,
+void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWeights& mw, const Tensor& offsets,
                 const Tensor& y, MoeAct act, const MoeLinearDims& d) {
   const Tensor& w = mw.w;
   dispatch_float("moe_linear", x.dtype, [&](auto tag) {

@@ -37,7 +37,7 @@ void dflash_attention_backward(ThreadPool& tp, const DFlashAttnArgs& a, const Te
 void moe_route(ThreadPool& tp, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
                const Tensor& weights);
 void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
-void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets,
+void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                 const Tensor& y, MoeAct act, const MoeLinearDims& d);
 void moe_combine(ThreadPool& tp, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
                  float beta);

@@ -373,7 +373,7 @@ class CudaContext final : public Context {
     check_moe_group(idx, offsets, rows, slot);
     cuda::moe_group(env_, on_device(idx), offsets, rows, slot);
   }
-  void moe_linear(const Tensor& x, const Tensor* rows, const ExpertWeights& w, const Tensor& offsets, const Tensor& y,
+  void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets, const Tensor& y,
                   MoeAct act) override {
     const MoeLinearDims d = check_moe_linear(x, rows, w, offsets, y, act, DType::BF16);
     const bool gated = act != MoeAct::None;
@@ -494,8 +494,8 @@ class CudaContext final : public Context {
   }
   RopeArgs on_device(const RopeArgs& r) { return {on_device(r.pos), on_device(r.inv_freq), r.heads}; }
   CausalAttnOpts on_device(const CausalAttnOpts& o) { return {o.window, on_device(o.sinks)}; }
-  ExpertWeights on_device(const ExpertWeights& w) {
-    ExpertWeights d;
+  MoeWeights on_device(const MoeWeights& w) {
+    MoeWeights d;
     d.w = on_device(w.w);
     d.scales = on_device(w.scales);
     d.bias = on_device(w.bias);

@@ -750,7 +750,7 @@ void moe_group(Env& e, const Tensor& idx, const Tensor& offsets, const Tensor& r
   check_launch("k_moe_place");
 }
 
-void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const ExpertWeights& mw, const Tensor& offsets,
+void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& mw, const Tensor& offsets,
                 const Tensor& y, MoeAct act, const MoeLinearDims& d) {
   check_on_dev("moe_linear", x, "x");
   check_on_dev("moe_linear", mw.w, "w");
