@@ -136,7 +136,7 @@ TEST(MoeLayer, MatchesPerTokenLoop) {
   m.expert_width = 5;
   m.norm_topk_prob = true;
   const int64_t T = 9, H = 8, E = 6, k = 3, I = 5;
-  MoeWeights w;
+  MoeLayerWeights w;
   w.router = test::randn({E, H}, 11, 0.7, DType::F64);
   w.gate_up = test::randn({E, 2 * I, H}, 12, 0.4, DType::F64);
   w.down = test::randn({E, H, I}, 13, 0.4, DType::F64);
@@ -167,10 +167,10 @@ TEST(MoeLayer, MatchesPerTokenLoop) {
         for (int64_t i = 0; i < I; ++i) {
           double g = 0, u = 0;
           for (int64_t q = 0; q < H; ++q) {
-            g += X[t * H + q] * w.gate_up.ptr<double>()[(e * 2 * I + i) * H + q];
-            u += X[t * H + q] * w.gate_up.ptr<double>()[(e * 2 * I + I + i) * H + q];
+            g += X[t * H + q] * w.gate_up.w.ptr<double>()[(e * 2 * I + i) * H + q];
+            u += X[t * H + q] * w.gate_up.w.ptr<double>()[(e * 2 * I + I + i) * H + q];
           }
-          yc += g / (1 + std::exp(-g)) * u * w.down.ptr<double>()[(e * H + c) * I + i];
+          yc += g / (1 + std::exp(-g)) * u * w.down.w.ptr<double>()[(e * H + c) * I + i];
         }
         want += p[e] / s / cs * yc;
       }
@@ -242,10 +242,10 @@ TEST(MoeConfig, SparseStepDenseLayersAndRefusals) {
   bad["sliding_window"] = 4096;
   EXPECT_NE(msg(bad).find("use_sliding_window"), std::string::npos) << msg(bad);
   bad = json::parse(kQwen3_30B_A3B);
-  bad["architectures"] = {"GptOssForCausalLM"};
-  bad["model_type"] = "gpt_oss";
+  bad["architectures"] = {"MixtralForCausalLM"};
+  bad["model_type"] = "mixtral";
   const std::string m = msg(bad);
-  EXPECT_NE(m.find("unsupported architecture 'GptOssForCausalLM'"), std::string::npos) << m;
+  EXPECT_NE(m.find("unsupported architecture 'MixtralForCausalLM'"), std::string::npos) << m;
   EXPECT_NE(m.find("Qwen3MoeForCausalLM"), std::string::npos) << m;  // the list of supported ones
 }
 

@@ -28,7 +28,7 @@ void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows);
 void argmax(ThreadPool& tp, const Tensor& x, const Tensor& out);
 
 void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                      int64_t q_offset, float scale);
+                      int64_t q_offset, float scale, const CausalAttnOpts& opts);
 void dflash_attention(ThreadPool& tp, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse);
 void dflash_attention_backward(ThreadPool& tp, const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
                                const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
@@ -37,7 +37,7 @@ void dflash_attention_backward(ThreadPool& tp, const DFlashAttnArgs& a, const Te
 void moe_route(ThreadPool& tp, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
                const Tensor& weights);
 void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
-void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const Tensor& w, const Tensor& offsets,
+void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                 const Tensor& y, MoeAct act, const MoeLinearDims& d);
 void moe_combine(ThreadPool& tp, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
                  float beta);
