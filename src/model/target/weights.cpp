@@ -44,7 +44,7 @@ Tensor RandomTargetWeights::f32(const std::string&, const Shape& shape) {
 }
 
 Tensor RandomTargetWeights::host_f32(const std::string& name, const Shape& shape) {
-  return ctx_.to_host(matrix(name, shape));
+  return cpu_to_f32(ctx_.to_host(matrix(name, shape)));  // (F64 on cpu64)
 }
 
 Mxfp4Rows RandomTargetWeights::mxfp4(const std::string&, int64_t E, int64_t N, int64_t K) {
