@@ -710,3 +710,26 @@ TEST(GptOssEndToEnd, SpeculativeDecodingAndBatchedGenerationBf16AndMxfp4) {
     }
   }
 }
+
+// dflash capture on the MXFP4 target writes HF's output_hidden_states (the embedding, every layer, the final norm),
+// the logits and the experts chosen, as transformers computes them on its dequantisation.
+TEST(GptOssEndToEnd, CaptureWritesHfHiddenStatesMxfp4) {
+  TmpDir tmp("gptoss_capture");
+  const std::string dir = golden("target_gpt_oss_mxfp4");
+  auto g = SafetensorsFile::open(dir + "/golden.safetensors");
+  const Tensor ids = g->view("input_ids");
+  json row = {{"input_ids", std::vector<int32_t>(ids.ptr<int32_t>(), ids.ptr<int32_t>() + ids.numel())}};
+  write_file_atomic(tmp.path + "/ids.jsonl", row.dump() + "\n");
+  const std::string cmd = cat(DFLASH_BINARY, " capture --target ", dir, " --input ", tmp.path, "/ids.jsonl --out ",
+                              tmp.path, "/f.safetensors --logits --router > ", tmp.path, "/log.txt 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp.path + "/log.txt");
+  auto f = SafetensorsFile::open(tmp.path + "/f.safetensors");
+  for (int i = 0; i <= 4; ++i)
+    EXPECT_LT(test::rel_err(test::to_f64(f->view(cat("row_0.hidden_", i))), test::to_f64(g->view(cat("hidden_states.", i)))),
+              2e-5)
+        << "hidden_" << i;
+  EXPECT_LT(test::rel_err(test::to_f64(f->view("row_0.logits")), test::to_f64(g->view("logits"))), 2e-5);
+  auto i32 = [](const Tensor& t) { return std::vector<int32_t>(t.ptr<int32_t>(), t.ptr<int32_t>() + t.numel()); };
+  for (int l = 0; l < 4; ++l)
+    EXPECT_EQ(i32(f->view(cat("row_0.router_", l))), i32(g->view(cat("router_topk.", l)))) << "layer " << l;
+}
