@@ -633,10 +633,12 @@ TEST(GptOssInfo, PlanSlidingAndFullLayersAndMxfp4Bytes) {
   const json o = json::parse(read_file(tmp.path + "/out.json"))["config"];
   EXPECT_EQ(o["family"], "gpt-oss");
   ASSERT_EQ(o["layers"].size(), 24u);  // sliding and full alternate: no two neighbours share a plan
-  EXPECT_EQ(o["layers"][0]["plan"], "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 "
-                                    "of width 2880 (top-k renormalised) (gpt-oss GLU, biases; MXFP4)");
-  EXPECT_EQ(o["layers"][1]["plan"], "attention (q/k/v bias, o bias, sinks) + MoE 32 experts top-4 of width 2880 "
-                                    "(top-k renormalised) (gpt-oss GLU, biases; MXFP4)");
+  const std::string sliding = "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of "
+                              "width 2880 (top-k renormalised; gpt-oss GLU, biases; MXFP4)",
+                    full = "attention (q/k/v bias, o bias, sinks) + MoE 32 experts top-4 of width 2880 (top-k "
+                           "renormalised; gpt-oss GLU, biases; MXFP4)";
+  EXPECT_EQ(o["layers"][0]["plan"], sliding);
+  EXPECT_EQ(o["layers"][1]["plan"], full);
   const TargetParams p = target_params(parse_model_config(gpt_oss_20b(), "x"));
   EXPECT_EQ(o["params"]["mxfp4"].get<int64_t>(), p.mxfp4);
   EXPECT_EQ(o["device_weight_bytes"].get<int64_t>(), p.device_bytes());
@@ -652,6 +654,8 @@ TEST(GptOssInfo, PlanSlidingAndFullLayersAndMxfp4Bytes) {
   EXPECT_TRUE(has(t, "arch: gpt_oss (gpt-oss, GptOssForCausalLM)")) << t;
   EXPECT_TRUE(has(t, "weights on the device (bf16, experts in MXFP4): 12.82 GiB")) << t;
   EXPECT_TRUE(has(t, "of which MXFP4")) << t;
+  EXPECT_TRUE(has(t, "layer 0,2..22 " + sliding + "\n")) << t;  // alternating layers: one line per plan
+  EXPECT_TRUE(has(t, "layer 1,3..23 " + full + "\n")) << t;
 }
 
 // ---- end to end through the gpt-oss KV cache ------------------------------------------------------------------------

@@ -25,8 +25,8 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 // One layer's plan in words: "attention (qk-norm) + MoE 128 experts top-8 of width 768",
-// "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of width 2880 (gpt-oss GLU,
-// biases; MXFP4)".
+// "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of width 2880 (top-k
+// renormalised; gpt-oss GLU, biases; MXFP4)".
 std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   std::string a = "attention";
   std::vector<std::string> opts;
@@ -37,10 +37,13 @@ std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   if (s.attention.sliding_window > 0) opts.push_back(cat("sliding window ", s.attention.sliding_window));
   for (size_t i = 0; i < opts.size(); ++i) a += (i ? ", " : " (") + opts[i] + (i + 1 == opts.size() ? ")" : "");
   if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense SwiGLU of width ", s.mlp_width);
-  std::string kind = c.moe.gpt_oss_experts ? "gpt-oss GLU, biases" : "";
-  if (c.quant_method == "mxfp4") kind += kind.empty() ? "MXFP4" : "; MXFP4";
-  return cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width,
-             c.moe.norm_topk_prob ? " (top-k renormalised)" : "", kind.empty() ? "" : " (" + kind + ")");
+  std::vector<std::string> notes;
+  if (c.moe.norm_topk_prob) notes.push_back("top-k renormalised");
+  if (c.moe.gpt_oss_experts) notes.push_back("gpt-oss GLU, biases");
+  if (c.quant_method == "mxfp4") notes.push_back("MXFP4");
+  std::string m = cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width);
+  for (size_t i = 0; i < notes.size(); ++i) m += (i ? "; " : " (") + notes[i] + (i + 1 == notes.size() ? ")" : "");
+  return m;
 }
 
 // The plan as runs of equal consecutive layers: [{"layers": "0-1", "plan": "..."}, ...].
@@ -151,6 +154,24 @@ std::string list(const std::vector<int64_t>& v) {
 
 long long I(const ojson& j, const char* key) { return j[key].get<long long>(); }
 
+// The text form of the plan's runs: one line per run, except that runs of single layers alternating between plans
+// (gpt-oss: sliding, full, sliding, ...) are one line per plan: "0,2..22" and "1,3..23".
+std::vector<std::pair<std::string, std::string>> plan_lines(const ojson& runs) {
+  std::vector<std::pair<std::string, std::string>> lines;
+  for (const auto& r : runs) lines.emplace_back(r["layers"].get<std::string>(), r["plan"].get<std::string>());
+  const size_t n = lines.size();
+  bool alternating = n >= 4;
+  for (size_t i = 0; alternating && i < n; ++i)
+    alternating = lines[i].first == std::to_string(i) && lines[i].second == lines[i % 2].second;
+  if (!alternating) return lines;
+  std::vector<std::pair<std::string, std::string>> two;
+  for (size_t k = 0; k < 2; ++k) {
+    const size_t last = (n - 1 - k) / 2 * 2 + k;
+    two.emplace_back(cat(k, ",", k + 2, "..", last), lines[k].second);
+  }
+  return two;
+}
+
 void print_text(const ojson& j) {
   if (j.contains("tensors") && j["tensors"].is_array()) {  // one .safetensors file
     std::printf("%s: %zu tensors\n", j["path"].get<std::string>().c_str(), j["tensors"].size());
@@ -178,8 +199,8 @@ void print_text(const ojson& j) {
     std::printf("bos %lld, eos %s, dtype %s\n", I(c, "bos_token_id"),
                 list(c["eos_token_ids"].get<std::vector<int64_t>>()).c_str(),
                 c["torch_dtype"].get<std::string>().c_str());
-    for (const auto& r : c["layers"])
-      std::printf("  layer %-7s %s\n", r["layers"].get<std::string>().c_str(), r["plan"].get<std::string>().c_str());
+    for (const auto& [layers, plan] : plan_lines(c["layers"]))
+      std::printf("  layer %-7s %s\n", layers.c_str(), plan.c_str());
     const ojson& p = c["params"];
     const bool mx = p["mxfp4"].get<int64_t>() > 0;
     std::printf("params: %s total, %s active per token; weights on the device (%s): %.2f GiB\n",
