@@ -26,6 +26,7 @@
 #include "io/model_family.h"
 #include "io/safetensors.h"
 #include "model/drafter.h"
+#include "model/drafter_init.h"
 #include "model/target.h"
 #include "test_util.h"
 
@@ -736,4 +737,20 @@ TEST(GptOssEndToEnd, CaptureWritesHfHiddenStatesMxfp4) {
   auto i32 = [](const Tensor& t) { return std::vector<int32_t>(t.ptr<int32_t>(), t.ptr<int32_t>() + t.numel()); };
   for (int l = 0; l < 4; ++l)
     EXPECT_EQ(i32(f->view(cat("row_0.router_", l))), i32(g->view(cat("router_topk.", l)))) << "layer " << l;
+}
+
+// --init-from-target cannot start a dense draft layer from a gpt-oss layer (its experts): refused by name.
+TEST(GptOssInit, DraftLayersAreNotCopiedFromMoeLayers) {
+  auto ctx = make_context("cpu", {.threads = 1});
+  const ModelConfig tc = load_model_config(golden("target_gpt_oss"));
+  DrafterConfig dc = DrafterConfig::for_target(tc, 1, 4, {0, 1}, 511);
+  Drafter d(*ctx, dc, 3);
+  const WeightStore ws = WeightStore::open(golden("target_gpt_oss"));
+  try {
+    const std::vector<int64_t> layers = {2};
+    init_drafter_from_target(*ctx, d.params(), dc, ws, layers, "last");
+    ADD_FAILURE() << "a gpt-oss MoE layer was copied into a dense draft layer";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), "target layer 2 is a Mixture-of-Experts layer")) << e.what();
+  }
 }
