@@ -66,6 +66,18 @@ std::vector<std::string> train_args(const TrainConfig& c) {
   return a;
 }
 
+// Two runs of one global batch (e.g. 1 + 1 and 2 + 2 workers) have the same loss at every step, up to the order of
+// floating-point sums, over `steps` rows of metrics.jsonl.
+void expect_same_losses(const std::string& out1, const std::string& out2, size_t steps, const std::string& label) {
+  auto m1 = read_metrics_jsonl(out1), m2 = read_metrics_jsonl(out2);
+  ASSERT_EQ(m1.size(), steps) << label;
+  ASSERT_EQ(m2.size(), steps) << label;
+  for (size_t i = 0; i < steps; ++i) {
+    const double l1 = m1[i]["loss"].get<double>(), l2 = m2[i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(l1 - l2), 1e-5 * std::fabs(l1)) << label << " step " << i + 1;
+  }
+}
+
 }  // namespace
 
 // The plan: the global batch, its anchors and sum_w do not depend on the number of drafters; the split is
@@ -166,13 +178,8 @@ TEST(Pipeline, MoeTargetTwoPlusTwoMatchesOneWorker) {
   two.out_dir = root + "/two";
   TrainSummary s2 = train(two);
   EXPECT_EQ(s2.lazy_inits_after_warmup, 0);
-  auto m1 = read_metrics_jsonl(one.out_dir), m2 = read_metrics_jsonl(two.out_dir);
-  ASSERT_EQ(m1.size(), 12u);
-  ASSERT_EQ(m2.size(), 12u);
-  for (size_t i = 0; i < 12; ++i) {
-    const double l1 = m1[i]["loss"].get<double>(), l2 = m2[i]["loss"].get<double>();
-    EXPECT_LE(std::fabs(l1 - l2), 1e-5 * std::fabs(l1)) << "step " << i + 1;
-  }
+  expect_same_losses(one.out_dir, two.out_dir, 12, "qwen3_moe");
+  auto m1 = read_metrics_jsonl(one.out_dir);
   EXPECT_LT(m1.back()["loss"].get<double>(), m1.front()["loss"].get<double>());
   EXPECT_LE(rel_err(final_params(two.out_dir), final_params(one.out_dir)), 1e-5);
   fs::remove_all(root);
@@ -208,12 +215,7 @@ TEST(Pipeline, GptOssTargetTrainsExportsAndEvaluatesBf16AndMxfp4) {
     two.out_dir = root + "/two";
     TrainSummary s2 = train(two);
     EXPECT_EQ(s2.lazy_inits_after_warmup, 0);
-    auto m2 = read_metrics_jsonl(two.out_dir);
-    ASSERT_EQ(m2.size(), 10u);
-    for (size_t i = 0; i < 10; ++i) {
-      const double l1 = m1[i]["loss"].get<double>(), l2 = m2[i]["loss"].get<double>();
-      EXPECT_LE(std::fabs(l1 - l2), 1e-5 * std::fabs(l1)) << name << " step " << i + 1;
-    }
+    expect_same_losses(one.out_dir, two.out_dir, 10, name);
     // dflash eval with the export: real speculative decoding through the gpt-oss KV cache
     const std::string cmd = cat(DFLASH_BINARY, " eval --target ", one.target_dir, " --drafter ", one.out_dir,
                                 "/export --data ", data, " --max-samples 4 --stop-id 511 --no-progress --json ", root,
