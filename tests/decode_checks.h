@@ -1,6 +1,6 @@
 // tests/decode_checks.h — an end-to-end check of a target family's KV cache, shared by the family tests
 // (tests/test_moe.cpp, tests/test_gpt_oss.cpp).
-// defines: check_lossless_decoding
+// defines: check_packed_prefill, check_lossless_decoding
 #pragma once
 #include <gtest/gtest.h>
 
@@ -14,8 +14,25 @@
 #include "eval/tau.h"
 #include "model/drafter.h"
 #include "model/target.h"
+#include "test_util.h"
 
 namespace dflash::test {
+
+// Two sequences a and b (host ids) run alone and packed in one forward_packed give the same features (taps `ids`)
+// within `tol`; returns a's output alone.
+inline Target::Output check_packed_prefill(Context& ctx, const Target& tg, const std::vector<int32_t>& a,
+                                           const std::vector<int32_t>& b, const std::vector<int64_t>& ids, double tol) {
+  auto fa = tg.forward(ctx, cpu_tensor_i32(a, {static_cast<int64_t>(a.size())}), ids, true);
+  auto fb = tg.forward(ctx, cpu_tensor_i32(b, {static_cast<int64_t>(b.size())}), ids, true);
+  const std::vector<std::vector<int32_t>> both = {a, b};
+  auto fp = tg.forward_packed(ctx, both, ids, true);
+  const auto pa = to_f64(fa.features), pb = to_f64(fb.features), pp = to_f64(fp.features);
+  EXPECT_EQ(pp.size(), pa.size() + pb.size());
+  for (size_t i = 0; i < pa.size() && i < pp.size(); ++i) EXPECT_NEAR(pp[i], pa[i], tol) << "a, value " << i;
+  for (size_t i = 0; i < pb.size() && pa.size() + i < pp.size(); ++i)
+    EXPECT_NEAR(pp[pa.size() + i], pb[i], tol) << "b, value " << i;
+  return fa;
+}
 
 // Three random prompts (ids < 500; 12, 17 and 22 tokens) decoded greedily for 24 tokens: batched generation equals one
 // sequence at a time; real speculative decoding with a random 1-layer drafter (block 4, taps {1, 2}, mask 511) through

@@ -595,14 +595,8 @@ TEST(GptOssTarget, RandomTargetRunsEveryPathBf16AndMxfp4) {
     EXPECT_EQ(tg->weights().layers[0].moe.down.w.dtype, mxfp4 ? DType::U8 : DType::F64);
     std::vector<int32_t> a = {1, 5, 9, 13, 2, 7, 7, 30}, b = {3, 3, 60};
     const std::vector<int64_t> ids = {0, 2};
-    auto fa = tg->forward(*ctx, cpu_tensor_i32(a, {8}), ids, true);
-    auto fb = tg->forward(*ctx, cpu_tensor_i32(b, {3}), ids, true);
-    const std::vector<std::vector<int32_t>> both = {a, b};
-    auto fp = tg->forward_packed(*ctx, both, ids, true);
-    const auto pa = test::to_f64(fa.features), pb = test::to_f64(fb.features), pp = test::to_f64(fp.features);
-    ASSERT_EQ(pp.size(), pa.size() + pb.size());
-    for (size_t i = 0; i < pa.size(); ++i) EXPECT_NEAR(pp[i], pa[i], 1e-12);
-    for (size_t i = 0; i < pb.size(); ++i) EXPECT_NEAR(pp[pa.size() + i], pb[i], 1e-12);
+    auto fa = test::check_packed_prefill(*ctx, *tg, a, b, ids, 1e-12);
+    const auto pa = test::to_f64(fa.features);
     EXPECT_EQ(fa.router_topk[1].shape, (Shape{8, 2}));
     // KV-cached decode past the window of 3 equals the prefill's last rows
     KVCache cache = KVCache::create(*ctx, cfg, 8);

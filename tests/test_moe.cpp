@@ -289,15 +289,7 @@ TEST(MoeTarget, RandomTargetRunsEveryPath) {
   auto ctx = make_context("cpu64");
   auto tg = Target::random(cfg, *ctx, 3);
   std::vector<int32_t> a = {1, 5, 9, 13, 2, 7}, b = {3, 3, 60};
-  const std::vector<int64_t> ids = {0, 2};
-  auto fa = tg->forward(*ctx, cpu_tensor_i32(a, {6}), ids, true);
-  auto fb = tg->forward(*ctx, cpu_tensor_i32(b, {3}), ids, true);
-  const std::vector<std::vector<int32_t>> both = {a, b};
-  auto fp = tg->forward_packed(*ctx, both, ids, true);
-  const auto pa = test::to_f64(fa.features), pb = test::to_f64(fb.features), pp = test::to_f64(fp.features);
-  ASSERT_EQ(pp.size(), pa.size() + pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_NEAR(pp[i], pa[i], 1e-12);
-  for (size_t i = 0; i < pb.size(); ++i) EXPECT_NEAR(pp[pa.size() + i], pb[i], 1e-12);
+  auto fa = test::check_packed_prefill(*ctx, *tg, a, b, {0, 2}, 1e-12);
   EXPECT_FALSE(fa.router_topk[1].defined());  // the dense layer
   EXPECT_EQ(fa.router_topk[0].shape, (Shape{6, 2}));
   KVCache cache = KVCache::create(*ctx, cfg, 8);
