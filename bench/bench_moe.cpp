@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
 
     // ---- the grouped expert GEMM alone, on the routing of the packed tokens at layer 0's router ----
     const int64_t R = nseq * T;
-    const MoeWeights& mw = target->weights().layers[0].moe;
+    const MoeLayerWeights& mw = target->weights().layers[0].moe;
     RandPool pool(*ctx, 1.0, seed + 3);
     Tensor x = ctx->empty(ctx->compute_dtype(), {R, H});
     pool.fill(x);
@@ -298,10 +298,10 @@ int main(int argc, char** argv) {
         Tensor hoff = ctx->to_host(off);  // the device -> host copy of the counts and its synchronisation
         g(std::vector<int32_t>(hoff.ptr<int32_t>(), hoff.ptr<int32_t>() + E + 1));
       };
-      gemm_row("cublas_grouped_gate_up", "cublas_gemm", [&] { grouped(xg, mw.gate_up, gu, 2 * I, H, offh); }, f_gu);
+      gemm_row("cublas_grouped_gate_up", "cublas_gemm", [&] { grouped(xg, mw.gate_up.w, gu, 2 * I, H, offh); }, f_gu);
       gemm_row("cublas_grouped_gate_up", "cublas_sync",
-               [&] { with_sync([&](const std::vector<int32_t>& o) { grouped(xg, mw.gate_up, gu, 2 * I, H, o); }); }, f_gu);
-      gemm_row("cublas_grouped_down", "cublas_gemm", [&] { grouped(act, mw.down, y, H, I, offh); }, f_dn);
+               [&] { with_sync([&](const std::vector<int32_t>& o) { grouped(xg, mw.gate_up.w, gu, 2 * I, H, o); }); }, f_gu);
+      gemm_row("cublas_grouped_down", "cublas_gemm", [&] { grouped(act, mw.down.w, y, H, I, offh); }, f_dn);
       // ours with its gather beside cuBLAS without one: the gather costs what it costs, as the layer runs it
       gemm_row("moe_gemm_gate_up_nogather", "dflash", [&] { ctx->moe_linear(xg, nullptr, mw.gate_up, off, gu, MoeAct::None); },
                f_gu);

@@ -293,8 +293,8 @@ TEST(HfConfig, RopeKeysOldAndNew) {
   EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
   EXPECT_EQ(c.rope_scaling.kind, "none");
 
-  std::string msg = error_after(kLlama31_8B, [](json& j) { j["rope_scaling"]["rope_type"] = "yarn"; });
-  EXPECT_TRUE(has(msg, "'yarn'") && has(msg, "rope_scaling") && has(msg, "config.json")) << msg;
+  std::string msg = error_after(kLlama31_8B, [](json& j) { j["rope_scaling"]["rope_type"] = "longrope"; });
+  EXPECT_TRUE(has(msg, "'longrope'") && has(msg, "rope_scaling") && has(msg, "config.json")) << msg;
   msg = error_after(kLlama31_8B, [](json& j) { j["rope_scaling"].erase("low_freq_factor"); });
   EXPECT_TRUE(has(msg, "rope_scaling.low_freq_factor") && has(msg, "config.json")) << msg;
 }

@@ -22,6 +22,7 @@
 #include "io/safetensors.h"
 #include "model/drafter.h"
 #include "model/target.h"
+#include "decode_checks.h"
 #include "test_util.h"
 
 using namespace dflash;
@@ -136,7 +137,7 @@ TEST(MoeLayer, MatchesPerTokenLoop) {
   m.expert_width = 5;
   m.norm_topk_prob = true;
   const int64_t T = 9, H = 8, E = 6, k = 3, I = 5;
-  MoeWeights w;
+  MoeLayerWeights w;
   w.router = test::randn({E, H}, 11, 0.7, DType::F64);
   w.gate_up = test::randn({E, 2 * I, H}, 12, 0.4, DType::F64);
   w.down = test::randn({E, H, I}, 13, 0.4, DType::F64);
@@ -167,10 +168,10 @@ TEST(MoeLayer, MatchesPerTokenLoop) {
         for (int64_t i = 0; i < I; ++i) {
           double g = 0, u = 0;
           for (int64_t q = 0; q < H; ++q) {
-            g += X[t * H + q] * w.gate_up.ptr<double>()[(e * 2 * I + i) * H + q];
-            u += X[t * H + q] * w.gate_up.ptr<double>()[(e * 2 * I + I + i) * H + q];
+            g += X[t * H + q] * w.gate_up.w.ptr<double>()[(e * 2 * I + i) * H + q];
+            u += X[t * H + q] * w.gate_up.w.ptr<double>()[(e * 2 * I + I + i) * H + q];
           }
-          yc += g / (1 + std::exp(-g)) * u * w.down.ptr<double>()[(e * H + c) * I + i];
+          yc += g / (1 + std::exp(-g)) * u * w.down.w.ptr<double>()[(e * H + c) * I + i];
         }
         want += p[e] / s / cs * yc;
       }
@@ -242,10 +243,10 @@ TEST(MoeConfig, SparseStepDenseLayersAndRefusals) {
   bad["sliding_window"] = 4096;
   EXPECT_NE(msg(bad).find("use_sliding_window"), std::string::npos) << msg(bad);
   bad = json::parse(kQwen3_30B_A3B);
-  bad["architectures"] = {"GptOssForCausalLM"};
-  bad["model_type"] = "gpt_oss";
+  bad["architectures"] = {"MixtralForCausalLM"};
+  bad["model_type"] = "mixtral";
   const std::string m = msg(bad);
-  EXPECT_NE(m.find("unsupported architecture 'GptOssForCausalLM'"), std::string::npos) << m;
+  EXPECT_NE(m.find("unsupported architecture 'MixtralForCausalLM'"), std::string::npos) << m;
   EXPECT_NE(m.find("Qwen3MoeForCausalLM"), std::string::npos) << m;  // the list of supported ones
 }
 
@@ -288,15 +289,7 @@ TEST(MoeTarget, RandomTargetRunsEveryPath) {
   auto ctx = make_context("cpu64");
   auto tg = Target::random(cfg, *ctx, 3);
   std::vector<int32_t> a = {1, 5, 9, 13, 2, 7}, b = {3, 3, 60};
-  const std::vector<int64_t> ids = {0, 2};
-  auto fa = tg->forward(*ctx, cpu_tensor_i32(a, {6}), ids, true);
-  auto fb = tg->forward(*ctx, cpu_tensor_i32(b, {3}), ids, true);
-  const std::vector<std::vector<int32_t>> both = {a, b};
-  auto fp = tg->forward_packed(*ctx, both, ids, true);
-  const auto pa = test::to_f64(fa.features), pb = test::to_f64(fb.features), pp = test::to_f64(fp.features);
-  ASSERT_EQ(pp.size(), pa.size() + pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_NEAR(pp[i], pa[i], 1e-12);
-  for (size_t i = 0; i < pb.size(); ++i) EXPECT_NEAR(pp[pa.size() + i], pb[i], 1e-12);
+  auto fa = test::check_packed_prefill(*ctx, *tg, a, b, {0, 2}, 1e-12);
   EXPECT_FALSE(fa.router_topk[1].defined());  // the dense layer
   EXPECT_EQ(fa.router_topk[0].shape, (Shape{6, 2}));
   KVCache cache = KVCache::create(*ctx, cfg, 8);
@@ -320,50 +313,8 @@ const std::string& moe_dir() {
 TEST(MoeEndToEnd, SpeculativeDecodingAndBatchedGenerationThroughTheMoeCache) {
   auto ctx = make_context("cpu", {.threads = 2});
   auto target = Target::load(moe_dir(), *ctx);
-  const ModelConfig& cfg = target->config();
-  Rng rng(17, RngPurpose::Test);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 3; ++i) {
-    std::vector<int32_t> p;
-    for (int t = 0; t < 12 + 5 * i; ++t) p.push_back(static_cast<int32_t>(rng.below(500)));
-    prompts.push_back(p);
-  }
-  std::vector<std::vector<int32_t>> by1(3), by3(3);
-  for (int64_t bs : {1, 3}) {
-    DecodeOptions o;
-    o.max_new_tokens = 24;
-    o.batch_size = bs;
-    size_t next = 0;
-    generate_batched(
-        *ctx, *target, o,
-        [&](GenerationRequest* q) {
-          if (next >= prompts.size()) return false;
-          q->row = next;
-          q->prompt = prompts[next++];
-          return true;
-        },
-        [&](GenerationResult&& g) { (bs == 1 ? by1 : by3)[g.row] = g.ids; });
-  }
-  EXPECT_EQ(by1, by3) << "batched greedy decoding differs from one sequence at a time";
-  DrafterConfig dc = DrafterConfig::for_target(cfg, 1, 4, {1, 2}, 511);
-  EXPECT_EQ(dc.intermediate_size, 3 * cfg.hidden_size);
-  Drafter dr(*ctx, dc, 5, 0.02);
-  DFlashDraftModel dm(dr, *target, 8);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::vector<int32_t> toks = prompts[i];
-    toks.insert(toks.end(), by1[i].begin(), by1[i].end());
-    std::vector<uint8_t> mask(prompts[i].size(), 0);
-    mask.resize(toks.size(), 1);
-    const ResponseSpan r = response_span(mask);
-    const std::vector<int32_t> no_eos;
-    ResponseTau tf = teacher_forced_tau(*ctx, *target, dm, toks, r);
-    ResponseTau gen = generated_tau(*ctx, *target, dm, toks, r, no_eos);
-    ResponseTau base = target_greedy_decode(*ctx, *target, toks, r, no_eos);
-    EXPECT_EQ(gen.tokens, base.tokens) << "sample " << i << ": speculative decoding is not lossless";
-    ASSERT_EQ(tf.cycles.size(), gen.cycles.size()) << "sample " << i;
-    for (size_t c = 0; c < tf.cycles.size(); ++c) EXPECT_EQ(tf.cycles[c].accepted, gen.cycles[c].accepted);
-    EXPECT_EQ(tf.tau(), gen.tau());
-  }
+  EXPECT_EQ(default_intermediate_size(target->config()), 3 * target->config().hidden_size);  // the drafter's MLP
+  test::check_lossless_decoding(*ctx, *target, 17, "qwen3_moe");
 }
 
 // dflash capture writes HF's output_hidden_states of the golden (the embedding, every layer, the final norm), the

@@ -66,6 +66,25 @@ std::vector<std::string> train_args(const TrainConfig& c) {
   return a;
 }
 
+// `one` (a 1 + 1 run already done) again with 2 target + 2 drafter workers in `out`, without an export: the losses of
+// every step equal one's up to the order of floating-point sums, and nothing is initialised after the warm-up.
+void expect_two_plus_two_matches(const TrainConfig& one, const std::string& out, size_t steps, const std::string& label) {
+  TrainConfig two = one;
+  two.export_at_end = false;
+  two.targets = "2";
+  two.drafters = "2";
+  two.out_dir = out;
+  TrainSummary s2 = train(two);
+  EXPECT_EQ(s2.lazy_inits_after_warmup, 0) << label;
+  auto m1 = read_metrics_jsonl(one.out_dir), m2 = read_metrics_jsonl(out);
+  ASSERT_EQ(m1.size(), steps) << label;
+  ASSERT_EQ(m2.size(), steps) << label;
+  for (size_t i = 0; i < steps; ++i) {
+    const double l1 = m1[i]["loss"].get<double>(), l2 = m2[i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(l1 - l2), 1e-5 * std::fabs(l1)) << label << " step " << i + 1;
+  }
+}
+
 }  // namespace
 
 // The plan: the global batch, its anchors and sum_w do not depend on the number of drafters; the split is
@@ -159,23 +178,50 @@ TEST(Pipeline, MoeTargetTwoPlusTwoMatchesOneWorker) {
   const auto ex = nlohmann::json::parse(read_file(one.out_dir + "/export/config.json"));
   EXPECT_EQ(ex["intermediate_size"].get<int64_t>(), 3 * 64);
   EXPECT_EQ(ex["dflash_config"]["target_layer_ids"], nlohmann::json({1, 2}));
-  TrainConfig two = one;
-  two.export_at_end = false;
-  two.targets = "2";
-  two.drafters = "2";
-  two.out_dir = root + "/two";
-  TrainSummary s2 = train(two);
-  EXPECT_EQ(s2.lazy_inits_after_warmup, 0);
-  auto m1 = read_metrics_jsonl(one.out_dir), m2 = read_metrics_jsonl(two.out_dir);
-  ASSERT_EQ(m1.size(), 12u);
-  ASSERT_EQ(m2.size(), 12u);
-  for (size_t i = 0; i < 12; ++i) {
-    const double l1 = m1[i]["loss"].get<double>(), l2 = m2[i]["loss"].get<double>();
-    EXPECT_LE(std::fabs(l1 - l2), 1e-5 * std::fabs(l1)) << "step " << i + 1;
-  }
+  expect_two_plus_two_matches(one, root + "/two", 12, "qwen3_moe");
+  auto m1 = read_metrics_jsonl(one.out_dir);
   EXPECT_LT(m1.back()["loss"].get<double>(), m1.front()["loss"].get<double>());
-  EXPECT_LE(rel_err(final_params(two.out_dir), final_params(one.out_dir)), 1e-5);
+  EXPECT_LE(rel_err(final_params(root + "/two"), final_params(one.out_dir)), 1e-5);
   fs::remove_all(root);
+}
+
+// gpt-oss targets (tests/golden/target_gpt_oss and _mxfp4: sliding / full layers with a window of 16 under sequences of
+// 40, sinks, YaRN, biased experts in bf16 and in MXFP4): training falls in loss and 2 + 2 workers give 1 + 1's loss;
+// the export is the dense drafter with the family's MLP width (8 H / 3) and the target's YaRN; `dflash eval` runs real
+// speculative decoding with it (lossless: the report's lossless mismatches are 0).
+TEST(Pipeline, GptOssTargetTrainsExportsAndEvaluatesBf16AndMxfp4) {
+  for (const char* name : {"target_gpt_oss", "target_gpt_oss_mxfp4"}) {
+    const std::string root = train_tmpdir(cat("pipe_", name));
+    const std::string data = make_train_data(root);
+    TrainConfig one = tiny_train_config(root, data);
+    one.target_dir = source_dir() + "/tests/golden/" + name;
+    one.max_steps = 10;
+    one.out_dir = root + "/one";
+    one.export_at_end = true;
+    train(one);
+    const auto ex = nlohmann::json::parse(read_file(one.out_dir + "/export/config.json"));
+    EXPECT_EQ(ex["intermediate_size"].get<int64_t>(), 8 * 64 / 3) << name;
+    EXPECT_EQ(ex["rope_scaling"]["rope_type"], "yarn") << name;
+    EXPECT_EQ(ex["rope_scaling"]["factor"].get<double>(), 4.0) << name;
+    EXPECT_EQ(ex["rope_scaling"]["truncate"], false) << name;
+    EXPECT_EQ(ex["dflash_config"]["target_layer_ids"], nlohmann::json({1, 2})) << name;
+    auto m1 = read_metrics_jsonl(one.out_dir);
+    ASSERT_EQ(m1.size(), 10u) << name;
+    EXPECT_LT(m1.back()["loss"].get<double>(), m1.front()["loss"].get<double>()) << name;
+    expect_two_plus_two_matches(one, root + "/two", 10, name);
+    // dflash eval with the export: real speculative decoding through the gpt-oss KV cache
+    const std::string cmd = cat(DFLASH_BINARY, " eval --target ", one.target_dir, " --drafter ", one.out_dir,
+                                "/export --data ", data, " --max-samples 4 --stop-id 511 --no-progress --json ", root,
+                                "/eval.json > ", root, "/eval.log 2>&1");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(root + "/eval.log");
+    const auto rep = nlohmann::json::parse(read_file(root + "/eval.json"));
+    EXPECT_EQ(rep["evaluated"].get<int64_t>(), 4) << rep.dump();
+    EXPECT_EQ(rep["lossless_mismatches"].get<int64_t>(), 0) << rep.dump();  // = the target-only greedy decode
+    EXPECT_GE(rep["generated"]["tau"].get<double>(), 1.0);
+    EXPECT_GE(rep["teacher_forced"]["tau"].get<double>(), 1.0);  // (= generated only on target-greedy data:
+                                                                  // tests/test_gpt_oss.cpp GptOssEndToEnd)
+    fs::remove_all(root);
+  }
 }
 
 // Eight workers (4 + 4) for 50 steps: run under ThreadSanitizer by scripts/test.sh; nothing is initialised lazily

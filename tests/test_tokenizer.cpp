@@ -697,6 +697,24 @@ TEST(TokenizerParity, Llama31) {
   check_parity("llama3_1", docs, RoundTrip::kExact);
 }
 
+// gpt-oss's o200k tokenizer.json (byte-level BPE, 199998 merges-ranked tokens, the o200k split regex with its
+// case-aware letter classes and contractions, harmony's special tokens at 199998 .. 200018): the same stress texts
+// against transformers.js, and the harmony tokens read as single ids.
+TEST(TokenizerParity, GptOssO200k) {
+  size_t real = 0;
+  std::vector<Doc> docs = parity_docs(real);
+  ASSERT_GE(real, 1500000u) << "too little real text found on this machine for the parity corpus";
+  check_parity("gptoss", docs, RoundTrip::kExact);
+  auto tok = Tokenizer::load(model_dir("gptoss"));
+  EXPECT_EQ(tok->encode("<|start|>assistant<|channel|>final<|message|>Hi!<|return|>"),
+            (std::vector<int32_t>{200006, *tok->token_to_id("assistant"), 200005, *tok->token_to_id("final"), 200008,
+                                  *tok->token_to_id("Hi"), *tok->token_to_id("!"), 200002}));
+  EXPECT_EQ(tok->token_to_id("<|end|>"), 200007);
+  EXPECT_EQ(tok->token_to_id("<|call|>"), 200012);
+  EXPECT_EQ(tok->token_to_id("<|reserved_200000|>"), 200000);  // the published gpt-oss drafters' mask_token_id
+  EXPECT_FALSE(tok->mask_id().has_value());  // so it is given with --mask-token-id 200000
+}
+
 // SentencePiece-style BPE with byte fallback (Llama-2: Prepend + Replace normalizer, no pre-tokenizer; decoder
 // Replace, ByteFallback, Fuse, Strip): the same stress texts against transformers.js.
 TEST(TokenizerParity, Llama2ByteFallback) {

@@ -1,6 +1,7 @@
 // backend/context.cpp — device selection, the helpers shared by every Context, and RoPE frequencies.
 #include "backend/context.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <mutex>
@@ -79,24 +80,21 @@ MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWei
                                const Tensor& y, MoeAct act, DType dt) {
   const char* op = "moe_linear";
   const Tensor& w = mw.w;
-  const bool gated = act != MoeAct::None;
-  int64_t K = 0;
-  if (mw.mxfp4()) {
-    need(w.dtype == DType::U8 && w.ndim() == 3, op, "w", w, "U8 [E, N', K/2] (MXFP4 elements)");
-    K = w.shape[2] * 2;
-    need(mw.scales.dtype == DType::U8 && mw.scales.ndim() == 3 && mw.scales.shape[0] == w.shape[0] &&
-             mw.scales.shape[1] == w.shape[1] && mw.scales.shape[2] * 32 == K,
-         op, "scales", mw.scales, cat("U8 [", w.shape[0], ", ", w.shape[1], ", ", K / 32, "] (one e8m0 per 32 of K)"));
-    DFLASH_CHECK(K % 32 == 0, op, ": MXFP4 needs K % 32 == 0, got K = ", K);
-  } else {
-    need(w.dtype == dt && w.ndim() == 3, op, "w", w, cat(dtype_name(dt), " [E, N, K]"));
-    K = w.shape[2];
+  const bool gated = act != MoeAct::None, mx = mw.scales.defined();
+  need(w.defined() && w.dtype == (mx ? DType::U8 : dt) && w.ndim() == 3, op, "w", w,
+       mx ? std::string("U8 [E, N', K/2] (MXFP4 with scales)") : cat(dtype_name(dt), " [E, N', K]"));
+  const int64_t E = w.shape[0], Nw = w.shape[1], K = mx ? 2 * w.shape[2] : w.shape[2], N = gated ? Nw / 2 : Nw;
+  DFLASH_CHECK(!gated || Nw % 2 == 0, op, ": ", act == MoeAct::SwiGLU ? "SwiGLU" : "GptOssGLU",
+               " needs w [E, 2N, K], got ", shape_str(w.shape));
+  if (mx) {
+    DFLASH_CHECK(K % 32 == 0, op, ": MXFP4 weights need K % 32 == 0 (one scale per 32 elements), got K = ", K);
+    need(mw.scales.dtype == DType::U8 && mw.scales.ndim() == 3 && mw.scales.shape[0] == E &&
+             mw.scales.shape[1] == Nw && mw.scales.shape[2] == K / 32,
+         op, "scales", mw.scales, cat("U8 [", E, ", ", Nw, ", ", K / 32, "]"));
   }
-  const int64_t E = w.shape[0], N = gated ? w.shape[1] / 2 : w.shape[1];
-  DFLASH_CHECK(!gated || w.shape[1] % 2 == 0, op, ": a gated activation needs w [E, 2N, K], got ", shape_str(w.shape));
   if (mw.bias.defined())
-    need(mw.bias.dtype == dt && mw.bias.numel() == E * w.shape[1], op, "bias", mw.bias,
-         cat(dtype_name(dt), " [", E, ", ", w.shape[1], "]"));
+    need(mw.bias.dtype == dt && mw.bias.numel() == E * Nw && mw.bias.shape.back() == Nw, op, "bias", mw.bias,
+         cat(dtype_name(dt), " [", E, ", ", Nw, "]"));
   need(x.dtype == dt && x.ndim() >= 1 && x.shape.back() == K, op, "x", x, cat(dtype_name(dt), " [*, ", K, "]"));
   need(offsets.dtype == DType::I32 && offsets.numel() == E + 1, op, "offsets", offsets, cat("I32 [", E + 1, "]"));
   need(y.dtype == dt && y.ndim() >= 1 && y.shape.back() == N, op, "y", y, cat(dtype_name(dt), " [R, ", N, "]"));
@@ -109,33 +107,22 @@ MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWei
   return {R, N, K, E};
 }
 
-void check_causal_opts(const char* op, const CausalAttnOpts& opts, int64_t nh) {
-  DFLASH_CHECK(opts.window >= 0, op, ": window must be >= 0, got ", opts.window);
-  if (opts.sinks.defined())
-    need(opts.sinks.dtype == DType::F32 && opts.sinks.numel() == nh, op, "sinks", opts.sinks, cat("F32 [", nh, "]"));
+const char* moe_linear_op_name(MoeAct act, const MoeWeights& w) {
+  const bool mx = w.scales.defined();
+  switch (act) {
+    case MoeAct::None: return mx ? "moe_linear_mxfp4" : "moe_linear";
+    case MoeAct::SwiGLU: return mx ? "moe_linear_swiglu_mxfp4" : "moe_linear_swiglu";
+    case MoeAct::GptOssGLU: return mx ? "moe_linear_gptoss_glu_mxfp4" : "moe_linear_gptoss_glu";
+  }
+  return "moe_linear";
 }
 
-Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales) {
-  DFLASH_CHECK(blocks.device == Device::CPU && scales.device == Device::CPU && blocks.dtype == DType::U8 &&
-                   scales.dtype == DType::U8 && blocks.ndim() >= 1 && scales.ndim() == blocks.ndim(),
-               "mxfp4_dequantize: blocks and scales must be host U8 tensors of equal rank, got ", shape_str(blocks.shape),
-               " and ", shape_str(scales.shape));
-  const int64_t half = blocks.shape.back(), K = 2 * half;
-  DFLASH_CHECK(K % 32 == 0 && scales.shape.back() * 32 == K && blocks.numel() / half == scales.numel() / (K / 32),
-               "mxfp4_dequantize: blocks ", shape_str(blocks.shape), " and scales ", shape_str(scales.shape),
-               " do not hold one scale per 32 elements");
-  Shape out_shape = blocks.shape;
-  out_shape.back() = K;
-  Tensor out = cpu_empty(DType::F32, out_shape);
-  const uint8_t* b = blocks.ptr<uint8_t>();
-  const uint8_t* sc = scales.ptr<uint8_t>();
-  float* o = out.ptr<float>();
-  const int64_t n = out.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const unsigned byte = b[i / 2], code = (i & 1) ? byte >> 4 : byte & 15u;
-    o[i] = std::ldexp(e2m1_value(code), static_cast<int>(sc[i / 32]) - 127);
-  }
-  return out;
+void check_causal_attn_opts(const char* op, const CausalAttnOpts& o, const Tensor& q) {
+  DFLASH_CHECK(o.window >= 0, op, ": window ", o.window, " must be >= 0 (0 = no window)");
+  if (!o.sinks.defined()) return;
+  const int64_t nh = q.ndim() == 3 ? q.shape[1] : -1;
+  need(o.sinks.dtype == DType::F32 && o.sinks.numel() == nh && o.sinks.device == q.device, op, "sinks", o.sinks,
+       cat("F32 [", nh, "] on ", device_name(q.device), " (one logit per query head)"));
 }
 
 void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,
@@ -218,7 +205,33 @@ Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& sc) {
     }
     return t;
   }
-  DFLASH_FAIL("unsupported rope_scaling type '", sc.kind, "' (supported: none, linear, llama3)");
+  if (sc.kind == "yarn") {
+    // transformers _compute_yarn_parameters: interpolated (/ factor) and extrapolated (plain) frequencies blended by a
+    // linear ramp over the dimensions between the correction range [low, high] of beta_fast / beta_slow rotations
+    // at original_max_position_embeddings; tensors in float32 as torch computes them, the range in double (Python).
+    const double dim = static_cast<double>(head_dim), base = theta;
+    const double orig = static_cast<double>(sc.original_max_position_embeddings);
+    auto correction_dim = [&](double rot) { return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(base)); };
+    double low = correction_dim(sc.beta_fast), high = correction_dim(sc.beta_slow);
+    if (sc.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;  // linear_ramp_factor's guard against a singularity
+    const float lo = static_cast<float>(low), span = static_cast<float>(high - low);
+    for (int64_t i = 0; i < half; ++i) {
+      const float pos_freq = std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(head_dim));
+      const float extrapolation = 1.0f / pos_freq;
+      const float interpolation = 1.0f / (static_cast<float>(sc.factor) * pos_freq);
+      const float ramp = std::clamp((static_cast<float>(i) - lo) / span, 0.0f, 1.0f);
+      const float extra = 1.0f - ramp;  // inv_freq_extrapolation_factor
+      f[i] = interpolation * (1.0f - extra) + extrapolation * extra;
+    }
+    return t;
+  }
+  DFLASH_FAIL("unsupported rope_scaling type '", sc.kind, "' (supported: none, linear, llama3, yarn)");
 }
 
 }  // namespace dflash

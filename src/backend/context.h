@@ -1,6 +1,6 @@
 // backend/context.h — the per-device, per-worker execution context and the op interface.
-// defines: Context (abstract), Event, RopeArgs, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, MoeAct, make_context,
-//          ContextOptions, lazy_init_count, note_lazy_init
+// defines: Context (abstract), Event, RopeArgs, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, MoeAct, MoeWeights,
+//          CausalAttnOpts, make_context, ContextOptions, lazy_init_count, note_lazy_init, mxfp4_dequantize
 //
 // One Context per device per worker thread. It owns everything mutable that executing ops needs: on the CPU a
 // thread pool; on CUDA the stream, the cuBLASLt handle, its workspace and a stream-ordered memory pool. There is
@@ -95,34 +95,35 @@ class Event {
 
 // The epilogue of Context::moe_linear.
 enum class MoeAct {
-  None,       // y = a W_e^T
-  SwiGLU,     // y = silu(a G_e^T) * (a U_e^T), W_e = [G_e ; U_e] (gate rows first)
-  GptOssGLU,  // gpt-oss's clamped SwiGLU (transformers' GptOssExperts._apply_gate): gate rows first as SwiGLU
-              // (the loader de-interleaves HF's gate_up columns ::2 / 1::2); with g = a G_e^T + b_g, u = a U_e^T + b_u:
-              // g = min(g, 7), u = clamp(u, -7, 7), y = (u + 1) * g * sigmoid(1.702 g)
+  None,       // y = a W_e^T (+ b_e)
+  SwiGLU,     // y = silu(g) * u,  g = a G_e^T (+ b_g), u = a U_e^T (+ b_u); W_e = [G_e ; U_e] (gate rows first)
+  GptOssGLU,  // gpt-oss (transformers' GptOssExperts._apply_gate), g and u as SwiGLU (biases added first):
+              //   g = min(g, 7), u = clamp(u, -7, 7), y = (u + 1) * g * sigmoid(1.702 g)
+              // (the checkpoint's interleaved gate/up columns ::2 / 1::2 are de-interleaved by the loader into the
+              // gate-rows-first layout)
 };
 
-// The expert weights of Context::moe_linear: plain, or MXFP4 (OCP Microscaling Formats v1.0: e2m1 elements, one e8m0
-// scale per 32 consecutive elements along K; the layout of gpt-oss's published `*_blocks` / `*_scales`).
+// The expert weights of Context::moe_linear: plain, or MXFP4 (OCP Microscaling Formats v1.0: e2m1 elements, one
+// e8m0 scale per 32 consecutive elements along K), each with an optional bias. N' = N for MoeAct::None, 2N for the
+// gated acts (gate rows 0..N-1, then up rows N..2N-1).
 struct MoeWeights {
-  Tensor w;       // [E, N', K] act dtype; or U8 [E, N', K/2] when scales is defined: byte j of a row holds elements
-                  // 2j (low nibble) and 2j+1 (high nibble), e2m1 {0, .5, 1, 1.5, 2, 3, 4, 6}, sign bit 3
-  Tensor scales;  // U8 [E, N', K/32]: element value = e2m1 * 2^(scale - 127); undefined = plain weights
-  Tensor bias;    // [E, N'] act dtype, added to a w^T before the activation; undefined = none
+  // [E, N', K] act dtype; or U8 [E, N', K/2] when scales is defined: byte j of a row holds elements 2j (low nibble)
+  // and 2j+1 (high nibble), e2m1 codes: bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign.
+  Tensor w;
+  // U8 [E, N', K/32]: element value = e2m1 * 2^(scale - 127); undefined = plain weights. K % 32 == 0.
+  Tensor scales;
+  Tensor bias;  // [E, N'] act dtype, added to a w^T before the activation; undefined = none
   MoeWeights() = default;
-  MoeWeights(const Tensor& w_) : w(w_) {}  // NOLINT: implicit, a plain weight tensor
+  MoeWeights(const Tensor& w_) : w(w_) {}  // implicit: existing callers pass a plain weight tensor
   bool mxfp4() const { return scales.defined(); }
 };
 
-// Options of Context::attention_causal / attention_causal_batch beyond plain causal GQA (gpt-oss; transformers'
-// GptOssAttention and masking_utils' sliding window):
-//   window > 0: the query at position p sees keys max(0, p - window + 1) .. p (kv_idx > q_idx - sliding_window)
-//   sinks [nh] F32, when defined: per head a logit s_h that joins every row's softmax denominator and adds no output:
-//   p_j = exp(x_j - m) / (sum_i exp(x_i - m) + exp(s_h - m)), m = max(max_i x_i, s_h), x = the scaled scores.
-struct CausalAttnOpts {
-  int64_t window = 0;
-  Tensor sinks;
-};
+// Host dequantisation of MXFP4 rows (the layout of MoeWeights): blocks U8 [*, G, 16] (a published checkpoint's
+// `*_blocks`) or [*, 16 G], scales U8 [*, G] (`*_scales`), on the host -> F32 [*, 32 G] on the host, element
+// 2j + h of a row = FP4[(byte j >> 4h) & 15] * 2^(scale - 127) of its block of 32 (ldexp, exact while in range).
+// Equals transformers' integrations/mxfp4.py _convert_moe_packed_tensors before its final transpose(1, 2), i.e.
+// HF's dequantised [E, K, N'] is this [E, N', K] transposed. Throws Error naming the shapes when they disagree.
+Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales);
 
 struct MemoryStats {
   int64_t in_use_bytes = 0, peak_bytes = 0, limit_bytes = 0;
@@ -135,6 +136,17 @@ struct CausalSeq {
   int64_t begin = 0, end = 0;
   Tensor k, v;
   int64_t q_offset = 0;
+};
+
+// Options of Context::attention_causal / attention_causal_batch beyond plain causal GQA (gpt-oss: transformers'
+// GptOssAttention with eager_attention_forward):
+//   window > 0: the query at position p sees keys max(0, p - window + 1) .. p (masking_utils'
+//     sliding_window_overlay: a key is masked when kv_idx <= q_idx - sliding_window); 0 = every key 0 .. p.
+//   sinks [nh] F32, when defined: per head a logit s_h that joins every row's softmax denominator and adds no output:
+//     p_j = exp(x_j - m) / (sum_i exp(x_i - m) + exp(s_h - m)), m = max(max_i x_i, s_h), x = scaled scores.
+struct CausalAttnOpts {
+  int64_t window = 0;
+  Tensor sinks;
 };
 
 class Context {
@@ -222,13 +234,14 @@ class Context {
 
   // ---- attention -----------------------------------------------------------------------------------------
   // Causal GQA attention for the target: q [T, nh, d] at positions q_offset + t; k, v [Tk, nkv, d] at
-  // positions 0..Tk-1 (a prefix, e.g. a KV cache); query t sees keys 0..q_offset+t. out [T, nh, d].
+  // positions 0..Tk-1 (a prefix, e.g. a KV cache); query t sees keys 0..q_offset+t (within opts.window, with
+  // opts.sinks: CausalAttnOpts). out [T, nh, d].
   virtual void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                 int64_t q_offset, float scale, const CausalAttnOpts& opts = {}) = 0;
   // The same for a batch of sequences stacked along T (the target's forward over several sequences): for each s
   // of seqs, rows [s.begin, s.end) of q and out attend to s.k / s.v as attention_causal(q rows, s.k, s.v, out rows,
-  // s.q_offset). Rows outside every sequence are untouched. The default runs attention_causal per sequence; the
-  // CUDA backend launches once for the whole batch (up to 32 sequences per launch).
+  // s.q_offset, scale, opts). Rows outside every sequence are untouched. The default runs attention_causal per
+  // sequence; the CUDA backend launches once for the whole batch (up to 32 sequences per launch).
   virtual void attention_causal_batch(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
                                       float scale, const CausalAttnOpts& opts = {}) {
     for (const CausalSeq& s : seqs)
@@ -256,12 +269,12 @@ class Context {
   virtual void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) = 0;
   // Grouped expert GEMM, one call per projection for all experts: for expert e and every grouped row r in
   // [offsets[e], offsets[e + 1]) (offsets [E + 1] I32 on the device), a = x[rows[r]] when rows is given (a gather of
-  // x's rows; x [*, K]) or x[r] (x [R, K]), act dtype, and
-  //   act None:   y[r] = a w[e]^T                         w [E, N, K],  y [R, N]
-  //   act SwiGLU: y[r] = silu(a g^T) * (a u^T)            w [E, 2N, K]: g = rows 0..N-1 of w[e], u = rows N..2N-1
-  //   act GptOssGLU: as SwiGLU with MoeAct's clamped gate (gpt-oss)
-  // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host. w may be MXFP4 (MoeWeights,
-  // K % 32 == 0) and carry a bias [E, N'] added before the activation.
+  // x's rows; x [*, K]) or x[r] (x [R, K]), act dtype, W = w.w[e] (dequantised per row when w.scales is defined:
+  // MoeWeights), b = w.bias[e] or 0, and
+  //   act None:      y[r] = a W^T + b                          W [N, K],   y [R, N]
+  //   act SwiGLU:    y[r] = silu(g) * u                        W [2N, K]:  g = a W[0:N]^T + b[0:N], u = a W[N:2N]^T + b[N:2N]
+  //   act GptOssGLU: y[r] = (clamp(u, -7, 7) + 1) * min(g, 7) * sigmoid(1.702 min(g, 7)), g, u as SwiGLU
+  // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host.
   virtual void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                           const Tensor& y, MoeAct act) = 0;
   // Weighted combine: out[t] = sum_j weights[t, j] y[slot[t k + j]] + beta out[t], summed in fp32 in slot order
@@ -327,17 +340,15 @@ struct MoeLinearDims {
 };
 void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act, DType param);
 void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
+// moe_linear: MXFP4 weights need U8 w [E, N', K/2] and scales [E, N', K/32] with K % 32 == 0; a bias [E, N'] of dt.
 MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                                const Tensor& y, MoeAct act, DType dt);
-void check_causal_opts(const char* op, const CausalAttnOpts& opts, int64_t nh);
-// MXFP4 -> float: blocks U8 [..., K/2] (two e2m1 per byte, low nibble first), scales U8 [..., K/32] -> F32 [..., K]
-// (host tensors). The OCP MX v1.0 decoding transformers' integrations/mxfp4.py (convert_moe_packed_tensors) uses.
-Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales);
-// One e2m1 code (4 bits) as a float: {0, .5, 1, 1.5, 2, 3, 4, 6}, negated when bit 3 is set.
-inline float e2m1_value(unsigned code) {
-  static constexpr float kMag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  return (code & 8u) ? -kMag[code & 7u] : kMag[code & 7u];
-}
+// The name moe_linear is profiled under: "moe_linear", "moe_linear_swiglu" or "moe_linear_gptoss_glu", with "_mxfp4"
+// for MXFP4 weights.
+const char* moe_linear_op_name(MoeAct act, const MoeWeights& w);
+// attention_causal's options (CausalAttnOpts): window >= 0, sinks undefined or F32 [nh] (nh = q's heads). `op` names
+// the op in the error.
+void check_causal_attn_opts(const char* op, const CausalAttnOpts& opts, const Tensor& q);
 void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,
                        DType param);
 
@@ -346,7 +357,8 @@ std::unique_ptr<Context> make_context(const std::string& device, const ContextOp
 
 // RoPE inverse frequencies (F32 host tensor [d/2]) for rope_theta and rope scaling (spec 1: "Standard
 // Qwen/Llama rotate-half RoPE with the config's rope_theta (and rope_scaling for Llama-3.x)"), following
-// transformers' _compute_default_rope_parameters / _compute_llama3_parameters.
+// transformers' _compute_default_rope_parameters / _compute_llama3_parameters / _compute_yarn_parameters (YaRN's
+// attention factor is not in the frequencies: RopeScaling::attention_scaling, folded into the softmax scale).
 struct RopeScaling;
 Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling);
 

@@ -24,16 +24,26 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// One layer's plan in words: "attention (qk-norm) + MoE 128 experts top-8 of width 768".
+// One layer's plan in words: "attention (qk-norm) + MoE 128 experts top-8 of width 768",
+// "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of width 2880 (top-k
+// renormalised; gpt-oss GLU, biases; MXFP4)".
 std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   std::string a = "attention";
-  std::string opts;
-  if (s.attention.qk_norm) opts += "qk-norm";
-  if (s.attention.bias) opts += std::string(opts.empty() ? "" : ", ") + "q/k/v bias";
-  if (!opts.empty()) a += " (" + opts + ")";
+  std::vector<std::string> opts;
+  if (s.attention.qk_norm) opts.push_back("qk-norm");
+  if (s.attention.bias) opts.push_back("q/k/v bias");
+  if (s.attention.out_bias) opts.push_back("o bias");
+  if (s.attention.sinks) opts.push_back("sinks");
+  if (s.attention.sliding_window > 0) opts.push_back(cat("sliding window ", s.attention.sliding_window));
+  for (size_t i = 0; i < opts.size(); ++i) a += (i ? ", " : " (") + opts[i] + (i + 1 == opts.size() ? ")" : "");
   if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense SwiGLU of width ", s.mlp_width);
-  return cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width,
-             c.moe.norm_topk_prob ? " (top-k renormalised)" : "");
+  std::vector<std::string> notes;
+  if (c.moe.norm_topk_prob) notes.push_back("top-k renormalised");
+  if (c.moe.gpt_oss_experts) notes.push_back("gpt-oss GLU, biases");
+  if (c.quant_method == "mxfp4") notes.push_back("MXFP4");
+  std::string m = cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width);
+  for (size_t i = 0; i < notes.size(); ++i) m += (i ? "; " : " (") + notes[i] + (i + 1 == notes.size() ? ")" : "");
+  return m;
 }
 
 // The plan as runs of equal consecutive layers: [{"layers": "0-1", "plan": "..."}, ...].
@@ -71,6 +81,12 @@ ojson config_json(const ModelConfig& c) {
     j["rope_scaling"]["low_freq_factor"] = c.rope_scaling.low_freq_factor;
     j["rope_scaling"]["high_freq_factor"] = c.rope_scaling.high_freq_factor;
     j["rope_scaling"]["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
+  } else if (c.rope_scaling.kind == "yarn") {
+    j["rope_scaling"]["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
+    j["rope_scaling"]["beta_fast"] = c.rope_scaling.beta_fast;
+    j["rope_scaling"]["beta_slow"] = c.rope_scaling.beta_slow;
+    j["rope_scaling"]["truncate"] = c.rope_scaling.truncate;
+    j["rope_scaling"]["attention_factor"] = c.rope_scaling.attention_scaling();  // as resolved
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["attention_bias"] = c.attention_bias;
@@ -86,6 +102,9 @@ ojson config_json(const ModelConfig& c) {
   const TargetParams p = target_params(c);
   j["params"] = {{"total", p.total}, {"active_per_token", p.active}, {"embedding", p.embedding}};
   j["device_weight_bytes_bf16"] = p.bf16_bytes();
+  if (!c.quant_method.empty()) j["quant_method"] = c.quant_method;
+  j["params"]["mxfp4"] = p.mxfp4;
+  j["device_weight_bytes"] = p.device_bytes();  // MXFP4 experts kept in MXFP4
   try {
     j["default_target_layer_ids_nf5"] = default_target_layer_ids(c.num_hidden_layers, 5);
   } catch (const Error&) {
@@ -135,6 +154,24 @@ std::string list(const std::vector<int64_t>& v) {
 
 long long I(const ojson& j, const char* key) { return j[key].get<long long>(); }
 
+// The text form of the plan's runs: one line per run, except that runs of single layers alternating between plans
+// (gpt-oss: sliding, full, sliding, ...) are one line per plan: "0,2..22" and "1,3..23".
+std::vector<std::pair<std::string, std::string>> plan_lines(const ojson& runs) {
+  std::vector<std::pair<std::string, std::string>> lines;
+  for (const auto& r : runs) lines.emplace_back(r["layers"].get<std::string>(), r["plan"].get<std::string>());
+  const size_t n = lines.size();
+  bool alternating = n >= 4;
+  for (size_t i = 0; alternating && i < n; ++i)
+    alternating = lines[i].first == std::to_string(i) && lines[i].second == lines[i % 2].second;
+  if (!alternating) return lines;
+  std::vector<std::pair<std::string, std::string>> two;
+  for (size_t k = 0; k < 2; ++k) {
+    const size_t last = (n - 1 - k) / 2 * 2 + k;
+    two.emplace_back(cat(k, ",", k + 2, "..", last), lines[k].second);
+  }
+  return two;
+}
+
 void print_text(const ojson& j) {
   if (j.contains("tensors") && j["tensors"].is_array()) {  // one .safetensors file
     std::printf("%s: %zu tensors\n", j["path"].get<std::string>().c_str(), j["tensors"].size());
@@ -162,12 +199,17 @@ void print_text(const ojson& j) {
     std::printf("bos %lld, eos %s, dtype %s\n", I(c, "bos_token_id"),
                 list(c["eos_token_ids"].get<std::vector<int64_t>>()).c_str(),
                 c["torch_dtype"].get<std::string>().c_str());
-    for (const auto& r : c["layers"])
-      std::printf("  layer %-7s %s\n", r["layers"].get<std::string>().c_str(), r["plan"].get<std::string>().c_str());
+    for (const auto& [layers, plan] : plan_lines(c["layers"]))
+      std::printf("  layer %-7s %s\n", layers.c_str(), plan.c_str());
     const ojson& p = c["params"];
-    std::printf("params: %s total, %s active per token; weights on the device (bf16): %.2f GiB\n",
+    const bool mx = p["mxfp4"].get<int64_t>() > 0;
+    std::printf("params: %s total, %s active per token; weights on the device (%s): %.2f GiB\n",
                 human(p["total"].get<double>()).c_str(), human(p["active_per_token"].get<double>()).c_str(),
-                c["device_weight_bytes_bf16"].get<double>() / (1 << 30));
+                mx ? "bf16, experts in MXFP4" : "bf16", c["device_weight_bytes"].get<double>() / (1 << 30));
+    if (mx)
+      std::printf("  of which MXFP4 (experts, 17/32 byte per parameter): %s params in %.2f GiB (%.2f GiB in bf16)\n",
+                  human(p["mxfp4"].get<double>()).c_str(), p["mxfp4"].get<double>() * 17 / 32 / (1 << 30),
+                  p["mxfp4"].get<double>() * 2 / (1 << 30));
     const ojson& t = c["default_target_layer_ids_nf5"];
     const std::string ids = t.is_null() ? "n/a (too few layers)" : list(t.get<std::vector<int64_t>>());
     std::printf("default target_layer_ids (nf=5): %s; drafter intermediate_size default %lld\n", ids.c_str(),

@@ -3,6 +3,7 @@
 #include "io/hf_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -36,8 +37,19 @@ namespace {
 
 using Fields = JsonFields;
 
-// Reads rope scaling from `r` (an object of rope_scaling or rope_parameters). `name` is the key, for messages.
-RopeScaling parse_rope(const json& r, const std::string& src, const std::string& name) {
+// transformers' get_mscale of _compute_yarn_parameters.
+double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+}  // namespace
+
+double RopeScaling::attention_scaling() const {
+  if (kind != "yarn") return 1.0;
+  if (attention_factor > 0) return attention_factor;
+  if (mscale != 0 && mscale_all_dim != 0) return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
+  return yarn_mscale(factor, 1.0);
+}
+
+RopeScaling parse_rope_scaling(const json& r, const std::string& src, const std::string& name, int64_t max_positions) {
   DFLASH_CHECK(r.is_object(), src, ": ", name, ": expected an object, got ", r.dump());
   Fields f{r, src, name + "."};
   std::string kind = f.opt_str("rope_type", f.opt_str("type", "default"));
@@ -54,14 +66,51 @@ RopeScaling parse_rope(const json& r, const std::string& src, const std::string&
     rs.original_max_position_embeddings = f.req_int("original_max_position_embeddings");
     DFLASH_CHECK(rs.high_freq_factor > rs.low_freq_factor && rs.original_max_position_embeddings > 0, src, ": ", name,
                  ": llama3 needs high_freq_factor > low_freq_factor and original_max_position_embeddings > 0");
+  } else if (kind == "yarn") {
+    // transformers: beta_fast / beta_slow "or" their defaults (absent, null or 0), truncate defaults to true,
+    // original_max_position_embeddings to max_position_embeddings (standardize_rope_params)
+    rs.kind = "yarn";
+    rs.factor = f.req_num("factor");
+    rs.original_max_position_embeddings = max_positions > 0 ? f.opt_int("original_max_position_embeddings", max_positions)
+                                                            : f.req_int("original_max_position_embeddings");
+    rs.beta_fast = f.opt_num("beta_fast", 0.0);
+    rs.beta_slow = f.opt_num("beta_slow", 0.0);
+    if (rs.beta_fast == 0) rs.beta_fast = 32.0;
+    if (rs.beta_slow == 0) rs.beta_slow = 1.0;
+    rs.truncate = f.opt_bool("truncate", true);
+    rs.attention_factor = f.opt_num("attention_factor", 0.0);
+    rs.mscale = f.opt_num("mscale", 0.0);
+    rs.mscale_all_dim = f.opt_num("mscale_all_dim", 0.0);
+    DFLASH_CHECK(!f.get("attention_factor") || rs.attention_factor > 0, src, ": ", name,
+                 ".attention_factor: must be positive, got ", rs.attention_factor);
+    DFLASH_CHECK(rs.original_max_position_embeddings > 0, src, ": ", name,
+                 ".original_max_position_embeddings: must be positive, got ", rs.original_max_position_embeddings);
   } else {
-    DFLASH_FAIL(src, ": ", name, ".rope_type: unsupported rope type '", kind, "' (supported: default, linear, llama3)");
+    DFLASH_FAIL(src, ": ", name, ".rope_type: unsupported rope type '", kind,
+                "' (supported: default, linear, llama3, yarn)");
   }
   DFLASH_CHECK(rs.factor > 0, src, ": ", name, ".factor: must be positive, got ", rs.factor);
   return rs;
 }
 
-}  // namespace
+json rope_scaling_json(const RopeScaling& rs) {
+  if (rs.kind == "none" || rs.kind == "default") return nullptr;
+  json j = {{"rope_type", rs.kind}, {"factor", rs.factor}};
+  if (rs.kind == "llama3") {
+    j["low_freq_factor"] = rs.low_freq_factor;
+    j["high_freq_factor"] = rs.high_freq_factor;
+    j["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+  } else if (rs.kind == "yarn") {
+    j["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+    j["beta_fast"] = rs.beta_fast;
+    j["beta_slow"] = rs.beta_slow;
+    j["truncate"] = rs.truncate;
+    if (rs.attention_factor > 0) j["attention_factor"] = rs.attention_factor;
+    if (rs.mscale != 0) j["mscale"] = rs.mscale;
+    if (rs.mscale_all_dim != 0) j["mscale_all_dim"] = rs.mscale_all_dim;
+  }
+  return j;
+}
 
 ModelConfig parse_model_config(const json& top, const std::string& src) {
   DFLASH_CHECK(top.is_object(), src, ": expected a JSON object, got ", top.type_name());
@@ -130,10 +179,10 @@ ModelConfig parse_model_config(const json& top, const std::string& src) {
   // rope_theta at the top level and the scaling under "rope_scaling" (key "rope_type", or "type" before 4.45).
   c.rope_theta = f.opt_num("rope_theta", 10000.0);
   if (const json* rp = f.get("rope_parameters")) {
-    c.rope_scaling = parse_rope(*rp, src, f.prefix + "rope_parameters");
+    c.rope_scaling = parse_rope_scaling(*rp, src, f.prefix + "rope_parameters", c.max_position_embeddings);
     c.rope_theta = Fields{*rp, src, f.prefix + "rope_parameters."}.opt_num("rope_theta", c.rope_theta);
   } else if (const json* rs = f.get("rope_scaling")) {
-    c.rope_scaling = parse_rope(*rs, src, f.prefix + "rope_scaling");
+    c.rope_scaling = parse_rope_scaling(*rs, src, f.prefix + "rope_scaling", c.max_position_embeddings);
   }
   DFLASH_CHECK(c.rope_theta > 0, src, ": rope_theta: must be positive, got ", c.rope_theta);
 

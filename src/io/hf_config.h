@@ -1,7 +1,7 @@
 // io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
 // defines: Arch, RopeScaling, AttentionSpec, LayerSpec, MoeConfig, ModelConfig, load_model_config,
-//          parse_model_config, default_target_layer_ids, validate_target_layer_ids, kAutoMaskTokenId,
-//          validate_mask_token_id
+//          parse_model_config, parse_rope_scaling, rope_scaling_json, default_target_layer_ids,
+//          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
 //
 // What differs between architectures (their config keys and defaults, nested text_config, weight names, which
 // layer is dense or Mixture-of-Experts) is written once per family in io/model_family.cpp; this file reads the keys
@@ -16,32 +16,47 @@
 namespace dflash {
 
 // The target families (io/model_family.h describes each).
-enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe };
-const char* arch_name(Arch a);  // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe"
+enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, GptOss };
+const char* arch_name(Arch a);  // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"
 
 // rope_scaling of config.json. kind "none" = plain RoPE; "llama3" = Llama-3.1 frequency-dependent scaling
-// (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); "linear" = positions / factor.
-// Any other rope_type is refused by name.
+// (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); "linear" = positions / factor;
+// "yarn" = YaRN (arXiv 2309.00071; transformers' _compute_yarn_parameters: factor, original_max_position_embeddings,
+// beta_fast, beta_slow, truncate, and attention_factor or mscale / mscale_all_dim). Any other rope_type is refused
+// by name.
 struct RopeScaling {
   std::string kind = "none";
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  // yarn only, with transformers' defaults (beta_fast 32, beta_slow 1, truncate true); 0 = a key not given
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;
+  double attention_factor = 0.0, mscale = 0.0, mscale_all_dim = 0.0;
+  // YaRN's attention factor: the attention_factor given, else get_mscale(factor, mscale) /
+  // get_mscale(factor, mscale_all_dim) when both are given, else get_mscale(factor) = 0.1 ln(factor) + 1 (1 for
+  // factor <= 1); 1 for every other kind. transformers multiplies cos and sin by it, i.e. q and k, so the attention
+  // scores grow by its square: dflash folds that square into the softmax scale (model/target/attention.cpp,
+  // model/drafter.cpp) and leaves the RoPE op plain.
+  double attention_scaling() const;
 };
 
 // The token mixer of one target layer: causal softmax attention (GQA, RoPE) and its options. The options later
-// families add (sinks, an output gate, partial rotary; linear attention as another mixer) join here.
+// families add (an output gate, partial rotary; linear attention as another mixer) join here. YaRN's attention
+// factor is the config's (ModelConfig::rope_scaling.attention_scaling(), the same for every layer).
 struct AttentionSpec {
-  bool bias = false;            // q/k/v projections with biases (Qwen2)
+  bool bias = false;            // q/k/v projections with biases (Qwen2, gpt-oss)
   bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3, Qwen3-MoE)
-  int64_t sliding_window = 0;   // 0 = full causal attention
+  int64_t sliding_window = 0;   // 0 = full causal attention; W > 0: the query at p sees keys p - W + 1 .. p
+  bool out_bias = false;        // o_proj with a bias (gpt-oss)
+  bool sinks = false;           // a learned per-head sink logit in the softmax's denominator (gpt-oss)
 };
 
 // The channel mixer of one target layer.
 enum class ChannelMixer {
   Dense,  // down(silu(gate(x)) * up(x)), width = LayerSpec::mlp_width
-  MoE,    // Mixture of Experts (MoeConfig): a router and num_experts SwiGLU experts of width moe.expert_width
+  MoE,    // Mixture of Experts (MoeConfig): a router and num_experts gated experts of width moe.expert_width
 };
 
 // One decoder layer of the target: h += token_mixer(RMSNorm_in(h)); h += channel_mixer(RMSNorm_post(h)).
@@ -54,13 +69,17 @@ struct LayerSpec {
 // Mixture-of-Experts keys (Qwen3-MoE: transformers' Qwen3MoeSparseMoeBlock). Router: p = softmax(x Wr^T) in fp32
 // over all experts, the top_k largest chosen, their p renormalised to sum 1 when norm_topk_prob; output =
 // sum_j p_j expert_j(x), expert = down(silu(gate(x)) * up(x)) of width expert_width.
+// gpt-oss (GptOssMLP, gpt_oss_experts): logits = x Wr^T + br, the top_k logits, softmax over those k (exactly the
+// renormalised top-k of the softmax over all: norm_topk_prob true); expert = down(glu(gate(x) + bg, up(x) + bu)) + bd
+// with the clamped GLU of MoeAct::GptOssGLU (backend/context.h).
 struct MoeConfig {
   int64_t num_experts = 0;        // E (0: no MoE layer)
   int64_t top_k = 0;              // num_experts_per_tok
-  int64_t expert_width = 0;       // moe_intermediate_size
+  int64_t expert_width = 0;       // moe_intermediate_size (gpt-oss: intermediate_size)
   bool norm_topk_prob = false;
   int64_t decoder_sparse_step = 1;     // layer l is MoE when (l + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;  // ... and l is not listed here (those are dense of intermediate_size)
+  bool gpt_oss_experts = false;   // gpt-oss: router and expert biases, the clamped GLU, HF's gpt-oss tensor layouts
 };
 
 struct ModelConfig {
@@ -82,6 +101,13 @@ struct ModelConfig {
   bool attention_bias = false;       // q/k/v biases (Qwen2 always; Llama if attention_bias true)
   bool qk_norm = false;              // per-head RMSNorm on q and k (Qwen3, Qwen3-MoE)
   MoeConfig moe;
+  // config.json layer_types as given ("sliding_attention" / "full_attention" per layer; empty: absent) and the window
+  // of its sliding layers (gpt-oss: AttentionSpec::sliding_window of those layers).
+  std::vector<std::string> layer_types;
+  int64_t sliding_window = 0;
+  // quantization_config.quant_method: "" (none) or "mxfp4" (gpt-oss: the experts' weights as *_blocks / *_scales,
+  // kept in MXFP4 on the device: backend/context.h MoeWeights).
+  std::string quant_method;
   // The per-layer plan [num_hidden_layers], made by the family from the keys above (io/model_family.cpp). A config
   // built by hand with `layers` empty means every layer is dense attention + SwiGLU of intermediate_size with the
   // attention_bias / qk_norm flags (the Llama / Qwen2 / Qwen3 plan): see layer().
@@ -97,6 +123,15 @@ struct ModelConfig {
 // ill-typed field; refuses unknown `architectures` / `model_type` by name.
 ModelConfig load_model_config(const std::string& dir_or_file);
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source_name);
+
+// rope_scaling / rope_parameters object `r` of config file `src` (`name` is its key, for messages) as a RopeScaling;
+// original_max_position_embeddings defaults to `max_positions` (transformers' standardize_rope_params) for yarn.
+// Throws Error naming the file and the field; an unsupported rope_type is refused by name.
+RopeScaling parse_rope_scaling(const nlohmann::json& r, const std::string& src, const std::string& name,
+                               int64_t max_positions = 0);
+// The Hugging Face rope_scaling object of `rs` (rope_type and the keys of its kind; yarn's optional keys only when
+// given), null for kind "none": what an exported drafter's config.json carries.
+nlohmann::json rope_scaling_json(const RopeScaling& rs);
 
 // Spec 1: nf == 1 -> [Lt/2]; else ids[i] = round(1 + i*(Lt-4)/(nf-1)).
 std::vector<int64_t> default_target_layer_ids(int64_t num_target_layers, int64_t nf);

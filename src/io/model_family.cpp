@@ -80,6 +80,87 @@ LayerSpec qwen3_moe_layer(const ModelConfig& c, int64_t l) {
   return s;
 }
 
+// ---- gpt-oss (GptOssConfig, GptOssAttention, GptOssMLP) -----------------------------------------------------------
+// Keys absent from config.json take GptOssConfig's defaults (the gpt-oss-120b shapes), including those the shared
+// reader defaults otherwise: rms_norm_eps 1e-5, max_position_embeddings 131072, rope_theta 150000 and YaRN (factor 32
+// over 4096 positions, beta 32 / 1, truncate false), 8 kv heads.
+void read_gpt_oss(const JsonFields& f, ModelConfig& c) {
+  c.head_dim = f.opt_int("head_dim", 64);
+  if (!f.get("num_key_value_heads")) c.num_key_value_heads = 8;
+  DFLASH_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, f.src, ": num_key_value_heads (default 8) must "
+               "divide num_attention_heads ", c.num_attention_heads);
+  if (!f.get("rms_norm_eps")) c.rms_norm_eps = 1e-5;
+  if (!f.get("max_position_embeddings")) c.max_position_embeddings = 131072;
+  const nlohmann::json* rp = f.get("rope_parameters");
+  const bool theta_given = f.get("rope_theta") || (rp && rp->is_object() && rp->contains("rope_theta"));
+  if (!theta_given) c.rope_theta = 150000.0;
+  if (!rp && !f.get("rope_scaling")) {
+    c.rope_scaling.kind = "yarn";
+    c.rope_scaling.factor = 32.0;
+    c.rope_scaling.original_max_position_embeddings = 4096;
+    c.rope_scaling.truncate = false;
+  }
+  c.attention_bias = f.opt_bool("attention_bias", true);  // q/k/v and o_proj
+  c.sliding_window = f.opt_int("sliding_window", 128);
+  DFLASH_CHECK(c.sliding_window > 0, f.src, ": sliding_window: must be positive, got ", c.sliding_window);
+  if (const nlohmann::json* lt = f.get("layer_types")) {
+    DFLASH_CHECK(lt->is_array() && static_cast<int64_t>(lt->size()) == c.num_hidden_layers, f.src, ": ", f.prefix,
+                 "layer_types: expected a list of ", c.num_hidden_layers, " strings (one per layer), got ", lt->dump());
+    c.layer_types.clear();
+    for (const auto& e : *lt) {
+      DFLASH_CHECK(e.is_string() && (e == "sliding_attention" || e == "full_attention"), f.src, ": ", f.prefix,
+                   "layer_types: entry ", e.dump(), " is not \"sliding_attention\" or \"full_attention\"");
+      c.layer_types.push_back(e.get<std::string>());
+    }
+  } else {  // GptOssConfig: sliding, full, sliding, ...
+    c.layer_types.clear();
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      c.layer_types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  }
+  MoeConfig& m = c.moe;
+  m.num_experts = f.opt_int("num_local_experts", 128);
+  m.top_k = f.opt_int("num_experts_per_tok", 4);
+  m.expert_width = c.intermediate_size;  // every layer is MoE; intermediate_size is the experts' width
+  m.norm_topk_prob = true;  // softmax over the top-k logits == the softmax over all, renormalised over the top k
+  m.gpt_oss_experts = true;
+  DFLASH_CHECK(m.num_experts >= 1, f.src, ": num_local_experts: must be >= 1, got ", m.num_experts);
+  DFLASH_CHECK(m.top_k >= 1 && m.top_k <= m.num_experts, f.src, ": num_experts_per_tok: ", m.top_k,
+               " must be in [1, num_local_experts = ", m.num_experts, "]");
+  // the GLU's clamp: transformers' GptOssExperts fixes 7.0 (its MXFP4 kernels read swiglu_limit); so does dflash
+  const double limit = f.opt_num("swiglu_limit", 7.0);
+  DFLASH_CHECK(limit == 7.0, f.src, ": swiglu_limit: ", limit, " is not supported (the gpt-oss GLU clamps at 7.0, as "
+               "transformers' GptOssExperts)");
+  if (const nlohmann::json* q = f.get("quantization_config")) {
+    DFLASH_CHECK(q->is_object(), f.src, ": quantization_config: expected an object, got ", q->dump());
+    const JsonFields qf{*q, f.src, f.prefix + "quantization_config."};
+    c.quant_method = qf.opt_str("quant_method", "");
+    DFLASH_CHECK(c.quant_method == "mxfp4", f.src, ": quantization_config.quant_method: '", c.quant_method,
+                 "' is not supported (gpt-oss: \"mxfp4\", the published experts, or no quantization_config: bf16)");
+  }
+}
+
+LayerSpec gpt_oss_layer(const ModelConfig& c, int64_t l) {
+  LayerSpec s;
+  s.attention.bias = c.attention_bias;
+  s.attention.out_bias = c.attention_bias;
+  s.attention.sinks = true;
+  s.attention.sliding_window = c.layer_types[static_cast<size_t>(l)] == "sliding_attention" ? c.sliding_window : 0;
+  s.mlp = ChannelMixer::MoE;
+  s.mlp_width = c.moe.expert_width;
+  return s;
+}
+
+// The published gpt-oss drafters (z-lab/gpt-oss-20b-DFlash, -120b-DFlash) have an MLP of 7680 at H 2880: 8 H / 3.
+// (Their target_layer_ids, [1, 6, 11, 16, 21] of 24 and [1, 9, 17, 25, 33] of 36, are the spec's default rule.)
+int64_t gpt_oss_drafter_width(const ModelConfig& c) { return 8 * c.hidden_size / 3; }
+
+WeightNames gpt_oss_names() {
+  WeightNames n;
+  n.router = "mlp.router.weight";
+  n.router_bias = "mlp.router.bias";
+  return n;
+}
+
 }  // namespace
 
 const std::vector<ModelFamily>& model_families() {
@@ -93,6 +174,8 @@ const std::vector<ModelFamily>& model_families() {
       {Arch::Qwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3-MoE",
        "Qwen3-30B-A3B, Qwen3-Coder-30B-A3B-Instruct, Qwen3-235B-A22B", read_qwen3_moe, qwen3_moe_layer,
        nullptr, WeightNames{}},
+      {Arch::GptOss, "gpt_oss", "GptOssForCausalLM", "gpt-oss", "gpt-oss-20b, gpt-oss-120b", read_gpt_oss,
+       gpt_oss_layer, nullptr, gpt_oss_names(), gpt_oss_drafter_width},
   };
   return families;
 }

@@ -28,6 +28,13 @@ struct WeightNames {
   std::string gate = "mlp.gate_proj.weight", up = "mlp.up_proj.weight", down = "mlp.down_proj.weight";
   std::string router = "mlp.gate.weight";
   std::string expert = "mlp.experts.";
+  // gpt-oss: self_attn.sinks [nh]; the router's bias; the experts fused in HF's gpt-oss layout under `expert`:
+  // gate_up_proj [E, H, 2I] (gate / up interleaved in the columns: ::2 / 1::2), gate_up_proj_bias [E, 2I],
+  // down_proj [E, I, H], down_proj_bias [E, H]; or in MXFP4 (quantization_config.quant_method mxfp4) as
+  // gate_up_proj_blocks [E, 2I, H/32, 16] U8 + gate_up_proj_scales [E, 2I, H/32] U8 (rows interleaved likewise) and
+  // down_proj_blocks [E, H, I/32, 16] + down_proj_scales [E, H, I/32].
+  std::string sinks = "self_attn.sinks";
+  std::string router_bias = "mlp.gate.bias";
 };
 
 struct ModelFamily {
@@ -44,6 +51,9 @@ struct ModelFamily {
   // Default target layer ids for nf taps; nullptr: the spec's rule (io/hf_config.h default_target_layer_ids).
   std::vector<int64_t> (*default_layer_ids)(const ModelConfig& c, int64_t nf) = nullptr;
   WeightNames names;
+  // The drafter's default MLP width for this family; nullptr: the target's dense width, or 3 H with MoE layers
+  // (model/drafter.h default_intermediate_size).
+  int64_t (*drafter_width)(const ModelConfig& c) = nullptr;
 };
 
 // Every supported family, in the order `dflash info` and the README list them.

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
+#include "io/model_family.h"
 
 namespace dflash {
 
@@ -40,7 +41,13 @@ void DrafterConfig::validate() const {
                "existing row; set it with --mask-token-id or use a tokenizer that defines one)");
 }
 
+float DrafterConfig::softmax_scale() const {
+  const double af = rope_scaling.attention_scaling();  // YaRN: cos and sin times af in transformers' RoPE
+  return 1.0f / std::sqrt(static_cast<float>(head_dim)) * static_cast<float>(af * af);
+}
+
 int64_t default_intermediate_size(const ModelConfig& t) {
+  if (const auto width = family_of(t.arch).drafter_width) return width(t);  // gpt-oss: 8 H / 3, as published
   return t.has_moe() ? 3 * t.hidden_size : t.intermediate_size;
 }
 
@@ -119,7 +126,13 @@ void to_json(nlohmann::json& j, const DrafterConfig& c) {
                        {"factor", c.rope_scaling.factor},
                        {"low_freq_factor", c.rope_scaling.low_freq_factor},
                        {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                       {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}}},
+                       {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings},
+                       {"beta_fast", c.rope_scaling.beta_fast},
+                       {"beta_slow", c.rope_scaling.beta_slow},
+                       {"truncate", c.rope_scaling.truncate},
+                       {"attention_factor", c.rope_scaling.attention_factor},
+                       {"mscale", c.rope_scaling.mscale},
+                       {"mscale_all_dim", c.rope_scaling.mscale_all_dim}}},
                      {"max_position_embeddings", c.max_position_embeddings},
                      {"layer_types", c.layer_types},
                      {"sliding_window", c.sliding_window}};
@@ -145,6 +158,13 @@ void from_json(const nlohmann::json& j, DrafterConfig& c) {
   rs.at("low_freq_factor").get_to(c.rope_scaling.low_freq_factor);
   rs.at("high_freq_factor").get_to(c.rope_scaling.high_freq_factor);
   rs.at("original_max_position_embeddings").get_to(c.rope_scaling.original_max_position_embeddings);
+  // YaRN's keys (absent in checkpoints before YaRN: the defaults)
+  c.rope_scaling.beta_fast = rs.value("beta_fast", 32.0);
+  c.rope_scaling.beta_slow = rs.value("beta_slow", 1.0);
+  c.rope_scaling.truncate = rs.value("truncate", true);
+  c.rope_scaling.attention_factor = rs.value("attention_factor", 0.0);
+  c.rope_scaling.mscale = rs.value("mscale", 0.0);
+  c.rope_scaling.mscale_all_dim = rs.value("mscale_all_dim", 0.0);
   j.at("max_position_embeddings").get_to(c.max_position_embeddings);
   c.layer_types = j.value("layer_types", std::vector<std::string>{});  // absent in checkpoints before sliding windows
   c.sliding_window = j.value("sliding_window", int64_t{0});
@@ -259,7 +279,7 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
   ctx.linear(a.xn, P.wv->compute, nullptr, a.vb.reshape({NB, nkv * d}));
   // DFlash attention
   DFlashAttnArgs at{a.q, a.kc, a.vc, a.kb, a.vb, in.anchors, in.valid, static_cast<int>(cfg_.block_size),
-                    1.0f / std::sqrt(static_cast<float>(d)), cfg_.window_of(l)};
+                    cfg_.softmax_scale(), cfg_.window_of(l)};
   a.o = ctx.empty(dt, {NB, nh, d});
   a.lse = ctx.empty(st, {NB, nh});
   ctx.dflash_attention(at, a.o, a.lse);
@@ -307,7 +327,7 @@ void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, con
   Tensor dkc = ctx.empty(dt, {S, nkv, d}), dvc = ctx.empty(dt, {S, nkv, d});
   Tensor dkb = ctx.empty(dt, {NB, nkv, d}), dvb = ctx.empty(dt, {NB, nkv, d});
   DFlashAttnArgs at{a.q, a.kc, a.vc, a.kb, a.vb, in.anchors, in.valid, static_cast<int>(cfg_.block_size),
-                    1.0f / std::sqrt(static_cast<float>(d)), cfg_.window_of(l)};
+                    cfg_.softmax_scale(), cfg_.window_of(l)};
   ctx.dflash_attention_backward(at, a.o, a.lse, d_o, dq, dkc, dvc, dkb, dvb);
   // the per-head RMSNorms with their RoPE (dq, dkc, dkb rotated back by -angle inside)
   const RopeArgs rope_q{in.block_pos, inv_freq_, nh}, rope_kc{in.ctx_pos, inv_freq_, nkv},

@@ -18,7 +18,8 @@ namespace dflash {
 // The drafter's default MLP width for a target: a dense target's intermediate_size (Qwen3-8B: 12288), and for a
 // target with Mixture-of-Experts layers 3 H, as the published MoE drafters have it (Qwen3-Coder-30B-A3B-DFlash and
 // SpecForge's qwen3.5-35b-a3b-dflash.json: 6144 at H 2048) — never an expert's width (768 / 512), which would make
-// the dense drafter layer a quarter of a layer.
+// the dense drafter layer a quarter of a layer. A family may set its own (io/model_family.h drafter_width): gpt-oss
+// 8 H / 3, the 7680 of z-lab/gpt-oss-20b-DFlash and gpt-oss-120b-DFlash at H 2880.
 int64_t default_intermediate_size(const ModelConfig& target);
 
 struct DrafterConfig {
@@ -48,11 +49,15 @@ struct DrafterConfig {
   int window_of(int64_t l) const;
   // Whether any layer_types entry is "sliding_attention".
   bool any_sliding() const;
+  // The attention's softmax scale: 1 / sqrt(d), times the square of YaRN's attention factor when rope_scaling is
+  // yarn (transformers' Qwen3RotaryEmbedding scales cos and sin, i.e. q and k, by it: RopeScaling::attention_scaling).
+  float softmax_scale() const;
   // Checks internal consistency (and against the target if given); Error names the field. target_layer_ids must
   // follow validate_target_layer_ids (io/hf_config.h: distinct, ascending, in [0, num_target_layers)).
   void validate() const;
   // A drafter shaped like the target's layers (H, heads, d, rope, eps from the target), spec 1 defaults. Its MLP
-  // width (default_intermediate_size) is the target's dense width, or 3 H for a target with MoE layers.
+  // width (default_intermediate_size) is the family's choice when it has one (gpt-oss: 8 H / 3, the published 7680),
+  // else the target's dense width, or 3 H for a target with MoE layers.
   static DrafterConfig for_target(const ModelConfig& target, int64_t num_layers, int64_t block_size,
                                   std::vector<int64_t> layer_ids, int32_t mask_token_id);
 };

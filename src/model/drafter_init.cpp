@@ -53,7 +53,8 @@ void init_drafter_from_target(Context& ctx, ParamSet& ps, const DrafterConfig& c
                                          "mlp.down_proj.weight"};
   for (size_t l = 0; l < layers.size(); ++l) {
     const std::string src = cat("model.layers.", layers[l], "."), dst = cat("layers.", l, ".");
-    DFLASH_CHECK(target.has(src + "mlp.gate_proj.weight") || !target.has(src + "mlp.gate.weight"),
+    DFLASH_CHECK(target.has(src + "mlp.gate_proj.weight") ||
+                     !(target.has(src + "mlp.gate.weight") || target.has(src + "mlp.router.weight")),
                  "--init-from-target: target layer ", layers[l], " is a Mixture-of-Experts layer; its experts cannot "
                  "start a dense draft layer (name dense target layers, or keep the spec's random init)");
     for (const char* w : kWeights) set(dst + w, src + w);

@@ -12,16 +12,6 @@
 namespace dflash {
 
 nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& training) {
-  nlohmann::json rope_scaling = nullptr;
-  if (c.rope_scaling.kind == "llama3") {
-    rope_scaling = {{"rope_type", "llama3"},
-                    {"factor", c.rope_scaling.factor},
-                    {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                    {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                    {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-  } else if (c.rope_scaling.kind == "linear") {
-    rope_scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
-  }
   nlohmann::json j;
   j["architectures"] = {"DFlashDraftModel"};
   j["model_type"] = "qwen3";
@@ -37,7 +27,7 @@ nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& t
   j["hidden_act"] = "silu";
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
-  j["rope_scaling"] = rope_scaling;
+  j["rope_scaling"] = rope_scaling_json(c.rope_scaling);
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["attention_bias"] = false;
   j["layer_types"] = c.layer_types.empty() ? std::vector<std::string>(static_cast<size_t>(c.num_layers), "full_attention")
@@ -141,14 +131,8 @@ ExportedDrafter read_exported_drafter(const std::string& dir) {
         c.layer_types.clear();
       }
     }
-    if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
-      const auto& rs = j["rope_scaling"];
-      c.rope_scaling.kind = rs.value("rope_type", rs.value("type", std::string("none")));
-      c.rope_scaling.factor = rs.value("factor", 1.0);
-      c.rope_scaling.low_freq_factor = rs.value("low_freq_factor", 1.0);
-      c.rope_scaling.high_freq_factor = rs.value("high_freq_factor", 4.0);
-      c.rope_scaling.original_max_position_embeddings = rs.value("original_max_position_embeddings", int64_t{8192});
-    }
+    if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
+      c.rope_scaling = parse_rope_scaling(j["rope_scaling"], path, "rope_scaling", c.max_position_embeddings);
   } catch (const nlohmann::json::exception& ex) {
     DFLASH_FAIL(path, ": ill-typed field: ", ex.what());
   }

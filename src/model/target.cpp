@@ -26,7 +26,7 @@ TargetLayer load_layer(WeightSource& src, const ModelConfig& cfg, const WeightNa
   if (L.spec.mlp == ChannelMixer::Dense) {
     L.mlp = load_dense_mlp(src, p, n, H, L.spec.mlp_width);
   } else {
-    L.moe = load_moe(src, p, n, H, cfg.moe);
+    L.moe = load_moe(src, p, n, H, cfg.moe, cfg.quant_method == "mxfp4");
   }
   return L;
 }
@@ -104,6 +104,7 @@ TargetParams target_params(const ModelConfig& cfg) {
     const MlpParams m = mlp_params(cfg, s);
     p.total += attn + m.total;
     p.active += attn + m.active;
+    p.mxfp4 += m.mxfp4;
   }
   return p;
 }
@@ -114,9 +115,9 @@ Target::Target(ModelConfig cfg, TargetWeights w) : cfg_(std::move(cfg)), w_(std:
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     TargetLayer& L = w_.layers[l];
     L.spec = cfg_.layer(static_cast<int64_t>(l));  // the config's plan is the one truth (hand-built layers too)
-    DFLASH_CHECK(L.spec.attention.sliding_window == 0, "target layer ", l,
-                 ": sliding-window attention is not supported in the target");
-    DFLASH_CHECK(L.spec.mlp == ChannelMixer::Dense ? L.mlp.w_gate.defined() : L.moe.gate_up.defined(),
+    DFLASH_CHECK(!L.spec.attention.sinks || L.attn.sinks.defined(), "target layer ", l,
+                 ": the plan has attention sinks but their weights are missing");
+    DFLASH_CHECK(L.spec.mlp == ChannelMixer::Dense ? L.mlp.w_gate.defined() : L.moe.gate_up.w.defined(),
                  "target layer ", l, ": the weights of its ", L.spec.mlp == ChannelMixer::Dense ? "dense MLP" : "experts",
                  " are missing");
   }

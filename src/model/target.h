@@ -5,7 +5,7 @@
 // Forward: embedding; per layer l (its LayerSpec, made by the family from config.json: io/model_family.h)
 //   h += token_mixer(RMSNorm_in(h))      causal attention (model/target/attention.h)
 //   h += channel_mixer(RMSNorm_post(h))  dense SwiGLU or Mixture of Experts (model/target/mlp.h)
-// then the final RMSNorm and lm_head (tied to the embedding or not). Families: Llama, Qwen2, Qwen3, Qwen3-MoE.
+// then the final RMSNorm and lm_head (tied to the embedding or not). Families: Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss.
 // Captured features (spec 1): h_after_layer(l) = the residual stream AFTER decoder layer l (0-based), before
 // the final norm — HF's output_hidden_states[l + 1]. Never the full-vocabulary logits of every position.
 #pragma once
@@ -28,7 +28,7 @@ struct TargetLayer {
   Tensor in_norm, post_norm;  // [H]
   AttentionWeights attn;
   DenseMlpWeights mlp;        // spec.mlp == Dense
-  MoeWeights moe;             // spec.mlp == MoE
+  MoeLayerWeights moe;        // spec.mlp == MoE
 };
 
 // All tensors on one device, in that context's compute dtype; immutable once built (safe to share between
@@ -50,11 +50,14 @@ TargetHead load_target_head(const std::string& dir, Context& ctx);
 TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t seed = 0);  // == Target::random's
 
 // Parameter counts of a target config: all of them, and those one token's forward uses (the router and its top_k
-// experts of each MoE layer; the embedding row counted as one lookup: not at all). `bf16_bytes` = 2 * total, what
-// the weights take on a CUDA device (plus lm_head when untied, included in total).
+// experts of each MoE layer; the embedding row counted as one lookup: not at all); mxfp4 = those of total held in
+// MXFP4 (gpt-oss's expert weights when quant_method is mxfp4). `bf16_bytes` = 2 * total, the weights in bf16;
+// `device_bytes` what they take on a CUDA device: 2 bytes per bf16 parameter and 17/32 byte per MXFP4 one (half a
+// byte, plus one scale byte per 32).
 struct TargetParams {
-  int64_t total = 0, active = 0, embedding = 0;
+  int64_t total = 0, active = 0, embedding = 0, mxfp4 = 0;
   int64_t bf16_bytes() const { return 2 * total; }
+  int64_t device_bytes() const { return 2 * (total - mxfp4) + mxfp4 / 32 * 17; }
 };
 TargetParams target_params(const ModelConfig& cfg);
 

@@ -137,6 +137,7 @@ class CpuContext final : public Context {
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
                         float scale, const CausalAttnOpts& opts) override {
     const OpScope scope = op("attention_causal");
+    check_causal_attn_opts("attention_causal", opts, q);
     cpu::attention_causal(pool_, q, k, v, out, q_offset, scale, opts);
   }
   void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
@@ -164,8 +165,7 @@ class CpuContext final : public Context {
   void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets, const Tensor& y,
                   MoeAct act) override {
     const MoeLinearDims d = check_moe_linear(x, rows, w, offsets, y, act, dt_);
-    const bool gated = act != MoeAct::None;
-    const OpScope scope = op_gemm(gated ? "moe_linear_swiglu" : "moe_linear", d.R, gated ? 2 * d.N : d.N, d.K);
+    const OpScope scope = op_gemm(moe_linear_op_name(act, w), d.R, act == MoeAct::None ? d.N : 2 * d.N, d.K);
     cpu::moe_linear(pool_, x, rows, w, offsets, y, act, d);
   }
   void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta) override {

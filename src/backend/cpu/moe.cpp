@@ -1,6 +1,7 @@
 // cpu/moe.cpp — the Mixture-of-Experts ops (backend/context.h): routing, grouping by expert, the grouped expert GEMM
-// and the weighted combine. The reference of the CUDA kernels (backend/cuda/moe.cu): plain loops, one OpenBLAS
-// product per expert.
+// (plain or MXFP4 weights, biases, the SwiGLU and gpt-oss GLU epilogues) and the weighted combine; the host MXFP4
+// dequantisation (mxfp4_dequantize). The reference of the CUDA kernels (backend/cuda/moe.cu): plain loops, one
+// OpenBLAS product per expert (an MXFP4 expert dequantised row by row into a buffer first).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -55,17 +56,47 @@ void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, con
   }
 }
 
+namespace {
+
+// e2m1 (OCP MX v1.0, FP4 E2M1): bits 0-2 the magnitude code, bit 3 the sign (transformers' FP4_VALUES).
+constexpr float kFp4[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                            -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// One MXFP4 row of K elements (K % 32 == 0): q [K/2] bytes (element 2j in the low nibble of byte j, 2j+1 in the high),
+// s [K/32] e8m0 exponents (bias 127).
+template <class T>
+void mxfp4_row(const uint8_t* q, const uint8_t* s, int64_t K, T* out) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const int e = static_cast<int>(s[b]) - 127;
+    for (int64_t j = 0; j < 16; ++j) {
+      const uint8_t byte = q[b * 16 + j];
+      out[b * 32 + 2 * j] = static_cast<T>(std::ldexp(kFp4[byte & 15], e));
+      out[b * 32 + 2 * j + 1] = static_cast<T>(std::ldexp(kFp4[byte >> 4], e));
+    }
+  }
+}
+
+// gpt-oss's gate (transformers GptOssExperts: alpha 1.702, limit 7.0).
+template <class T>
+T gpt_oss_glu(T g, T u) {
+  g = std::min(g, T(7));
+  u = std::clamp(u, T(-7), T(7));
+  return (u + T(1)) * (g / (T(1) + std::exp(T(-1.702) * g)));
+}
+
+}  // namespace
+
 void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWeights& mw, const Tensor& offsets,
                 const Tensor& y, MoeAct act, const MoeLinearDims& d) {
-  const Tensor& w = mw.w;
   dispatch_float("moe_linear", x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    std::vector<T> wq;  // an MXFP4 expert's weights, dequantised (one expert at a time)
     const int32_t* off = offsets.ptr<int32_t>();
     DFLASH_CHECK(off[0] == 0 && off[d.E] == d.R, "moe_linear: offsets run from ", off[0], " to ", off[d.E],
                  ", expected 0 to ", d.R, " (the rows of y)");
+    const Tensor& w = mw.w;
+    const bool mx = mw.scales.defined();
     const int64_t Nw = w.shape[1], xr = x.rows();
-    std::vector<T> a, g;
+    std::vector<T> a, g, wd;
     for (int64_t e = 0; e < d.E; ++e) {
       const int64_t r0 = off[e], M = off[e + 1] - off[e];
       DFLASH_CHECK(M >= 0 && off[e + 1] <= d.R, "moe_linear: offsets not ascending at expert ", e);
@@ -81,15 +112,14 @@ void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWe
         A = a.data();
       }
       const T* W = nullptr;
-      if (mw.mxfp4()) {
-        const uint8_t* blk = mw.w.ptr<uint8_t>() + e * Nw * (d.K / 2);
+      if (mx) {  // the expert's rows dequantised
+        wd.resize(static_cast<size_t>(Nw * d.K));
+        const uint8_t* q = w.ptr<uint8_t>() + e * Nw * (d.K / 2);
         const uint8_t* sc = mw.scales.ptr<uint8_t>() + e * Nw * (d.K / 32);
-        wq.resize(static_cast<size_t>(Nw * d.K));
-        for (int64_t i = 0; i < Nw * d.K; ++i) {
-          const unsigned byte = blk[i / 2], code = (i & 1) ? byte >> 4 : byte & 15u;
-          wq[i] = static_cast<T>(std::ldexp(e2m1_value(code), static_cast<int>(sc[i / 32]) - 127));
-        }
-        W = wq.data();
+        tp.parallel_for(Nw, 16, [&](int64_t n0, int64_t n1) {
+          for (int64_t n = n0; n < n1; ++n) mxfp4_row(q + n * (d.K / 2), sc + n * (d.K / 32), d.K, wd.data() + n * d.K);
+        });
+        W = wd.data();
       } else {
         W = w.ptr<T>() + e * Nw * d.K;
       }
@@ -111,13 +141,7 @@ void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWe
             gv += bias[c];
             uv += bias[d.N + c];
           }
-          if (act == MoeAct::GptOssGLU) {  // transformers' GptOssExperts._apply_gate (alpha 1.702, limit 7)
-            gv = std::min(gv, T(7));
-            uv = std::min(std::max(uv, T(-7)), T(7));
-            Y[i * d.N + c] = (uv + T(1)) * gv * (T(1) / (T(1) + std::exp(T(-1.702) * gv)));
-          } else {
-            Y[i * d.N + c] = gv * (T(1) / (T(1) + std::exp(-gv))) * uv;
-          }
+          Y[i * d.N + c] = act == MoeAct::SwiGLU ? gv * (T(1) / (T(1) + std::exp(-gv))) * uv : gpt_oss_glu(gv, uv);
         }
     }
   });
@@ -148,3 +172,31 @@ void moe_combine(ThreadPool& tp, const Tensor& y, const Tensor& slot, const Tens
 }
 
 }  // namespace dflash::cpu
+
+namespace dflash {
+
+Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales) {
+  const char* op = "mxfp4_dequantize";
+  DFLASH_CHECK(blocks.device == Device::CPU && scales.device == Device::CPU && blocks.dtype == DType::U8 &&
+                   scales.dtype == DType::U8 && scales.ndim() >= 1,
+               op, ": blocks and scales must be U8 host tensors, got ", dtype_name(blocks.dtype), " ",
+               shape_str(blocks.shape), " and ", dtype_name(scales.dtype), " ", shape_str(scales.shape));
+  const int64_t G = scales.shape.back(), rows = scales.numel() / std::max<int64_t>(1, G);
+  // blocks [*, G, 16] (the published layout) or [*, 16 G] (MoeWeights' rows), with the same leading dims as scales
+  Shape lead(scales.shape.begin(), scales.shape.end() - 1);
+  const bool published = blocks.ndim() == scales.ndim() + 1 && blocks.shape.back() == 16 &&
+                         Shape(blocks.shape.begin(), blocks.shape.end() - 1) == scales.shape;
+  const bool flat = blocks.ndim() == scales.ndim() && blocks.shape.back() == 16 * G &&
+                    Shape(blocks.shape.begin(), blocks.shape.end() - 1) == lead;
+  DFLASH_CHECK(published || flat, op, ": blocks ", shape_str(blocks.shape), " do not fit scales ",
+               shape_str(scales.shape), " (expected blocks [*, G, 16] or [*, 16 G] for scales [*, G])");
+  Shape out_shape = lead;
+  out_shape.push_back(32 * G);
+  Tensor out = cpu_empty(DType::F32, out_shape);
+  for (int64_t r = 0; r < rows; ++r)
+    cpu::mxfp4_row(blocks.ptr<uint8_t>() + r * 16 * G, scales.ptr<uint8_t>() + r * G, 32 * G,
+                   out.ptr<float>() + r * 32 * G);
+  return out;
+}
+
+}  // namespace dflash

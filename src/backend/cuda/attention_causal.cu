@@ -46,7 +46,7 @@ AttnFwdParams causal_params(Env& e, const char* op, const Tensor& q, const Tenso
   p.q_offset = static_cast<int>(q_offset);
   p.B = 1;
   p.err = e.err_flag;
-  check_causal_opts(op, opts, nh);
+  check_causal_attn_opts(op, opts, q);
   if (opts.sinks.defined()) check_dev(op, opts.sinks, "sinks", DType::F32);
   DFLASH_CHECK(opts.window < (int64_t{1} << 31), op, ": window ", opts.window);
   p.window = static_cast<int>(opts.window);

@@ -377,7 +377,7 @@ class CudaContext final : public Context {
                   MoeAct act) override {
     const MoeLinearDims d = check_moe_linear(x, rows, w, offsets, y, act, DType::BF16);
     const bool gated = act != MoeAct::None;
-    const OpScope scope = op_gemm(gated ? "moe_linear_swiglu" : "moe_linear", d.R, gated ? 2 * d.N : d.N, d.K);
+    const OpScope scope = op_gemm(moe_linear_op_name(act, w), d.R, gated ? 2 * d.N : d.N, d.K);
     const Tensor r = rows ? on_device(*rows) : Tensor{};
     cuda::moe_linear(env_, x, rows ? &r : nullptr, on_device(w), on_device(offsets), y, act, d);
   }

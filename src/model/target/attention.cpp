@@ -37,12 +37,15 @@ AttentionWeights load_attention(WeightSource& src, const std::string& p, const W
     w.q_norm = src.norm(p + n.q_norm, {d});
     w.k_norm = src.norm(p + n.k_norm, {d});
   }
+  if (spec.out_bias) w.bo = src.matrix(p + n.o + ".bias", {H});
+  if (spec.sinks) w.sinks = src.f32(p + n.sinks, {nh});
   return w;
 }
 
 int64_t attention_params(const ModelConfig& cfg, const AttentionSpec& spec) {
   const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  return 2 * H * nh * d + 2 * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? 2 * d : 0);
+  return 2 * H * nh * d + 2 * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? 2 * d : 0) +
+         (spec.out_bias ? H : 0) + (spec.sinks ? nh : 0);
 }
 
 void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionSpec& spec, const ModelConfig& cfg,
@@ -51,7 +54,9 @@ void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionS
   const int64_t R = x.rows(), d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   const DType dt = ctx.compute_dtype();
   const float eps = static_cast<float>(cfg.rms_norm_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // YaRN scales q and k by its attention factor af in transformers (cos and sin times af): af^2 on the scores
+  const double af = cfg.rope_scaling.attention_scaling();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d)) * static_cast<float>(af * af);
   Tensor q = ctx.empty(dt, {R, nh, d});
   Tensor k = ctx.empty(dt, {R, nkv, d});
   Tensor v = ctx.empty(dt, {R, nkv, d});
@@ -89,8 +94,11 @@ void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionS
       a.q_offset = 0;
     }
   }
-  ctx.attention_causal_batch(q, o, attn, scale);
-  ctx.linear(o.reshape({R, nh * d}), w.wo, nullptr, h, 1.0f);  // h += o Wo^T
+  CausalAttnOpts opts;
+  opts.window = spec.sliding_window;
+  opts.sinks = w.sinks;
+  ctx.attention_causal_batch(q, o, attn, scale, opts);
+  ctx.linear(o.reshape({R, nh * d}), w.wo, w.bo.defined() ? &w.bo : nullptr, h, 1.0f);  // h += o Wo^T (+ bo)
 }
 
 }  // namespace dflash

@@ -1,6 +1,8 @@
 // model/target/weights.cpp — the two weight sources of model/target/weights.h.
 #include "model/target/weights.h"
 
+#include <algorithm>
+
 namespace dflash {
 
 void CheckpointWeights::stack_experts(const Tensor& dst, int64_t row0, const std::string& prefix,
@@ -15,10 +17,46 @@ void CheckpointWeights::stack_experts(const Tensor& dst, int64_t row0, const std
   }
 }
 
+Mxfp4Rows CheckpointWeights::mxfp4(const std::string& name, int64_t E, int64_t N, int64_t K) {
+  DFLASH_CHECK(K % 32 == 0, name, ": MXFP4 rows of ", K, " elements (not a multiple of 32)");
+  auto raw = [&](const std::string& n, const Shape& want) {
+    const TensorInfo& i = ws_.info(n);  // throws naming the tensor and the directory when missing
+    DFLASH_CHECK(i.dtype == DType::U8 && i.shape == want, ws_.source(), ": ", n, " is ", dtype_name(i.dtype), " ",
+                 shape_str(i.shape), ", expected U8 ", shape_str(want), " (MXFP4)");
+    return ws_.view(n);
+  };
+  Mxfp4Rows r;
+  r.blocks = raw(name + "_blocks", {E, N, K / 32, 16}).reshape({E, N, K / 2});
+  r.scales = raw(name + "_scales", {E, N, K / 32});
+  return r;
+}
+
 Tensor RandomTargetWeights::matrix(const std::string&, const Shape& shape) {
   Tensor t = ctx_.empty(ctx_.param_dtype(), shape);
   ctx_.fill_normal(t, 0.02, seed_, RngPurpose::RandomTarget, k_++);
   return ctx_.to_device(t, ctx_.compute_dtype());
+}
+
+Tensor RandomTargetWeights::f32(const std::string&, const Shape& shape) {
+  Tensor t = ctx_.empty(ctx_.param_dtype(), shape);
+  ctx_.fill_normal(t, 0.02, seed_, RngPurpose::RandomTarget, k_++);
+  return ctx_.to_device(t, DType::F32);
+}
+
+Tensor RandomTargetWeights::host_f32(const std::string& name, const Shape& shape) {
+  return cpu_to_f32(ctx_.to_host(matrix(name, shape)));  // (F64 on cpu64)
+}
+
+Mxfp4Rows RandomTargetWeights::mxfp4(const std::string&, int64_t E, int64_t N, int64_t K) {
+  Mxfp4Rows r{cpu_empty(DType::U8, {E, N, K / 2}), cpu_empty(DType::U8, {E, N, K / 32})};
+  Rng rng(seed_, RngPurpose::RandomTarget, k_++);
+  uint8_t* b = r.blocks.ptr<uint8_t>();
+  for (int64_t i = 0; i < r.blocks.numel(); i += 4) {
+    const uint32_t v = rng.next_u32();
+    for (int64_t j = 0; j < 4 && i + j < r.blocks.numel(); ++j) b[i + j] = static_cast<uint8_t>(v >> (8 * j));
+  }
+  std::fill_n(r.scales.ptr<uint8_t>(), r.scales.numel(), uint8_t{120});  // 2^-7
+  return r;
 }
 
 Tensor RandomTargetWeights::norm(const std::string&, const Shape& shape) {

@@ -1,7 +1,7 @@
 // model/target/weights.h — where a target's tensors come from: a Hugging Face checkpoint (names of the family,
 // io/model_family.h) or random values (benchmarks at published shapes without a download). The mixers load their
 // weights through this one interface, so a loaded and a random target are built by the same code.
-// defines: WeightSource, CheckpointWeights, RandomTargetWeights
+// defines: WeightSource, Mxfp4Rows, CheckpointWeights, RandomTargetWeights
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,6 +11,11 @@
 #include "io/safetensors.h"
 
 namespace dflash {
+
+// MXFP4 rows on the host in the layout of backend/context.h MoeWeights: blocks U8 [E, N, K/2], scales U8 [E, N, K/32].
+struct Mxfp4Rows {
+  Tensor blocks, scales;
+};
 
 // Every tensor comes back on the context's device in its compute dtype. `name` is the Hugging Face name (the
 // random source ignores it, but draws its values in call order: the order of the calls is part of a random
@@ -31,6 +36,15 @@ class WeightSource {
   // dst must be [E, block_rows, cols] on the context's device.
   virtual void stack_experts(const Tensor& dst, int64_t row0, const std::string& prefix, const std::string& suffix,
                              const Shape& one) = 0;
+  // A small tensor kept in F32 on the device whatever the compute dtype (attention sinks; random: N(0, 0.02)).
+  virtual Tensor f32(const std::string& name, const Shape& shape) = 0;
+  // A tensor as an F32 HOST tensor of `shape`, for layouts a mixer rearranges before the upload (gpt-oss's fused
+  // experts; random: N(0, 0.02)). Errors as matrix().
+  virtual Tensor host_f32(const std::string& name, const Shape& shape) = 0;
+  // MXFP4 rows [E, N, K] stored as name + "_blocks" U8 [E, N, K/32, 16] and name + "_scales" U8 [E, N, K/32] (a
+  // published gpt-oss checkpoint), on the host (random: uniform e2m1 codes under the scale 2^-7, values of standard
+  // deviation about 0.023). Throws Error naming the tensor when missing or of another dtype or shape.
+  virtual Mxfp4Rows mxfp4(const std::string& name, int64_t E, int64_t N, int64_t K) = 0;
 };
 
 // A checkpoint directory (config.json + *.safetensors or model.safetensors.index.json).
@@ -45,6 +59,11 @@ class CheckpointWeights final : public WeightSource {
   bool has(const std::string& name) const override { return ws_.has(name); }
   void stack_experts(const Tensor& dst, int64_t row0, const std::string& prefix, const std::string& suffix,
                      const Shape& one) override;
+  Tensor f32(const std::string& name, const Shape& shape) override {
+    return ctx_.to_device(ws_.f32(name, shape), DType::F32);
+  }
+  Tensor host_f32(const std::string& name, const Shape& shape) override { return ws_.f32(name, shape); }
+  Mxfp4Rows mxfp4(const std::string& name, int64_t E, int64_t N, int64_t K) override;
   const WeightStore& store() const { return ws_; }
 
  private:
@@ -62,6 +81,9 @@ class RandomTargetWeights final : public WeightSource {
   Tensor norm(const std::string&, const Shape& shape) override;
   bool has(const std::string&) const override { return false; }
   void stack_experts(const Tensor& dst, int64_t row0, const std::string&, const std::string&, const Shape& one) override;
+  Tensor f32(const std::string& name, const Shape& shape) override;
+  Tensor host_f32(const std::string& name, const Shape& shape) override;
+  Mxfp4Rows mxfp4(const std::string& name, int64_t E, int64_t N, int64_t K) override;
 
  private:
   Context& ctx_;
