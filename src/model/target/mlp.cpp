@@ -66,6 +66,8 @@ MoeWeights load_gpt_oss_projection(WeightSource& src, const std::string& name, i
     Mxfp4Rows q = src.mxfp4(name, E, N, K);
     w.w = ctx.to_device(gate_up ? gate_rows_first(q.blocks) : q.blocks);
     w.scales = ctx.to_device(gate_up ? gate_rows_first(q.scales) : q.scales);
+  } else if (src.random()) {
+    w.w = src.matrix(name, {E, N, K});  // drawn in the device layout (WeightSource::random)
   } else {
     DFLASH_CHECK(!src.has(name + "_blocks"), name, "_blocks (MXFP4) found but config.json has no quantization_config "
                  "{\"quant_method\": \"mxfp4\"}");

@@ -31,6 +31,9 @@ class WeightSource {
   virtual Tensor norm(const std::string& name, const Shape& shape) = 0;
   // Whether the checkpoint has `name` (random: false).
   virtual bool has(const std::string& name) const = 0;
+  // Whether the values are drawn (RandomTargetWeights) rather than read: a random target's gpt-oss experts are drawn
+  // straight in the device layout (model/target/mlp.cpp), with no host transpose of ~100 GB at 120b's shapes.
+  virtual bool random() const { return false; }
   // Experts stacked along a new first dim: [E, rows, cols] from per-expert tensors name_of(e) [rows, cols] placed at
   // rows row0 .. row0 + rows of each expert's block of `block_rows` rows (the others are filled by further calls).
   // dst must be [E, block_rows, cols] on the context's device.
@@ -76,6 +79,7 @@ class CheckpointWeights final : public WeightSource {
 class RandomTargetWeights final : public WeightSource {
  public:
   RandomTargetWeights(Context& ctx, uint64_t seed, uint64_t first_stream = 0) : ctx_(ctx), seed_(seed), k_(first_stream) {}
+  bool random() const override { return true; }
   Context& ctx() override { return ctx_; }
   Tensor matrix(const std::string&, const Shape& shape) override;
   Tensor norm(const std::string&, const Shape& shape) override;
