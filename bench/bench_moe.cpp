@@ -20,7 +20,7 @@
 //                           its pointer arrays, which cuBLAS reads from device memory).
 // DFLASH_MOE_GEMM_VARIANT=0|1|2 picks the Hopper kernel's variant (backend/cuda/moe.cu kWgVariants).
 // FLOPs of the prefill: per token and layer 2 x (q, k, v, o + router + top_k experts x 3 H I) plus causal attention
-// 4 d nh T (T + 1) / 2 per sequence, no lm_head (bench/torch_moe.py: moe_prefill_flops). MFU against 989 TFLOP/s.
+// 4 d nh T (T + 1) / 2 per sequence (a sliding-window layer: 4 d nh sum_i min(i + 1, W)), no lm_head (bench/torch_moe.py: moe_prefill_flops). MFU against 989 TFLOP/s.
 //
 // --experts H,I,E,k (issue 36: gpt-oss-20b is 2880,2880,32,4; 120b 2880,2880,128,4): instead of the above, the
 // expert GEMMs of gpt-oss alone on synthetic weights, R = seqs x T tokens routed by random logits: rows
@@ -69,7 +69,14 @@ double moe_prefill_flops(const ModelConfig& c, int64_t layers, const std::vector
   const double p_layer = H * nh * d * 2 + 2 * H * nkv * d + H * c.moe.num_experts +
                          double(c.moe.top_k) * 3 * H * c.moe.expert_width;
   double f = 0;
-  for (int64_t t : lens) f += double(layers) * (2.0 * p_layer * double(t) + 4.0 * d * nh * double(t) * double(t + 1) / 2.0);
+  for (int64_t t : lens)
+    for (int64_t l = 0; l < layers; ++l) {
+      // the keys the queries see: t (t + 1) / 2, or with a sliding window W (gpt-oss) sum_i min(i + 1, W)
+      const int64_t W = c.layer(l).attention.sliding_window;
+      const double keys = W > 0 && W < t ? double(W) * double(W + 1) / 2.0 + double(t - W) * double(W)
+                                         : double(t) * double(t + 1) / 2.0;
+      f += 2.0 * p_layer * double(t) + 4.0 * d * nh * keys;
+    }
   return f;
 }
 
@@ -199,6 +206,10 @@ int main(int argc, char** argv) {
     }
 
     // ---- the grouped expert GEMM alone, on the routing of the packed tokens at layer 0's router ----
+    if (cfg.moe.gpt_oss_experts) {  // (biases, MXFP4: the rows of --experts measure gpt-oss's GEMMs)
+      note("gpt-oss experts: the expert GEMM rows are bench_moe --experts H,I,E,k");
+      return 0;
+    }
     const int64_t R = nseq * T;
     const MoeLayerWeights& mw = target->weights().layers[0].moe;
     RandPool pool(*ctx, 1.0, seed + 3);
