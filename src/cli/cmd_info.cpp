@@ -28,12 +28,21 @@ using ojson = nlohmann::ordered_json;
 std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   std::string a = "attention";
   std::string opts;
-  if (s.attention.qk_norm) opts += "qk-norm";
-  if (s.attention.bias) opts += std::string(opts.empty() ? "" : ", ") + "q/k/v bias";
+  auto opt = [&](const std::string& o) { opts += (opts.empty() ? "" : ", ") + o; };
+  if (s.attention.qk_norm) opt("qk-norm");
+  if (s.attention.bias) opt("q/k/v bias");
+  if (s.attention.output_gate) opt("output gate");
+  if (c.rope_dim() != c.head_dim) opt(cat("rotary ", c.rope_dim(), " of ", c.head_dim));
   if (!opts.empty()) a += " (" + opts + ")";
+  if (s.mixer == TokenMixer::LinearAttention) {
+    const LinearAttnConfig& l = c.linear_attn;
+    a = cat("Gated DeltaNet (", l.num_key_heads, " key heads x ", l.key_head_dim, ", ", l.num_value_heads,
+            " value heads x ", l.value_head_dim, ", conv ", l.conv_kernel, ")");
+  }
   if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense SwiGLU of width ", s.mlp_width);
   return cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width,
-             c.moe.norm_topk_prob ? " (top-k renormalised)" : "");
+             c.moe.norm_topk_prob ? " (top-k renormalised)" : "",
+             c.moe.shared_expert_width > 0 ? cat(" + shared expert of width ", c.moe.shared_expert_width) : "");
 }
 
 // The plan as runs of equal consecutive layers: [{"layers": "0-1", "plan": "..."}, ...].
@@ -75,13 +84,24 @@ ojson config_json(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["attention_bias"] = c.attention_bias;
   j["qk_norm"] = c.qk_norm;
+  if (c.zero_centred_norms) j["zero_centred_norms"] = true;
+  if (c.rope_dim() != c.head_dim) j["rotary_dim"] = c.rope_dim();
+  if (c.has_linear_attention()) {
+    const LinearAttnConfig& l = c.linear_attn;
+    int64_t n = 0;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) n += c.layer(i).mixer == TokenMixer::LinearAttention;
+    j["linear_attention"] = {{"layers", n}, {"linear_num_key_heads", l.num_key_heads},
+                             {"linear_num_value_heads", l.num_value_heads}, {"linear_key_head_dim", l.key_head_dim},
+                             {"linear_value_head_dim", l.value_head_dim}, {"linear_conv_kernel_dim", l.conv_kernel}};
+  }
   j["bos_token_id"] = c.bos_token_id;
   j["eos_token_ids"] = c.eos_token_ids;
   j["torch_dtype"] = c.torch_dtype;
   if (c.has_moe())
     j["moe"] = {{"num_experts", c.moe.num_experts}, {"num_experts_per_tok", c.moe.top_k},
                 {"moe_intermediate_size", c.moe.expert_width}, {"norm_topk_prob", c.moe.norm_topk_prob},
-                {"decoder_sparse_step", c.moe.decoder_sparse_step}, {"mlp_only_layers", c.moe.mlp_only_layers}};
+                {"decoder_sparse_step", c.moe.decoder_sparse_step}, {"mlp_only_layers", c.moe.mlp_only_layers},
+                {"shared_expert_intermediate_size", c.moe.shared_expert_width}};
   j["layers"] = plan_json(c);
   const TargetParams p = target_params(c);
   j["params"] = {{"total", p.total}, {"active_per_token", p.active}, {"embedding", p.embedding}};
@@ -99,11 +119,23 @@ std::string human(double n) {
   return n >= 1e9 ? cat(std::round(n / 1e7) / 100, "B") : n >= 1e6 ? cat(std::round(n / 1e4) / 100, "M") : cat(n);
 }
 
-ojson weights_json(const WeightStore& ws) {
+// The checkpoint's tensors; those under one of `ignored` (the family's prefixes that are not the language model:
+// vision tower, MTP head) counted apart by prefix.
+ojson weights_json(const WeightStore& ws, const std::vector<std::string>& ignored) {
   int64_t params = 0;
   std::map<std::string, int64_t> dtypes;
-  size_t bytes = 0;
+  ojson skipped = ojson::object();
+  size_t bytes = 0, read = 0;
   for (const auto& n : ws.names()) {
+    bool skip = false;
+    for (const std::string& p : ignored)
+      if (n.starts_with(p)) {
+        skipped[p] = skipped.value(p, 0) + 1;
+        skip = true;
+        break;
+      }
+    if (skip) continue;
+    ++read;
     const TensorInfo& t = ws.info(n);
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
@@ -111,7 +143,9 @@ ojson weights_json(const WeightStore& ws) {
     bytes += t.end - t.begin;
     dtypes[dtype_name(t.dtype)] += 1;
   }
-  return {{"tensors", ws.names().size()}, {"params", params}, {"bytes", bytes}, {"dtypes", dtypes}};
+  ojson j = {{"tensors", read}, {"params", params}, {"bytes", bytes}, {"dtypes", dtypes}};
+  if (!skipped.empty()) j["ignored"] = skipped;  // not read: {"model.visual.": 333, "mtp.": 15}
+  return j;
 }
 
 ojson file_json(const SafetensorsFile& f) {
@@ -178,6 +212,10 @@ void print_text(const ojson& j) {
     const double p = w["params"].get<double>();
     std::printf("weights: %zu tensors, %lld params (%s), %.3f GiB, dtypes %s\n", w["tensors"].get<size_t>(),
                 I(w, "params"), human(p).c_str(), w["bytes"].get<double>() / (1 << 30), w["dtypes"].dump().c_str());
+    if (w.contains("ignored"))
+      for (const auto& [prefix, n] : w["ignored"].items())
+        std::printf("ignored by name (not the language model): %lld tensors under %s\n", n.get<long long>(),
+                    prefix.c_str());
   }
 }
 
@@ -197,8 +235,13 @@ void register_info(CLI::App& app) {
       DFLASH_CHECK(file_exists(path) || dir_exists(path), path, ": no such file or directory");
       out["path"] = path;
       const bool is_dir = dir_exists(path);
-      if (!is_dir || file_exists(path_join(path, "config.json"))) out["config"] = config_json(load_model_config(path));
-      if (is_dir && has_weights(path)) out["weights"] = weights_json(WeightStore::open(path));
+      std::vector<std::string> ignored;
+      if (!is_dir || file_exists(path_join(path, "config.json"))) {
+        const ModelConfig c = load_model_config(path);
+        out["config"] = config_json(c);
+        ignored = family_of(c.arch).names.ignored;
+      }
+      if (is_dir && has_weights(path)) out["weights"] = weights_json(WeightStore::open(path), ignored);
       DFLASH_CHECK(out.contains("config") || out.contains("weights"), path, ": no config.json and no .safetensors");
     }
     if (as_json) {

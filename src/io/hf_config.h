@@ -1,5 +1,6 @@
 // io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
-// defines: Arch, RopeScaling, AttentionSpec, LayerSpec, MoeConfig, ModelConfig, load_model_config,
+// defines: Arch, RopeScaling, AttentionSpec, TokenMixer, LayerSpec, MoeConfig, LinearAttnConfig, ModelConfig,
+//          load_model_config,
 //          parse_model_config, default_target_layer_ids, validate_target_layer_ids, kAutoMaskTokenId,
 //          validate_mask_token_id
 //
@@ -16,8 +17,13 @@
 namespace dflash {
 
 // The target families (io/model_family.h describes each).
-enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe };
-const char* arch_name(Arch a);  // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe"
+enum class Arch {
+  Llama, Qwen2, Qwen3, Qwen3Moe,
+  // hybrid linear-attention families (io/model_family_hybrid.cpp); the *Vl ones are the image-text checkpoints
+  // (Qwen3_5ForConditionalGeneration, ...) whose language model is read alone
+  Qwen3Next, Qwen3_5, Qwen3_5Vl, Qwen3_5Moe, Qwen3_5MoeVl,
+};
+const char* arch_name(Arch a);  // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", ...
 
 // rope_scaling of config.json. kind "none" = plain RoPE; "llama3" = Llama-3.1 frequency-dependent scaling
 // (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); "linear" = positions / factor.
@@ -36,6 +42,15 @@ struct AttentionSpec {
   bool bias = false;            // q/k/v projections with biases (Qwen2)
   bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3, Qwen3-MoE)
   int64_t sliding_window = 0;   // 0 = full causal attention
+  // Gated attention (Qwen3-Next, Qwen3.5: transformers' Qwen3NextAttention): q_proj yields per head [q (d) | gate (d)];
+  // the attention output is multiplied by sigmoid(gate) before o_proj.
+  bool output_gate = false;
+};
+
+// The token mixer of one target layer.
+enum class TokenMixer {
+  Attention,        // causal softmax attention (AttentionSpec)
+  LinearAttention,  // Gated DeltaNet (LinearAttnConfig; model/target/linear_attention.h)
 };
 
 // The channel mixer of one target layer.
@@ -46,7 +61,8 @@ enum class ChannelMixer {
 
 // One decoder layer of the target: h += token_mixer(RMSNorm_in(h)); h += channel_mixer(RMSNorm_post(h)).
 struct LayerSpec {
-  AttentionSpec attention;
+  TokenMixer mixer = TokenMixer::Attention;
+  AttentionSpec attention;      // mixer == Attention
   ChannelMixer mlp = ChannelMixer::Dense;
   int64_t mlp_width = 0;  // Dense: its intermediate size; MoE: each expert's (moe.expert_width)
 };
@@ -61,6 +77,21 @@ struct MoeConfig {
   bool norm_topk_prob = false;
   int64_t decoder_sparse_step = 1;     // layer l is MoE when (l + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;  // ... and l is not listed here (those are dense of intermediate_size)
+  // A shared expert beside the routed ones (Qwen3-Next, Qwen3.5-MoE: Qwen3NextSparseMoeBlock): every token also goes
+  // through a SwiGLU of this width, scaled by sigmoid(x Wsg^T) (Wsg [1, H]) and added. 0 = none.
+  int64_t shared_expert_width = 0;
+};
+
+// Gated DeltaNet keys (transformers' Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet; model/target/linear_attention.h).
+struct LinearAttnConfig {
+  int64_t num_key_heads = 0;     // nk (linear_num_key_heads)
+  int64_t num_value_heads = 0;   // nv (linear_num_value_heads), a multiple of nk
+  int64_t key_head_dim = 0;      // dk (linear_key_head_dim)
+  int64_t value_head_dim = 0;    // dv (linear_value_head_dim)
+  int64_t conv_kernel = 0;       // K (linear_conv_kernel_dim)
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels of the convolution: q, k, v
 };
 
 struct ModelConfig {
@@ -81,13 +112,22 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;       // q/k/v biases (Qwen2 always; Llama if attention_bias true)
   bool qk_norm = false;              // per-head RMSNorm on q and k (Qwen3, Qwen3-MoE)
+  // RoPE rotates the first rotary_dim dims of each head (partial_rotary_factor * head_dim; 0 = all of head_dim).
+  int64_t rotary_dim = 0;
+  // RMSNorm weights are zero-centred: y = norm(x) * (1 + w) (Qwen3-Next, Qwen3.5: the input, post-attention, final
+  // and q/k norms; not the gated norm of the linear-attention output).
+  bool zero_centred_norms = false;
   MoeConfig moe;
+  LinearAttnConfig linear_attn;      // layers whose mixer is LinearAttention
+  std::vector<uint8_t> linear_layers;  // hybrid families: 1 for each layer of layer_types "linear_attention"
   // The per-layer plan [num_hidden_layers], made by the family from the keys above (io/model_family.cpp). A config
   // built by hand with `layers` empty means every layer is dense attention + SwiGLU of intermediate_size with the
   // attention_bias / qk_norm flags (the Llama / Qwen2 / Qwen3 plan): see layer().
   std::vector<LayerSpec> layers;
   LayerSpec layer(int64_t l) const;
   bool has_moe() const;  // some layer's channel mixer is MoE
+  bool has_linear_attention() const;  // some layer's token mixer is LinearAttention (a hybrid target)
+  int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
   std::string torch_dtype = "bfloat16";

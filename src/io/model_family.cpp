@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "io/model_family_hybrid.h"
 
 namespace dflash {
 
@@ -93,6 +94,18 @@ const std::vector<ModelFamily>& model_families() {
       {Arch::Qwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3-MoE",
        "Qwen3-30B-A3B, Qwen3-Coder-30B-A3B-Instruct, Qwen3-235B-A22B", read_qwen3_moe, qwen3_moe_layer,
        nullptr, WeightNames{}},
+      // hybrid linear attention (io/model_family_hybrid.cpp)
+      {Arch::Qwen3Next, "qwen3_next", "Qwen3NextForCausalLM", "Qwen3-Next",
+       "Qwen3-Coder-Next, Qwen3-Next-80B-A3B", read_qwen3_next, qwen3_next_layer, nullptr, hybrid_names(false)},
+      {Arch::Qwen3_5, "qwen3_5_text", "Qwen3_5ForCausalLM", "Qwen3.5", "Qwen3.5 / Qwen3.6 dense, text only",
+       read_qwen3_5, qwen3_5_layer, nullptr, hybrid_names(false)},
+      {Arch::Qwen3_5Vl, "qwen3_5", "Qwen3_5ForConditionalGeneration", "Qwen3.5 (image-text checkpoint)",
+       "Qwen3.5-4B, Qwen3.5-9B, Qwen3.5-27B, Qwen3.6-27B", read_qwen3_5, qwen3_5_layer, nullptr, hybrid_names(true)},
+      {Arch::Qwen3_5Moe, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "Qwen3.5-MoE", "Qwen3.5 / Qwen3.6 MoE, text only",
+       read_qwen3_5_moe, qwen3_5_moe_layer, nullptr, hybrid_names(false)},
+      {Arch::Qwen3_5MoeVl, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3.5-MoE (image-text checkpoint)",
+       "Qwen3.5-35B-A3B, Qwen3.5-122B-A10B, Qwen3.6-35B-A3B", read_qwen3_5_moe, qwen3_5_moe_layer, nullptr,
+       hybrid_names(true)},
   };
   return families;
 }

@@ -28,6 +28,13 @@ struct WeightNames {
   std::string gate = "mlp.gate_proj.weight", up = "mlp.up_proj.weight", down = "mlp.down_proj.weight";
   std::string router = "mlp.gate.weight";
   std::string expert = "mlp.experts.";
+  // Hybrid families: the Gated DeltaNet's tensors are layer + "{l}." + linear_attn + in_proj_qkv.weight, ...
+  // (model/target/linear_attention.h); the shared expert's shared_expert + gate_proj.weight, ... and its gate.
+  std::string linear_attn = "linear_attn.";
+  std::string shared_expert = "mlp.shared_expert.", shared_expert_gate = "mlp.shared_expert_gate.weight";
+  // Prefixes of checkpoint tensors that are not the language model and are ignored by name (the vision tower and
+  // the multi-token-prediction head of the Qwen3.5 / Qwen3-Next checkpoints; `dflash info` counts them).
+  std::vector<std::string> ignored;
 };
 
 struct ModelFamily {

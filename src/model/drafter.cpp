@@ -53,6 +53,14 @@ DrafterConfig DrafterConfig::for_target(const ModelConfig& t, int64_t num_layers
   c.num_heads = t.num_attention_heads;
   c.num_kv_heads = t.num_key_value_heads;
   c.head_dim = t.head_dim;
+  if (t.has_linear_attention()) {
+    // A hybrid target's attention (head_dim 256, gated, partial rotary) is no model for a Qwen3-style draft layer:
+    // the published drafters of Qwen3.5 / Qwen3.6 / Qwen3-Coder-Next use 32 heads of 128, with 8 kv heads for the
+    // dense targets and 4 for the MoE ones (z-lab/Qwen3.5-4B/27B-DFlash, Qwen3.5-35B-A3B-DFlash: SpecForge configs/).
+    c.num_heads = 32;
+    c.head_dim = 128;
+    c.num_kv_heads = t.has_moe() ? 4 : 8;
+  }
   c.vocab_size = t.vocab_size;
   c.block_size = block_size;
   c.target_layer_ids = std::move(layer_ids);

@@ -52,7 +52,9 @@ struct DrafterConfig {
   // follow validate_target_layer_ids (io/hf_config.h: distinct, ascending, in [0, num_target_layers)).
   void validate() const;
   // A drafter shaped like the target's layers (H, heads, d, rope, eps from the target), spec 1 defaults. Its MLP
-  // width (default_intermediate_size) is the target's dense width, or 3 H for a target with MoE layers.
+  // width (default_intermediate_size) is the target's dense width, or 3 H for a target with MoE layers. For a hybrid
+  // linear-attention target (Qwen3-Next, Qwen3.5) the heads are the published drafters': 32 of 128, kv 8 (dense) or
+  // 4 (MoE); the rope stays full-width with the target's theta (no partial rotary in the drafter).
   static DrafterConfig for_target(const ModelConfig& target, int64_t num_layers, int64_t block_size,
                                   std::vector<int64_t> layer_ids, int32_t mask_token_id);
 };
