@@ -3,7 +3,7 @@
 // partial RoPE), the families' configs (published shapes, image-text checkpoints, refusals), the four goldens of
 // transformers 5.17 (150 tokens, past two chunks of 64: every layer, the logits, the KV/state-cached decode, the
 // experts chosen) in fp32 and fp64, the recurrent state's rollback, speculative decoding = the target's greedy
-// output, batched generation, and `dflash info` / `capture` on them.
+// output, batched generation, and `dflash info` / `capture` / `train` / `eval` on them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -25,6 +25,7 @@
 #include "model/drafter.h"
 #include "model/target.h"
 #include "test_util.h"
+#include "train_fixtures.h"
 
 using namespace dflash;
 using nlohmann::json;
@@ -572,4 +573,53 @@ TEST(HybridEndToEnd, CaptureWritesHfHiddenStates) {
     EXPECT_LT(rel_err(to_f64(f->view("row_0.logits")), to_f64(g->view("logits"))), 3e-5) << name;
   }
   std::filesystem::remove_all(tmp);
+}
+
+// Training on the tiny hybrid targets (dense Qwen3.5 and MoE Qwen3-Next), its export, and `dflash eval` with that
+// drafter (teacher forcing and real speculative decoding through the rolled-back state): the loss falls, two target +
+// two drafter workers give the one-worker run's losses, the exported drafter is the published hybrid shape (32 heads
+// of 128), and speculative decoding reproduces the target's greedy decode on every sample.
+TEST(HybridPipeline, TrainExportAndEvalDenseAndMoe) {
+  const std::string root = test::train_tmpdir("hybridpipe");
+  const std::string data = test::make_train_data(root);
+  for (const char* name : {"target_qwen3_5", "target_qwen3_next"}) {
+    TrainConfig one = test::tiny_train_config(root, data);
+    one.target_dir = golden_dir(name);
+    one.max_steps = 10;
+    one.out_dir = cat(root, "/", name, "_one");
+    one.export_at_end = true;
+    train(one);
+    const auto m1 = test::read_metrics_jsonl(one.out_dir);
+    ASSERT_EQ(m1.size(), 10u) << name;
+    EXPECT_LT(m1.back()["loss"].get<double>(), m1.front()["loss"].get<double>()) << name;
+    const json ex = json::parse(read_file(one.out_dir + "/export/config.json"));
+    EXPECT_EQ(ex["num_attention_heads"].get<int64_t>(), 32) << name;
+    EXPECT_EQ(ex["head_dim"].get<int64_t>(), 128) << name;
+    EXPECT_EQ(ex["dflash_config"]["target_layer_ids"], json({1, 2})) << name;
+    if (std::string(name) == "target_qwen3_next") {  // MoE: 2 + 2 workers = 1 worker
+      TrainConfig two = one;
+      two.export_at_end = false;
+      two.targets = "2";
+      two.drafters = "2";
+      two.out_dir = cat(root, "/", name, "_two");
+      train(two);
+      const auto m2 = test::read_metrics_jsonl(two.out_dir);
+      ASSERT_EQ(m2.size(), 10u);
+      for (size_t i = 0; i < 10; ++i)
+        EXPECT_LE(std::fabs(m1[i]["loss"].get<double>() - m2[i]["loss"].get<double>()),
+                  1e-5 * std::fabs(m1[i]["loss"].get<double>()))
+            << "step " << i + 1;
+    }
+    const std::string rep = cat(root, "/", name, "_eval.json");
+    const int rc = test::run_binary({DFLASH_BINARY, "eval", "--target", one.target_dir, "--drafter",
+                                     one.out_dir + "/export", "--data", data, "--mode", "both", "--max-samples", "6",
+                                     "--json", rep, "--no-progress"},
+                                    nullptr, root + "/eval.log");
+    ASSERT_EQ(rc, 0) << read_file(root + "/eval.log");
+    const json r = json::parse(read_file(rep));
+    EXPECT_EQ(r["evaluated"].get<int64_t>(), 6) << name;
+    EXPECT_EQ(r["lossless_mismatches"].get<int64_t>(), 0) << name << ": speculative decoding differs from greedy";
+    EXPECT_GE(r["generated"]["tau"].get<double>(), 1.0) << name;
+  }
+  std::filesystem::remove_all(root);
 }

@@ -45,15 +45,30 @@ std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
              c.moe.shared_expert_width > 0 ? cat(" + shared expert of width ", c.moe.shared_expert_width) : "");
 }
 
-// The plan as runs of equal consecutive layers: [{"layers": "0-1", "plan": "..."}, ...].
+// The plan as runs of equal consecutive layers: [{"layers": "0-1", "plan": "..."}, ...]. A plan that repeats with a
+// short period (hybrid models: 3 linear-attention layers, then one attention layer) and would take more than 6 runs
+// is shown for one period, as runs of the layer index modulo the period: "0-2 of every 4".
 ojson plan_json(const ModelConfig& c) {
-  ojson runs = ojson::array();
-  int64_t start = 0;
-  for (int64_t l = 1; l <= c.num_hidden_layers; ++l) {
-    const std::string cur = layer_text(c, c.layer(start));
-    if (l < c.num_hidden_layers && layer_text(c, c.layer(l)) == cur) continue;
-    runs.push_back({{"layers", l - 1 == start ? std::to_string(start) : cat(start, "-", l - 1)}, {"plan", cur}});
-    start = l;
+  const int64_t L = c.num_hidden_layers;
+  std::vector<std::string> text(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) text[static_cast<size_t>(l)] = layer_text(c, c.layer(l));
+  auto runs_of = [&](int64_t n, const std::string& suffix) {
+    ojson runs = ojson::array();
+    int64_t start = 0;
+    for (int64_t l = 1; l <= n; ++l) {
+      if (l < n && text[static_cast<size_t>(l)] == text[static_cast<size_t>(start)]) continue;
+      runs.push_back({{"layers", (l - 1 == start ? std::to_string(start) : cat(start, "-", l - 1)) + suffix},
+                      {"plan", text[static_cast<size_t>(start)]}});
+      start = l;
+    }
+    return runs;
+  };
+  ojson runs = runs_of(L, "");
+  if (runs.size() <= 6) return runs;
+  for (int64_t p = 2; p <= 8 && 2 * p <= L; ++p) {
+    bool periodic = true;
+    for (int64_t l = p; l < L && periodic; ++l) periodic = text[static_cast<size_t>(l)] == text[static_cast<size_t>(l % p)];
+    if (periodic) return runs_of(p, cat(" of every ", p));
   }
   return runs;
 }
