@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "model/drafter.h"
 #include "model/target.h"
+#include "decode_fixtures.h"
 #include "test_util.h"
 #include "train_fixtures.h"
 
@@ -147,7 +148,7 @@ TEST(HybridOps, GatedDeltaRuleMatchesTheMatrixFormAndRunsInPieces) {
     beta.ptr<double>()[i] = sigmoid(beta.ptr<double>()[i]);
   }
   Tensor out = cpu_empty(DType::F64, {T, nv, dv});
-  ctx->gated_delta_rule({qkv, g, beta, Tensor{}, nk, dk, nv, dv}, out);
+  ctx->gated_delta_rule({qkv, g, beta, Tensor{}, nk, dk, nv, dv, {}}, out);
   const std::vector<double> want = delta_rule_reference(qkv, g, beta, nk, dk, nv, dv, nullptr);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(out.ptr<double>()[i], want[i], 1e-13) << i;
   // pieces 0..3, 3..4, 4..9 from a non-zero start state
@@ -156,11 +157,22 @@ TEST(HybridOps, GatedDeltaRuleMatchesTheMatrixFormAndRunsInPieces) {
   const std::vector<double> want2 = delta_rule_reference(qkv, g, beta, nk, dk, nv, dv, &ref_state);
   Tensor out2 = cpu_empty(DType::F64, {T, nv, dv});
   for (auto [b, e] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 4}, {4, 9}})
-    ctx->gated_delta_rule({qkv.slice(b, e), g.slice(b, e), beta.slice(b, e), st, nk, dk, nv, dv}, out2.slice(b, e));
+    ctx->gated_delta_rule({qkv.slice(b, e), g.slice(b, e), beta.slice(b, e), st, nk, dk, nv, dv, {}},
+                          out2.slice(b, e));
   for (size_t i = 0; i < want2.size(); ++i) EXPECT_NEAR(out2.ptr<double>()[i], want2[i], 1e-13) << i;
   const std::vector<double> got_state = to_f64(st);
   for (size_t i = 0; i < ref_state.size(); ++i) EXPECT_NEAR(got_state[i], ref_state[i], 1e-13) << i;
-  EXPECT_THROW(ctx->gated_delta_rule({qkv, g, beta, Tensor{}, 3, dk, nv, dv}, out), Error);  // nv % nk != 0
+  EXPECT_THROW(ctx->gated_delta_rule({qkv, g, beta, Tensor{}, 3, dk, nv, dv, {}}, out), Error);  // nv % nk != 0
+  // several sequences in one call (seqs): each from zeros, as three calls would run them
+  Tensor out3 = cpu_empty(DType::F64, {T, nv, dv});
+  ctx->gated_delta_rule({qkv, g, beta, Tensor{}, nk, dk, nv, dv, {0, 4, 4, 9}}, out3);
+  Tensor out4 = cpu_empty(DType::F64, {T, nv, dv});
+  for (auto [b, e] : std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 9}})
+    ctx->gated_delta_rule({qkv.slice(b, e), g.slice(b, e), beta.slice(b, e), Tensor{}, nk, dk, nv, dv, {}},
+                          out4.slice(b, e));
+  EXPECT_EQ(to_f64(out3), to_f64(out4));
+  EXPECT_THROW(ctx->gated_delta_rule({qkv, g, beta, st, nk, dk, nv, dv, {0, 4, 9}}, out3), Error);  // no state
+  EXPECT_THROW(ctx->gated_delta_rule({qkv, g, beta, Tensor{}, nk, dk, nv, dv, {0, 4, 8}}, out3), Error);  // != T
 }
 
 // Zero-centred RMSNorm x rstd (1 + w), the gated norm x rstd w silu(z), and sigmoid_gate per element and per row.
@@ -462,7 +474,6 @@ TEST(HybridEndToEnd, SpeculativeDecodingIsLosslessAndBatchingChangesNothing) {
   auto ctx = make_context("cpu", {.threads = 2});
   for (const char* name : {"target_qwen3_5", "target_qwen3_next", "target_qwen3_5_moe"}) {
     auto target = Target::load(golden_dir(name), *ctx);
-    const ModelConfig& cfg = target->config();
     Rng rng(23, RngPurpose::Test);
     std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i < 3; ++i) {
@@ -470,45 +481,13 @@ TEST(HybridEndToEnd, SpeculativeDecodingIsLosslessAndBatchingChangesNothing) {
       for (int t = 0; t < 10 + 7 * i; ++t) p.push_back(static_cast<int32_t>(rng.below(500)));
       prompts.push_back(p);
     }
-    std::vector<std::vector<int32_t>> by1(3), by3(3);
-    for (int64_t bs : {1, 3}) {
-      DecodeOptions o;
-      o.max_new_tokens = 40;
-      o.batch_size = bs;
-      size_t next = 0;
-      generate_batched(
-          *ctx, *target, o,
-          [&](GenerationRequest* q) {
-            if (next >= prompts.size()) return false;
-            q->row = next;
-            q->prompt = prompts[next++];
-            return true;
-          },
-          [&](GenerationResult&& g) { (bs == 1 ? by1 : by3)[g.row] = g.ids; });
-    }
-    EXPECT_EQ(by1, by3) << name << ": batched greedy decoding differs from one sequence at a time";
-    DrafterConfig dc = DrafterConfig::for_target(cfg, 1, 4, {1, 2}, 511);
-    Drafter dr(*ctx, dc, 5, 0.02);
+    const auto by1 = test::greedy_generate(*ctx, *target, prompts, 40, 1);
+    EXPECT_EQ(by1, test::greedy_generate(*ctx, *target, prompts, 40, 3))
+        << name << ": batched greedy decoding differs from one sequence at a time";
+    Drafter dr(*ctx, DrafterConfig::for_target(target->config(), 1, 4, {1, 2}, 511), 5, 0.02);
     DFlashDraftModel dm(dr, *target, 8);
-    int64_t rejected = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      std::vector<int32_t> toks = prompts[i];
-      toks.insert(toks.end(), by1[i].begin(), by1[i].end());
-      std::vector<uint8_t> mask(prompts[i].size(), 0);
-      mask.resize(toks.size(), 1);
-      const ResponseSpan r = response_span(mask);
-      const std::vector<int32_t> no_eos;
-      ResponseTau gen = generated_tau(*ctx, *target, dm, toks, r, no_eos);
-      ResponseTau base = target_greedy_decode(*ctx, *target, toks, r, no_eos);
-      ResponseTau tf = teacher_forced_tau(*ctx, *target, dm, toks, r);
-      EXPECT_EQ(gen.tokens, base.tokens) << name << " sample " << i << ": speculative decoding is not lossless";
-      ASSERT_EQ(tf.cycles.size(), gen.cycles.size()) << name << " sample " << i;
-      for (size_t c = 0; c < tf.cycles.size(); ++c) {
-        EXPECT_EQ(tf.cycles[c].accepted, gen.cycles[c].accepted);
-        rejected += gen.cycles[c].accepted < static_cast<int32_t>(gen.cycles[c].drafts.size());
-      }
-    }
-    EXPECT_GT(rejected, 0) << name << ": no cycle rolled the state back";
+    EXPECT_GT(test::expect_lossless_speculative(*ctx, *target, dm, prompts, by1, name), 0)
+        << name << ": no cycle rolled the state back";
   }
 }
 

@@ -22,6 +22,7 @@
 #include "io/safetensors.h"
 #include "model/drafter.h"
 #include "model/target.h"
+#include "decode_fixtures.h"
 #include "test_util.h"
 
 using namespace dflash;
@@ -328,42 +329,14 @@ TEST(MoeEndToEnd, SpeculativeDecodingAndBatchedGenerationThroughTheMoeCache) {
     for (int t = 0; t < 12 + 5 * i; ++t) p.push_back(static_cast<int32_t>(rng.below(500)));
     prompts.push_back(p);
   }
-  std::vector<std::vector<int32_t>> by1(3), by3(3);
-  for (int64_t bs : {1, 3}) {
-    DecodeOptions o;
-    o.max_new_tokens = 24;
-    o.batch_size = bs;
-    size_t next = 0;
-    generate_batched(
-        *ctx, *target, o,
-        [&](GenerationRequest* q) {
-          if (next >= prompts.size()) return false;
-          q->row = next;
-          q->prompt = prompts[next++];
-          return true;
-        },
-        [&](GenerationResult&& g) { (bs == 1 ? by1 : by3)[g.row] = g.ids; });
-  }
-  EXPECT_EQ(by1, by3) << "batched greedy decoding differs from one sequence at a time";
+  const auto by1 = test::greedy_generate(*ctx, *target, prompts, 24, 1);
+  EXPECT_EQ(by1, test::greedy_generate(*ctx, *target, prompts, 24, 3))
+      << "batched greedy decoding differs from one sequence at a time";
   DrafterConfig dc = DrafterConfig::for_target(cfg, 1, 4, {1, 2}, 511);
   EXPECT_EQ(dc.intermediate_size, 3 * cfg.hidden_size);
   Drafter dr(*ctx, dc, 5, 0.02);
   DFlashDraftModel dm(dr, *target, 8);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::vector<int32_t> toks = prompts[i];
-    toks.insert(toks.end(), by1[i].begin(), by1[i].end());
-    std::vector<uint8_t> mask(prompts[i].size(), 0);
-    mask.resize(toks.size(), 1);
-    const ResponseSpan r = response_span(mask);
-    const std::vector<int32_t> no_eos;
-    ResponseTau tf = teacher_forced_tau(*ctx, *target, dm, toks, r);
-    ResponseTau gen = generated_tau(*ctx, *target, dm, toks, r, no_eos);
-    ResponseTau base = target_greedy_decode(*ctx, *target, toks, r, no_eos);
-    EXPECT_EQ(gen.tokens, base.tokens) << "sample " << i << ": speculative decoding is not lossless";
-    ASSERT_EQ(tf.cycles.size(), gen.cycles.size()) << "sample " << i;
-    for (size_t c = 0; c < tf.cycles.size(); ++c) EXPECT_EQ(tf.cycles[c].accepted, gen.cycles[c].accepted);
-    EXPECT_EQ(tf.tau(), gen.tau());
-  }
+  test::expect_lossless_speculative(*ctx, *target, dm, prompts, by1, "qwen3_moe");
 }
 
 // dflash capture writes HF's output_hidden_states of the golden (the embedding, every layer, the final norm), the

@@ -119,6 +119,10 @@ struct GatedDeltaArgs {
   Tensor state;  // [nv, dk, dv]: the state before token 0, replaced by the state after token T-1; undefined:
                  // start from zeros and drop the final state (a prefill without a cache)
   int64_t nk = 0, dk = 0, nv = 0, dv = 0;
+  // Optional: the T rows are several independent sequences, rows [seqs[i], seqs[i+1]) (seqs[0] = 0, ascending,
+  // seqs.back() = T), each from a zero state (state must be undefined): a packed prefill in one call (CUDA: one
+  // launch for all of them). Empty: one sequence.
+  std::vector<int64_t> seqs;
 };
 
 // One sequence of Context::attention_causal_batch: queries = rows [begin, end) of the batch's q / out, at positions

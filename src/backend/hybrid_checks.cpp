@@ -86,6 +86,14 @@ int64_t check_gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out, DType
            cat(pt, " [", a.nv, ", ", a.dk, ", ", a.dv, "]"));
   expect(out.defined() && out.dtype == act && out.numel() == T * a.nv * a.dv, op, "out", out,
          cat(dtype_name(act), " [", T, ", ", a.nv, ", ", a.dv, "]"));
+  if (!a.seqs.empty()) {
+    DFLASH_CHECK(!a.state.defined(), op, ": several sequences (seqs) start from zero states; state must be undefined");
+    DFLASH_CHECK(a.seqs.size() >= 2 && a.seqs.front() == 0 && a.seqs.back() == T, op, ": seqs must run from 0 to T = ",
+                 T, " (", a.seqs.size(), " offsets given)");
+    for (size_t i = 1; i < a.seqs.size(); ++i)
+      DFLASH_CHECK(a.seqs[i] >= a.seqs[i - 1], op, ": seqs not ascending at ", i, " (", a.seqs[i - 1], ", ",
+                   a.seqs[i], ")");
+  }
   return T;
 }
 

@@ -547,6 +547,10 @@ TEST(CudaOps, AttentionCausal) {
     causal_case(700, 700, 16, 4, 128);
     causal_case(16, 3000, 32, 8, 128);
     causal_case(100, 100, 4, 2, 256);
+    // the hybrid targets' gated attention: head dim 256 on the mma.sync forward (Qwen3.5-9B: 16 / 4 heads; decode)
+    causal_case(1024, 1024, 16, 4, 256);
+    causal_case(1, 300, 16, 2, 256);
+    causal_batch_case({300, 1, 129}, {0, 40, 0}, 16, 2, 256);
     causal_case(200, 230, 6, 2, 128);  // 42-query tiles (as above)
     causal_case(40, 40, 96, 1, 128);   // 96 query heads on one kv head: 1-query tiles of 96 rows
     // one query head per kv head: 128-query tiles, on each diagonal consumer 0's keys end in the tile's first 64
@@ -1296,7 +1300,7 @@ TEST(CudaOps, HybridCausalConv) {
 namespace {
 // The gated delta rule on T tokens (nk x dk keys, nv x dv values), from zeros and from a random state; the chunked
 // kernel's bf16 operands (normalised q, k, T, W, P, V', S) make its outputs an Nmse comparison.
-void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv) {
+void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv, std::vector<int64_t> seqs = {}) {
   const int64_t C = 2 * nk * dk + nv * dv;
   const bool chunked = dk == 128 && dv == 128 && T >= 64;
   const Tensor qkv = rnd({T, C}, 321);
@@ -1306,14 +1310,25 @@ void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv)
   const Tensor st = rnd({nv, dk, dv}, 324, 0.2);
   const Kind k = chunked ? Kind::Nmse : Kind::TwoX;
   const double nt = 2e-4;  // Nmse: several bf16 operand roundings (about 1e-5 each)
+  if (!seqs.empty()) {  // several sequences in one call (a packed prefill), each from zeros
+    check_case(cat("gated_delta_rule T", T, " nk", nk, " dk", dk, " nv", nv, " dv", dv, " in ", seqs.size() - 1,
+                   " sequences", chunked ? " (chunked)" : ""),
+               {{"out", k, true, double(dk), nt}}, [&](Context& c) {
+                 Tensor o = nan_out(c, {T, nv, dv});
+                 c.gated_delta_rule({put(c, qkv), put(c, g, false), put(c, beta, false), Tensor{}, nk, dk, nv, dv, seqs},
+                                    o);
+                 return Outs{get(c, o)};
+               });
+    return;
+  }
   check_case(cat("gated_delta_rule T", T, " nk", nk, " dk", dk, " nv", nv, " dv", dv, chunked ? " (chunked)" : ""),
              {{"out from zeros", k, true, double(dk), nt}, {"out from state", k, true, double(dk), nt},
               {"state after", k, false, double(T), nt}},
              [&](Context& c) {
                const Tensor qd = put(c, qkv), gd = put(c, g, false), bd = put(c, beta, false);
                Tensor o0 = nan_out(c, {T, nv, dv}), o1 = nan_out(c, {T, nv, dv}), s = put(c, st, false);
-               c.gated_delta_rule({qd, gd, bd, Tensor{}, nk, dk, nv, dv}, o0);
-               c.gated_delta_rule({qd, gd, bd, s, nk, dk, nv, dv}, o1);
+               c.gated_delta_rule({qd, gd, bd, Tensor{}, nk, dk, nv, dv, {}}, o0);
+               c.gated_delta_rule({qd, gd, bd, s, nk, dk, nv, dv, {}}, o1);
                return Outs{get(c, o0), get(c, o1), get(c, s)};
              });
 }
@@ -1324,7 +1339,9 @@ TEST(CudaOps, HybridGatedDeltaRule) {
   gated_delta_case(1, 2, 128, 4, 128);  // recurrent: a decode step
   gated_delta_case(16, 1, 128, 2, 128); // recurrent: a verify block
   gated_delta_case(130, 1, 128, 2, 128);  // chunked: 3 chunks, the last of 2 tokens
+  gated_delta_case(130, 1, 128, 2, 128, {0, 70, 71, 71, 130});  // chunked: 4 sequences (one of 1 token, one empty)
   if (kEmu) return;
+  gated_delta_case(4 * 3072, 16, 128, 32, 128, {0, 3072, 6144, 9216, 12288});  // the benchmark's packed prefill
   gated_delta_case(64, 2, 128, 2, 128);     // chunked: exactly one chunk
   gated_delta_case(1000, 4, 128, 8, 128);   // chunked: 16 chunks, 2 value heads per key head
   gated_delta_case(3072, 16, 128, 32, 128); // chunked: Qwen3.5-9B's heads at the benchmark's length

@@ -31,7 +31,25 @@ void gdn_gate(ThreadPool& tp, const Tensor& ba, const Tensor& A_log, const Tenso
   });
 }
 
+namespace {
+void one_sequence(ThreadPool& tp, const GatedDeltaArgs& a, const Tensor& out, int64_t Tn);
+}  // namespace
+
 void gated_delta_rule(ThreadPool& tp, const GatedDeltaArgs& a, const Tensor& out, int64_t Tn) {
+  if (a.seqs.empty()) {
+    one_sequence(tp, a, out, Tn);
+    return;
+  }
+  for (size_t i = 0; i + 1 < a.seqs.size(); ++i) {  // independent sequences, each from zeros
+    const int64_t b = a.seqs[i], e = a.seqs[i + 1];
+    if (e == b) continue;
+    GatedDeltaArgs s{a.qkv.slice(b, e), a.g.slice(b, e), a.beta.slice(b, e), Tensor{}, a.nk, a.dk, a.nv, a.dv, {}};
+    one_sequence(tp, s, out.slice(b, e), e - b);
+  }
+}
+
+namespace {
+void one_sequence(ThreadPool& tp, const GatedDeltaArgs& a, const Tensor& out, int64_t Tn) {
   dispatch_float("gated_delta_rule", a.qkv.dtype, [&](auto tag) {
     using T = decltype(tag);
     const int64_t nk = a.nk, dk = a.dk, nv = a.nv, dv = a.dv, rep = nv / nk, C = 2 * nk * dk + nv * dv;
@@ -88,5 +106,6 @@ void gated_delta_rule(ThreadPool& tp, const GatedDeltaArgs& a, const Tensor& out
     });
   });
 }
+}  // namespace
 
 }  // namespace dflash::cpu

@@ -22,8 +22,11 @@
 //  5. S to bf16 in shared memory; V' = U + (-W) S; O = exp(gc) (Q S) + P V' written out; S <- exp(gc_63) S + K^T V'd.
 // Warps split the 64 x 128 products as 4 row groups of 16 x 2 column halves of 64. Shared memory: 164 KB (1 CTA/SM).
 // Roundings (as flash-linear-attention): normalised q, k, the scaled T, W, P, V' and S as bf16 operands; every sum in
-// fp32. Parallelism: one CTA per value head and sequence (a batch's prefill runs its sequences one after another:
-// nv CTAs each); the sequential dependence is only the state between chunks.
+// fp32. Parallelism: one CTA per value head and sequence (a packed prefill's sequences in one launch: GatedDeltaArgs
+// seqs, grid nv x sequences); the sequential dependence is only the state between chunks.
+#include <algorithm>
+#include <vector>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/mma_sync.cuh"
 
@@ -52,15 +55,17 @@ constexpr int kOffX = kOffU + kUnion;  // fp32 scratch of the off-diagonal block
 constexpr int kOffG = kOffX + 3 * 256 * 4;
 constexpr int kSmem = kOffG + 2 * kC * 4;
 
+constexpr int kMaxSeqs = 32;  // sequences per launch (blockIdx.y)
+
 struct ChunkParams {
   const bf16* qkv;  // [T, C]
   const float* g;   // [T, nv]
   const float* beta;
-  float* state;     // [nv, 128, 128] or null
+  float* state;     // [nv, 128, 128] or null (only with one sequence)
   bf16* out;        // [T, nv, 128]
-  int64_t T;
   int nk, nv;
   int64_t C;
+  int64_t offs[kMaxSeqs + 1];  // sequence s of this launch: rows offs[s] .. offs[s + 1] - 1
 };
 
 // acc[NT][4] += A (16 rows from a_row0 of a row-major tile, K columns) x B (K rows, 8 NT columns from n0):
@@ -72,15 +77,14 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const bf16* a, int
   DFLASH_UNROLL
   for (int k0 = 0; k0 < K; k0 += 16) {
     uint32_t af[4];
-    mma::ldsm_x4(af, a + (a_row0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+    mma::load_a(af, a, lda, a_row0, k0, lane);
     DFLASH_UNROLL
     for (int nt = 0; nt < NT; nt += 2) {
       uint32_t bf[4];
-      const int n = n0 + nt * 8;
       if (B_KMAJOR) {
-        mma::ldsm_x4_t(bf, b + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n + (lane >> 4) * 8);
+        mma::load_b(bf, b, ldb, k0, n0 + nt * 8, lane);
       } else {
-        mma::ldsm_x4(bf, b + (n + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8);
+        mma::load_bt(bf, b, ldb, n0 + nt * 8, k0, lane);
       }
       mma::mma16816(acc[nt], af, bf[0], bf[1]);
       mma::mma16816(acc[nt + 1], af, bf[2], bf[3]);
@@ -114,6 +118,11 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
   const int h = blockIdx.x, kh = h / (p.nv / p.nk);
+  const int64_t row0 = p.offs[blockIdx.y], T = p.offs[blockIdx.y + 1] - row0;
+  const bf16* qkv = p.qkv + row0 * p.C;
+  const float* G = p.g + row0 * p.nv;
+  const float* Beta = p.beta + row0 * p.nv;
+  bf16* out = p.out + row0 * p.nv * kD;
   const int rg = warp & 3, ch = warp >> 2;  // 64-row products: rows 16 rg, column half ch
   const int64_t qcol = static_cast<int64_t>(kh) * kD, kcol = static_cast<int64_t>(p.nk) * kD + qcol;
   const int64_t vcol = 2 * static_cast<int64_t>(p.nk) * kD + static_cast<int64_t>(h) * kD;
@@ -129,14 +138,14 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
       S[nt][e] = p.state ? p.state[(static_cast<int64_t>(h) * kD + r) * kD + c] : 0.f;
     }
 
-  for (int64_t t0 = 0; t0 < p.T; t0 += kC) {
-    const int L = static_cast<int>(p.T - t0 < kC ? p.T - t0 : kC);
+  for (int64_t t0 = 0; t0 < T; t0 += kC) {
+    const int L = static_cast<int>(T - t0 < kC ? T - t0 : kC);
     // ---- 1. inputs --------------------------------------------------------------------------------------------
     for (int i = tid; i < kC * (kD / 8); i += kThreads) {
       const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
       uint4 q{0, 0, 0, 0}, k = q, v = q;
       if (r < L) {
-        const bf16* row = p.qkv + (t0 + r) * p.C;
+        const bf16* row = qkv + (t0 + r) * p.C;
         q = *reinterpret_cast<const uint4*>(row + qcol + c);
         k = *reinterpret_cast<const uint4*>(row + kcol + c);
         v = *reinterpret_cast<const uint4*>(row + vcol + c);
@@ -146,8 +155,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
       *reinterpret_cast<uint4*>(sV + r * LD + c) = v;
     }
     if (tid < kC) {
-      sG[tid] = tid < L ? p.g[(t0 + tid) * p.nv + h] : 0.f;
-      sB[tid] = tid < L ? p.beta[(t0 + tid) * p.nv + h] : 0.f;
+      sG[tid] = tid < L ? G[(t0 + tid) * p.nv + h] : 0.f;
+      sB[tid] = tid < L ? Beta[(t0 + tid) * p.nv + h] : 0.f;
     }
     __syncthreads();
     for (int r = warp; r < 2 * kC; r += kWarps) {  // l2-normalise q (then / sqrt(dk)) and k rows, in place
@@ -292,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
         for (int hf = 0; hf < 2; ++hf) {
           const int i = 16 * rg + g4 + hf * 8, j = 64 * ch + 8 * nt + 2 * t4;
           if (i < L)
-            *reinterpret_cast<uint32_t*>(p.out + ((t0 + i) * p.nv + h) * kD + j) =
+            *reinterpret_cast<uint32_t*>(out + ((t0 + i) * p.nv + h) * kD + j) =
                 mma::pack_bf16(o[nt][2 * hf], o[nt][2 * hf + 1]);
         }
     }
@@ -305,11 +314,11 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
     DFLASH_UNROLL
     for (int k0 = 0; k0 < kC; k0 += 16) {
       uint32_t af[4];
-      mma::ldsm_x4_t(af, sK + (k0 + (lane & 7) + ((lane >> 4) & 1) * 8) * LD + 16 * warp + ((lane >> 3) & 1) * 8);
+      mma::load_at(af, sK, LD, 16 * warp, k0, lane);
       DFLASH_UNROLL
       for (int nt = 0; nt < 16; nt += 2) {
         uint32_t bf[4];
-        mma::ldsm_x4_t(bf, sVD + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + nt * 8 + (lane >> 4) * 8);
+        mma::load_b(bf, sVD, LD, k0, nt * 8, lane);
         mma::mma16816(S[nt], af, bf[0], bf[1]);
         mma::mma16816(S[nt + 1], af, bf[2], bf[3]);
       }
@@ -336,11 +345,18 @@ bool gated_delta_chunk_applies(const Env& e, const GatedDeltaArgs& a, int64_t T)
 void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T) {
   DFLASH_CHECK(e.smem_limit >= kSmem, "gated_delta_rule (cuda): the chunked kernel needs ", kSmem,
                " bytes of shared memory per block, the device allows ", e.smem_limit);
-  ChunkParams p{static_cast<bf16*>(a.qkv.data), a.g.ptr<float>(), a.beta.ptr<float>(),
-                a.state.defined() ? a.state.ptr<float>() : nullptr, static_cast<bf16*>(out.data), T, static_cast<int>(a.nk),
-                static_cast<int>(a.nv), a.qkv.shape[1]};
-  DFLASH_LAUNCH(static_cast<unsigned>(a.nv), kThreads, kSmem, e.stream, k_gdr_chunk)(p);
-  check_launch("gated_delta_rule (chunked)");
+  const std::vector<int64_t> seqs = a.seqs.empty() ? std::vector<int64_t>{0, T} : a.seqs;
+  const int64_t n = static_cast<int64_t>(seqs.size()) - 1;
+  for (int64_t s0 = 0; s0 < n; s0 += kMaxSeqs) {  // a grid row per sequence, up to kMaxSeqs per launch
+    const int64_t ns = std::min<int64_t>(kMaxSeqs, n - s0);
+    ChunkParams p{static_cast<const bf16*>(a.qkv.data), a.g.ptr<float>(), a.beta.ptr<float>(),
+                  a.state.defined() ? a.state.ptr<float>() : nullptr, static_cast<bf16*>(out.data),
+                  static_cast<int>(a.nk), static_cast<int>(a.nv), a.qkv.shape[1], {}};
+    for (int64_t i = 0; i <= ns; ++i) p.offs[i] = seqs[static_cast<size_t>(s0 + i)];
+    const dim3 grid(static_cast<unsigned>(a.nv), static_cast<unsigned>(ns));
+    DFLASH_LAUNCH(grid, kThreads, kSmem, e.stream, k_gdr_chunk)(p);
+    check_launch("gated_delta_rule (chunked)");
+  }
 }
 
 void gated_delta_init_attributes(int smem_optin) {

@@ -73,6 +73,16 @@ void gated_delta_rule(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_
     gated_delta_chunk(e, a, out, T);
     return;
   }
+  if (!a.seqs.empty()) {  // several sequences: one recurrent launch each, from zeros
+    for (size_t i = 0; i + 1 < a.seqs.size(); ++i) {
+      const int64_t b = a.seqs[i], n = a.seqs[i + 1] - b;
+      if (n == 0) continue;
+      GatedDeltaArgs s{a.qkv.slice(b, b + n), a.g.slice(b, b + n), a.beta.slice(b, b + n), Tensor{}, a.nk, a.dk,
+                       a.nv, a.dv, {}};
+      gated_delta_rule(e, s, out.slice(b, b + n), n);
+    }
+    return;
+  }
   const int nk = static_cast<int>(a.nk), dk = static_cast<int>(a.dk), nv = static_cast<int>(a.nv),
             dv = static_cast<int>(a.dv);
   const size_t smem = static_cast<size_t>(dk * 32 + 2 * dk) * sizeof(float);

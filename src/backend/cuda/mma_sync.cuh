@@ -8,7 +8,7 @@
 //   of it (.trans: of its transpose, i.e. rows 2t, 2t+1, column g).
 // On the kernel emulator (DFLASH_CUDA_EMU; tests/cuda/emu) the same functions are computed from those layouts with
 // warp shuffles, so kernels written with them run and are checked on a machine without a GPU.
-// defines: ldsm_x4, ldsm_x4_t, mma16816, pack_bf16
+// defines: ldsm_x4, ldsm_x4_t, mma16816, pack_bf16, load_a, load_at, load_bt, load_b
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -108,5 +108,25 @@ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
 }
 
 #endif
+
+// A fragments of the 16 x 16 block at rows row0.., columns c0.. of a row-major bf16 tile in shared memory (row stride
+// ld elements, rows 16-byte aligned).
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int ld, int row0, int c0, int lane) {
+  ldsm_x4(a, tile + (row0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8);
+}
+// A fragments of A = tile^T (tile stored [k][m]): the 16 x 16 block at rows (m) m0.., columns (k) k0.. of A.
+__device__ __forceinline__ void load_at(uint32_t (&a)[4], const bf16* tile, int ld, int m0, int k0, int lane) {
+  ldsm_x4_t(a, tile + (k0 + (lane & 7) + ((lane >> 4) & 1) * 8) * ld + m0 + ((lane >> 3) & 1) * 8);
+}
+// B fragments (k = columns c0..c0+15, n = rows n0..n0+15 as two 8-wide n tiles) of B = tile^T (tile stored [n][k],
+// e.g. K [key][d] for S = Q K^T). r[0], r[1]: n tile n0; r[2], r[3]: n tile n0 + 8.
+__device__ __forceinline__ void load_bt(uint32_t (&r)[4], const bf16* tile, int ld, int n0, int c0, int lane) {
+  ldsm_x4(r, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + c0 + ((lane >> 3) & 1) * 8);
+}
+// B fragments (k = rows k0..k0+15, n = columns n0..n0+15 as two 8-wide n tiles) of B = tile (stored [k][n], e.g. V
+// [key][d] for O = P V). r[0], r[1]: n tile n0; r[2], r[3]: n tile n0 + 8.
+__device__ __forceinline__ void load_b(uint32_t (&r)[4], const bf16* tile, int ld, int k0, int n0, int lane) {
+  ldsm_x4_t(r, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
+}
 
 }  // namespace dflash::cuda::mma

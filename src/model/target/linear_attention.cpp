@@ -2,6 +2,8 @@
 // (model/target/linear_attention.h).
 #include "model/target/linear_attention.h"
 
+#include <vector>
+
 #include "model/target/attention.h"
 
 namespace dflash {
@@ -85,6 +87,12 @@ void linear_attention_forward(Context& ctx, const LinearAttnWeights& w, const Mo
   Tensor g = ctx.empty(pt, {R, nv}), beta = ctx.empty(pt, {R, nv});
   ctx.gdn_gate(ba, w.A_log, w.dt_bias, g, beta);
   Tensor qkv = ctx.empty(dt, {R, C}), o = ctx.empty(dt, {R, nv, dv});
+  // Sequences without a cache that tile the rows (a packed prefill) share one gated_delta_rule call (GatedDeltaArgs
+  // seqs: one launch on CUDA); the others run one by one.
+  std::vector<int64_t> packed = {0};
+  for (const AttnSegment& s : segs)
+    if (!s.cache && s.begin == packed.back() && s.end >= s.begin) packed.push_back(s.end);
+  const bool one_call = packed.size() > 2 && packed.back() == R && packed.size() == segs.size() + 1;
   for (const AttnSegment& s : segs) {
     if (s.end <= s.begin) continue;
     LinearAttnState* st = s.cache ? &s.cache->lin[static_cast<size_t>(l)] : nullptr;
@@ -102,9 +110,11 @@ void linear_attention_forward(Context& ctx, const LinearAttnWeights& w, const Mo
       st->start = -1;
     }
     ctx.conv1d_causal(xs, w.conv, st ? st->conv : Tensor{}, ys);
-    GatedDeltaArgs ga{ys, gs, bs, st ? st->state : Tensor{}, a.num_key_heads, a.key_head_dim, nv, dv};
+    if (one_call) continue;
+    GatedDeltaArgs ga{ys, gs, bs, st ? st->state : Tensor{}, a.num_key_heads, a.key_head_dim, nv, dv, {}};
     ctx.gated_delta_rule(ga, o.slice(s.begin, s.end));
   }
+  if (one_call) ctx.gated_delta_rule({qkv, g, beta, Tensor{}, a.num_key_heads, a.key_head_dim, nv, dv, packed}, o);
   const Tensor o2 = o.reshape({R * nv, dv}), z2 = z.reshape({R * nv, dv});
   ctx.rmsnorm_gated(o2, w.norm, &z2, static_cast<float>(cfg.rms_norm_eps), false, o2);
   ctx.linear(o.reshape({R, nv * dv}), w.w_out, nullptr, h, 1.0f);  // h += o Wout^T
@@ -131,7 +141,7 @@ void rollback_linear_state(Context& ctx, const LinearAttnConfig& a, LinearAttnSt
     if (keep > 0) {
       Tensor out = ctx.empty(ctx.compute_dtype(), {keep, a.num_value_heads, a.value_head_dim});
       GatedDeltaArgs ga{s.qkv.slice(0, keep), s.g.slice(0, keep), s.beta.slice(0, keep), s.state,
-                        a.num_key_heads, a.key_head_dim, a.num_value_heads, a.value_head_dim};
+                        a.num_key_heads, a.key_head_dim, a.num_value_heads, a.value_head_dim, {}};
       ctx.gated_delta_rule(ga, out);
     }
   }
