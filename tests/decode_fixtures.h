@@ -6,11 +6,24 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "eval/generate.h"
 #include "eval/tau.h"
 #include "model/target.h"
 
 namespace dflash::test {
+
+// n prompts of random ids below `vocab`, of lengths len0, len0 + step, ... (a Test stream of `seed`).
+inline std::vector<std::vector<int32_t>> random_prompts(uint64_t seed, int n, int len0, int step, uint64_t vocab) {
+  Rng rng(seed, RngPurpose::Test);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p;
+    for (int t = 0; t < len0 + step * i; ++t) p.push_back(static_cast<int32_t>(rng.below(vocab)));
+    prompts.push_back(p);
+  }
+  return prompts;
+}
 
 // Greedy continuations (max_new tokens, no stop id) of `prompts` by generate_batched with `batch_size` sequences at a
 // time, in prompt order.

@@ -474,13 +474,7 @@ TEST(HybridEndToEnd, SpeculativeDecodingIsLosslessAndBatchingChangesNothing) {
   auto ctx = make_context("cpu", {.threads = 2});
   for (const char* name : {"target_qwen3_5", "target_qwen3_next", "target_qwen3_5_moe"}) {
     auto target = Target::load(golden_dir(name), *ctx);
-    Rng rng(23, RngPurpose::Test);
-    std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < 3; ++i) {
-      std::vector<int32_t> p;
-      for (int t = 0; t < 10 + 7 * i; ++t) p.push_back(static_cast<int32_t>(rng.below(500)));
-      prompts.push_back(p);
-    }
+    const auto prompts = test::random_prompts(23, 3, 10, 7, 500);
     const auto by1 = test::greedy_generate(*ctx, *target, prompts, 40, 1);
     EXPECT_EQ(by1, test::greedy_generate(*ctx, *target, prompts, 40, 3))
         << name << ": batched greedy decoding differs from one sequence at a time";

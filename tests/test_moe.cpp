@@ -322,13 +322,7 @@ TEST(MoeEndToEnd, SpeculativeDecodingAndBatchedGenerationThroughTheMoeCache) {
   auto ctx = make_context("cpu", {.threads = 2});
   auto target = Target::load(moe_dir(), *ctx);
   const ModelConfig& cfg = target->config();
-  Rng rng(17, RngPurpose::Test);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 3; ++i) {
-    std::vector<int32_t> p;
-    for (int t = 0; t < 12 + 5 * i; ++t) p.push_back(static_cast<int32_t>(rng.below(500)));
-    prompts.push_back(p);
-  }
+  const auto prompts = test::random_prompts(17, 3, 12, 5, 500);
   const auto by1 = test::greedy_generate(*ctx, *target, prompts, 24, 1);
   EXPECT_EQ(by1, test::greedy_generate(*ctx, *target, prompts, 24, 3))
       << "batched greedy decoding differs from one sequence at a time";

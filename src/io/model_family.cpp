@@ -56,32 +56,39 @@ void read_qwen3_moe(const JsonFields& f, ModelConfig& c) {
   m.top_k = f.opt_int("num_experts_per_tok", 8);
   m.expert_width = f.opt_int("moe_intermediate_size", 768);
   m.norm_topk_prob = f.opt_bool("norm_topk_prob", false);
-  m.decoder_sparse_step = f.opt_int("decoder_sparse_step", 1);
-  m.mlp_only_layers = f.opt_int_list("mlp_only_layers");
   DFLASH_CHECK(m.num_experts >= 0, f.src, ": num_experts: must be >= 0, got ", m.num_experts);
   if (m.num_experts > 0) {
     DFLASH_CHECK(m.top_k >= 1 && m.top_k <= m.num_experts, f.src, ": num_experts_per_tok: ", m.top_k,
                  " must be in [1, num_experts = ", m.num_experts, "]");
     DFLASH_CHECK(m.expert_width > 0, f.src, ": moe_intermediate_size: must be positive, got ", m.expert_width);
   }
+  read_sparse_layers(f, c, m);
+}
+
+LayerSpec qwen3_moe_layer(const ModelConfig& c, int64_t l) {
+  LayerSpec s = dense_layer(c, l);
+  if (is_sparse_layer(c.moe, l)) {
+    s.mlp = ChannelMixer::MoE;
+    s.mlp_width = c.moe.expert_width;
+  }
+  return s;
+}
+
+}  // namespace
+
+void read_sparse_layers(const JsonFields& f, const ModelConfig& c, MoeConfig& m) {
+  m.decoder_sparse_step = f.opt_int("decoder_sparse_step", 1);
+  m.mlp_only_layers = f.opt_int_list("mlp_only_layers");
   DFLASH_CHECK(m.decoder_sparse_step >= 1, f.src, ": decoder_sparse_step: must be >= 1, got ", m.decoder_sparse_step);
   for (int64_t l : m.mlp_only_layers)
     DFLASH_CHECK(l >= 0 && l < c.num_hidden_layers, f.src, ": mlp_only_layers: layer ", l, " is not in [0, ",
                  c.num_hidden_layers, ")");
 }
 
-LayerSpec qwen3_moe_layer(const ModelConfig& c, int64_t l) {
-  LayerSpec s = dense_layer(c, l);
-  const MoeConfig& m = c.moe;
+bool is_sparse_layer(const MoeConfig& m, int64_t l) {
   const bool dense_only = std::find(m.mlp_only_layers.begin(), m.mlp_only_layers.end(), l) != m.mlp_only_layers.end();
-  if (!dense_only && m.num_experts > 0 && (l + 1) % m.decoder_sparse_step == 0) {
-    s.mlp = ChannelMixer::MoE;
-    s.mlp_width = m.expert_width;
-  }
-  return s;
+  return !dense_only && m.num_experts > 0 && (l + 1) % m.decoder_sparse_step == 0;
 }
-
-}  // namespace
 
 const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> families = {

@@ -2,7 +2,8 @@
 // its own (beyond those every family shares, read by io/hf_config.cpp), the per-layer plan made from them, the
 // Hugging Face weight names and the default target layer ids. A new family is one more entry in
 // io/model_family.cpp, plus a mixer in model/target/ when it brings a new kind of layer.
-// defines: WeightNames, ModelFamily, model_families, family_by_architecture, family_by_model_type, family_of
+// defines: WeightNames, ModelFamily, model_families, family_by_architecture, family_by_model_type, family_of,
+//          read_sparse_layers, is_sparse_layer
 #pragma once
 #include <cstdint>
 #include <string>
@@ -59,6 +60,11 @@ const std::vector<ModelFamily>& model_families();
 const ModelFamily* family_by_architecture(const std::string& name);
 const ModelFamily* family_by_model_type(const std::string& model_type);
 const ModelFamily& family_of(Arch a);
+// The sparse-layer keys of Qwen2-MoE-style configs (decoder_sparse_step, mlp_only_layers, checked against
+// num_hidden_layers; Error names src and the key), and whether layer l is then sparse: not in mlp_only_layers, experts
+// present and (l + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer, Qwen3NextDecoderLayer).
+void read_sparse_layers(const JsonFields& f, const ModelConfig& c, MoeConfig& m);
+bool is_sparse_layer(const MoeConfig& m, int64_t l);
 // "LlamaForCausalLM, Qwen2ForCausalLM, ..." and "llama, qwen2, ...": the lists the refusals name.
 std::string supported_architectures();
 std::string supported_model_types();

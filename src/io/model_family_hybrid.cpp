@@ -3,9 +3,6 @@
 // configuration_qwen3_5_moe.py) and the per-layer plan.
 #include "io/model_family_hybrid.h"
 
-#include <algorithm>
-#include <cmath>
-
 #include "core/error.h"
 
 namespace dflash {
@@ -101,23 +98,15 @@ LayerSpec hybrid_layer(const ModelConfig& c, int64_t l) {
 void read_qwen3_next(const JsonFields& f, ModelConfig& c) {
   read_hybrid_common(f, c);
   read_hybrid_moe(f, c, 512, 10);
-  MoeConfig& m = c.moe;
-  m.norm_topk_prob = f.opt_bool("norm_topk_prob", true);
-  m.decoder_sparse_step = f.opt_int("decoder_sparse_step", 1);
-  m.mlp_only_layers = f.opt_int_list("mlp_only_layers");
-  DFLASH_CHECK(m.decoder_sparse_step >= 1, f.src, ": decoder_sparse_step: must be >= 1, got ", m.decoder_sparse_step);
-  for (int64_t l : m.mlp_only_layers)
-    DFLASH_CHECK(l >= 0 && l < c.num_hidden_layers, f.src, ": mlp_only_layers: layer ", l, " is not in [0, ",
-                 c.num_hidden_layers, ")");
+  c.moe.norm_topk_prob = f.opt_bool("norm_topk_prob", true);
+  read_sparse_layers(f, c, c.moe);
 }
 
 LayerSpec qwen3_next_layer(const ModelConfig& c, int64_t l) {
   LayerSpec s = hybrid_layer(c, l);
-  const MoeConfig& m = c.moe;
-  const bool dense_only = std::find(m.mlp_only_layers.begin(), m.mlp_only_layers.end(), l) != m.mlp_only_layers.end();
-  if (!dense_only && m.num_experts > 0 && (l + 1) % m.decoder_sparse_step == 0) {  // Qwen3NextDecoderLayer
+  if (is_sparse_layer(c.moe, l)) {  // Qwen3NextDecoderLayer
     s.mlp = ChannelMixer::MoE;
-    s.mlp_width = m.expert_width;
+    s.mlp_width = c.moe.expert_width;
   }
   return s;
 }

@@ -1104,6 +1104,17 @@ void moe_route_case(int64_t T, int64_t E, int64_t k, bool normalize) {
              });
 }
 
+// ||got - want|| / ||want|| against a golden's F32 tensor.
+double rel_rms(const std::vector<double>& got, const Tensor& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double w = want.ptr<float>()[i];
+    num += (got[i] - w) * (got[i] - w);
+    den += w * w;
+  }
+  return std::sqrt(num / den);
+}
+
 // Expert ids of T tokens (k distinct per token; expert `skip` never chosen, so one expert has no rows).
 Tensor expert_ids(int64_t T, int64_t E, int64_t k, uint64_t seed, int64_t skip) {
   Rng r(seed, RngPurpose::Test);
@@ -1213,15 +1224,7 @@ TEST(CudaTarget, Qwen3MoeGolden) {
   record(cat("qwen3_moe golden: experts as HF (", same, " of ", total, ")"), 1 - frac, 0.05, frac >= 0.95);
   Tensor lg = b.gpu->empty(DType::BF16, {S, V});
   tg->logits(*b.gpu, out.final_hidden, lg);
-  const std::vector<double> gl = get(*b.gpu, lg);
-  const Tensor want = g->view("logits");
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < S * V; ++i) {
-    const double w = want.ptr<float>()[i];
-    num += (gl[static_cast<size_t>(i)] - w) * (gl[static_cast<size_t>(i)] - w);
-    den += w * w;
-  }
-  const double rel = std::sqrt(num / den);
+  const double rel = rel_rms(get(*b.gpu, lg), g->view("logits"));
   EXPECT_LT(rel, 3e-2) << "logits relative error";
   record("qwen3_moe golden: logits rel. error (bf16, 4 layers)", rel, 3e-2, rel < 3e-2);
 }
@@ -1366,26 +1369,17 @@ TEST(CudaTarget, HybridGoldens) {
     auto out = tg->forward(*b.gpu, ids, all, true);
     Tensor lg = b.gpu->empty(DType::BF16, {S, V});
     tg->logits(*b.gpu, out.final_hidden, lg);
-    auto rel = [](const std::vector<double>& got, const Tensor& want) {
-      double num = 0, den = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const double w = want.ptr<float>()[i];
-        num += (got[i] - w) * (got[i] - w);
-        den += w * w;
-      }
-      return std::sqrt(num / den);
-    };
     const std::vector<double> feats = get(*b.gpu, out.features);
     const int64_t H = cfg.hidden_size;
     for (int64_t l = 0; l < L; ++l) {
       std::vector<double> col(static_cast<size_t>(S * H));
       for (int64_t t = 0; t < S; ++t)
         for (int64_t c = 0; c < H; ++c) col[t * H + c] = feats[static_cast<size_t>(t * L * H + l * H + c)];
-      const double e = rel(col, g->view(cat("layer_output.", l)));
+      const double e = rel_rms(col, g->view(cat("layer_output.", l)));
       EXPECT_LT(e, 3e-2) << name << " layer " << l;
       record(cat(name, " golden: layer ", l, " rel. error (bf16)"), e, 3e-2, e < 3e-2);
     }
-    const double el = rel(get(*b.gpu, lg), g->view("logits"));
+    const double el = rel_rms(get(*b.gpu, lg), g->view("logits"));
     EXPECT_LT(el, 3e-2) << name << " logits";
     record(cat(name, " golden: logits rel. error (bf16, 4 layers)"), el, 3e-2, el < 3e-2);
     // cached decode: prefill S - n, then n tokens one at a time through the window and state
@@ -1401,7 +1395,7 @@ TEST(CudaTarget, HybridGoldens) {
       const auto v = get(*b.gpu, l1);
       dec.insert(dec.end(), v.begin(), v.end());
     }
-    const double ed = rel(dec, g->view("kv_decode_logits"));
+    const double ed = rel_rms(dec, g->view("kv_decode_logits"));
     EXPECT_LT(ed, 3e-2) << name << " cached decode";
     record(cat(name, " golden: cached decode logits rel. error"), ed, 3e-2, ed < 3e-2);
   }
