@@ -150,8 +150,9 @@ ResponseTau generated_tau(Context& ctx, const Target& target, DraftModel& dm, st
   const int64_t B = dm.block_size(), P = r.P, E = r.E;
   const std::vector<int64_t> layers = dm.layer_ids();
   // The target cache never holds more than positions 0..E-2 plus a verify block ending at E-1; the draft context
-  // never passes E - 1.
-  KVCache cache = KVCache::create(ctx, target.config(), E);
+  // never passes E - 1. It records each verification so that a hybrid target's linear-attention state can roll back
+  // to the accepted tokens (model/target/linear_attention.h).
+  KVCache cache = target.make_cache(ctx, E, true);
   dm.begin(ctx, E);
   Tensor feats;
   int32_t bonus = prefill(ctx, target, tokens, P, cache, layers, &feats);
@@ -190,7 +191,7 @@ ResponseTau generated_tau(Context& ctx, const Target& target, DraftModel& dm, st
     res.cycles.push_back(std::move(cy));
     res.tokens.insert(res.tokens.end(), committed.begin(), committed.end());
     if (stop) break;
-    cache.truncate(p + k + 1);                           // keep the bonus and the accepted drafts
+    cache.truncate(ctx, p + k + 1);                      // keep the bonus and the accepted drafts
     dm.append_context(ctx, out.features.slice(0, k + 1));  // their target features: positions p..p+k
     p += k + 1;
     bonus = t[k];

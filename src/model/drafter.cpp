@@ -47,7 +47,8 @@ float DrafterConfig::softmax_scale() const {
 }
 
 int64_t default_intermediate_size(const ModelConfig& t) {
-  if (const auto width = family_of(t.arch).drafter_width) return width(t);  // gpt-oss: 8 H / 3, as published
+  if (const auto family = family_of(t.arch).drafter)  // gpt-oss: 8 H / 3, as published
+    if (const int64_t width = family(t).intermediate_size; width > 0) return width;
   return t.has_moe() ? 3 * t.hidden_size : t.intermediate_size;
 }
 
@@ -60,6 +61,14 @@ DrafterConfig DrafterConfig::for_target(const ModelConfig& t, int64_t num_layers
   c.num_heads = t.num_attention_heads;
   c.num_kv_heads = t.num_key_value_heads;
   c.head_dim = t.head_dim;
+  // The family's own drafter shape where the published drafters do not copy the target's attention (a hybrid
+  // target's gated head_dim-256 attention: 32 heads of 128; io/model_family.h DrafterDefaults)
+  if (const auto family = family_of(t.arch).drafter) {
+    const DrafterDefaults d = family(t);
+    if (d.num_heads > 0) c.num_heads = d.num_heads;
+    if (d.num_kv_heads > 0) c.num_kv_heads = d.num_kv_heads;
+    if (d.head_dim > 0) c.head_dim = d.head_dim;
+  }
   c.vocab_size = t.vocab_size;
   c.block_size = block_size;
   c.target_layer_ids = std::move(layer_ids);

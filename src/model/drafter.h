@@ -18,7 +18,7 @@ namespace dflash {
 // The drafter's default MLP width for a target: a dense target's intermediate_size (Qwen3-8B: 12288), and for a
 // target with Mixture-of-Experts layers 3 H, as the published MoE drafters have it (Qwen3-Coder-30B-A3B-DFlash and
 // SpecForge's qwen3.5-35b-a3b-dflash.json: 6144 at H 2048) — never an expert's width (768 / 512), which would make
-// the dense drafter layer a quarter of a layer. A family may set its own (io/model_family.h drafter_width): gpt-oss
+// the dense drafter layer a quarter of a layer. A family may set its own (io/model_family.h DrafterDefaults): gpt-oss
 // 8 H / 3, the 7680 of z-lab/gpt-oss-20b-DFlash and gpt-oss-120b-DFlash at H 2880.
 int64_t default_intermediate_size(const ModelConfig& target);
 
@@ -57,7 +57,10 @@ struct DrafterConfig {
   void validate() const;
   // A drafter shaped like the target's layers (H, heads, d, rope, eps from the target), spec 1 defaults. Its MLP
   // width (default_intermediate_size) is the family's choice when it has one (gpt-oss: 8 H / 3, the published 7680),
-  // else the target's dense width, or 3 H for a target with MoE layers.
+  // else the target's dense width, or 3 H for a target with MoE layers. A family may also set the heads
+  // (io/model_family.h DrafterDefaults): for a hybrid linear-attention target (Qwen3-Next, Qwen3.5) they are the
+  // published drafters', 32 of 128, kv 8 (dense) or 4 (MoE); the rope stays full-width with the target's theta (no
+  // partial rotary in the drafter).
   static DrafterConfig for_target(const ModelConfig& target, int64_t num_layers, int64_t block_size,
                                   std::vector<int64_t> layer_ids, int32_t mask_token_id);
 };

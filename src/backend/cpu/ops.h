@@ -42,6 +42,16 @@ void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWe
 void moe_combine(ThreadPool& tp, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
                  float beta);
 
+// hybrid linear-attention ops (arguments checked by the check_* of backend/context.h, whose dims they take)
+void rmsnorm_gated(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                   const Tensor& y, int64_t R, int64_t D);
+void sigmoid_gate(ThreadPool& tp, const Tensor& y, const Tensor& gate, int64_t R, int64_t Dg);
+void conv1d_causal(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
+                   const Conv1dDims& d);
+void gdn_gate(ThreadPool& tp, const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
+              const Tensor& beta, int64_t T);
+void gated_delta_rule(ThreadPool& tp, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
+
 LossStats lm_head_loss(ThreadPool& tp, const LossArgs& a);
 void adamw(ThreadPool& tp, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
            const AdamWArgs& a, const Tensor& param_compute);

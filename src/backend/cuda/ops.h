@@ -129,6 +129,23 @@ std::string moe_linear_path(int64_t N, int64_t K, bool swiglu);
 // Sets the Hopper grouped GEMM's dynamic-shared-memory attribute (once per context, at construction).
 void moe_init_attributes(int smem_optin);
 
+// ---- hybrid linear-attention targets (hybrid_rows.cu, conv1d_causal.cu, gated_delta_rule.cu, gated_delta_chunk.cu)
+// Arguments checked by backend/context.h's check_* (whose dims they take); act BF16 (F32 accepted too), g / beta /
+// state F32.
+void rmsnorm_gated(Env& e, const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                   const Tensor& y, const RowsDims& d);
+void sigmoid_gate(Env& e, const Tensor& y, const Tensor& gate, const RowsDims& d);
+void conv1d_causal(Env& e, const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, const Conv1dDims& d);
+void gdn_gate(Env& e, const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g, const Tensor& beta,
+              int64_t T);
+// The recurrent kernel, or the chunked tensor-core one where it applies (gated_delta_chunk_applies).
+void gated_delta_rule(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
+// The chunked kernel (WY form, mma.sync): BF16 qkv, dk = dv = 128, T >= 64, 167 KB of shared memory per block.
+bool gated_delta_chunk_applies(const Env& e, const GatedDeltaArgs& a, int64_t T);
+void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
+// Sets the chunked kernel's dynamic-shared-memory attribute (once per context, at construction).
+void gated_delta_init_attributes(int smem_optin);
+
 // ---- loss and optimizer -------------------------------------------------------------------------------------
 LossStats lm_head_loss(Env& e, const LossArgs& a);  // synchronises (the stats are host vectors)
 void adamw(Env& e, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a,
