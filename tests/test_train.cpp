@@ -316,6 +316,40 @@ TEST(TrainCli, SlidingWindowLayersReachTheCheckpointAndTheExport) {
   fs::remove_all(root);
 }
 
+// --loss dpace and --dpace-alpha reach the checkpoint's config; a resume with another objective is refused naming
+// it; an unknown loss or an alpha outside (0, 1] fails before any step, naming the option.
+TEST(TrainCli, DPaceLossReachesTheCheckpointAndResumeKeepsIt) {
+  const std::string root = tmpdir("cli_dpace");
+  const std::string data = make_data(root, 4);
+  const std::string base = std::string(DFLASH_BINARY) + " train --target " + test::source_dir() +
+                           "/tests/golden/target_qwen3 --data " + data + " --out " + root + "/run --max-steps 3 " +
+                           "--block-size 4 --target-layer-ids 1,2 --mask-token-id 511 --batch-size 2 --quiet " +
+                           "--threads 1 --no-export";
+  const std::string cmd = base + " --loss dpace --dpace-alpha 0.3 --stop-after 2 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto st = nlohmann::json::parse(read_file(latest_checkpoint(root + "/run") + "/state.json"));
+  EXPECT_EQ(st["config"]["loss"], "dpace");
+  EXPECT_EQ(st["config"]["dpace_alpha"], 0.3);
+  const auto m = read_metrics(root + "/run");
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_GT(m[0]["loss"].get<double>(), 0);
+  const std::string log = root + "/resume.log";
+  EXPECT_NE(std::system((base + " --resume --loss decay > " + log + " 2>&1").c_str()), 0);
+  EXPECT_NE(read_file(log).find("loss = \"dpace\""), std::string::npos) << read_file(log);
+  EXPECT_NE(std::system((base + " --resume --loss dpace --dpace-alpha 0.5 > " + log + " 2>&1").c_str()), 0);
+  EXPECT_NE(read_file(log).find("dpace_alpha"), std::string::npos) << read_file(log);
+  ASSERT_EQ(std::system((base + " --resume --loss dpace --dpace-alpha 0.3 2>&1").c_str()), 0);
+  EXPECT_EQ(read_metrics(root + "/run").size(), 3u);
+  for (const auto& [args, want] : {std::pair<const char*, const char*>{" --loss dpase", "--loss: 'dpase'"},
+                                   std::pair<const char*, const char*>{" --loss dpace --dpace-alpha 0", "--dpace-alpha = 0"}}) {
+    const std::string bad = base + " --overwrite" + args + " > " + log + " 2>&1";
+    EXPECT_NE(std::system(bad.c_str()), 0) << bad;
+    EXPECT_NE(read_file(log).find(want), std::string::npos) << read_file(log);
+  }
+  EXPECT_EQ(read_metrics(root + "/run").size(), 3u) << "a refused start must leave the run as it was";
+  fs::remove_all(root);
+}
+
 TEST(TrainCli, ConfigFileSectionAndCommandLineOverride) {
   const std::string root = tmpdir("cli");
   const std::string data = make_data(root, 4);
