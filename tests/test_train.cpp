@@ -51,6 +51,13 @@ TrainConfig tiny_config(const std::string& root, const std::string& data) {
 
 std::vector<nlohmann::json> read_metrics(const std::string& out_dir) { return test::read_metrics_jsonl(out_dir); }
 
+// `dflash train` on the tiny golden target and `data`, into <root>/run, block 4, batch 2, one thread; add options.
+std::string tiny_train_cmd(const std::string& root, const std::string& data) {
+  return std::string(DFLASH_BINARY) + " train --target " + test::source_dir() + "/tests/golden/target_qwen3 --data " +
+         data + " --out " + root + "/run --block-size 4 --target-layer-ids 1,2 --mask-token-id 511 --batch-size 2 " +
+         "--quiet --threads 1";
+}
+
 }  // namespace
 
 TEST(TrainLoop, LossFallsAndEalRises) {
@@ -297,10 +304,7 @@ TEST(Export, SlidingWindowLayersRoundTrip) {
 TEST(TrainCli, SlidingWindowLayersReachTheCheckpointAndTheExport) {
   const std::string root = tmpdir("cli_swa");
   const std::string data = make_data(root, 4);
-  const std::string base = std::string(DFLASH_BINARY) + " train --target " + test::source_dir() +
-                           "/tests/golden/target_qwen3 --data " + data + " --out " + root + "/run --max-steps 2 " +
-                           "--block-size 4 --target-layer-ids 1,2 --mask-token-id 511 --batch-size 2 --num-layers 2 " +
-                           "--quiet --threads 1";
+  const std::string base = tiny_train_cmd(root, data) + " --max-steps 2 --num-layers 2";
   const std::string cmd = base + " --sliding-window 5 --layer-types sliding,full 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto st = nlohmann::json::parse(read_file(latest_checkpoint(root + "/run") + "/state.json"));
@@ -321,10 +325,7 @@ TEST(TrainCli, SlidingWindowLayersReachTheCheckpointAndTheExport) {
 TEST(TrainCli, DPaceLossReachesTheCheckpointAndResumeKeepsIt) {
   const std::string root = tmpdir("cli_dpace");
   const std::string data = make_data(root, 4);
-  const std::string base = std::string(DFLASH_BINARY) + " train --target " + test::source_dir() +
-                           "/tests/golden/target_qwen3 --data " + data + " --out " + root + "/run --max-steps 3 " +
-                           "--block-size 4 --target-layer-ids 1,2 --mask-token-id 511 --batch-size 2 --quiet " +
-                           "--threads 1 --no-export";
+  const std::string base = tiny_train_cmd(root, data) + " --max-steps 3 --no-export";
   const std::string cmd = base + " --loss dpace --dpace-alpha 0.3 --stop-after 2 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto st = nlohmann::json::parse(read_file(latest_checkpoint(root + "/run") + "/state.json"));

@@ -851,6 +851,22 @@ TEST(CudaOps, LmHeadLoss) {
     }
     const int64_t Rs = static_cast<int64_t>(rows.size());
     const Tensor th = rint({Rs, s.H}, 63, -2, 2);
+    // the case's arguments on context c, dh zeroed
+    auto loss_args = [&](Context& c, const std::vector<float>& weights, bool teacher, float kl_weight, float grad_scale,
+                         int64_t chunk) {
+      LossArgs a;
+      a.h = put(c, h);
+      a.lm_head = put(c, W);
+      a.rows = put_i32(c, rows);
+      a.labels = put_i32(c, labels);
+      a.weights = c.to_device(cpu_tensor(weights, {Rs}));
+      a.teacher_h = teacher ? put(c, th) : Tensor{};
+      a.kl_weight = kl_weight;
+      a.grad_scale = grad_scale;
+      a.chunk_rows = chunk;
+      a.dh = c.zeros(c.compute_dtype(), {s.R, s.H});
+      return a;
+    };
     for (bool teacher : {false, true})
       for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{1024}}) {
         if (chunk == 1 && s.V > 1000) continue;
@@ -860,17 +876,7 @@ TEST(CudaOps, LmHeadLoss) {
                    {{"ce", Kind::TwoX, false, double(s.V + s.H)}, {"kl", Kind::TwoX, false, double(s.V + s.H)},
                     {"dh", Kind::Nmse, true, 1, 2 * std::ldexp(1.0, -16)}, {"correct", Kind::Exact, false}},
                    [&](Context& c) {
-                     LossArgs a;
-                     a.h = put(c, h);
-                     a.lm_head = put(c, W);
-                     a.rows = put_i32(c, rows);
-                     a.labels = put_i32(c, labels);
-                     a.weights = c.to_device(cpu_tensor(w, {Rs}));
-                     a.teacher_h = teacher ? put(c, th) : Tensor{};
-                     a.kl_weight = 0.3f;
-                     a.grad_scale = 0.05f;
-                     a.chunk_rows = chunk;
-                     a.dh = c.zeros(c.compute_dtype(), {s.R, s.H});
+                     const LossArgs a = loss_args(c, w, teacher, 0.3f, 0.05f, chunk);
                      LossStats st = c.lm_head_loss(a);
                      std::vector<double> cor(st.correct.begin(), st.correct.end());
                      return Outs{st.ce, st.kl, get(c, a.dh), cor};
@@ -884,17 +890,8 @@ TEST(CudaOps, LmHeadLoss) {
       check_case(nm,
                  {{"w", Kind::TwoX, false, double(s.V + s.H)}, {"dh", Kind::Nmse, true, 1, 4 * std::ldexp(1.0, -16)}},
                  [&](Context& c) {
-                   LossArgs a;
-                   a.h = put(c, h);
-                   a.lm_head = put(c, W);
-                   a.rows = put_i32(c, rows);
-                   a.labels = put_i32(c, labels);
-                   a.weights = c.to_device(cpu_tensor(std::vector<float>(static_cast<size_t>(Rs), 1.0f), {Rs}));
-                   a.teacher_h = teacher ? put(c, th) : Tensor{};
-                   a.kl_weight = 0.15f;
-                   a.grad_scale = static_cast<float>(1.0 / static_cast<double>(Rs));
-                   a.chunk_rows = 7;
-                   a.dh = c.zeros(c.compute_dtype(), {s.R, s.H});
+                   const LossArgs a = loss_args(c, std::vector<float>(static_cast<size_t>(Rs), 1.0f), teacher, 0.15f,
+                                                static_cast<float>(1.0 / static_cast<double>(Rs)), 7);
                    const LossHeadOut out = loss_head(c, a, 0.5, 4);
                    return Outs{out.w, get(c, a.dh)};
                  });
@@ -1266,31 +1263,25 @@ TEST(CudaTarget, Qwen3MoeGolden) {
 
 TEST(CudaErrors, BadTokenIdIsReported) {
   auto g = gpu_context();
+  // an op with bad indices reports them at the next synchronising call, naming `what`; the error word is reset
+  auto expect_reported = [&](const std::function<void()>& op, const char* what) {
+    op();
+    std::string msg;
+    try {
+      g->synchronize();
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    const bool ok = msg.find(what) != std::string::npos;
+    EXPECT_TRUE(ok) << msg;
+    record("device index check: " + msg.substr(0, 54), ok ? 0 : 1, 0, ok);
+    g->synchronize();  // the error word was reset
+  };
   Tensor table = put(*g, rnd({10, 8}, 70)), out = g->empty(DType::BF16, {2, 8});
-  g->embedding(table, put_i32(*g, {3, 10}), out);
-  std::string msg;
-  try {
-    g->synchronize();
-  } catch (const Error& e) {
-    msg = e.what();
-  }
-  const bool ok = msg.find("token id") != std::string::npos;
-  EXPECT_TRUE(ok) << msg;
-  record("device index check: " + msg.substr(0, 54), ok ? 0 : 1, 0, ok);
-  g->synchronize();  // the error word was reset
-  // scale_rows: rows that do not ascend are reported at the next synchronising call (no two threads write a row)
+  expect_reported([&] { g->embedding(table, put_i32(*g, {3, 10}), out); }, "token id");
+  // scale_rows: rows that do not ascend (two threads could write one row)
   Tensor x = put(*g, rnd({4, 8}, 71));
-  g->scale_rows(x, put_i32(*g, {2, 1}), put(*g, rnd({2}, 72), false));
-  std::string msg2;
-  try {
-    g->synchronize();
-  } catch (const Error& e) {
-    msg2 = e.what();
-  }
-  const bool ok2 = msg2.find("scale_rows") != std::string::npos;
-  EXPECT_TRUE(ok2) << msg2;
-  record("device index check: " + msg2.substr(0, 54), ok2 ? 0 : 1, 0, ok2);
-  g->synchronize();
+  expect_reported([&] { g->scale_rows(x, put_i32(*g, {2, 1}), put(*g, rnd({2}, 72), false)); }, "scale_rows");
   record("context: " + g->describe(), 0, 0, true);
 }
 
