@@ -18,9 +18,12 @@
 # env: ROOT (default runs/dpace_demo), SEEDS ("0 1 2"), OBJECTIVES ("decay dpace dpace_kl"), KL (0.15),
 #      GPUS (runs at once; default: the GPUs nvidia-smi lists), BIN (default build-cuda/dflash; --table-only:
 #      build-cpu/dflash when there is no CUDA build), DEMO_ARGS (extra `dflash demo` options, e.g. "--budget 120" for a
-#      quick look; default none = the demo's defaults), OUT (if set: table.md, the TSV, the plot, every run's
-#      summary.json, metrics.jsonl and demo.log are copied there, small files only).
+#      quick look; default none = the demo's defaults), OUT (if set: table.md, the TSV, the plots, and OUT/runs/<run>/
+#      with every run's summary.json, demo.log and run/metrics.jsonl: small files only, in ROOT's layout, so that
+#      `ROOT=<runs of several calls, merged> bash bench/dpace_demo.sh --table-only` makes the whole table anywhere).
 # Prints the compact table last.
+# On the lent machines (10 minutes a call): 6 GPUs run seeds 0 and 1 in ~7 min (SEEDS="0 1"), a second call seed 2
+# (SEEDS=2) and then the table of whatever ROOT holds; or one seed per call on 3 GPUs.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 ROOT=${ROOT:-runs/dpace_demo}
@@ -104,10 +107,11 @@ if command -v gnuplot >/dev/null && [ -s "$ROOT/acceptance_by_slot.gp" ]; then
 fi
 if [ -n "${OUT:-}" ]; then
   cp "$ROOT"/table.md "$ROOT"/table.txt "$ROOT"/acceptance_by_slot.tsv "$ROOT"/*.png "$OUT"/ 2>/dev/null
-  for d in "$ROOT"/*-s*/; do
+  for d in "$ROOT"/*-s*/; do  # the layout of ROOT, so that --table-only runs on $OUT/runs (merged from several calls)
     n=$(basename "$d")
-    mkdir -p "$OUT/runs/$n"
-    cp "$d"summary.json "$d"demo.log "$d"run/metrics.jsonl "$OUT/runs/$n/" 2>/dev/null
+    mkdir -p "$OUT/runs/$n/run"
+    cp "$d"summary.json "$d"demo.log "$OUT/runs/$n/" 2>/dev/null
+    cp "$d"run/metrics.jsonl "$OUT/runs/$n/run/" 2>/dev/null
   done
 fi
 echo
