@@ -69,7 +69,7 @@ struct LossArgs {
   Tensor weights;    // [Rs] F32 loss weights w
   Tensor teacher_h;  // [Rs, H] act or undefined: target final-norm hidden rows for soft labels
   float kl_weight = 0.0f;
-  float grad_scale = 1.0f;  // 1 / (global sum of w)
+  float grad_scale = 1.0f;  // 1 / (global sum of w); D-PACE's loss head passes 1 (model/draft_loss.h)
   int64_t chunk_rows = 1024;
   Tensor dh;         // [R, H] act, output gradient (may be undefined for forward-only evaluation)
 };

@@ -2,9 +2,9 @@
 // starts it: which sequences form the global batch (the seeded data order), their anchors and DraftBatches, the
 // global loss normaliser (sum of weights over every drafter; with D-PACE, whose weights exist only after the
 // forward, the number of supervised slots, as speculators normalises it: no collective after the forward), and the
-// split of the sequences over the drafters, balanced by work. The plan depends only on (data, seed, step) and the number of drafters; the global batch, its
-// anchors and sum_w do not depend on the number of drafters at all, so D drafters compute the loss and gradients
-// of one drafter on the same batch (up to the order of floating-point sums).
+// split of the sequences over the drafters, balanced by work. The plan depends only on (data, seed, step) and the
+// number of drafters; the global batch, its anchors and sum_w do not depend on the number of drafters at all, so D
+// drafters compute the loss and gradients of one drafter on the same batch (up to the order of floating-point sums).
 // defines: PlanConfig, SeqPlan, StepPlan, StepPlanner, PlanBook, count_trainable_samples
 #pragma once
 #include <cstdint>
