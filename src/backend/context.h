@@ -70,7 +70,7 @@ struct LossArgs {
   Tensor weights;    // [Rs] F32 loss weights w
   Tensor teacher_h;  // [Rs, H] act or undefined: target final-norm hidden rows for soft labels
   float kl_weight = 0.0f;
-  float grad_scale = 1.0f;  // 1 / (global sum of w)
+  float grad_scale = 1.0f;  // 1 / (global sum of w); D-PACE's loss head passes 1 (model/draft_loss.h)
   int64_t chunk_rows = 1024;
   Tensor dh;         // [R, H] act, output gradient (may be undefined for forward-only evaluation)
 };
@@ -254,6 +254,11 @@ class Context {
   virtual void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) = 0;
   // Row argmax of x [R, V] -> out [R] I32 (first index on ties).
   virtual void argmax(const Tensor& x, const Tensor& out) = 0;
+  // x[rows[r], :] *= scale[r] in place: x [R, D] act dtype, rows [Rs] I32 strictly ascending in [0, R), scale [Rs]
+  // param dtype (F32; F64 on cpu64); each product computed in fp32 (fp64 on cpu64) and rounded once to x's dtype.
+  // Rows not listed are untouched. Bad rows: Error naming scale_rows and the row (CUDA: reported at the next
+  // synchronising call). The loss head scales its gradient rows by D-PACE's weights with it (model/draft_loss.h).
+  virtual void scale_rows(const Tensor& x, const Tensor& rows, const Tensor& scale) = 0;
 
   // ---- attention -----------------------------------------------------------------------------------------
   // Causal GQA attention for the target: q [T, nh, d] at positions q_offset + t; k, v [Tk, nkv, d] at

@@ -242,6 +242,29 @@ void accumulate(TauStats& s, const ResponseTau& r, int64_t B) {
   for (const Cycle& c : r.cycles) ++s.histogram[static_cast<size_t>(c.accepted)];
 }
 
+}  // namespace
+
+std::vector<double> TauStats::reached() const {
+  std::vector<double> r(histogram.size(), 0.0);
+  int64_t at_least = cycles;  // cycles with accepted >= k, from k = 0 up
+  for (size_t k = 0; k < histogram.size(); ++k) {
+    r[k] = cycles > 0 ? static_cast<double>(at_least) / static_cast<double>(cycles) : (k == 0 ? 1.0 : 0.0);
+    at_least -= histogram[k];
+  }
+  if (!r.empty()) r[0] = 1.0;
+  return r;
+}
+
+std::vector<double> TauStats::given_previous() const {
+  const std::vector<double> r = reached();
+  std::vector<double> g(r.size(), 0.0);
+  if (!g.empty()) g[0] = 1.0;
+  for (size_t k = 1; k < r.size(); ++k) g[k] = r[k - 1] > 0 ? r[k] / r[k - 1] : 0.0;
+  return g;
+}
+
+namespace {
+
 void finish(TauStats& s, int64_t B) {
   if (s.histogram.empty()) s.histogram.assign(static_cast<size_t>(B), 0);
   s.tau = s.responses ? s.tau / s.responses : 0.0;
@@ -251,6 +274,7 @@ void finish(TauStats& s, int64_t B) {
 nlohmann::json stats_json(const TauStats& s) {
   return {{"responses", s.responses}, {"cycles", s.cycles},          {"committed_tokens", s.committed},
           {"tau", s.tau},             {"tokens_per_target_forward", s.pooled}, {"histogram", s.histogram},
+          {"reached_by_slot", s.reached()}, {"accepted_given_previous_by_slot", s.given_previous()},
           {"decode_tokens", s.decode_tokens}, {"decode_seconds", s.seconds}, {"tokens_per_s", s.tokens_per_s()}};
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/rng.h"
 #include "io/model_family.h"
+#include "model/draft_loss.h"  // loss_head: the loss weights (decay or D-PACE) and the lm_head + loss
 
 namespace dflash {
 
@@ -411,18 +412,15 @@ DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, co
     dhf = ctx.zeros(dt, {NB, H});
     la.dh = dhf;
   }
-  LossStats ls = ctx.lm_head_loss(la);
+  LossHeadOut lh = loss_head(ctx, la, in.dpace_alpha, cfg_.block_size);
   DraftStepStats out;
-  Tensor w = ctx.to_host(in.weights);
-  const float* wp = w.ptr<float>();
-  for (size_t r = 0; r < ls.ce.size(); ++r) {
-    out.ce_sum += static_cast<double>(wp[r]) * ls.ce[r];
-    out.kl_sum += static_cast<double>(wp[r]) * ls.kl[r];
-  }
+  out.ce_sum = lh.ce_sum;
+  out.kl_sum = lh.kl_sum;
   out.loss_sum = out.ce_sum + (kl_weight > 0 ? kl_weight * out.kl_sum : 0.0);
-  out.ce = std::move(ls.ce);
-  out.kl = std::move(ls.kl);
-  out.correct = std::move(ls.correct);
+  out.ce = std::move(lh.stats.ce);
+  out.kl = std::move(lh.stats.kl);
+  out.correct = std::move(lh.stats.correct);
+  out.w = std::move(lh.w);
   if (!backward) return out;
 
   Tensor dh = ctx.empty(dt, {NB, H});

@@ -84,14 +84,17 @@ struct DraftInputs {
   Tensor valid;       // [N] U8
   Tensor rows;        // [Rs] I32 rows of the N*B block tokens that carry loss (w > 0)
   Tensor labels;      // [Rs] I32 y = x[a_j + i]
-  Tensor weights;     // [Rs] F32 w = m * exp(-(i-1)/gamma)
+  Tensor weights;     // [Rs] F32 w = m * exp(-(i-1)/gamma); with D-PACE the mask m (1)
   Tensor teacher_h;   // [Rs, H] act: target final hidden at a_j+i-1 (soft labels), or undefined
+  double dpace_alpha = 0;  // > 0: the loss weights are D-PACE's with this alpha, computed after the forward from the
+                           // rows' cross-entropies (model/draft_loss.h); 0: `weights` as given
 };
 
 struct DraftStepStats {
   double loss_sum = 0;  // sum_rows w * (ce + kl_weight * kl) (not normalised)
   double ce_sum = 0, kl_sum = 0;   // sum_rows w * ce, sum_rows w * kl
   std::vector<double> ce, kl;      // per selected row
+  std::vector<double> w;           // per selected row: the loss weight used (D-PACE's, or the batch's)
   std::vector<uint8_t> correct;    // per selected row: argmax == label
 };
 
@@ -105,7 +108,8 @@ class Drafter {
   const ParamSet& params() const { return params_; }
 
   // Forward + (optionally) backward of one sequence. Gradients are ACCUMULATED into params().grad; the loss is
-  // scaled by grad_scale (1 / global sum of w). `embed` [V, H] and `lm_head` [V, H] are the target's frozen
+  // scaled by grad_scale (1 / the global normaliser: sum of w, or with D-PACE the count of supervised slots). The
+  // loss head and its weights: model/draft_loss.h. `embed` [V, H] and `lm_head` [V, H] are the target's frozen
   // weights in the compute dtype. With recompute, only each layer's input is kept and the layer's forward is
   // re-run during backward (case C06).
   DraftStepStats forward_backward(Context& ctx, const DraftInputs& in, const Tensor& embed, const Tensor& lm_head,

@@ -30,6 +30,7 @@
 #include "backend/cuda/ops.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "model/draft_loss.h"
 #include "model/drafter.h"
 #include "model/target.h"
 #include "train/draft_batch.h"
@@ -388,6 +389,23 @@ TEST(CudaOps, Elementwise) {
     c.argmax(put(c, logits), o);
     return Outs{get(c, o)};
   });
+  // scale_rows (the D-PACE weights on the loss head's gradient rows): listed rows scaled once, the others untouched
+  const int64_t SR = kEmu ? 9 : 700, SC = kEmu ? 40 : 1000;
+  std::vector<int32_t> srows;
+  std::vector<float> svals;
+  for (int64_t r = 0; r < SR; r += 2) {  // every other row, from 0 to the last
+    srows.push_back(static_cast<int32_t>(r));
+    svals.push_back(round_bf16(static_cast<float>(0.05 + 3.0 * static_cast<double>(r) / SR)));
+  }
+  const Tensor sx = rnd({SR, SC}, 35);
+  check_case(cat("scale_rows R", SR, " C", SC, " (every other row)"), {{"act"}, {"F32", Kind::TwoX, false}},
+             [&](Context& c) {
+               const Tensor sc = put(c, cpu_tensor(svals, {static_cast<int64_t>(svals.size())}), false);
+               Tensor xa = put(c, sx), xf = put(c, sx, false);
+               c.scale_rows(xa, put_i32(c, srows), sc);
+               c.scale_rows(xf, put_i32(c, srows), sc);
+               return Outs{get(c, xa), get(c, xf)};
+             });
   const Tensor big = rnd({kEmu ? 5000 : 3000001}, 30);
   check_case("sum_squares", {{"F32", Kind::TwoX, false, 1.0}, {"act", Kind::TwoX, false, 1.0}}, [&](Context& c) {
     return Outs{std::vector<double>{c.sum_squares(put(c, big, false))},
@@ -859,6 +877,22 @@ TEST(CudaOps, LmHeadLoss) {
     }
     const int64_t Rs = static_cast<int64_t>(rows.size());
     const Tensor th = rint({Rs, s.H}, 63, -2, 2);
+    // the case's arguments on context c, dh zeroed
+    auto loss_args = [&](Context& c, const std::vector<float>& weights, bool teacher, float kl_weight, float grad_scale,
+                         int64_t chunk) {
+      LossArgs a;
+      a.h = put(c, h);
+      a.lm_head = put(c, W);
+      a.rows = put_i32(c, rows);
+      a.labels = put_i32(c, labels);
+      a.weights = c.to_device(cpu_tensor(weights, {Rs}));
+      a.teacher_h = teacher ? put(c, th) : Tensor{};
+      a.kl_weight = kl_weight;
+      a.grad_scale = grad_scale;
+      a.chunk_rows = chunk;
+      a.dh = c.zeros(c.compute_dtype(), {s.R, s.H});
+      return a;
+    };
     for (bool teacher : {false, true})
       for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{1024}}) {
         if (chunk == 1 && s.V > 1000) continue;
@@ -868,22 +902,26 @@ TEST(CudaOps, LmHeadLoss) {
                    {{"ce", Kind::TwoX, false, double(s.V + s.H)}, {"kl", Kind::TwoX, false, double(s.V + s.H)},
                     {"dh", Kind::Nmse, true, 1, 2 * std::ldexp(1.0, -16)}, {"correct", Kind::Exact, false}},
                    [&](Context& c) {
-                     LossArgs a;
-                     a.h = put(c, h);
-                     a.lm_head = put(c, W);
-                     a.rows = put_i32(c, rows);
-                     a.labels = put_i32(c, labels);
-                     a.weights = c.to_device(cpu_tensor(w, {Rs}));
-                     a.teacher_h = teacher ? put(c, th) : Tensor{};
-                     a.kl_weight = 0.3f;
-                     a.grad_scale = 0.05f;
-                     a.chunk_rows = chunk;
-                     a.dh = c.zeros(c.compute_dtype(), {s.R, s.H});
+                     const LossArgs a = loss_args(c, w, teacher, 0.3f, 0.05f, chunk);
                      LossStats st = c.lm_head_loss(a);
                      std::vector<double> cor(st.correct.begin(), st.correct.end());
                      return Outs{st.ce, st.kl, get(c, a.dh), cor};
                    });
       }
+    // the loss head with D-PACE weights (model/draft_loss.h): unit-weight lm_head_loss, the weights from each
+    // backend's own ce (blocks of 4 rows; rows i % 3 == 1 are the unsupervised slots), scale_rows on dh
+    for (bool teacher : {false, true}) {
+      const std::string nm = cat("loss_head D-PACE alpha 0.5 R", s.R, " rows ", Rs, " H", s.H, " V", s.V,
+                                 teacher ? " +KL" : "");
+      check_case(nm,
+                 {{"w", Kind::TwoX, false, double(s.V + s.H)}, {"dh", Kind::Nmse, true, 1, 4 * std::ldexp(1.0, -16)}},
+                 [&](Context& c) {
+                   const LossArgs a = loss_args(c, std::vector<float>(static_cast<size_t>(Rs), 1.0f), teacher, 0.15f,
+                                                static_cast<float>(1.0 / static_cast<double>(Rs)), 7);
+                   const LossHeadOut out = loss_head(c, a, 0.5, 4);
+                   return Outs{out.w, get(c, a.dh)};
+                 });
+    }
   }
 }
 
@@ -913,7 +951,8 @@ struct DrafterRun {
   Tensor embed, lm_head, features, teacher;
   DraftBatch batch;
   DraftInputs in;
-  DrafterRun(std::unique_ptr<Context> c, int64_t S, DrafterConfig config = tiny_config(), uint64_t seed = 5)
+  DrafterRun(std::unique_ptr<Context> c, int64_t S, DrafterConfig config = tiny_config(), uint64_t seed = 5,
+             double dpace_alpha = 0)
       : ctx(std::move(c)), cfg(std::move(config)) {
     Context& x = *ctx;
     drafter = std::make_unique<Drafter>(x, cfg, 1234, 0.3);
@@ -937,7 +976,7 @@ struct DrafterRun {
     Rng rng(seed, RngPurpose::Anchors);
     std::vector<int32_t> anchors = sample_anchors(mask, std::max<int64_t>(1, S / 5), rng);
     batch = make_draft_batch(tokens, mask, anchors, static_cast<int64_t>(anchors.size()) + 1, cfg.block_size,
-                             cfg.mask_token_id, 7.0);
+                             cfg.mask_token_id, 7.0, dpace_alpha);
     in = upload_draft_batch(x, batch, features, teacher);
   }
   DraftStepStats step(float kl, bool backward = true) {
@@ -961,11 +1000,11 @@ double rel(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 TEST(CudaDrafter, StepMatchesCpu) {
-  for (float kl : {0.0f, 0.3f}) {
-    DrafterRun cpu(make_context("cpu"), 21), gpu(gpu_context(), 21);
+  for (const auto& [kl, dpace] : {std::pair{0.0f, 0.0}, std::pair{0.3f, 0.0}, std::pair{0.0f, 0.5}, std::pair{0.3f, 0.5}}) {
+    DrafterRun cpu(make_context("cpu"), 21, tiny_config(), 5, dpace), gpu(gpu_context(), 21, tiny_config(), 5, dpace);
     const auto sc = cpu.step(kl), sg = gpu.step(kl);
     const double lc = sc.loss_sum / cpu.batch.sum_w, lg = sg.loss_sum / gpu.batch.sum_w;
-    const std::string nm = cat("drafter step (tiny, S21) kl ", kl);
+    const std::string nm = cat("drafter step (tiny, S21) kl ", kl, dpace > 0 ? cat(" D-PACE alpha ", dpace) : "");
     const double le = std::fabs(lg - lc) / std::fabs(lc);
     EXPECT_LT(le, 2e-2) << nm << " loss cpu " << lc << " cuda " << lg;
     record(nm + " loss rel err", le, 2e-2, le < 2e-2);
@@ -1476,18 +1515,25 @@ TEST(CudaTarget, HybridGoldens) {
 
 TEST(CudaErrors, BadTokenIdIsReported) {
   auto g = gpu_context();
+  // an op with bad indices reports them at the next synchronising call, naming `what`; the error word is reset
+  auto expect_reported = [&](const std::function<void()>& op, const char* what) {
+    op();
+    std::string msg;
+    try {
+      g->synchronize();
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    const bool ok = msg.find(what) != std::string::npos;
+    EXPECT_TRUE(ok) << msg;
+    record("device index check: " + msg.substr(0, 54), ok ? 0 : 1, 0, ok);
+    g->synchronize();  // the error word was reset
+  };
   Tensor table = put(*g, rnd({10, 8}, 70)), out = g->empty(DType::BF16, {2, 8});
-  g->embedding(table, put_i32(*g, {3, 10}), out);
-  std::string msg;
-  try {
-    g->synchronize();
-  } catch (const Error& e) {
-    msg = e.what();
-  }
-  const bool ok = msg.find("token id") != std::string::npos;
-  EXPECT_TRUE(ok) << msg;
-  record("device index check: " + msg.substr(0, 54), ok ? 0 : 1, 0, ok);
-  g->synchronize();  // the error word was reset
+  expect_reported([&] { g->embedding(table, put_i32(*g, {3, 10}), out); }, "token id");
+  // scale_rows: rows that do not ascend (two threads could write one row)
+  Tensor x = put(*g, rnd({4, 8}, 71));
+  expect_reported([&] { g->scale_rows(x, put_i32(*g, {2, 1}), put(*g, rnd({2}, 72), false)); }, "scale_rows");
   record("context: " + g->describe(), 0, 0, true);
 }
 

@@ -134,6 +134,10 @@ class CpuContext final : public Context {
     const OpScope scope = op("argmax");
     cpu::argmax(pool_, x, out);
   }
+  void scale_rows(const Tensor& x, const Tensor& rows, const Tensor& scale) override {
+    const OpScope scope = op("scale_rows");
+    cpu::scale_rows(pool_, x, rows, scale);
+  }
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
                         float scale, const CausalAttnOpts& opts) override {
     const OpScope scope = op("attention_causal");

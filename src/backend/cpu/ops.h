@@ -26,6 +26,7 @@ void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0);
 void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0);
 void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows);
 void argmax(ThreadPool& tp, const Tensor& x, const Tensor& out);
+void scale_rows(ThreadPool& tp, const Tensor& x, const Tensor& rows, const Tensor& scale);
 
 void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                       int64_t q_offset, float scale, const CausalAttnOpts& opts);

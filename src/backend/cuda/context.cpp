@@ -342,6 +342,10 @@ class CudaContext final : public Context {
     const OpScope scope = op("argmax");
     cuda::argmax(env_, x, out);
   }
+  void scale_rows(const Tensor& x, const Tensor& rows, const Tensor& scale) override {
+    const OpScope scope = op("scale_rows");
+    cuda::scale_rows(env_, x, on_device(rows), on_device(scale));
+  }
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
                         float scale, const CausalAttnOpts& opts) override {
     const OpScope scope = op("attention_causal");

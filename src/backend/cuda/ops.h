@@ -35,6 +35,7 @@ enum ErrBits : int {
   kErrLossLabel = 4,     // lm_head_loss: label outside [0, V)
   kErrAnchor = 8,        // dflash_attention: a valid block's anchor outside [0, S]
   kErrExpertId = 16,     // moe_group: an expert id outside [0, E)
+  kErrScaleRow = 32,     // scale_rows: a row outside [0, R) or not after the previous one
 };
 // "embedding: token id outside [0, V); ..." for the bits set.
 std::string describe_error_bits(int bits);
@@ -91,6 +92,8 @@ void gather_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& row
 // dst[rows[r], :] = src[r, :]  (the inverse of gather_rows; used by lm_head_loss)
 void scatter_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& rows);
 void argmax(Env& e, const Tensor& x, const Tensor& out);
+// x[rows[r], :] *= scale[r] (x F32 or BF16, scale F32, rows strictly ascending; a bad row sets kErrScaleRow)
+void scale_rows(Env& e, const Tensor& x, const Tensor& rows, const Tensor& scale);
 double sum_squares(Env& e, const Tensor& x);  // synchronises
 void fill_normal(Env& e, const Tensor& out, double stdev, uint64_t seed, RngPurpose purpose, uint64_t stream);
 
