@@ -40,7 +40,8 @@ struct Fixture {
   Tensor embed, lm_head, features, teacher;
   DraftBatch batch;
   DraftInputs in;
-  explicit Fixture(const std::string& device, DrafterConfig c = tiny_config()) : cfg(std::move(c)) {
+  explicit Fixture(const std::string& device, DrafterConfig c = tiny_config(), double dpace_alpha = 0)
+      : cfg(std::move(c)) {
     ctx = make_context(device, {.threads = 2});
     const DType dt = ctx->compute_dtype();
     drafter = std::make_unique<Drafter>(*ctx, cfg, 1234, 0.3);
@@ -62,7 +63,7 @@ struct Fixture {
     for (int64_t p = 0; p < S; ++p) tokens[p] = static_cast<int32_t>((p * 7 + 3) % 38);
     for (int64_t p = 5; p < S; ++p) mask[p] = p == 11 ? 0 : 1;
     std::vector<int32_t> anchors = {5, 8, 12, 18};  // 18: block runs past S-1; one padding block added
-    batch = make_draft_batch(tokens, mask, anchors, 5, cfg.block_size, cfg.mask_token_id, 7.0);
+    batch = make_draft_batch(tokens, mask, anchors, 5, cfg.block_size, cfg.mask_token_id, 7.0, dpace_alpha);
     in = upload_draft_batch(*ctx, batch, features, teacher);
   }
   double loss(float kl) {
@@ -148,6 +149,39 @@ TEST(Drafter, RecomputeGivesIdenticalGradients) {  // case C06
   EXPECT_EQ(a.loss_sum, b.loss_sum);
   size_t k = 0;
   for (auto& p : f.drafter->params().all()) EXPECT_EQ(to_f64(p.grad), g1[k++]) << p.name;
+}
+
+// D-PACE through the whole drafter (fp64): the batch carries the mask m as weights and the row count as normaliser,
+// and the gradients equal those of the fixed-weight path run with D-PACE's weights (they are detached: arXiv
+// 2605.18810 Eq. 9), whose gradients the finite-difference test above checks; with and without the KL term.
+TEST(Drafter, DPaceGradientsAreTheFixedWeightGradientsOfItsWeights) {
+  for (float kl : {0.0f, 0.3f}) {
+    Fixture d("cpu64", tiny_config(), 0.5);
+    ASSERT_EQ(d.batch.sum_w, static_cast<double>(d.batch.rows.size()));
+    for (float w : d.batch.weights) ASSERT_EQ(w, 1.0f);
+    const float scale = static_cast<float>(1.0 / d.batch.sum_w);
+    d.drafter->params().zero_grad(*d.ctx);
+    const DraftStepStats a = d.drafter->forward_backward(*d.ctx, d.in, d.embed, d.lm_head, kl, scale, true);
+    Fixture f("cpu64");  // the same drafter and inputs, fixed weights
+    ASSERT_EQ(f.batch.rows, d.batch.rows);
+    ASSERT_EQ(a.w.size(), f.batch.rows.size());
+    double moved = 0;
+    for (size_t r = 0; r < a.w.size(); ++r) {
+      moved = std::max(moved, std::fabs(a.w[r] - f.batch.weights[r]));
+      f.batch.weights[r] = static_cast<float>(a.w[r]);
+    }
+    EXPECT_GT(moved, 0.1) << "D-PACE's weights should differ from the decay's";
+    f.in.weights = f.ctx->to_device(cpu_tensor(f.batch.weights, {static_cast<int64_t>(a.w.size())}));
+    f.drafter->params().zero_grad(*f.ctx);
+    const DraftStepStats b = f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, kl, scale, true);
+    EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-7 * std::fabs(b.loss_sum)) << "kl " << kl;  // w rounded to F32 in b
+    auto& fp = f.drafter->params().all();
+    size_t k = 0;
+    for (auto& p : d.drafter->params().all()) {
+      const double e = dflash::test::rel_err(to_f64(p.grad), to_f64(fp[k++].grad));
+      EXPECT_LT(e, 1e-6) << p.name << " kl " << kl;
+    }
+  }
 }
 
 TEST(DraftBatch, LabelAlignmentCaseC09) {

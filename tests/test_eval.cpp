@@ -275,6 +275,26 @@ TEST(EvalTau, PerturbedDrafterTeacherEqualsGeneratedExactly) {
   EXPECT_LE(tau, 6.0);
 }
 
+// Acceptance along the block from the histogram (B 4): 10 cycles accepting 0, 1, 2, 3 draft tokens 4, 3, 2, 1 times.
+TEST(EvalTau, AcceptanceBySlotFromTheHistogram) {
+  TauStats s;
+  s.histogram = {4, 3, 2, 1};
+  s.cycles = 10;
+  const std::vector<double> reached = s.reached(), given = s.given_previous();
+  ASSERT_EQ(reached.size(), 4u);
+  EXPECT_DOUBLE_EQ(reached[0], 1.0);
+  EXPECT_DOUBLE_EQ(reached[1], 0.6);  // 6 of 10 cycles accepted slot 1
+  EXPECT_DOUBLE_EQ(reached[2], 0.3);
+  EXPECT_DOUBLE_EQ(reached[3], 0.1);
+  EXPECT_DOUBLE_EQ(given[1], 0.6);
+  EXPECT_DOUBLE_EQ(given[2], 0.5);   // 3 of the 6 that reached slot 1 accepted slot 2
+  EXPECT_NEAR(given[3], 1.0 / 3.0, 1e-15);
+  TauStats none;  // no cycle: nothing reached, nothing accepted
+  none.histogram = {0, 0, 0};
+  EXPECT_EQ(none.reached(), (std::vector<double>{1, 0, 0}));
+  EXPECT_EQ(none.given_previous(), (std::vector<double>{1, 0, 0}));
+}
+
 TEST(EvalTau, EvaluateReportBlock4) {
   Demo& d = demo();
   auto dr = random_drafter(4, 3);
@@ -316,6 +336,8 @@ TEST(EvalTau, EvaluateReportBlock4) {
   EXPECT_EQ(rep.baseline_tokens, rep.generated.decode_tokens);
   auto j = rep.to_json();
   EXPECT_EQ(j["teacher_forced"]["histogram"].size(), 4u);
+  EXPECT_EQ(j["generated"]["reached_by_slot"].get<std::vector<double>>(), rep.generated.reached());
+  EXPECT_EQ(j["teacher_forced"]["accepted_given_previous_by_slot"].size(), 4u);
   std::printf("%s", rep.table().c_str());
   // --max-new-tokens cuts the responses: 10 tokens -> 9 committed per response
   o.max_new_tokens = 10;

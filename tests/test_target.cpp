@@ -7,66 +7,14 @@
 #include "backend/context.h"
 #include "io/safetensors.h"
 #include "model/target.h"
+#include "golden_checks.h"
 #include "test_util.h"
 
 using namespace dflash;
 using dflash::test::rel_err;
 using dflash::test::to_f64;
 
-namespace {
-
-void check_golden(const std::string& name, const std::string& device) {
-  const std::string dir = test::source_dir() + "/tests/golden/" + name;
-  auto ctx = make_context(device);
-  auto target = Target::load(dir, *ctx);
-  auto g = SafetensorsFile::open(dir + "/golden.safetensors");
-  const ModelConfig& cfg = target->config();
-  const int64_t L = cfg.num_hidden_layers, H = cfg.hidden_size, V = cfg.vocab_size;
-  Tensor ids = g->view("input_ids");
-  const int64_t S = ids.numel();
-  std::vector<int64_t> all(L);
-  std::iota(all.begin(), all.end(), 0);
-  // RoPE frequencies (incl. Llama-3 scaling) as transformers computes them (goldens without them: checked through
-  // every layer's output, and YaRN's in RopeYarn below)
-  if (g->find("rope_inv_freq")) {
-    EXPECT_LT(rel_err(to_f64(target->weights().inv_freq), to_f64(g->view("rope_inv_freq"))), 1e-6) << name;
-  }
-  auto out = target->forward(*ctx, ids, all, true);
-  Tensor feats = ctx->to_host(out.features, false);
-  const double tol = ctx->compute_dtype() == DType::F64 ? 2e-6 : 2e-5;  // golden angles are fp32 (see metadata)
-  for (int64_t l = 0; l < L; ++l) {
-    auto fv = to_f64(feats);
-    std::vector<double> col(static_cast<size_t>(S * H));
-    for (int64_t t = 0; t < S; ++t)
-      for (int64_t c = 0; c < H; ++c) col[t * H + c] = fv[t * L * H + l * H + c];
-    EXPECT_LT(rel_err(col, to_f64(g->view(cat("layer_output.", l)))), tol) << name << " layer " << l;
-    if (l + 1 < L) {  // HF hidden_states[l+1] is the same tensor, except the last which HF returns normed
-      EXPECT_LT(rel_err(col, to_f64(g->view(cat("hidden_states.", l + 1)))), tol) << name << " hidden_states " << l + 1;
-    }
-  }
-  EXPECT_LT(rel_err(to_f64(ctx->to_host(out.final_hidden, false)), to_f64(g->view("final_hidden"))), tol) << name;
-  Tensor logits = ctx->empty(ctx->compute_dtype(), {S, V});
-  target->logits(*ctx, out.final_hidden, logits);
-  EXPECT_LT(rel_err(to_f64(ctx->to_host(logits, false)), to_f64(g->view("logits"))), tol) << name;
-
-  // KV cache: prefill 36 tokens, then decode 4 one at a time
-  KVCache cache = KVCache::create(*ctx, cfg, S);
-  std::vector<int32_t> idv(ids.ptr<int32_t>(), ids.ptr<int32_t>() + S);
-  std::vector<int64_t> none;
-  target->forward(*ctx, cpu_tensor_i32(std::vector<int32_t>(idv.begin(), idv.begin() + 36), {36}), none, true, &cache);
-  std::vector<double> dec;
-  for (int t = 36; t < 40; ++t) {
-    auto o = target->forward(*ctx, cpu_tensor_i32({idv[t]}, {1}), none, true, &cache);
-    Tensor lg = ctx->empty(ctx->compute_dtype(), {1, V});
-    target->logits(*ctx, o.final_hidden, lg);
-    auto v = to_f64(ctx->to_host(lg, false));
-    dec.insert(dec.end(), v.begin(), v.end());
-  }
-  EXPECT_EQ(cache.len, 40);
-  EXPECT_LT(rel_err(dec, to_f64(g->view("kv_decode_logits"))), tol) << name << " KV-cache decode";
-}
-
-}  // namespace
+using dflash::test::check_golden;
 
 TEST(TargetGolden, Qwen3MatchesTransformers) { check_golden("target_qwen3", "cpu"); }
 TEST(TargetGolden, Llama3WithRopeScalingMatchesTransformers) { check_golden("target_llama3", "cpu"); }

@@ -51,6 +51,13 @@ TrainConfig tiny_config(const std::string& root, const std::string& data) {
 
 std::vector<nlohmann::json> read_metrics(const std::string& out_dir) { return test::read_metrics_jsonl(out_dir); }
 
+// `dflash train` on the tiny golden target and `data`, into <root>/run, block 4, batch 2, one thread; add options.
+std::string tiny_train_cmd(const std::string& root, const std::string& data) {
+  return std::string(DFLASH_BINARY) + " train --target " + test::source_dir() + "/tests/golden/target_qwen3 --data " +
+         data + " --out " + root + "/run --block-size 4 --target-layer-ids 1,2 --mask-token-id 511 --batch-size 2 " +
+         "--quiet --threads 1";
+}
+
 }  // namespace
 
 TEST(TrainLoop, LossFallsAndEalRises) {
@@ -297,10 +304,7 @@ TEST(Export, SlidingWindowLayersRoundTrip) {
 TEST(TrainCli, SlidingWindowLayersReachTheCheckpointAndTheExport) {
   const std::string root = tmpdir("cli_swa");
   const std::string data = make_data(root, 4);
-  const std::string base = std::string(DFLASH_BINARY) + " train --target " + test::source_dir() +
-                           "/tests/golden/target_qwen3 --data " + data + " --out " + root + "/run --max-steps 2 " +
-                           "--block-size 4 --target-layer-ids 1,2 --mask-token-id 511 --batch-size 2 --num-layers 2 " +
-                           "--quiet --threads 1";
+  const std::string base = tiny_train_cmd(root, data) + " --max-steps 2 --num-layers 2";
   const std::string cmd = base + " --sliding-window 5 --layer-types sliding,full 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto st = nlohmann::json::parse(read_file(latest_checkpoint(root + "/run") + "/state.json"));
@@ -313,6 +317,37 @@ TEST(TrainCli, SlidingWindowLayersReachTheCheckpointAndTheExport) {
       base + " --resume --sliding-window 6 --layer-types sliding,full > " + root + "/resume.log 2>&1";
   EXPECT_NE(std::system(other.c_str()), 0) << other;
   EXPECT_NE(read_file(root + "/resume.log").find("sliding_window"), std::string::npos) << read_file(root + "/resume.log");
+  fs::remove_all(root);
+}
+
+// --loss dpace and --dpace-alpha reach the checkpoint's config; a resume with another objective is refused naming
+// it; an unknown loss or an alpha outside (0, 1] fails before any step, naming the option.
+TEST(TrainCli, DPaceLossReachesTheCheckpointAndResumeKeepsIt) {
+  const std::string root = tmpdir("cli_dpace");
+  const std::string data = make_data(root, 4);
+  const std::string base = tiny_train_cmd(root, data) + " --max-steps 3 --no-export";
+  const std::string cmd = base + " --loss dpace --dpace-alpha 0.3 --stop-after 2 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto st = nlohmann::json::parse(read_file(latest_checkpoint(root + "/run") + "/state.json"));
+  EXPECT_EQ(st["config"]["loss"], "dpace");
+  EXPECT_EQ(st["config"]["dpace_alpha"], 0.3);
+  const auto m = read_metrics(root + "/run");
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_GT(m[0]["loss"].get<double>(), 0);
+  const std::string log = root + "/resume.log";
+  EXPECT_NE(std::system((base + " --resume --loss decay > " + log + " 2>&1").c_str()), 0);
+  EXPECT_NE(read_file(log).find("loss = \"dpace\""), std::string::npos) << read_file(log);
+  EXPECT_NE(std::system((base + " --resume --loss dpace --dpace-alpha 0.5 > " + log + " 2>&1").c_str()), 0);
+  EXPECT_NE(read_file(log).find("dpace_alpha"), std::string::npos) << read_file(log);
+  ASSERT_EQ(std::system((base + " --resume --loss dpace --dpace-alpha 0.3 2>&1").c_str()), 0);
+  EXPECT_EQ(read_metrics(root + "/run").size(), 3u);
+  for (const auto& [args, want] : {std::pair<const char*, const char*>{" --loss dpase", "--loss: 'dpase'"},
+                                   std::pair<const char*, const char*>{" --loss dpace --dpace-alpha 0", "--dpace-alpha = 0"}}) {
+    const std::string bad = base + " --overwrite" + args + " > " + log + " 2>&1";
+    EXPECT_NE(std::system(bad.c_str()), 0) << bad;
+    EXPECT_NE(read_file(log).find(want), std::string::npos) << read_file(log);
+  }
+  EXPECT_EQ(read_metrics(root + "/run").size(), 3u) << "a refused start must leave the run as it was";
   fs::remove_all(root);
 }
 

@@ -1,10 +1,14 @@
 // tests/train_fixtures.h — small training runs for the tests: a learnable toy data set for the tiny Qwen3 golden
-// target, a config sized for 2 CPU cores, metrics reading, temporary directories, child processes.
+// target, a config sized for 2 CPU cores, metrics reading, the 2 + 2 = 1 workers check, temporary directories, child
+// processes.
 #pragma once
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -15,7 +19,9 @@
 
 #include "core/rng.h"
 #include "io/dataset.h"
+#include "io/safetensors.h"
 #include "test_util.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace dflash::test {
@@ -77,6 +83,45 @@ inline std::vector<nlohmann::json> read_metrics_jsonl(const std::string& out_dir
   std::string line;
   while (std::getline(in, line)) v.push_back(nlohmann::json::parse(line));
   return v;
+}
+
+// Every parameter of the latest checkpoint of a run, in name order.
+inline std::vector<double> final_params(const std::string& out_dir) {
+  auto ws = WeightStore::open(latest_checkpoint(out_dir) + "/params.safetensors");
+  std::vector<double> v;
+  for (const auto& n : ws.names()) {
+    auto f = to_f32_vector(ws.view(n));
+    v.insert(v.end(), f.begin(), f.end());
+  }
+  return v;
+}
+
+// Trains `one`'s config again with 2 target + 2 drafter workers into `out_dir`, without an export (`one` itself has
+// run, with one of each, for one.max_steps steps): the loss of every step and the final parameters agree within 1e-5
+// (the order of floating-point sums), the parameters are not bit-equal (two drafters really sum two partial
+// gradients), and nothing was initialised after the warm-up. `label` names the case in failures. Returns the metrics
+// of both runs. (The 2 + 2 = 1 check of the dense, MoE, gpt-oss, hybrid and D-PACE pipeline tests.)
+inline std::pair<std::vector<nlohmann::json>, std::vector<nlohmann::json>> expect_two_plus_two_as_one(
+    const TrainConfig& one, const std::string& out_dir, const std::string& label = "") {
+  TrainConfig two = one;
+  two.export_at_end = false;
+  two.targets = "2";
+  two.drafters = "2";
+  two.out_dir = out_dir;
+  TrainSummary s2 = train(two);
+  EXPECT_EQ(s2.drafters, 2) << label;
+  EXPECT_EQ(s2.lazy_inits_after_warmup, 0) << label;
+  auto m1 = read_metrics_jsonl(one.out_dir), m2 = read_metrics_jsonl(two.out_dir);
+  EXPECT_EQ(m1.size(), static_cast<size_t>(one.max_steps)) << label;
+  EXPECT_EQ(m2.size(), m1.size()) << label;
+  for (size_t i = 0; i < std::min(m1.size(), m2.size()); ++i) {
+    const double l1 = m1[i]["loss"].get<double>(), l2 = m2[i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(l1 - l2), 1e-5 * std::fabs(l1)) << label << " step " << i + 1;
+  }
+  const auto p1 = final_params(one.out_dir), p2 = final_params(two.out_dir);
+  EXPECT_LE(rel_err(p2, p1), 1e-5) << label;
+  EXPECT_GT(rel_err(p2, p1), 0.0) << label << ": two drafters must really sum two partial gradients";
+  return {m1, m2};
 }
 
 // Runs a program (args[0]: its path) in a child process. Without `child`: waits, returns its exit status (128 +

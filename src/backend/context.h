@@ -1,6 +1,7 @@
 // backend/context.h — the per-device, per-worker execution context and the op interface.
 // defines: Context (abstract), Event, RopeArgs, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, MoeAct, MoeWeights,
-//          CausalAttnOpts, make_context, ContextOptions, lazy_init_count, note_lazy_init, mxfp4_dequantize
+//          CausalAttnOpts, GatedDeltaArgs, make_context, ContextOptions, lazy_init_count, note_lazy_init,
+//          mxfp4_dequantize
 //
 // One Context per device per worker thread. It owns everything mutable that executing ops needs: on the CPU a
 // thread pool; on CUDA the stream, the cuBLASLt handle, its workspace and a stream-ordered memory pool. There is
@@ -69,7 +70,7 @@ struct LossArgs {
   Tensor weights;    // [Rs] F32 loss weights w
   Tensor teacher_h;  // [Rs, H] act or undefined: target final-norm hidden rows for soft labels
   float kl_weight = 0.0f;
-  float grad_scale = 1.0f;  // 1 / (global sum of w)
+  float grad_scale = 1.0f;  // 1 / (global sum of w); D-PACE's loss head passes 1 (model/draft_loss.h)
   int64_t chunk_rows = 1024;
   Tensor dh;         // [R, H] act, output gradient (may be undefined for forward-only evaluation)
 };
@@ -127,6 +128,28 @@ Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales);
 
 struct MemoryStats {
   int64_t in_use_bytes = 0, peak_bytes = 0, limit_bytes = 0;
+};
+
+// The gated delta rule of one sequence (Context::gated_delta_rule; Yang, Kautz, Hatamizadeh 2024, "Gated Delta
+// Networks", arXiv 2412.06464; transformers' torch_recurrent_gated_delta_rule with use_qk_l2norm_in_kernel=True).
+// T tokens; nk key heads of dk, nv value heads of dv, nv a multiple of nk: value head h reads key head h / (nv / nk)
+// (transformers' repeat_interleave). Per value head, in fp32, with S the [dk, dv] state:
+//   q_t = l2norm(q_t) / sqrt(dk),  k_t = l2norm(k_t)       l2norm(x) = x / sqrt(sum x^2 + 1e-6)
+//   S   = exp(g_t) S
+//   S  += k_t (beta_t (v_t - S^T k_t))^T                     (the delta rule: S^T k_t moves towards v_t)
+//   o_t = S^T q_t
+struct GatedDeltaArgs {
+  Tensor qkv;    // [T, 2 nk dk + nv dv] act: per row q (nk heads x dk), k (nk x dk), v (nv x dv) (the conv's output)
+  // g, beta, state: param dtype (F32; F64 on cpu64)
+  Tensor g;      // [T, nv], log of the decay (<= 0)
+  Tensor beta;   // [T, nv], the delta rule's step (in (0, 1))
+  Tensor state;  // [nv, dk, dv]: the state before token 0, replaced by the state after token T-1; undefined:
+                 // start from zeros and drop the final state (a prefill without a cache)
+  int64_t nk = 0, dk = 0, nv = 0, dv = 0;
+  // Optional: the T rows are several independent sequences, rows [seqs[i], seqs[i+1]) (seqs[0] = 0, ascending,
+  // seqs.back() = T), each from a zero state (state must be undefined): a packed prefill in one call (CUDA: one
+  // launch for all of them). Empty: one sequence.
+  std::vector<int64_t> seqs;
 };
 
 // One sequence of Context::attention_causal_batch: queries = rows [begin, end) of the batch's q / out, at positions
@@ -231,6 +254,11 @@ class Context {
   virtual void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) = 0;
   // Row argmax of x [R, V] -> out [R] I32 (first index on ties).
   virtual void argmax(const Tensor& x, const Tensor& out) = 0;
+  // x[rows[r], :] *= scale[r] in place: x [R, D] act dtype, rows [Rs] I32 strictly ascending in [0, R), scale [Rs]
+  // param dtype (F32; F64 on cpu64); each product computed in fp32 (fp64 on cpu64) and rounded once to x's dtype.
+  // Rows not listed are untouched. Bad rows: Error naming scale_rows and the row (CUDA: reported at the next
+  // synchronising call). The loss head scales its gradient rows by D-PACE's weights with it (model/draft_loss.h).
+  virtual void scale_rows(const Tensor& x, const Tensor& rows, const Tensor& scale) = 0;
 
   // ---- attention -----------------------------------------------------------------------------------------
   // Causal GQA attention for the target: q [T, nh, d] at positions q_offset + t; k, v [Tk, nkv, d] at
@@ -281,6 +309,31 @@ class Context {
   // and rounded once; y [T k, H] act, slot [T k] I32, weights [T, k] param dtype, out [T, H] act.
   virtual void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
                            float beta) = 0;
+
+  // ---- hybrid linear-attention targets (Qwen3-Next, Qwen3.5: model/target/linear_attention.h) ---------------
+  // RMSNorm of the hybrid models, forward only: y = x / sqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w), times
+  // silu(z) when z is given (the gated norm of the linear attention's output, Qwen3NextRMSNormGated: norm before
+  // gate); fp32 math, rounded once. x, y, z [R, D] act; w [D] act. y may alias x. (zero_centred: Qwen3NextRMSNorm,
+  // whose weights are stored as w with the norm scaling by 1 + w.)
+  virtual void rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                             const Tensor& y) = 0;
+  // y *= sigmoid(gate), in place; y [R, D] act, gate [R, D] act or [R, 1] (one gate per row). The output gate of
+  // gated attention, and the shared expert's gate.
+  virtual void sigmoid_gate(const Tensor& y, const Tensor& gate) = 0;
+  // Depthwise causal convolution with SiLU over one sequence (transformers' causal_conv1d_fn / _update):
+  //   y[t, c] = silu(sum_{j < K} w[c, j] xin[t + j, c]),   xin = [state ; x]   ([K - 1 + T, C])
+  // x, y [T, C] act (y must not alias x); w [C, K] act (Conv1d.weight [C, 1, K]); state [K - 1, C] act: the K - 1
+  // inputs before x, replaced by the last K - 1 rows of xin (the window the next call continues from); undefined:
+  // zeros (a sequence's start), nothing kept.
+  virtual void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y) = 0;
+  // The Gated DeltaNet's per-head gates, fp32: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (softplus
+  // as torch: x above 20 passes through). ba [T, 2 nv] act: b in columns 0..nv-1, a in nv..2nv-1; A_log, dt_bias [nv]
+  // act; g, beta [T, nv] param dtype.
+  virtual void gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
+                        const Tensor& beta) = 0;
+  // The gated delta rule (GatedDeltaArgs) of one sequence: out [T, nv, dv] act = o_t. The CPU runs the recurrence
+  // token by token (the reference); CUDA the chunked form (exact up to rounding).
+  virtual void gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out) = 0;
 
   // ---- loss and optimizer --------------------------------------------------------------------------------
   virtual LossStats lm_head_loss(const LossArgs& a) = 0;
@@ -351,6 +404,21 @@ const char* moe_linear_op_name(MoeAct act, const MoeWeights& w);
 void check_causal_attn_opts(const char* op, const CausalAttnOpts& opts, const Tensor& q);
 void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,
                        DType param);
+
+// Argument checks of the hybrid ops, shared by every backend (Error naming the op, the tensor and its shape); `act`
+// is the context's compute dtype, `param` its param dtype. Return the dimensions the kernels use.
+struct RowsDims {
+  int64_t R, D;
+};
+RowsDims check_rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, const Tensor& y, DType act);
+RowsDims check_sigmoid_gate(const Tensor& y, const Tensor& gate, DType act);  // D = gate's columns (D or 1)
+struct Conv1dDims {
+  int64_t T, C, K;
+};
+Conv1dDims check_conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, DType act);
+int64_t check_gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
+                       const Tensor& beta, DType act, DType param);  // returns T
+int64_t check_gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out, DType act, DType param);  // returns T
 
 // Creates a Context for "cpu", "cpu64" (everything in fp64: the gradient-check oracle) or "cuda[:N]". Throws Error if the device is unknown or CUDA was not built in.
 std::unique_ptr<Context> make_context(const std::string& device, const ContextOptions& opts = {});

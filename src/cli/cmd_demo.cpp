@@ -8,6 +8,7 @@
 // as they stop `train`: a checkpoint, exit status 130, and `--resume` continues; elsewhere (preparing, measuring tau)
 // they end the demo at once, which loses nothing a resume does not redo (the data is prepared atomically).
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@
 #include "io/dataset.h"
 #include "io/prepare.h"
 #include "io/tokenizer.h"
+#include "model/draft_loss.h"  // kDefaultDPaceAlpha
 #include "model/export.h"
 #include "model/target.h"
 #include "train/trainer.h"
@@ -40,6 +42,12 @@ struct DemoOpts {
   int threads = 0;
   bool resume = false;
   bool overwrite = false;
+  // the objective and the seed (defaults: the demo as it always ran): train's --loss, --dpace-alpha, --kl-weight,
+  // --seed; bench/dpace_demo.sh compares objectives over seeds with them
+  std::string loss = "decay";
+  double dpace_alpha = kDefaultDPaceAlpha;
+  double kl_weight = 0;
+  uint64_t seed = 0;
 };
 
 std::string find_assets(const std::string& given) {
@@ -90,6 +98,9 @@ void run(const DemoOpts& o) {
   const bool gpu = o.device != "cpu";
   const std::string assets = find_assets(o.assets);
   const std::string target_dir = path_join(assets, "target");
+  const bool dpace = parse_loss_kind(o.loss, "--loss") == LossKind::DPace;  // bad options fail before any work
+  check_dpace_alpha(o.dpace_alpha, "--dpace-alpha");
+  DFLASH_CHECK(o.kl_weight >= 0, "--kl-weight ", o.kl_weight, ": must be >= 0 (0 = off)");
   RunLock lock = RunLock::acquire(o.out, "dflash demo");  // one demo at a time on --out
   try {
     claim_output_dir(o.out, o.resume, o.overwrite, OutputOf::Demo);  // an earlier demo: --resume or --overwrite
@@ -111,13 +122,17 @@ void run(const DemoOpts& o) {
   tc.threads = o.threads;
   tc.block_size = 16;
   tc.num_target_features = 5;
-  tc.seed = 0;
+  tc.seed = o.seed;
   tc.resume = o.resume;
   tc.checkpoint_every = 100;
+  tc.loss = o.loss;
+  tc.dpace_alpha = o.dpace_alpha;
+  tc.kl_weight = o.kl_weight;
   // gamma 2 instead of the spec's 7 for B = 16: in a run this short the drafter first predicts one "average"
   // token for every MASK slot, and weighting the first slots more breaks that symmetry sooner (measured on this
   // data: teacher-forced tau 1.22 after 185 CPU steps with gamma 2 against 1.05-1.11 with 7; bench/RESULTS.md).
-  tc.gamma = 2.0;
+  // D-PACE has no gamma (its weights come from the drafter's confidences).
+  tc.gamma = dpace ? 0.0 : 2.0;
   if (gpu) {
     // 8 layers and a schedule long enough that the time budget ends it. Measured on one H200 (bench/RESULTS.md,
     // issue 14), teacher-forced tau on 300 eval samples: 3 layers 3.53 and 5 layers 3.74 at a 230 s budget; 5 layers
@@ -172,15 +187,27 @@ void run(const DemoOpts& o) {
   TauReport gen = measure(*ctx, *target, *drafter, eval_data, gen_n, true, eos);
   const double wall = std::chrono::duration<double>(clock::now() - t0).count();
 
+  nlohmann::json objective = {{"loss", o.loss}, {"kl_weight", o.kl_weight}};
+  if (dpace)
+    objective["dpace_alpha"] = o.dpace_alpha;
+  else
+    objective["gamma"] = tc.gamma;
   nlohmann::json summary = {
       {"device", ctx->describe()},
       {"drafter", {{"layers", dc.num_layers}, {"block_size", dc.block_size}, {"target_layer_ids", ids}}},
+      {"objective", objective},
+      {"seed", o.seed},
       {"train", {{"steps", ts.steps_done}, {"seconds", ts.seconds}, {"last_loss", ts.last_loss}, {"last_eal", ts.last_eal}}},
       {"tau_untrained_teacher", before.teacher.tau},
       {"tau_trained_teacher", after.teacher.tau},
       {"tau_trained_generated", gen.generated.tau},
       {"tau_teacher_on_generated_subset", gen.teacher.tau},
       {"cycle_mismatches", gen.cycle_mismatches},
+      // per-slot acceptance along the block (eval/tau.h): the fraction of cycles reaching slot k, and slot k's
+      // acceptance once slots 1..k-1 were accepted; teacher-forced on the eval samples, and by speculative decoding
+      {"acceptance_by_slot",
+       {{"teacher", {{"reached", after.teacher.reached()}, {"given_previous", after.teacher.given_previous()}}},
+        {"generated", {{"reached", gen.generated.reached()}, {"given_previous", gen.generated.given_previous()}}}}},
       {"speculative_tokens_per_s", gen.generated.tokens_per_s()},
       {"target_only_tokens_per_s", gen.baseline_tokens_per_s()},
       {"eval_samples", after.evaluated},
@@ -190,6 +217,7 @@ void run(const DemoOpts& o) {
   std::printf("\n== dflash demo (%s) ==\n", ctx->describe().c_str());
   std::printf("  drafter          %lld layer(s), B %lld, target layers %s\n", static_cast<long long>(dc.num_layers),
               static_cast<long long>(dc.block_size), nlohmann::json(ids).dump().c_str());
+  std::printf("  objective        %s\n", objective.dump().c_str());
   std::printf("  training         %lld steps in %.0f s (last loss %.3f, EAL %.2f)\n",
               static_cast<long long>(ts.steps_done), ts.seconds, ts.last_loss, ts.last_eal);
   std::printf("  tau untrained    %.3f  (teacher-forced, %lld eval samples)\n", before.teacher.tau,
@@ -200,6 +228,10 @@ void run(const DemoOpts& o) {
               "cycle mismatches)\n",
               gen.generated.tau, static_cast<long long>(gen.evaluated), gen.teacher.tau,
               static_cast<long long>(gen.cycle_mismatches));
+  std::string by_slot;
+  for (double a : after.teacher.given_previous()) by_slot += cat(by_slot.empty() ? "" : " ", std::round(a * 100) / 100);
+  std::printf("  acceptance       by slot, given the previous slots accepted (teacher-forced; slot 0 = 1): %s\n",
+              by_slot.c_str());
   std::printf("  decode tokens/s  %.0f speculative vs %.0f target-only\n", gen.generated.tokens_per_s(),
               gen.baseline_tokens_per_s());
   std::printf("  export           %s\n", ts.export_dir.c_str());
@@ -222,6 +254,13 @@ void register_demo(CLI::App& app) {
   sub->add_option("--generated-samples", o->generated_samples,
                   "eval samples decoded speculatively (default 20 CPU / 100 GPU)");
   sub->add_option("--threads", o->threads, "CPU threads (0 = all cores)");
+  sub->add_option("--loss", o->loss, "training objective, as train --loss: decay (gamma 2 here) or dpace")
+      ->capture_default_str();
+  sub->add_option("--dpace-alpha", o->dpace_alpha, "D-PACE's smoothing alpha (with --loss dpace)")
+      ->capture_default_str();
+  sub->add_option("--kl-weight", o->kl_weight, "weight of the soft-label KL term (0 = off)")->capture_default_str();
+  sub->add_option("--seed", o->seed, "seed of the drafter's init, the data order and the anchors")
+      ->capture_default_str();
   sub->add_flag("--resume", o->resume, "continue an interrupted demo run from its last checkpoint");
   sub->add_flag("--overwrite", o->overwrite, "replace an earlier demo's result in --out (run/, summary.json; the "
                 "prepared data in data/ is kept and reused when its input is unchanged)");

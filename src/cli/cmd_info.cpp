@@ -35,7 +35,14 @@ std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   if (s.attention.out_bias) opts.push_back("o bias");
   if (s.attention.sinks) opts.push_back("sinks");
   if (s.attention.sliding_window > 0) opts.push_back(cat("sliding window ", s.attention.sliding_window));
+  if (s.attention.output_gate) opts.push_back("output gate");
+  if (c.rope_dim() != c.head_dim) opts.push_back(cat("rotary ", c.rope_dim(), " of ", c.head_dim));
   for (size_t i = 0; i < opts.size(); ++i) a += (i ? ", " : " (") + opts[i] + (i + 1 == opts.size() ? ")" : "");
+  if (s.mixer == TokenMixer::LinearAttention) {
+    const LinearAttnConfig& l = c.linear_attn;
+    a = cat("Gated DeltaNet (", l.num_key_heads, " key heads x ", l.key_head_dim, ", ", l.num_value_heads,
+            " value heads x ", l.value_head_dim, ", conv ", l.conv_kernel, ")");
+  }
   if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense SwiGLU of width ", s.mlp_width);
   std::vector<std::string> notes;
   if (c.moe.norm_topk_prob) notes.push_back("top-k renormalised");
@@ -43,18 +50,35 @@ std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   if (c.quant_method == "mxfp4") notes.push_back("MXFP4");
   std::string m = cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width);
   for (size_t i = 0; i < notes.size(); ++i) m += (i ? "; " : " (") + notes[i] + (i + 1 == notes.size() ? ")" : "");
+  if (c.moe.shared_expert_width > 0) m += cat(" + shared expert of width ", c.moe.shared_expert_width);
   return m;
 }
 
-// The plan as runs of equal consecutive layers: [{"layers": "0-1", "plan": "..."}, ...].
+// The plan as runs of equal consecutive layers: [{"layers": "0-1", "plan": "..."}, ...]. A plan that repeats with a
+// short period (hybrid models: 3 linear-attention layers, then one attention layer; gpt-oss: sliding, full, sliding,
+// ...) and would take more than 6 runs is shown for one period, as runs of the layer index modulo the period:
+// "0-2 of every 4", "0 of every 2". The JSON and the text form show the same runs.
 ojson plan_json(const ModelConfig& c) {
-  ojson runs = ojson::array();
-  int64_t start = 0;
-  for (int64_t l = 1; l <= c.num_hidden_layers; ++l) {
-    const std::string cur = layer_text(c, c.layer(start));
-    if (l < c.num_hidden_layers && layer_text(c, c.layer(l)) == cur) continue;
-    runs.push_back({{"layers", l - 1 == start ? std::to_string(start) : cat(start, "-", l - 1)}, {"plan", cur}});
-    start = l;
+  const int64_t L = c.num_hidden_layers;
+  std::vector<std::string> text(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) text[static_cast<size_t>(l)] = layer_text(c, c.layer(l));
+  auto runs_of = [&](int64_t n, const std::string& suffix) {
+    ojson runs = ojson::array();
+    int64_t start = 0;
+    for (int64_t l = 1; l <= n; ++l) {
+      if (l < n && text[static_cast<size_t>(l)] == text[static_cast<size_t>(start)]) continue;
+      runs.push_back({{"layers", (l - 1 == start ? std::to_string(start) : cat(start, "-", l - 1)) + suffix},
+                      {"plan", text[static_cast<size_t>(start)]}});
+      start = l;
+    }
+    return runs;
+  };
+  ojson runs = runs_of(L, "");
+  if (runs.size() <= 6) return runs;
+  for (int64_t p = 2; p <= 8 && 2 * p <= L; ++p) {
+    bool periodic = true;
+    for (int64_t l = p; l < L && periodic; ++l) periodic = text[static_cast<size_t>(l)] == text[static_cast<size_t>(l % p)];
+    if (periodic) return runs_of(p, cat(" of every ", p));
   }
   return runs;
 }
@@ -91,13 +115,24 @@ ojson config_json(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["attention_bias"] = c.attention_bias;
   j["qk_norm"] = c.qk_norm;
+  if (c.zero_centred_norms) j["zero_centred_norms"] = true;
+  if (c.rope_dim() != c.head_dim) j["rotary_dim"] = c.rope_dim();
+  if (c.has_linear_attention()) {
+    const LinearAttnConfig& l = c.linear_attn;
+    int64_t n = 0;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) n += c.layer(i).mixer == TokenMixer::LinearAttention;
+    j["linear_attention"] = {{"layers", n}, {"linear_num_key_heads", l.num_key_heads},
+                             {"linear_num_value_heads", l.num_value_heads}, {"linear_key_head_dim", l.key_head_dim},
+                             {"linear_value_head_dim", l.value_head_dim}, {"linear_conv_kernel_dim", l.conv_kernel}};
+  }
   j["bos_token_id"] = c.bos_token_id;
   j["eos_token_ids"] = c.eos_token_ids;
   j["torch_dtype"] = c.torch_dtype;
   if (c.has_moe())
     j["moe"] = {{"num_experts", c.moe.num_experts}, {"num_experts_per_tok", c.moe.top_k},
                 {"moe_intermediate_size", c.moe.expert_width}, {"norm_topk_prob", c.moe.norm_topk_prob},
-                {"decoder_sparse_step", c.moe.decoder_sparse_step}, {"mlp_only_layers", c.moe.mlp_only_layers}};
+                {"decoder_sparse_step", c.moe.decoder_sparse_step}, {"mlp_only_layers", c.moe.mlp_only_layers},
+                {"shared_expert_intermediate_size", c.moe.shared_expert_width}};
   j["layers"] = plan_json(c);
   const TargetParams p = target_params(c);
   j["params"] = {{"total", p.total}, {"active_per_token", p.active}, {"embedding", p.embedding}};
@@ -118,11 +153,23 @@ std::string human(double n) {
   return n >= 1e9 ? cat(std::round(n / 1e7) / 100, "B") : n >= 1e6 ? cat(std::round(n / 1e4) / 100, "M") : cat(n);
 }
 
-ojson weights_json(const WeightStore& ws) {
+// The checkpoint's tensors; those under one of `ignored` (the family's prefixes that are not the language model:
+// vision tower, MTP head) counted apart by prefix.
+ojson weights_json(const WeightStore& ws, const std::vector<std::string>& ignored) {
   int64_t params = 0;
   std::map<std::string, int64_t> dtypes;
-  size_t bytes = 0;
+  ojson skipped = ojson::object();
+  size_t bytes = 0, read = 0;
   for (const auto& n : ws.names()) {
+    bool skip = false;
+    for (const std::string& p : ignored)
+      if (n.starts_with(p)) {
+        skipped[p] = skipped.value(p, 0) + 1;
+        skip = true;
+        break;
+      }
+    if (skip) continue;
+    ++read;
     const TensorInfo& t = ws.info(n);
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
@@ -130,7 +177,9 @@ ojson weights_json(const WeightStore& ws) {
     bytes += t.end - t.begin;
     dtypes[dtype_name(t.dtype)] += 1;
   }
-  return {{"tensors", ws.names().size()}, {"params", params}, {"bytes", bytes}, {"dtypes", dtypes}};
+  ojson j = {{"tensors", read}, {"params", params}, {"bytes", bytes}, {"dtypes", dtypes}};
+  if (!skipped.empty()) j["ignored"] = skipped;  // not read: {"model.visual.": 333, "mtp.": 15}
+  return j;
 }
 
 ojson file_json(const SafetensorsFile& f) {
@@ -153,24 +202,6 @@ std::string list(const std::vector<int64_t>& v) {
 }
 
 long long I(const ojson& j, const char* key) { return j[key].get<long long>(); }
-
-// The text form of the plan's runs: one line per run, except that runs of single layers alternating between plans
-// (gpt-oss: sliding, full, sliding, ...) are one line per plan: "0,2..22" and "1,3..23".
-std::vector<std::pair<std::string, std::string>> plan_lines(const ojson& runs) {
-  std::vector<std::pair<std::string, std::string>> lines;
-  for (const auto& r : runs) lines.emplace_back(r["layers"].get<std::string>(), r["plan"].get<std::string>());
-  const size_t n = lines.size();
-  bool alternating = n >= 4;
-  for (size_t i = 0; alternating && i < n; ++i)
-    alternating = lines[i].first == std::to_string(i) && lines[i].second == lines[i % 2].second;
-  if (!alternating) return lines;
-  std::vector<std::pair<std::string, std::string>> two;
-  for (size_t k = 0; k < 2; ++k) {
-    const size_t last = (n - 1 - k) / 2 * 2 + k;
-    two.emplace_back(cat(k, ",", k + 2, "..", last), lines[k].second);
-  }
-  return two;
-}
 
 void print_text(const ojson& j) {
   if (j.contains("tensors") && j["tensors"].is_array()) {  // one .safetensors file
@@ -199,8 +230,8 @@ void print_text(const ojson& j) {
     std::printf("bos %lld, eos %s, dtype %s\n", I(c, "bos_token_id"),
                 list(c["eos_token_ids"].get<std::vector<int64_t>>()).c_str(),
                 c["torch_dtype"].get<std::string>().c_str());
-    for (const auto& [layers, plan] : plan_lines(c["layers"]))
-      std::printf("  layer %-7s %s\n", layers.c_str(), plan.c_str());
+    for (const auto& r : c["layers"])
+      std::printf("  layer %-7s %s\n", r["layers"].get<std::string>().c_str(), r["plan"].get<std::string>().c_str());
     const ojson& p = c["params"];
     const bool mx = p["mxfp4"].get<int64_t>() > 0;
     std::printf("params: %s total, %s active per token; weights on the device (%s): %.2f GiB\n",
@@ -220,6 +251,10 @@ void print_text(const ojson& j) {
     const double p = w["params"].get<double>();
     std::printf("weights: %zu tensors, %lld params (%s), %.3f GiB, dtypes %s\n", w["tensors"].get<size_t>(),
                 I(w, "params"), human(p).c_str(), w["bytes"].get<double>() / (1 << 30), w["dtypes"].dump().c_str());
+    if (w.contains("ignored"))
+      for (const auto& [prefix, n] : w["ignored"].items())
+        std::printf("ignored by name (not the language model): %lld tensors under %s\n", n.get<long long>(),
+                    prefix.c_str());
   }
 }
 
@@ -239,8 +274,13 @@ void register_info(CLI::App& app) {
       DFLASH_CHECK(file_exists(path) || dir_exists(path), path, ": no such file or directory");
       out["path"] = path;
       const bool is_dir = dir_exists(path);
-      if (!is_dir || file_exists(path_join(path, "config.json"))) out["config"] = config_json(load_model_config(path));
-      if (is_dir && has_weights(path)) out["weights"] = weights_json(WeightStore::open(path));
+      std::vector<std::string> ignored;
+      if (!is_dir || file_exists(path_join(path, "config.json"))) {
+        const ModelConfig c = load_model_config(path);
+        out["config"] = config_json(c);
+        ignored = family_of(c.arch).names.ignored;
+      }
+      if (is_dir && has_weights(path)) out["weights"] = weights_json(WeightStore::open(path), ignored);
       DFLASH_CHECK(out.contains("config") || out.contains("weights"), path, ": no config.json and no .safetensors");
     }
     if (as_json) {

@@ -1,9 +1,13 @@
-// cli/cmd_plot.cpp — `dflash plot RUN_DIR... [--out FILE.png] [--x step|seconds]`: the training curves of one or
-// more runs (metrics.jsonl) as one PNG of four panels — loss, EAL, learning rate, throughput (context and draft
-// tokens/s) — drawn by gnuplot (Debian's gnuplot-nox, installed by scripts/setup.sh). Several runs share the axes,
-// one colour each, so recipes can be compared at equal step or equal training time.
+// cli/cmd_plot.cpp — `dflash plot RUN_DIR... [--out FILE.png] [--x step|seconds] [--tail F]`: the training curves of
+// one or more runs (metrics.jsonl) as one PNG of six panels — loss, EAL, learning rate, throughput (context and draft
+// tokens/s), and along the block: the per-slot accuracy acc_i and the prefix acceptance prod_{k<=i} acc_k (the
+// chance that a block is accepted through slot i), each averaged over the last F of the steps (metrics "acc") —
+// drawn by gnuplot (Debian's gnuplot-nox, installed by scripts/setup.sh). Several runs share the axes, one colour
+// each, so recipes (or objectives: their effect on the late slots) can be compared at equal step or time.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,14 +27,40 @@ struct PlotOptions {
   std::vector<std::string> runs;
   std::string out;
   std::string x = "step";
+  double tail = 0.1;  // the fraction of the last steps the per-slot panels average
 };
 
-// One row per step with a loss: x, loss, eal, lr, ctx tok/s, draft tok/s (NaN where absent).
-std::string metrics_table(const std::string& run, const std::string& x) {
+struct RunTables {
+  std::string curves;  // one row per step: x, loss, eal, lr, ctx tok/s, draft tok/s (NaN where absent)
+  std::string slots;   // one row per slot i >= 1: i, mean acc_i, prod_{k<=i} of the means
+};
+
+// The per-slot table: acc_i averaged over the last `tail` of the rows that have one (at least one row).
+std::string slot_table(const std::vector<std::vector<double>>& accs, double tail) {
+  if (accs.empty()) return "";
+  const size_t n = std::max<size_t>(1, static_cast<size_t>(std::ceil(tail * static_cast<double>(accs.size()))));
+  size_t B = 0;
+  for (size_t r = accs.size() - n; r < accs.size(); ++r) B = std::max(B, accs[r].size());
+  std::string out;
+  double prefix = 1;
+  for (size_t i = 1; i < B; ++i) {  // slot 0 (the anchor) is never trained
+    double sum = 0;
+    for (size_t r = accs.size() - n; r < accs.size(); ++r) sum += i < accs[r].size() ? accs[r][i] : 0.0;
+    const double mean = sum / static_cast<double>(n);
+    prefix *= mean;
+    char b[96];
+    std::snprintf(b, sizeof b, "%zu\t%.6g\t%.6g\n", i, mean, prefix);
+    out += b;
+  }
+  return out;
+}
+
+RunTables metrics_table(const std::string& run, const std::string& x, double tail) {
   const std::string path = path_join(run, "metrics.jsonl");
   DFLASH_CHECK(file_exists(path), path, ": no such file (is ", run, " a training run directory?)");
   std::istringstream in(read_file(path));
   std::string line, out;
+  std::vector<std::vector<double>> accs;
   double seconds = 0;
   int64_t lineno = 0, rows = 0;
   while (std::getline(in, line)) {
@@ -49,9 +79,14 @@ std::string metrics_table(const std::string& run, const std::string& x) {
                   num("loss"), num("eal"), num("lr"), num("ctx_tokens_per_s"), num("draft_tokens_per_s"));
     out += b;
     ++rows;
+    if (j.contains("acc") && j["acc"].is_array()) {
+      std::vector<double> a;
+      for (const auto& v : j["acc"]) a.push_back(v.is_number() ? v.get<double>() : NAN);
+      accs.push_back(std::move(a));
+    }
   }
   DFLASH_CHECK(rows > 0, path, ": no steps recorded yet");
-  return out;
+  return {out, slot_table(accs, tail)};
 }
 
 std::string gp_quote(const std::string& s) {
@@ -62,24 +97,34 @@ std::string gp_quote(const std::string& s) {
 
 void plot(const PlotOptions& o) {
   DFLASH_CHECK(o.x == "step" || o.x == "seconds", "--x must be step or seconds");
+  DFLASH_CHECK(o.tail > 0 && o.tail <= 1, "--tail ", o.tail, ": the fraction of the last steps must lie in (0, 1]");
   const std::string out = o.out.empty() ? path_join(o.runs[0], "curves.png") : o.out;
   const std::string tmp = cat(out, ".tmp-", getpid());
   make_dirs(tmp);
-  std::vector<std::string> tables;
+  std::vector<std::string> tables, slots;
   for (size_t i = 0; i < o.runs.size(); ++i) {
+    const RunTables t = metrics_table(o.runs[i], o.x, o.tail);
     tables.push_back(path_join(tmp, cat("run", i, ".tsv")));
-    write_file_atomic(tables.back(), metrics_table(o.runs[i], o.x));
+    write_file_atomic(tables.back(), t.curves);
+    slots.push_back(path_join(tmp, cat("slots", i, ".tsv")));
+    write_file_atomic(slots.back(), t.slots.empty() ? std::string("1\tNaN\tNaN\n") : t.slots);
+    std::istringstream in(t.slots);  // the per-slot numbers also as text: "slot acc_i prefix" per line
+    std::string line, txt;
+    while (std::getline(in, line)) txt += cat("\n  ", line);
+    log_info(o.runs[i], ": per-slot accuracy along the block (last ", std::round(o.tail * 1000) / 10,
+             "% of the steps; slot, acc_i, prod_{k<=i} acc_k):", txt);
   }
-  auto series = [&](int col, const char* extra) {
+  auto series_of = [&](const std::vector<std::string>& files, int col, const char* extra, const char* style) {
     std::string s;
-    for (size_t i = 0; i < tables.size(); ++i)
-      s += cat(i ? ", " : "", gp_quote(tables[i]), " using 1:", col, " with lines lw 1.5 title ",
+    for (size_t i = 0; i < files.size(); ++i)
+      s += cat(i ? ", " : "", gp_quote(files[i]), " using 1:", col, " with ", style, " lw 1.5 title ",
                gp_quote(o.runs.size() > 1 ? o.runs[i] : std::string(extra)));
     return s;
   };
+  auto series = [&](int col, const char* extra) { return series_of(tables, col, extra, "lines"); };
   const char* xl = o.x == "seconds" ? "training seconds" : "step";
-  std::string gp = cat("set terminal pngcairo size 1400,900 noenhanced\nset output ", gp_quote(out + ".part"),
-                       "\nset multiplot layout 2,2 title ", gp_quote("dflash: " + o.runs[0]), "\n",
+  std::string gp = cat("set terminal pngcairo size 1400,1300 noenhanced\nset output ", gp_quote(out + ".part"),
+                       "\nset multiplot layout 3,2 title ", gp_quote("dflash: " + o.runs[0]), "\n",
                        "set grid\nset key top right\nset xlabel '", xl, "'\n");
   gp += cat("set title 'loss'\nplot ", series(2, "loss"), "\n");
   gp += cat("set title 'expected acceptance length (EAL)'\nplot ", series(3, "EAL"), "\n");
@@ -89,7 +134,13 @@ void plot(const PlotOptions& o) {
     thr += cat(i ? ", " : "", gp_quote(tables[i]), " using 1:5 with lines title ",
                gp_quote(cat(o.runs.size() > 1 ? o.runs[i] + " " : "", "context tok/s")), ", ", gp_quote(tables[i]),
                " using 1:6 with lines dt 2 title ", gp_quote(cat(o.runs.size() > 1 ? o.runs[i] + " " : "", "draft tok/s")));
-  gp += cat("set title 'throughput (tokens/s)'\nplot ", thr, "\nunset multiplot\n");
+  gp += cat("set title 'throughput (tokens/s)'\nplot ", thr, "\n");
+  const std::string last = cat("last ", std::round(o.tail * 1000) / 10, "% of the steps");
+  gp += cat("set xlabel 'slot i in the block'\nset xtics 1\nset yrange [0:1]\nset key top right\n");
+  gp += cat("set title ", gp_quote("per-slot accuracy acc_i (" + last + ")"), "\nplot ",
+            series_of(slots, 2, "acc_i", "linespoints"), "\n");
+  gp += cat("set title ", gp_quote("prefix acceptance prod_{k<=i} acc_k (" + last + ")"), "\nplot ",
+            series_of(slots, 3, "prefix", "linespoints"), "\nunset multiplot\n");
   const std::string script = path_join(tmp, "curves.gp");
   write_file_atomic(script, gp);
   const std::string cmd = cat("gnuplot ", gp_quote(script), " 2>&1");
@@ -114,11 +165,14 @@ void plot(const PlotOptions& o) {
 }  // namespace
 
 void register_plot(CLI::App& app) {
-  auto* sub = app.add_subcommand("plot", "draw loss, EAL, lr and throughput of training runs to a PNG (gnuplot)");
+  auto* sub = app.add_subcommand("plot", "draw loss, EAL, lr, throughput and per-slot accuracy along the block of "
+                                 "training runs to a PNG (gnuplot)");
   auto o = std::make_shared<PlotOptions>();
   sub->add_option("runs", o->runs, "training run directories (holding metrics.jsonl)")->required();
   sub->add_option("--out", o->out, "PNG file (default: <first run>/curves.png)");
   sub->add_option("--x", o->x, "x axis: step or seconds (cumulative step time)")->capture_default_str();
+  sub->add_option("--tail", o->tail, "the fraction of the last steps the per-slot panels average")
+      ->capture_default_str();
   sub->callback([o] { plot(*o); });
 }
 

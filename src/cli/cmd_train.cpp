@@ -72,7 +72,13 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
                   "sliding,sliding,full (default: every layer sliding with --sliding-window, else full)")
       ->delimiter(',');
   sub->add_option("--max-anchors", c.max_anchors, "anchors (blocks) per sequence, N")->capture_default_str();
+  sub->add_option("--loss", c.loss,
+                  "loss weights per slot: decay (exp(-(i-1)/gamma), spec 2.4) or dpace (D-PACE, arXiv 2605.18810: "
+                  "from the drafter's own predicted acceptance; --gamma unused)")
+      ->capture_default_str();
   sub->add_option("--gamma", c.gamma, "loss decay gamma (0 = default for B; < 0 = uniform weights)")
+      ->capture_default_str();
+  sub->add_option("--dpace-alpha", c.dpace_alpha, "D-PACE's confidence smoothing alpha in (0, 1] (--loss dpace)")
       ->capture_default_str();
   sub->add_option("--kl-weight", c.kl_weight, "weight of the soft-label KL term (0 = off; e.g. 0.15)")
       ->capture_default_str();

@@ -150,8 +150,9 @@ ResponseTau generated_tau(Context& ctx, const Target& target, DraftModel& dm, st
   const int64_t B = dm.block_size(), P = r.P, E = r.E;
   const std::vector<int64_t> layers = dm.layer_ids();
   // The target cache never holds more than positions 0..E-2 plus a verify block ending at E-1; the draft context
-  // never passes E - 1.
-  KVCache cache = KVCache::create(ctx, target.config(), E);
+  // never passes E - 1. It records each verification so that a hybrid target's linear-attention state can roll back
+  // to the accepted tokens (model/target/linear_attention.h).
+  KVCache cache = target.make_cache(ctx, E, true);
   dm.begin(ctx, E);
   Tensor feats;
   int32_t bonus = prefill(ctx, target, tokens, P, cache, layers, &feats);
@@ -190,7 +191,7 @@ ResponseTau generated_tau(Context& ctx, const Target& target, DraftModel& dm, st
     res.cycles.push_back(std::move(cy));
     res.tokens.insert(res.tokens.end(), committed.begin(), committed.end());
     if (stop) break;
-    cache.truncate(p + k + 1);                           // keep the bonus and the accepted drafts
+    cache.truncate(ctx, p + k + 1);                      // keep the bonus and the accepted drafts
     dm.append_context(ctx, out.features.slice(0, k + 1));  // their target features: positions p..p+k
     p += k + 1;
     bonus = t[k];
@@ -241,6 +242,29 @@ void accumulate(TauStats& s, const ResponseTau& r, int64_t B) {
   for (const Cycle& c : r.cycles) ++s.histogram[static_cast<size_t>(c.accepted)];
 }
 
+}  // namespace
+
+std::vector<double> TauStats::reached() const {
+  std::vector<double> r(histogram.size(), 0.0);
+  int64_t at_least = cycles;  // cycles with accepted >= k, from k = 0 up
+  for (size_t k = 0; k < histogram.size(); ++k) {
+    r[k] = cycles > 0 ? static_cast<double>(at_least) / static_cast<double>(cycles) : (k == 0 ? 1.0 : 0.0);
+    at_least -= histogram[k];
+  }
+  if (!r.empty()) r[0] = 1.0;
+  return r;
+}
+
+std::vector<double> TauStats::given_previous() const {
+  const std::vector<double> r = reached();
+  std::vector<double> g(r.size(), 0.0);
+  if (!g.empty()) g[0] = 1.0;
+  for (size_t k = 1; k < r.size(); ++k) g[k] = r[k - 1] > 0 ? r[k] / r[k - 1] : 0.0;
+  return g;
+}
+
+namespace {
+
 void finish(TauStats& s, int64_t B) {
   if (s.histogram.empty()) s.histogram.assign(static_cast<size_t>(B), 0);
   s.tau = s.responses ? s.tau / s.responses : 0.0;
@@ -250,6 +274,7 @@ void finish(TauStats& s, int64_t B) {
 nlohmann::json stats_json(const TauStats& s) {
   return {{"responses", s.responses}, {"cycles", s.cycles},          {"committed_tokens", s.committed},
           {"tau", s.tau},             {"tokens_per_target_forward", s.pooled}, {"histogram", s.histogram},
+          {"reached_by_slot", s.reached()}, {"accepted_given_previous_by_slot", s.given_previous()},
           {"decode_tokens", s.decode_tokens}, {"decode_seconds", s.seconds}, {"tokens_per_s", s.tokens_per_s()}};
 }
 

@@ -154,6 +154,12 @@ struct TauStats {
   double seconds = 0;              // decode wall time (generated loop: after each prefill)
   int64_t decode_tokens = 0;       // tokens produced after the bonus (generated loop)
   double tokens_per_s() const { return seconds > 0 ? decode_tokens / seconds : 0.0; }
+  // Per-slot acceptance along the block, from the histogram ([B], index 0 = 1): reached(k) = the fraction of cycles
+  // that accepted at least k draft tokens (the measured prod_{i<=k} acc_i); given_previous(k) = reached(k) /
+  // reached(k-1), slot k's acceptance when slots 1..k-1 were accepted (0 where no cycle got that far). A cycle
+  // cut short near a response's end (fewer than B-1 drafts) counts as not reaching the slots it did not draft.
+  std::vector<double> reached() const;
+  std::vector<double> given_previous() const;
 };
 
 struct TauReport {

@@ -33,6 +33,12 @@ bool ModelConfig::has_moe() const {
   return false;
 }
 
+bool ModelConfig::has_linear_attention() const {
+  for (int64_t l = 0; l < num_hidden_layers; ++l)
+    if (layer(l).mixer == TokenMixer::LinearAttention) return true;
+  return false;
+}
+
 namespace {
 
 using Fields = JsonFields;
@@ -157,13 +163,15 @@ ModelConfig parse_model_config(const json& top, const std::string& src) {
   Fields f{j, src, &j == &top ? "" : "text_config."};
 
   c.hidden_size = f.req_int("hidden_size");
-  c.intermediate_size = f.req_int("intermediate_size");
+  // intermediate_size: the width of the dense layers; a family without dense layers may lack it (Qwen3.5-MoE), so
+  // it is checked once the plan is made (below).
+  const bool has_intermediate = f.get("intermediate_size") != nullptr;
+  c.intermediate_size = f.opt_int("intermediate_size", 0);
   c.num_hidden_layers = f.req_int("num_hidden_layers");
   c.num_attention_heads = f.req_int("num_attention_heads");
   c.vocab_size = f.req_int("vocab_size");
   c.num_key_value_heads = f.opt_int("num_key_value_heads", c.num_attention_heads);
   DFLASH_CHECK(c.hidden_size > 0, src, ": hidden_size: must be positive, got ", c.hidden_size);
-  DFLASH_CHECK(c.intermediate_size > 0, src, ": intermediate_size: must be positive, got ", c.intermediate_size);
   DFLASH_CHECK(c.num_hidden_layers > 0, src, ": num_hidden_layers: must be positive, got ", c.num_hidden_layers);
   DFLASH_CHECK(c.vocab_size > 0, src, ": vocab_size: must be positive, got ", c.vocab_size);
   DFLASH_CHECK(c.num_attention_heads > 0, src, ": num_attention_heads: must be positive, got ",
@@ -209,6 +217,11 @@ ModelConfig parse_model_config(const json& top, const std::string& src) {
                " tokens; dflash runs full causal attention in the target)");
   c.layers.clear();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.layers.push_back(fam->layer(c, l));
+  for (const LayerSpec& s : c.layers) {
+    if (s.mlp != ChannelMixer::Dense) continue;
+    DFLASH_CHECK(has_intermediate, src, " missing ", f.prefix, "intermediate_size");
+    DFLASH_CHECK(c.intermediate_size > 0, src, ": intermediate_size: must be positive, got ", c.intermediate_size);
+  }
   return c;
 }
 

@@ -1,6 +1,6 @@
 // io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
-// defines: Arch, RopeScaling, AttentionSpec, LayerSpec, MoeConfig, ModelConfig, load_model_config,
-//          parse_model_config, parse_rope_scaling, rope_scaling_json, default_target_layer_ids,
+// defines: Arch, RopeScaling, AttentionSpec, TokenMixer, LayerSpec, MoeConfig, LinearAttnConfig, ModelConfig,
+//          load_model_config, parse_model_config, parse_rope_scaling, rope_scaling_json, default_target_layer_ids,
 //          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
 //
 // What differs between architectures (their config keys and defaults, nested text_config, weight names, which
@@ -16,8 +16,14 @@
 namespace dflash {
 
 // The target families (io/model_family.h describes each).
-enum class Arch { Llama, Qwen2, Qwen3, Qwen3Moe, GptOss };
-const char* arch_name(Arch a);  // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"
+enum class Arch {
+  Llama, Qwen2, Qwen3, Qwen3Moe, GptOss,
+  // hybrid linear-attention families (io/model_family_hybrid.cpp); the *Vl ones are the image-text checkpoints
+  // (Qwen3_5ForConditionalGeneration, ...) whose language model is read alone
+  Qwen3Next, Qwen3_5, Qwen3_5Vl, Qwen3_5Moe, Qwen3_5MoeVl,
+};
+// the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next", ...
+const char* arch_name(Arch a);
 
 // rope_scaling of config.json. kind "none" = plain RoPE; "llama3" = Llama-3.1 frequency-dependent scaling
 // (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); "linear" = positions / factor;
@@ -51,6 +57,15 @@ struct AttentionSpec {
   int64_t sliding_window = 0;   // 0 = full causal attention; W > 0: the query at p sees keys p - W + 1 .. p
   bool out_bias = false;        // o_proj with a bias (gpt-oss)
   bool sinks = false;           // a learned per-head sink logit in the softmax's denominator (gpt-oss)
+  // Gated attention (Qwen3-Next, Qwen3.5: transformers' Qwen3NextAttention): q_proj yields per head [q (d) | gate (d)];
+  // the attention output is multiplied by sigmoid(gate) before o_proj.
+  bool output_gate = false;
+};
+
+// The token mixer of one target layer.
+enum class TokenMixer {
+  Attention,        // causal softmax attention (AttentionSpec)
+  LinearAttention,  // Gated DeltaNet (LinearAttnConfig; model/target/linear_attention.h)
 };
 
 // The channel mixer of one target layer.
@@ -61,7 +76,8 @@ enum class ChannelMixer {
 
 // One decoder layer of the target: h += token_mixer(RMSNorm_in(h)); h += channel_mixer(RMSNorm_post(h)).
 struct LayerSpec {
-  AttentionSpec attention;
+  TokenMixer mixer = TokenMixer::Attention;
+  AttentionSpec attention;      // mixer == Attention
   ChannelMixer mlp = ChannelMixer::Dense;
   int64_t mlp_width = 0;  // Dense: its intermediate size; MoE: each expert's (moe.expert_width)
 };
@@ -80,6 +96,21 @@ struct MoeConfig {
   int64_t decoder_sparse_step = 1;     // layer l is MoE when (l + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;  // ... and l is not listed here (those are dense of intermediate_size)
   bool gpt_oss_experts = false;   // gpt-oss: router and expert biases, the clamped GLU, HF's gpt-oss tensor layouts
+  // A shared expert beside the routed ones (Qwen3-Next, Qwen3.5-MoE: Qwen3NextSparseMoeBlock): every token also goes
+  // through a SwiGLU of this width, scaled by sigmoid(x Wsg^T) (Wsg [1, H]) and added. 0 = none.
+  int64_t shared_expert_width = 0;
+};
+
+// Gated DeltaNet keys (transformers' Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet; model/target/linear_attention.h).
+struct LinearAttnConfig {
+  int64_t num_key_heads = 0;     // nk (linear_num_key_heads)
+  int64_t num_value_heads = 0;   // nv (linear_num_value_heads), a multiple of nk
+  int64_t key_head_dim = 0;      // dk (linear_key_head_dim)
+  int64_t value_head_dim = 0;    // dv (linear_value_head_dim)
+  int64_t conv_kernel = 0;       // K (linear_conv_kernel_dim)
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels of the convolution: q, k, v
 };
 
 struct ModelConfig {
@@ -100,9 +131,17 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;       // q/k/v biases (Qwen2 always; Llama if attention_bias true)
   bool qk_norm = false;              // per-head RMSNorm on q and k (Qwen3, Qwen3-MoE)
+  // RoPE rotates the first rotary_dim dims of each head (partial_rotary_factor * head_dim; 0 = all of head_dim).
+  int64_t rotary_dim = 0;
+  // RMSNorm weights are zero-centred: y = norm(x) * (1 + w) (Qwen3-Next, Qwen3.5: the input, post-attention, final
+  // and q/k norms; not the gated norm of the linear-attention output).
+  bool zero_centred_norms = false;
   MoeConfig moe;
-  // config.json layer_types as given ("sliding_attention" / "full_attention" per layer; empty: absent) and the window
-  // of its sliding layers (gpt-oss: AttentionSpec::sliding_window of those layers).
+  LinearAttnConfig linear_attn;      // layers whose mixer is LinearAttention
+  // config.json layer_types as given, one per layer ("sliding_attention" / "full_attention": gpt-oss;
+  // "linear_attention" / "full_attention": the hybrid families, derived from full_attention_interval when absent;
+  // empty: absent and not derived), and the window of the sliding layers (gpt-oss: AttentionSpec::sliding_window of
+  // those layers). The family's plan reads them (io/model_family.cpp).
   std::vector<std::string> layer_types;
   int64_t sliding_window = 0;
   // quantization_config.quant_method: "" (none) or "mxfp4" (gpt-oss: the experts' weights as *_blocks / *_scales,
@@ -114,6 +153,8 @@ struct ModelConfig {
   std::vector<LayerSpec> layers;
   LayerSpec layer(int64_t l) const;
   bool has_moe() const;  // some layer's channel mixer is MoE
+  bool has_linear_attention() const;  // some layer's token mixer is LinearAttention (a hybrid target)
+  int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
   std::string torch_dtype = "bfloat16";

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "io/model_family_hybrid.h"
 
 namespace dflash {
 
@@ -55,30 +56,41 @@ void read_qwen3_moe(const JsonFields& f, ModelConfig& c) {
   m.top_k = f.opt_int("num_experts_per_tok", 8);
   m.expert_width = f.opt_int("moe_intermediate_size", 768);
   m.norm_topk_prob = f.opt_bool("norm_topk_prob", false);
-  m.decoder_sparse_step = f.opt_int("decoder_sparse_step", 1);
-  m.mlp_only_layers = f.opt_int_list("mlp_only_layers");
   DFLASH_CHECK(m.num_experts >= 0, f.src, ": num_experts: must be >= 0, got ", m.num_experts);
   if (m.num_experts > 0) {
     DFLASH_CHECK(m.top_k >= 1 && m.top_k <= m.num_experts, f.src, ": num_experts_per_tok: ", m.top_k,
                  " must be in [1, num_experts = ", m.num_experts, "]");
     DFLASH_CHECK(m.expert_width > 0, f.src, ": moe_intermediate_size: must be positive, got ", m.expert_width);
   }
+  read_sparse_layers(f, c, m);
+}
+
+LayerSpec qwen3_moe_layer(const ModelConfig& c, int64_t l) {
+  LayerSpec s = dense_layer(c, l);
+  if (is_sparse_layer(c.moe, l)) {
+    s.mlp = ChannelMixer::MoE;
+    s.mlp_width = c.moe.expert_width;
+  }
+  return s;
+}
+
+}  // namespace
+
+void read_sparse_layers(const JsonFields& f, const ModelConfig& c, MoeConfig& m) {
+  m.decoder_sparse_step = f.opt_int("decoder_sparse_step", 1);
+  m.mlp_only_layers = f.opt_int_list("mlp_only_layers");
   DFLASH_CHECK(m.decoder_sparse_step >= 1, f.src, ": decoder_sparse_step: must be >= 1, got ", m.decoder_sparse_step);
   for (int64_t l : m.mlp_only_layers)
     DFLASH_CHECK(l >= 0 && l < c.num_hidden_layers, f.src, ": mlp_only_layers: layer ", l, " is not in [0, ",
                  c.num_hidden_layers, ")");
 }
 
-LayerSpec qwen3_moe_layer(const ModelConfig& c, int64_t l) {
-  LayerSpec s = dense_layer(c, l);
-  const MoeConfig& m = c.moe;
+bool is_sparse_layer(const MoeConfig& m, int64_t l) {
   const bool dense_only = std::find(m.mlp_only_layers.begin(), m.mlp_only_layers.end(), l) != m.mlp_only_layers.end();
-  if (!dense_only && m.num_experts > 0 && (l + 1) % m.decoder_sparse_step == 0) {
-    s.mlp = ChannelMixer::MoE;
-    s.mlp_width = m.expert_width;
-  }
-  return s;
+  return !dense_only && m.num_experts > 0 && (l + 1) % m.decoder_sparse_step == 0;
 }
+
+namespace {
 
 // ---- gpt-oss (GptOssConfig, GptOssAttention, GptOssMLP) -----------------------------------------------------------
 // Keys absent from config.json take GptOssConfig's defaults (the gpt-oss-120b shapes), including those the shared
@@ -100,6 +112,9 @@ void read_gpt_oss(const JsonFields& f, ModelConfig& c) {
     c.rope_scaling.original_max_position_embeddings = 4096;
     c.rope_scaling.truncate = false;
   }
+  // intermediate_size is the experts' width; the shared reader leaves it optional (families without dense layers)
+  DFLASH_CHECK(f.get("intermediate_size") != nullptr, f.src, " missing ", f.prefix, "intermediate_size");
+  DFLASH_CHECK(c.intermediate_size > 0, f.src, ": intermediate_size: must be positive, got ", c.intermediate_size);
   c.attention_bias = f.opt_bool("attention_bias", true);  // q/k/v and o_proj
   c.sliding_window = f.opt_int("sliding_window", 128);
   DFLASH_CHECK(c.sliding_window > 0, f.src, ": sliding_window: must be positive, got ", c.sliding_window);
@@ -152,7 +167,11 @@ LayerSpec gpt_oss_layer(const ModelConfig& c, int64_t l) {
 
 // The published gpt-oss drafters (z-lab/gpt-oss-20b-DFlash, -120b-DFlash) have an MLP of 7680 at H 2880: 8 H / 3.
 // (Their target_layer_ids, [1, 6, 11, 16, 21] of 24 and [1, 9, 17, 25, 33] of 36, are the spec's default rule.)
-int64_t gpt_oss_drafter_width(const ModelConfig& c) { return 8 * c.hidden_size / 3; }
+DrafterDefaults gpt_oss_drafter(const ModelConfig& c) {
+  DrafterDefaults d;
+  d.intermediate_size = 8 * c.hidden_size / 3;
+  return d;
+}
 
 WeightNames gpt_oss_names() {
   WeightNames n;
@@ -175,7 +194,21 @@ const std::vector<ModelFamily>& model_families() {
        "Qwen3-30B-A3B, Qwen3-Coder-30B-A3B-Instruct, Qwen3-235B-A22B", read_qwen3_moe, qwen3_moe_layer,
        nullptr, WeightNames{}},
       {Arch::GptOss, "gpt_oss", "GptOssForCausalLM", "gpt-oss", "gpt-oss-20b, gpt-oss-120b", read_gpt_oss,
-       gpt_oss_layer, nullptr, gpt_oss_names(), gpt_oss_drafter_width},
+       gpt_oss_layer, nullptr, gpt_oss_names(), gpt_oss_drafter},
+      // hybrid linear attention (io/model_family_hybrid.cpp)
+      {Arch::Qwen3Next, "qwen3_next", "Qwen3NextForCausalLM", "Qwen3-Next",
+       "Qwen3-Coder-Next, Qwen3-Next-80B-A3B", read_qwen3_next, qwen3_next_layer, nullptr, hybrid_names(false),
+       hybrid_drafter},
+      {Arch::Qwen3_5, "qwen3_5_text", "Qwen3_5ForCausalLM", "Qwen3.5", "Qwen3.5 / Qwen3.6 dense, text only",
+       read_qwen3_5, qwen3_5_layer, nullptr, hybrid_names(false), hybrid_drafter},
+      {Arch::Qwen3_5Vl, "qwen3_5", "Qwen3_5ForConditionalGeneration", "Qwen3.5 (image-text checkpoint)",
+       "Qwen3.5-4B, Qwen3.5-9B, Qwen3.5-27B, Qwen3.6-27B", read_qwen3_5, qwen3_5_layer, nullptr, hybrid_names(true),
+       hybrid_drafter},
+      {Arch::Qwen3_5Moe, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "Qwen3.5-MoE", "Qwen3.5 / Qwen3.6 MoE, text only",
+       read_qwen3_5_moe, qwen3_5_moe_layer, nullptr, hybrid_names(false), hybrid_drafter},
+      {Arch::Qwen3_5MoeVl, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3.5-MoE (image-text checkpoint)",
+       "Qwen3.5-35B-A3B, Qwen3.5-122B-A10B, Qwen3.6-35B-A3B", read_qwen3_5_moe, qwen3_5_moe_layer, nullptr,
+       hybrid_names(true), hybrid_drafter},
   };
   return families;
 }

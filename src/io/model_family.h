@@ -2,7 +2,8 @@
 // its own (beyond those every family shares, read by io/hf_config.cpp), the per-layer plan made from them, the
 // Hugging Face weight names and the default target layer ids. A new family is one more entry in
 // io/model_family.cpp, plus a mixer in model/target/ when it brings a new kind of layer.
-// defines: WeightNames, ModelFamily, model_families, family_by_architecture, family_by_model_type, family_of
+// defines: WeightNames, DrafterDefaults, ModelFamily, model_families, family_by_architecture, family_by_model_type,
+//          family_of, read_sparse_layers, is_sparse_layer
 #pragma once
 #include <cstdint>
 #include <string>
@@ -35,6 +36,22 @@ struct WeightNames {
   // down_proj_blocks [E, H, I/32, 16] + down_proj_scales [E, H, I/32].
   std::string sinks = "self_attn.sinks";
   std::string router_bias = "mlp.gate.bias";
+  // Hybrid families: the Gated DeltaNet's tensors are layer + "{l}." + linear_attn + in_proj_qkv.weight, ...
+  // (model/target/linear_attention.h); the shared expert's shared_expert + gate_proj.weight, ... and its gate.
+  std::string linear_attn = "linear_attn.";
+  std::string shared_expert = "mlp.shared_expert.", shared_expert_gate = "mlp.shared_expert_gate.weight";
+  // Prefixes of checkpoint tensors that are not the language model and are ignored by name (the vision tower and
+  // the multi-token-prediction head of the Qwen3.5 / Qwen3-Next checkpoints; `dflash info` counts them).
+  std::vector<std::string> ignored;
+};
+
+// The published drafters' shape for a family, where it is not the target's own: each field 0 = the general rule (the
+// target's heads, kv heads and head_dim; MLP width: the target's dense width, or 3 H with MoE layers). gpt-oss: MLP
+// 8 H / 3 (7680 at H 2880, z-lab/gpt-oss-20b-DFlash, -120b-DFlash); the hybrid families: 32 heads of 128, kv 8 (dense)
+// or 4 (MoE) instead of the target's gated head_dim-256 attention (z-lab/Qwen3.5-*-DFlash, SpecForge configs/).
+struct DrafterDefaults {
+  int64_t intermediate_size = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
 };
 
 struct ModelFamily {
@@ -51,9 +68,9 @@ struct ModelFamily {
   // Default target layer ids for nf taps; nullptr: the spec's rule (io/hf_config.h default_target_layer_ids).
   std::vector<int64_t> (*default_layer_ids)(const ModelConfig& c, int64_t nf) = nullptr;
   WeightNames names;
-  // The drafter's default MLP width for this family; nullptr: the target's dense width, or 3 H with MoE layers
-  // (model/drafter.h default_intermediate_size).
-  int64_t (*drafter_width)(const ModelConfig& c) = nullptr;
+  // The drafter defaults this family sets itself (model/drafter.h DrafterConfig::for_target,
+  // default_intermediate_size); nullptr, or a field left 0: the general rule.
+  DrafterDefaults (*drafter)(const ModelConfig& c) = nullptr;
 };
 
 // Every supported family, in the order `dflash info` and the README list them.
@@ -62,6 +79,11 @@ const std::vector<ModelFamily>& model_families();
 const ModelFamily* family_by_architecture(const std::string& name);
 const ModelFamily* family_by_model_type(const std::string& model_type);
 const ModelFamily& family_of(Arch a);
+// The sparse-layer keys of Qwen2-MoE-style configs (decoder_sparse_step, mlp_only_layers, checked against
+// num_hidden_layers; Error names src and the key), and whether layer l is then sparse: not in mlp_only_layers, experts
+// present and (l + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer, Qwen3NextDecoderLayer).
+void read_sparse_layers(const JsonFields& f, const ModelConfig& c, MoeConfig& m);
+bool is_sparse_layer(const MoeConfig& m, int64_t l);
 // "LlamaForCausalLM, Qwen2ForCausalLM, ..." and "llama, qwen2, ...": the lists the refusals name.
 std::string supported_architectures();
 std::string supported_model_types();

@@ -7,6 +7,7 @@
 
 #include "core/rng.h"
 #include "io/model_family.h"
+#include "model/draft_loss.h"  // loss_head: the loss weights (decay or D-PACE) and the lm_head + loss
 
 namespace dflash {
 
@@ -47,7 +48,8 @@ float DrafterConfig::softmax_scale() const {
 }
 
 int64_t default_intermediate_size(const ModelConfig& t) {
-  if (const auto width = family_of(t.arch).drafter_width) return width(t);  // gpt-oss: 8 H / 3, as published
+  if (const auto family = family_of(t.arch).drafter)  // gpt-oss: 8 H / 3, as published
+    if (const int64_t width = family(t).intermediate_size; width > 0) return width;
   return t.has_moe() ? 3 * t.hidden_size : t.intermediate_size;
 }
 
@@ -60,6 +62,14 @@ DrafterConfig DrafterConfig::for_target(const ModelConfig& t, int64_t num_layers
   c.num_heads = t.num_attention_heads;
   c.num_kv_heads = t.num_key_value_heads;
   c.head_dim = t.head_dim;
+  // The family's own drafter shape where the published drafters do not copy the target's attention (a hybrid
+  // target's gated head_dim-256 attention: 32 heads of 128; io/model_family.h DrafterDefaults)
+  if (const auto family = family_of(t.arch).drafter) {
+    const DrafterDefaults d = family(t);
+    if (d.num_heads > 0) c.num_heads = d.num_heads;
+    if (d.num_kv_heads > 0) c.num_kv_heads = d.num_kv_heads;
+    if (d.head_dim > 0) c.head_dim = d.head_dim;
+  }
   c.vocab_size = t.vocab_size;
   c.block_size = block_size;
   c.target_layer_ids = std::move(layer_ids);
@@ -402,18 +412,15 @@ DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, co
     dhf = ctx.zeros(dt, {NB, H});
     la.dh = dhf;
   }
-  LossStats ls = ctx.lm_head_loss(la);
+  LossHeadOut lh = loss_head(ctx, la, in.dpace_alpha, cfg_.block_size);
   DraftStepStats out;
-  Tensor w = ctx.to_host(in.weights);
-  const float* wp = w.ptr<float>();
-  for (size_t r = 0; r < ls.ce.size(); ++r) {
-    out.ce_sum += static_cast<double>(wp[r]) * ls.ce[r];
-    out.kl_sum += static_cast<double>(wp[r]) * ls.kl[r];
-  }
+  out.ce_sum = lh.ce_sum;
+  out.kl_sum = lh.kl_sum;
   out.loss_sum = out.ce_sum + (kl_weight > 0 ? kl_weight * out.kl_sum : 0.0);
-  out.ce = std::move(ls.ce);
-  out.kl = std::move(ls.kl);
-  out.correct = std::move(ls.correct);
+  out.ce = std::move(lh.stats.ce);
+  out.kl = std::move(lh.stats.kl);
+  out.correct = std::move(lh.stats.correct);
+  out.w = std::move(lh.w);
   if (!backward) return out;
 
   Tensor dh = ctx.empty(dt, {NB, H});

@@ -18,7 +18,7 @@ namespace dflash {
 // The drafter's default MLP width for a target: a dense target's intermediate_size (Qwen3-8B: 12288), and for a
 // target with Mixture-of-Experts layers 3 H, as the published MoE drafters have it (Qwen3-Coder-30B-A3B-DFlash and
 // SpecForge's qwen3.5-35b-a3b-dflash.json: 6144 at H 2048) — never an expert's width (768 / 512), which would make
-// the dense drafter layer a quarter of a layer. A family may set its own (io/model_family.h drafter_width): gpt-oss
+// the dense drafter layer a quarter of a layer. A family may set its own (io/model_family.h DrafterDefaults): gpt-oss
 // 8 H / 3, the 7680 of z-lab/gpt-oss-20b-DFlash and gpt-oss-120b-DFlash at H 2880.
 int64_t default_intermediate_size(const ModelConfig& target);
 
@@ -57,7 +57,10 @@ struct DrafterConfig {
   void validate() const;
   // A drafter shaped like the target's layers (H, heads, d, rope, eps from the target), spec 1 defaults. Its MLP
   // width (default_intermediate_size) is the family's choice when it has one (gpt-oss: 8 H / 3, the published 7680),
-  // else the target's dense width, or 3 H for a target with MoE layers.
+  // else the target's dense width, or 3 H for a target with MoE layers. A family may also set the heads
+  // (io/model_family.h DrafterDefaults): for a hybrid linear-attention target (Qwen3-Next, Qwen3.5) they are the
+  // published drafters', 32 of 128, kv 8 (dense) or 4 (MoE); the rope stays full-width with the target's theta (no
+  // partial rotary in the drafter).
   static DrafterConfig for_target(const ModelConfig& target, int64_t num_layers, int64_t block_size,
                                   std::vector<int64_t> layer_ids, int32_t mask_token_id);
 };
@@ -81,14 +84,17 @@ struct DraftInputs {
   Tensor valid;       // [N] U8
   Tensor rows;        // [Rs] I32 rows of the N*B block tokens that carry loss (w > 0)
   Tensor labels;      // [Rs] I32 y = x[a_j + i]
-  Tensor weights;     // [Rs] F32 w = m * exp(-(i-1)/gamma)
+  Tensor weights;     // [Rs] F32 w = m * exp(-(i-1)/gamma); with D-PACE the mask m (1)
   Tensor teacher_h;   // [Rs, H] act: target final hidden at a_j+i-1 (soft labels), or undefined
+  double dpace_alpha = 0;  // > 0: the loss weights are D-PACE's with this alpha, computed after the forward from the
+                           // rows' cross-entropies (model/draft_loss.h); 0: `weights` as given
 };
 
 struct DraftStepStats {
   double loss_sum = 0;  // sum_rows w * (ce + kl_weight * kl) (not normalised)
   double ce_sum = 0, kl_sum = 0;   // sum_rows w * ce, sum_rows w * kl
   std::vector<double> ce, kl;      // per selected row
+  std::vector<double> w;           // per selected row: the loss weight used (D-PACE's, or the batch's)
   std::vector<uint8_t> correct;    // per selected row: argmax == label
 };
 
@@ -102,7 +108,8 @@ class Drafter {
   const ParamSet& params() const { return params_; }
 
   // Forward + (optionally) backward of one sequence. Gradients are ACCUMULATED into params().grad; the loss is
-  // scaled by grad_scale (1 / global sum of w). `embed` [V, H] and `lm_head` [V, H] are the target's frozen
+  // scaled by grad_scale (1 / the global normaliser: sum of w, or with D-PACE the count of supervised slots). The
+  // loss head and its weights: model/draft_loss.h. `embed` [V, H] and `lm_head` [V, H] are the target's frozen
   // weights in the compute dtype. With recompute, only each layer's input is kept and the layer's forward is
   // re-run during backward (case C06).
   DraftStepStats forward_backward(Context& ctx, const DraftInputs& in, const Tensor& embed, const Tensor& lm_head,

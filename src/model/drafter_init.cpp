@@ -53,6 +53,9 @@ void init_drafter_from_target(Context& ctx, ParamSet& ps, const DrafterConfig& c
                                          "mlp.down_proj.weight"};
   for (size_t l = 0; l < layers.size(); ++l) {
     const std::string src = cat("model.layers.", layers[l], "."), dst = cat("layers.", l, ".");
+    DFLASH_CHECK(!target.has(src + "linear_attn.out_proj.weight"), "--init-from-target: target layer ", layers[l],
+                 " is a linear-attention (Gated DeltaNet) layer; it cannot start a Qwen3-style draft layer (keep the "
+                 "spec's random init)");  // (a hybrid model's gated attention fails the q_proj shape check below)
     DFLASH_CHECK(target.has(src + "mlp.gate_proj.weight") ||
                      !(target.has(src + "mlp.gate.weight") || target.has(src + "mlp.router.weight")),
                  "--init-from-target: target layer ", layers[l], " is a Mixture-of-Experts layer; its experts cannot "

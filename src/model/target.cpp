@@ -22,11 +22,16 @@ TargetLayer load_layer(WeightSource& src, const ModelConfig& cfg, const WeightNa
   L.spec = cfg.layer(l);
   L.in_norm = src.norm(p + n.in_norm, {H});
   L.post_norm = src.norm(p + n.post_norm, {H});
-  L.attn = load_attention(src, p, n, cfg, L.spec.attention);
+  if (L.spec.mixer == TokenMixer::LinearAttention) {
+    L.lin = load_linear_attention(src, p, n, cfg);
+  } else {
+    L.attn = load_attention(src, p, n, cfg, L.spec.attention);
+  }
   if (L.spec.mlp == ChannelMixer::Dense) {
     L.mlp = load_dense_mlp(src, p, n, H, L.spec.mlp_width);
   } else {
     L.moe = load_moe(src, p, n, H, cfg.moe, cfg.quant_method == "mxfp4");
+    if (cfg.moe.shared_expert_width > 0) L.shared = load_shared_expert(src, p, n, H, cfg.moe.shared_expert_width);
   }
   return L;
 }
@@ -64,7 +69,7 @@ std::shared_ptr<const Target> Target::load(const std::string& dir, Context& ctx)
   w.lm_head = head.lm_head;
   w.final_norm = src.norm(family_of(cfg.arch).names.final_norm, {cfg.hidden_size});
   w.layers = load_layers(src, cfg);
-  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling));
+  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.rope_dim(), cfg.rope_theta, cfg.rope_scaling));
   return std::make_shared<const Target>(std::move(cfg), std::move(w));
 }
 
@@ -88,7 +93,7 @@ std::shared_ptr<const Target> Target::random(const ModelConfig& cfg, Context& ct
   w.lm_head = head.lm_head;
   w.final_norm = src.norm("final_norm", {cfg.hidden_size});
   w.layers = load_layers(src, cfg);
-  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling));
+  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.rope_dim(), cfg.rope_theta, cfg.rope_scaling));
   return std::make_shared<const Target>(cfg, std::move(w));
 }
 
@@ -100,8 +105,15 @@ TargetParams target_params(const ModelConfig& cfg) {
   p.active = cfg.vocab_size * H + H;                             // lm_head (the embedding is a lookup), final norm
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const LayerSpec s = cfg.layer(l);
-    const int64_t attn = attention_params(cfg, s.attention) + 2 * H;  // + the two norms
-    const MlpParams m = mlp_params(cfg, s);
+    const int64_t mixer = s.mixer == TokenMixer::LinearAttention ? linear_attention_params(cfg)
+                                                                    : attention_params(cfg, s.attention);
+    const int64_t attn = mixer + 2 * H;  // + the two norms
+    MlpParams m = mlp_params(cfg, s);
+    if (s.mlp == ChannelMixer::MoE && cfg.moe.shared_expert_width > 0) {
+      const int64_t se = shared_expert_params(H, cfg.moe.shared_expert_width);
+      m.total += se;
+      m.active += se;
+    }
     p.total += attn + m.total;
     p.active += attn + m.active;
     p.mxfp4 += m.mxfp4;
@@ -120,6 +132,9 @@ Target::Target(ModelConfig cfg, TargetWeights w) : cfg_(std::move(cfg)), w_(std:
     DFLASH_CHECK(L.spec.mlp == ChannelMixer::Dense ? L.mlp.w_gate.defined() : L.moe.gate_up.w.defined(),
                  "target layer ", l, ": the weights of its ", L.spec.mlp == ChannelMixer::Dense ? "dense MLP" : "experts",
                  " are missing");
+    const bool linear = L.spec.mixer == TokenMixer::LinearAttention;
+    DFLASH_CHECK(linear ? L.lin.w_qkv.defined() : L.attn.wq.defined(), "target layer ", l, ": the weights of its ",
+                 linear ? "linear attention" : "attention", " are missing");
   }
 }
 
@@ -171,29 +186,48 @@ Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, s
   ctx.embedding(w_.embed, ids, h);
   Tensor x = ctx.empty(dt, {R, H});
   Tensor none;
+  // RMSNorm with the family's weight convention (zero-centred: 1 + w)
+  auto norm = [&](const Tensor& in, const Tensor& w, const Tensor& y) {
+    if (cfg_.zero_centred_norms) {
+      ctx.rmsnorm_gated(in, w, nullptr, eps, true, y);
+    } else {
+      ctx.rmsnorm(in, w, eps, y, none);
+    }
+  };
   for (int64_t l = 0; l < run_layers; ++l) {
     const TargetLayer& L = w_.layers[l];
-    ctx.rmsnorm(h, L.in_norm, eps, x, none);
-    attention_forward(ctx, L.attn, L.spec.attention, cfg_, l, x, pos, w_.inv_freq, segs, h);
-    ctx.rmsnorm(h, L.post_norm, eps, x, none);
+    norm(h, L.in_norm, x);
+    if (L.spec.mixer == TokenMixer::LinearAttention) {
+      linear_attention_forward(ctx, L.lin, cfg_, l, x, segs, h);
+    } else {
+      attention_forward(ctx, L.attn, L.spec.attention, cfg_, l, x, pos, w_.inv_freq, segs, h);
+    }
+    norm(h, L.post_norm, x);
     if (L.spec.mlp == ChannelMixer::Dense) {
       dense_mlp_forward(ctx, L.mlp, x, h);
       out.router_topk.emplace_back();
     } else {
       out.router_topk.push_back(moe_forward(ctx, L.moe, cfg_.moe, x, h));
+      if (L.shared.gate.defined()) shared_expert_forward(ctx, L.shared, x, h);
     }
     for (size_t f = 0; f < layer_ids.size(); ++f)
       if (layer_ids[f] == l) ctx.copy_columns(out.features, h, static_cast<int64_t>(f) * H);
   }
   if (want_final) {
     out.final_hidden = ctx.empty(dt, {R, H});
-    ctx.rmsnorm(h, w_.final_norm, eps, out.final_hidden, none);
+    norm(h, w_.final_norm, out.final_hidden);
   }
   return out;
 }
 
 void Target::logits(Context& ctx, const Tensor& hidden, const Tensor& out) const {
   ctx.linear(hidden, w_.lm_head, nullptr, out);
+}
+
+KVCache Target::make_cache(Context& ctx, int64_t capacity, bool rollback) const {
+  KVCache c = KVCache::create(ctx, cfg_, capacity);
+  c.keep_rollback = rollback;
+  return c;
 }
 
 }  // namespace dflash

@@ -3,9 +3,13 @@
 // defines: TargetLayer, TargetWeights, TargetHead, TargetParams, target_params, Target (KVCache: target/attention.h)
 //
 // Forward: embedding; per layer l (its LayerSpec, made by the family from config.json: io/model_family.h)
-//   h += token_mixer(RMSNorm_in(h))      causal attention (model/target/attention.h)
-//   h += channel_mixer(RMSNorm_post(h))  dense SwiGLU or Mixture of Experts (model/target/mlp.h)
-// then the final RMSNorm and lm_head (tied to the embedding or not). Families: Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss.
+//   h += token_mixer(RMSNorm_in(h))      causal attention (model/target/attention.h) or Gated DeltaNet linear
+//                                        attention (model/target/linear_attention.h)
+//   h += channel_mixer(RMSNorm_post(h))  dense SwiGLU or Mixture of Experts (model/target/mlp.h), with a shared
+//                                        expert when the family has one (model/target/shared_expert.h)
+// then the final RMSNorm and lm_head (tied to the embedding or not). RMSNorms scale by 1 + w when the config says
+// zero_centred_norms. Families: Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss, Qwen3-Next, Qwen3.5 / Qwen3.6 (dense and
+// MoE).
 // Captured features (spec 1): h_after_layer(l) = the residual stream AFTER decoder layer l (0-based), before
 // the final norm — HF's output_hidden_states[l + 1]. Never the full-vocabulary logits of every position.
 #pragma once
@@ -17,7 +21,9 @@
 #include "backend/context.h"
 #include "io/hf_config.h"
 #include "model/target/attention.h"
+#include "model/target/linear_attention.h"
 #include "model/target/mlp.h"
+#include "model/target/shared_expert.h"
 
 namespace dflash {
 
@@ -26,9 +32,11 @@ namespace dflash {
 struct TargetLayer {
   LayerSpec spec;
   Tensor in_norm, post_norm;  // [H]
-  AttentionWeights attn;
+  AttentionWeights attn;      // spec.mixer == Attention
+  LinearAttnWeights lin;      // spec.mixer == LinearAttention
   DenseMlpWeights mlp;        // spec.mlp == Dense
   MoeLayerWeights moe;        // spec.mlp == MoE
+  SharedExpertWeights shared; // spec.mlp == MoE and moe.shared_expert_width > 0
 };
 
 // All tensors on one device, in that context's compute dtype; immutable once built (safe to share between
@@ -37,7 +45,7 @@ struct TargetWeights {
   Tensor embed;       // [V, H]
   Tensor lm_head;     // [V, H] (the same tensor as embed when tied)
   Tensor final_norm;  // [H]
-  Tensor inv_freq;    // [d/2] F32, RoPE frequencies (with scaling)
+  Tensor inv_freq;    // [r/2] F32, RoPE frequencies (with scaling); r = cfg.rope_dim() (head_dim unless partial)
   std::vector<TargetLayer> layers;
 };
 
@@ -109,6 +117,9 @@ class Target {
                         bool want_final) const;
   // logits [R, V] act = hidden [R, H] (final-normed) @ lm_head^T
   void logits(Context& ctx, const Tensor& hidden, const Tensor& out) const;
+  // A cache of `capacity` positions for this target (KVCache::create), recording each forward for a rollback when
+  // `rollback` (speculative decoding's verification: KVCache::truncate(ctx, n)).
+  KVCache make_cache(Context& ctx, int64_t capacity, bool rollback = false) const;
 
  private:
   // The decoder over stacked rows (ids, pos on the device): the one layer loop behind forward and forward_batch.

@@ -29,13 +29,16 @@ double default_gamma(int64_t B) { return B >= 13 ? 7.0 : (B >= 9 ? 5.0 : 4.0); }
 
 DraftBatch make_draft_batch(std::span<const int32_t> tokens, std::span<const uint8_t> loss_mask,
                             std::span<const int32_t> anchors, int64_t n_blocks, int64_t B, int32_t mask_token_id,
-                            double gamma) {
+                            double gamma, double dpace_alpha) {
   const int64_t S = static_cast<int64_t>(tokens.size());
   DFLASH_CHECK(static_cast<int64_t>(loss_mask.size()) == S, "draft batch: ", S, " tokens but ", loss_mask.size(),
                " loss-mask entries");
   DFLASH_CHECK(n_blocks >= static_cast<int64_t>(anchors.size()), "draft batch: ", anchors.size(),
                " anchors exceed n_blocks ", n_blocks);
+  DFLASH_CHECK(dpace_alpha >= 0 && dpace_alpha <= 1, "draft batch: dpace_alpha ", dpace_alpha,
+               " outside (0, 1] (0 = the fixed weights)");
   DraftBatch b;
+  b.dpace_alpha = dpace_alpha;
   b.S = S;
   b.N = n_blocks;
   b.B = B;
@@ -58,7 +61,7 @@ DraftBatch make_draft_batch(std::span<const int32_t> tokens, std::span<const uin
       const int64_t p = a + i;
       const bool m = b.valid[j] && i > 0 && p < S && loss_mask[p];
       if (!m) continue;
-      const double w = gamma > 0 ? std::exp(-static_cast<double>(i - 1) / gamma) : 1.0;
+      const double w = dpace_alpha == 0 && gamma > 0 ? std::exp(-static_cast<double>(i - 1) / gamma) : 1.0;
       b.rows.push_back(static_cast<int32_t>(j * B + i));
       b.labels.push_back(tokens[p]);
       b.slots.push_back(static_cast<int32_t>(i));
@@ -89,6 +92,7 @@ DraftInputs upload_draft_batch(Context& ctx, const DraftBatch& b, const Tensor& 
   in.rows = ctx.to_device(cpu_tensor_i32(b.rows, {R}));
   in.labels = ctx.to_device(cpu_tensor_i32(b.labels, {R}));
   in.weights = ctx.to_device(cpu_tensor(b.weights, {R}));
+  in.dpace_alpha = b.dpace_alpha;
   if (teacher_final_hidden.defined()) {
     in.teacher_h = ctx.empty(teacher_final_hidden.dtype, {R, teacher_final_hidden.dim(-1)});
     ctx.gather_rows(in.teacher_h, teacher_final_hidden, ctx.to_device(cpu_tensor_i32(b.teacher_pos, {R})));

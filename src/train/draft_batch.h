@@ -32,14 +32,17 @@ struct DraftBatch {
   std::vector<int32_t> rows, labels, slots, teacher_pos;
   std::vector<float> weights;
   double sum_w = 0;                       // sum of weights (this sequence's share of the global denominator)
+  double dpace_alpha = 0;                 // > 0: D-PACE; weights hold m (1) and sum_w counts the rows
 };
 
 // Builds the batch of spec 2.2-2.4 for `anchors` (sorted, each a candidate), padded with invalid blocks up to
 // n_blocks (>= anchors.size()). gamma <= 0 selects uniform weights. Slot i of block j predicts x[a_j + i];
 // m = valid * [i > 0] * [a_j + i < S] * loss_mask[a_j + i]; w = m * exp(-(i-1)/gamma).
+// dpace_alpha > 0 selects D-PACE (model/draft_loss.h; gamma is then unused): the weights are only known after the
+// forward, so `weights` holds m (1 per row) and sum_w the number of rows, the normaliser D-PACE divides by.
 DraftBatch make_draft_batch(std::span<const int32_t> tokens, std::span<const uint8_t> loss_mask,
                             std::span<const int32_t> anchors, int64_t n_blocks, int64_t block_size,
-                            int32_t mask_token_id, double gamma);
+                            int32_t mask_token_id, double gamma, double dpace_alpha = 0);
 
 // Uploads a DraftBatch and the sequence's target features to ctx's device. teacher_final_hidden [S, H] (the
 // target's final-norm hidden states) is gathered at teacher_pos when defined (soft labels).

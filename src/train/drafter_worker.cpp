@@ -26,14 +26,14 @@ DrafterWorker::DrafterWorker(int local_rank, int global_rank, std::string name, 
   }
 }
 
-void DrafterWorker::warm_up() {
+void DrafterWorker::warm_up(double dpace_alpha) {
   const DrafterConfig& dc = drafter_.config();
   const int64_t S = 2 * dc.block_size + 2, B = dc.block_size;
   std::vector<int32_t> ids(static_cast<size_t>(S));
   std::vector<uint8_t> mask(static_cast<size_t>(S), 1);
   for (int64_t i = 0; i < S; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i % std::max<int64_t>(1, dc.vocab_size));
   const std::vector<int32_t> anchors = {0, static_cast<int32_t>(B)};
-  DraftBatch b = make_draft_batch(ids, mask, anchors, 2, B, dc.mask_token_id, 7.0);
+  DraftBatch b = make_draft_batch(ids, mask, anchors, 2, B, dc.mask_token_id, 7.0, dpace_alpha);
   Tensor feats = ctx_->zeros(ctx_->compute_dtype(), {S, dc.nf() * dc.hidden_size});
   DraftInputs in = upload_draft_batch(*ctx_, b, feats);
   drafter_.forward_backward(*ctx_, in, embed_, lm_head_, 0.f, 0.f, true, false);

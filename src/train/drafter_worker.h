@@ -70,8 +70,9 @@ class DrafterWorker {
   // drafter holds all of it.
   DrafterWorker(int local_rank, int global_rank, std::string name, std::unique_ptr<Context> ctx,
                 const DrafterConfig& dc, uint64_t seed, double init_std, Tensor embed, Tensor lm_head, int shards = 1);
-  // Warm-up: one forward/backward of a tiny block on random features (gradients zeroed afterwards).
-  void warm_up();
+  // Warm-up: one forward/backward of a tiny block on random features (gradients zeroed afterwards), with the run's
+  // loss weights (dpace_alpha > 0: D-PACE's, model/draft_loss.h).
+  void warm_up(double dpace_alpha = 0);
   // The worker thread's body. `report` runs on this thread after each step's statistics are known (local rank 0
   // of process 0 only: metrics, checkpoints). Returns after end_step or a collective stop; throws on failure.
   void run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queue, GradReducer& grads, HostGroup& stats,

@@ -10,6 +10,7 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/output_dir.h"      // claim_output_dir
+#include "model/draft_loss.h"     // parse_loss_kind, check_dpace_alpha
 #include "model/drafter_init.h"   // resolve_init_layers
 #include "train/checkpoint.h"     // latest_checkpoint
 #include "train/draft_batch.h"    // default_gamma
@@ -119,6 +120,13 @@ void read_inputs(const TrainConfig& cfg, OpenedRun& r) {
                "from the target's checkpoint: not with --random-target");
   r.gamma = cfg.gamma == 0 ? default_gamma(dc.block_size) : (cfg.gamma < 0 ? 0.0 : cfg.gamma);
   r.soft = cfg.kl_weight > 0;
+  const LossKind loss = parse_loss_kind(cfg.loss, "--loss");
+  check_dpace_alpha(cfg.dpace_alpha, "--dpace-alpha");  // checked with either loss: a typo never waits for a switch
+  if (loss == LossKind::DPace) {
+    r.dpace_alpha = cfg.dpace_alpha;
+    if (cfg.gamma != 0)
+      log_warn("train: --gamma ", cfg.gamma, " is unused with --loss dpace (D-PACE's weights replace the decay)");
+  }
 
   // A run that can learn nothing fails before it starts (no sample has a supervised pair after truncation).
   const int64_t trainable = count_trainable_samples(r.data, cfg.max_length);
@@ -138,6 +146,7 @@ void read_inputs(const TrainConfig& cfg, OpenedRun& r) {
   r.cfg_json["mask_token_id"] = mask_id;
   r.cfg_json["intermediate_size"] = dc.intermediate_size;
   r.cfg_json["gamma"] = r.gamma;
+  r.cfg_json["loss"] = loss_kind_name(loss);
   r.cfg_json["init_from_target"] = r.init_layers;
   r.cfg_json["layer_types"] = dc.layer_types;  // resolved: empty = every layer full attention
   r.cfg_json["sliding_window"] = dc.sliding_window;
@@ -192,9 +201,12 @@ void resume_point(const TrainConfig& cfg, OpenedRun& r) {
     DFLASH_CHECK(old.contains(k) && old[k] == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ",
                  k, " = ", old.contains(k) ? old[k].dump() : "(absent)", ", this run has ", r.cfg_json[k].dump(),
                  "; resume needs the same setting");
-  // keys added after the first checkpoints: absent = the value that was implied then (no sliding layers)
+  // keys added after the first checkpoints: absent = the value that was implied then (no sliding layers, the
+  // decayed cross-entropy)
   for (const auto& [k, implied] : {std::pair<const char*, nlohmann::json>{"layer_types", nlohmann::json::array()},
-                                   std::pair<const char*, nlohmann::json>{"sliding_window", 0}}) {
+                                   std::pair<const char*, nlohmann::json>{"sliding_window", 0},
+                                   std::pair<const char*, nlohmann::json>{"loss", "decay"},
+                                   std::pair<const char*, nlohmann::json>{"dpace_alpha", kDefaultDPaceAlpha}}) {
     const nlohmann::json was = old.contains(k) ? old[k] : implied;
     DFLASH_CHECK(was == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ", k, " = ", was.dump(),
                  ", this run has ", r.cfg_json[k].dump(), "; resume needs the same setting");

@@ -47,6 +47,7 @@ struct OpenedRun {
   std::vector<int64_t> init_layers;  // --init-from-target, resolved (empty: random)
   bool init_from_target = false;
   double gamma = 0;   // resolved (0 = uniform)
+  double dpace_alpha = 0;  // resolved: > 0 with --loss dpace (model/draft_loss.h), 0 with decay
   bool soft = false;  // the KL term is on
   nlohmann::json cfg_json;  // the config as recorded in every checkpoint and the export (resolved values, "data",
                             // "data_changes")

@@ -51,7 +51,7 @@ StepPlan StepPlanner::plan(int64_t step) {
     q.tokens = toks;
     q.loss_mask = mask;
     q.batch = make_draft_batch(toks, mask, anchors, static_cast<int64_t>(anchors.size()), c_.block_size,
-                               c_.mask_token_id, c_.gamma);
+                               c_.mask_token_id, c_.gamma, c_.dpace_alpha);
     sp.sum_w += q.batch.sum_w;
     sp.target_tokens += q.batch.S;
     sp.draft_tokens += q.batch.N * q.batch.B;

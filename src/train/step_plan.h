@@ -1,9 +1,10 @@
 // train/step_plan.h — the host-side plan of one global optimizer step (spec 2.1-2.4), made before any worker
 // starts it: which sequences form the global batch (the seeded data order), their anchors and DraftBatches, the
-// global loss normaliser (sum of weights over every drafter), and the split of the sequences over the drafters,
-// balanced by work. The plan depends only on (data, seed, step) and the number of drafters; the global batch, its
-// anchors and sum_w do not depend on the number of drafters at all, so D drafters compute the loss and gradients
-// of one drafter on the same batch (up to the order of floating-point sums).
+// global loss normaliser (sum of weights over every drafter; with D-PACE, whose weights exist only after the
+// forward, the number of supervised slots, as speculators normalises it: no collective after the forward), and the
+// split of the sequences over the drafters, balanced by work. The plan depends only on (data, seed, step) and the
+// number of drafters; the global batch, its anchors and sum_w do not depend on the number of drafters at all, so D
+// drafters compute the loss and gradients of one drafter on the same batch (up to the order of floating-point sums).
 // defines: PlanConfig, SeqPlan, StepPlan, StepPlanner, PlanBook, count_trainable_samples
 #pragma once
 #include <cstdint>
@@ -25,6 +26,8 @@ struct PlanConfig {
   int64_t block_size = 16;
   int32_t mask_token_id = -1;
   double gamma = 7;          // <= 0: uniform weights
+  double dpace_alpha = 0;    // > 0: D-PACE weights (model/draft_loss.h); the normaliser is then the number of
+                             // supervised slots of the global batch, which the weights do not change
   uint64_t seed = 0;
   int drafters = 1;          // global number of drafter workers
 };
@@ -43,7 +46,7 @@ struct StepPlan {
   int64_t step = 0;                     // 0-based optimizer step
   std::vector<SeqPlan> seqs;            // the sequences with at least one anchor, in batch order
   int64_t skipped = 0;                  // sequences of the batch without a candidate anchor (spec 2.1.3)
-  double sum_w = 0;                     // the global loss normaliser: sum of w over every sequence
+  double sum_w = 0;                     // the global loss normaliser: sum of w over every sequence (D-PACE: of m)
   std::vector<std::vector<int>> by_drafter;  // [drafters] indices into seqs, in batch order
   int64_t target_tokens = 0, draft_tokens = 0;  // sum S, sum N*B over seqs
   bool empty() const { return sum_w == 0; }  // no supervised pair anywhere: no update (same control path)

@@ -54,7 +54,9 @@ void to_json(nlohmann::json& j, const TrainConfig& c) {
                      {"sliding_window", c.sliding_window},
                      {"layer_types", c.layer_types},
                      {"max_anchors", c.max_anchors},
+                     {"loss", c.loss},
                      {"gamma", c.gamma},
+                     {"dpace_alpha", c.dpace_alpha},
                      {"kl_weight", c.kl_weight},
                      {"max_length", c.max_length},
                      {"lr", c.optim.lr},
@@ -203,7 +205,7 @@ int64_t warm_up(const TrainConfig& cfg, const OpenedRun& r, Workers& w) {
              " updates)");
   }
   for (auto& t : w.targets) t->warm_up();
-  for (auto& d : w.drafters) d->warm_up();
+  for (auto& d : w.drafters) d->warm_up(r.dpace_alpha);
   const int64_t lazy0 = lazy_init_count();
   const DrafterConfig& dc = r.dc;
   const ParamSet& ps = w.drafters[0]->drafter().params();
@@ -564,7 +566,8 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   // phase 4: the loop
   PlanBook plans(r.data, PlanConfig{.batch_size = cfg.batch_size, .max_anchors = cfg.max_anchors,
                                     .max_length = cfg.max_length, .block_size = r.dc.block_size,
-                                    .mask_token_id = r.dc.mask_token_id, .gamma = r.gamma, .seed = cfg.seed,
+                                    .mask_token_id = r.dc.mask_token_id, .gamma = r.gamma,
+                                    .dpace_alpha = r.dpace_alpha, .seed = cfg.seed,
                                     .drafters = w->world});
   JobSource jobs(plans, r.start, r.total_steps, w->rank0, w->D, w->control);
   TrainSummary sum;

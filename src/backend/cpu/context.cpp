@@ -134,6 +134,10 @@ class CpuContext final : public Context {
     const OpScope scope = op("argmax");
     cpu::argmax(pool_, x, out);
   }
+  void scale_rows(const Tensor& x, const Tensor& rows, const Tensor& scale) override {
+    const OpScope scope = op("scale_rows");
+    cpu::scale_rows(pool_, x, rows, scale);
+  }
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
                         float scale, const CausalAttnOpts& opts) override {
     const OpScope scope = op("attention_causal");
@@ -172,6 +176,34 @@ class CpuContext final : public Context {
     const OpScope scope = op("moe_combine");
     check_moe_combine(y, slot, weights, out, dt_, dt_);
     cpu::moe_combine(pool_, y, slot, weights, out, beta);
+  }
+  void rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                     const Tensor& y) override {
+    const RowsDims d = check_rmsnorm_gated(x, w, z, y, dt_);
+    const OpScope scope = op_rows("rmsnorm_gated", d.R, d.D);
+    cpu::rmsnorm_gated(pool_, x, w, z, eps, zero_centred, y, d.R, d.D);
+  }
+  void sigmoid_gate(const Tensor& y, const Tensor& gate) override {
+    const RowsDims d = check_sigmoid_gate(y, gate, dt_);
+    const OpScope scope = op("sigmoid_gate");
+    cpu::sigmoid_gate(pool_, y, gate, d.R, d.D);
+  }
+  void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y) override {
+    const Conv1dDims d = check_conv1d_causal(x, w, state, y, dt_);
+    const OpScope scope = op("conv1d_causal");
+    cpu::conv1d_causal(pool_, x, w, state, y, d);
+  }
+  void gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
+                const Tensor& beta) override {
+    const int64_t T = check_gdn_gate(ba, A_log, dt_bias, g, beta, dt_, dt_);
+    const OpScope scope = op("gdn_gate");
+    cpu::gdn_gate(pool_, ba, A_log, dt_bias, g, beta, T);
+  }
+  void gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out) override {
+    const int64_t T = check_gated_delta_rule(a, out, dt_, dt_);
+    // FLOPs of the recurrence per token and value head: decay, S^T k, the rank-1 update, S^T q
+    const OpScope scope = op("gated_delta_rule", 8.0 * double(T) * double(a.nv) * double(a.dk) * double(a.dv));
+    cpu::gated_delta_rule(pool_, a, out, T);
   }
   LossStats lm_head_loss(const LossArgs& a) override {
     const double passes = 1.0 + (a.dh.defined() ? 1.0 : 0.0) + (a.teacher_h.defined() ? 1.0 : 0.0);

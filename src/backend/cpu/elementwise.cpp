@@ -1,4 +1,5 @@
-// cpu/elementwise.cpp — embedding gather, y += a*x, column copies, row gathers, row argmax, sum of squares.
+// cpu/elementwise.cpp — embedding gather, y += a*x, column copies, row gathers, row argmax, row scaling, sum of
+// squares.
 #include <cstring>
 
 #include "backend/cpu/ops.h"
@@ -87,6 +88,28 @@ void argmax(ThreadPool& tp, const Tensor& x, const Tensor& out) {
         for (int64_t i = 1; i < V; ++i)
           if (row[i] > row[best]) best = i;
         out.ptr<int32_t>()[r] = static_cast<int32_t>(best);
+      }
+    });
+  });
+}
+
+void scale_rows(ThreadPool& tp, const Tensor& x, const Tensor& rows, const Tensor& scale) {
+  DFLASH_CHECK(rows.dtype == DType::I32, "scale_rows: rows must be I32, got ", dtype_name(rows.dtype));
+  const int64_t Rs = rows.numel(), R = x.rows(), D = x.dim(-1);
+  DFLASH_CHECK(scale.numel() == Rs, "scale_rows: scale ", shape_str(scale.shape), " for ", Rs, " rows");
+  const int32_t* ix = rows.ptr<int32_t>();
+  for (int64_t r = 0; r < Rs; ++r)
+    DFLASH_CHECK(ix[r] >= 0 && ix[r] < R && (r == 0 || ix[r] > ix[r - 1]), "scale_rows: rows[", r, "] = ", ix[r],
+                 r > 0 ? cat(" after ", ix[r - 1]) : std::string(), ": rows must be strictly ascending in [0, ", R, ")");
+  dispatch_float("scale_rows", x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    check_float("scale_rows", x, "x", float_dtype<T>());
+    check_float("scale_rows", scale, "scale", float_dtype<T>());
+    const T* sp = scale.ptr<T>();
+    tp.parallel_for(Rs, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        T* row = x.ptr<T>() + ix[r] * D;
+        for (int64_t c = 0; c < D; ++c) row[c] *= sp[r];
       }
     });
   });

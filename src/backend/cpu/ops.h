@@ -26,6 +26,7 @@ void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0);
 void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0);
 void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows);
 void argmax(ThreadPool& tp, const Tensor& x, const Tensor& out);
+void scale_rows(ThreadPool& tp, const Tensor& x, const Tensor& rows, const Tensor& scale);
 
 void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                       int64_t q_offset, float scale, const CausalAttnOpts& opts);
@@ -41,6 +42,16 @@ void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWe
                 const Tensor& y, MoeAct act, const MoeLinearDims& d);
 void moe_combine(ThreadPool& tp, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
                  float beta);
+
+// hybrid linear-attention ops (arguments checked by the check_* of backend/context.h, whose dims they take)
+void rmsnorm_gated(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                   const Tensor& y, int64_t R, int64_t D);
+void sigmoid_gate(ThreadPool& tp, const Tensor& y, const Tensor& gate, int64_t R, int64_t Dg);
+void conv1d_causal(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
+                   const Conv1dDims& d);
+void gdn_gate(ThreadPool& tp, const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
+              const Tensor& beta, int64_t T);
+void gated_delta_rule(ThreadPool& tp, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
 
 LossStats lm_head_loss(ThreadPool& tp, const LossArgs& a);
 void adamw(ThreadPool& tp, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -1,7 +1,9 @@
 // cpu/rope.cpp — rotate-half RoPE (Su et al. 2021; the HF Llama/Qwen layout): for i < d/2,
 //   (x_i, x_{i+d/2}) -> (x_i cos t - x_{i+d/2} sin t, x_{i+d/2} cos t + x_i sin t),  t = pos * inv_freq[i].
 // The angle is formed in fp32 as transformers does (pos and inv_freq in float32); cos/sin then in T.
-// The backward is the same rotation by -t.
+// The backward is the same rotation by -t. Partial rotary (partial_rotary_factor < 1): inv_freq has r/2 < d/2
+// entries; the first r dims of each head rotate as above with r in place of d, the other d - r pass through
+// (transformers' apply_rotary_pos_emb with cos/sin of rotary_dim r).
 #include <cmath>
 #include <vector>
 
@@ -15,9 +17,10 @@ void rope(ThreadPool& tp, const Tensor& x, const Tensor& pos, const Tensor& inv_
     check_float("rope", x, "x", float_dtype<T>());
     check_float("rope", inv_freq, "inv_freq", DType::F32);
     DFLASH_CHECK(x.ndim() == 3, "rope: x must be [T, heads, d], got ", shape_str(x.shape));
-    const int64_t Tn = x.dim(0), Hh = x.dim(1), d = x.dim(2), half = d / 2;
+    const int64_t Tn = x.dim(0), Hh = x.dim(1), d = x.dim(2), half = inv_freq.numel();
     DFLASH_CHECK(pos.dtype == DType::I32 && pos.numel() == Tn, "rope: pos must be I32 [", Tn, "]");
-    DFLASH_CHECK(inv_freq.numel() == half, "rope: inv_freq has ", inv_freq.numel(), " entries, head_dim ", d);
+    DFLASH_CHECK(half >= 1 && 2 * half <= d, "rope: inv_freq has ", half, " entries, head_dim ", d,
+                 " (at most head_dim / 2)");
     const int32_t* p = pos.ptr<int32_t>();
     const float* f = inv_freq.ptr<float>();
     T* xp = x.ptr<T>();

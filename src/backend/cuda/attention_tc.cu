@@ -29,6 +29,7 @@
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/mma_sync.cuh"
 
 namespace dflash::cuda {
 
@@ -45,47 +46,20 @@ constexpr int kDkvQ = 32;        // query rows per chunk (dK/dV)
 constexpr size_t kStaticSmemSlack = 1024;  // bytes of static __shared__ per kernel, at most
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// c += a (16x16, row) * b (16x8, col)
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// A fragments of 16 rows x 16 columns (columns c0..c0+15) of a row-major bf16 tile in shared memory.
+using mma::mma16816;  // backend/cuda/mma_sync.cuh: mma.sync, ldmatrix and the fragment loads of a tile
+using mma::pack_bf16;
 template <int LDS>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int row0, int c0, int lane) {
-  ldsm_x4(a, smem_u32(tile + (row0 + (lane & 15)) * LDS + c0 + (lane >> 4) * 8));
+  mma::load_a(a, tile, LDS, row0, c0, lane);
 }
-// B fragments (k = columns c0..c0+15, n = rows n0..n0+15 as two 8-wide n tiles) of B = tile^T: for S = Q K^T with
-// K row-major [key][d]. r[0], r[1]: n tile n0; r[2], r[3]: n tile n0 + 8.
 template <int LDS>
 __device__ __forceinline__ void load_bt(uint32_t (&r)[4], const bf16* tile, int n0, int c0, int lane) {
-  ldsm_x4(r, smem_u32(tile + (n0 + (lane & 7) + (lane >> 4) * 8) * LDS + c0 + ((lane >> 3) & 1) * 8));
+  mma::load_bt(r, tile, LDS, n0, c0, lane);
 }
-// B fragments (k = rows k0..k0+15, n = columns n0..n0+15 as two 8-wide n tiles) of B = tile: for O = P V with V
-// row-major [key][d]. r[0], r[1]: n tile n0; r[2], r[3]: n tile n0 + 8.
 template <int LDS>
 __device__ __forceinline__ void load_b(uint32_t (&r)[4], const bf16* tile, int k0, int n0, int lane) {
-  ldsm_x4_t(r, smem_u32(tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8));
+  mma::load_b(r, tile, LDS, k0, n0, lane);
 }
-
 
 // Copies rows [0, nrows) x D of a tile whose row r lives at src + off(r) (or is zero when off(r) < 0).
 // t / nthreads: this thread's index among the threads sharing the copy.
@@ -614,11 +588,13 @@ size_t attn_tc_dkv_smem(int D) {  // K, V and two groups' Q, dO; also holds the 
 void attention_tc_init_attributes(int smem_optin) {
   allow_dynamic_smem(smem_optin, k_fwd_tc<64, false>, k_fwd_tc<128, false>, k_dq_tc<64, false>, k_dq_tc<128, false>,
                      k_dkv_tc<64, false>, k_dkv_tc<128, false>, k_fwd_tc<64, true>, k_fwd_tc<128, true>,
-                     k_dq_tc<64, true>, k_dq_tc<128, true>, k_dkv_tc<64, true>, k_dkv_tc<128, true>);
+                     k_dq_tc<64, true>, k_dq_tc<128, true>, k_dkv_tc<64, true>, k_dkv_tc<128, true>,
+                     k_fwd_tc<256, false>);
 }
 
 bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
-  if (p0.d != 64 && p0.d != 128) return false;
+  const bool win0 = p0.mode == kAttnDFlash && p0.window > 0;
+  if (p0.d != 64 && p0.d != 128 && !(p0.d == 256 && !win0)) return false;
   const size_t smem = attn_tc_fwd_smem(p0.d);
   if (smem + kStaticSmemSlack > static_cast<size_t>(e.smem_limit)) return false;
   if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
@@ -634,6 +610,8 @@ bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
     DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<64, false>)(p);
   else if (p.d == 64)
     DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<64, true>)(p);
+  else if (p.d == 256)  // the hybrid targets' gated attention (Qwen3-Next, Qwen3.5: head_dim 256)
+    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<256, false>)(p);
   else if (!win)
     DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<128, false>)(p);
   else

@@ -87,6 +87,7 @@ class CudaContext final : public Context {
     DFLASH_CUDA_CHECK(cudaMemsetAsync(err_.data, 0, sizeof(int), st_->stream));
     cuda::attention_init_attributes(optin);
     cuda::moe_init_attributes(optin);
+    cuda::gated_delta_init_attributes(optin);
     env_.stream = st_->stream;
     env_.device = dev_;
     env_.lt = lt_.get();
@@ -341,6 +342,10 @@ class CudaContext final : public Context {
     const OpScope scope = op("argmax");
     cuda::argmax(env_, x, out);
   }
+  void scale_rows(const Tensor& x, const Tensor& rows, const Tensor& scale) override {
+    const OpScope scope = op("scale_rows");
+    cuda::scale_rows(env_, x, on_device(rows), on_device(scale));
+  }
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
                         float scale, const CausalAttnOpts& opts) override {
     const OpScope scope = op("attention_causal");
@@ -362,6 +367,34 @@ class CudaContext final : public Context {
     const OpScope scope =
         op("dflash_attention_backward", profiling() ? 2.5 * dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
     cuda::dflash_attention_backward(env_, on_device(a), out, lse, dout, dq, dkc, dvc, dkb, dvb);
+  }
+  void rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                     const Tensor& y) override {
+    const RowsDims d = check_rmsnorm_gated(x, w, z, y, DType::BF16);
+    const OpScope scope = op_rows("rmsnorm_gated", d.R, d.D);
+    cuda::rmsnorm_gated(env_, x, w, z, eps, zero_centred, y, d);
+  }
+  void sigmoid_gate(const Tensor& y, const Tensor& gate) override {
+    const RowsDims d = check_sigmoid_gate(y, gate, DType::BF16);
+    const OpScope scope = op("sigmoid_gate");
+    cuda::sigmoid_gate(env_, y, gate, d);
+  }
+  void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y) override {
+    const Conv1dDims d = check_conv1d_causal(x, w, state, y, DType::BF16);
+    const OpScope scope = op("conv1d_causal");
+    cuda::conv1d_causal(env_, x, w, state, y, d);
+  }
+  void gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
+                const Tensor& beta) override {
+    const int64_t T = check_gdn_gate(ba, A_log, dt_bias, g, beta, DType::BF16, DType::F32);
+    const OpScope scope = op("gdn_gate");
+    cuda::gdn_gate(env_, ba, A_log, dt_bias, g, beta, T);
+  }
+  void gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out) override {
+    const int64_t T = check_gated_delta_rule(a, out, DType::BF16, DType::F32);
+    // FLOPs as the recurrence counts them (8 T nv dk dv); the chunked form does more (bench_gdn counts its own)
+    const OpScope scope = op("gated_delta_rule", 8.0 * double(T) * double(a.nv) * double(a.dk) * double(a.dv));
+    cuda::gated_delta_rule(env_, a, out, T);
   }
   void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) override {
     const OpScope scope = op("moe_route");

@@ -5,6 +5,7 @@
 //   copy_columns / gather_columns: one cudaMemcpy2DAsync (pitched copy), any dtype.
 //   gather_rows / scatter_rows: dst[r] = src[rows[r]] / dst[rows[r]] = src[r]; bad indices set kErrGatherRow.
 //   argmax:       one block per row, (value, index) reduction, first index on ties (as the CPU's strict '>').
+//   scale_rows:   x[rows[r]] *= scale[r] in fp32, one rounding to x's dtype; rows must ascend strictly (kErrScaleRow).
 //   sum_squares:  two-stage deterministic reduction in double: fixed per-block partials, then one block sums them
 //                 in order (no atomics, so the result is bitwise reproducible).
 #include <cstring>
@@ -33,6 +34,7 @@ std::string describe_error_bits(int bits) {
   add(kErrLossLabel, "lm_head_loss: a label is outside [0, vocab)");
   add(kErrAnchor, "dflash_attention: a valid block's anchor is outside [0, S]");
   add(kErrExpertId, "moe_group: an expert id is outside [0, num_experts)");
+  add(kErrScaleRow, "scale_rows: a row index is outside [0, rows) or not after the previous one (rows must ascend)");
   if (s.empty()) s = cat("unknown device error bits ", bits);
   return s;
 }
@@ -79,6 +81,25 @@ __global__ void k_rows(E* __restrict__ dst, const E* __restrict__ src, const int
       dst[static_cast<int64_t>(idx) * C + c] = src[i];
     else
       dst[i] = src[static_cast<int64_t>(idx) * C + c];
+  }
+}
+
+// x[rows[r], c] *= scale[r]; R listed rows of C elements, x has Rx rows. Each row is checked (at c == 0) to lie in
+// [0, Rx) and after the previous one, so no two threads write one element.
+template <class T>
+__global__ void k_scale_rows(T* __restrict__ x, const int* __restrict__ rows, const float* __restrict__ scale,
+                             int64_t R, int64_t C, int64_t Rx, int* err) {
+  const int64_t n = R * C;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / C, c = i - r * C;
+    const int idx = rows[r];
+    if (idx < 0 || idx >= Rx || (r > 0 && idx <= rows[r - 1])) {
+      if (c == 0) atomicOr(err, kErrScaleRow);
+      continue;
+    }
+    T* p = x + static_cast<int64_t>(idx) * C + c;
+    *p = from_f<T>(to_f(*p) * scale[r]);
   }
 }
 
@@ -269,6 +290,26 @@ void gather_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& row
 }
 void scatter_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& rows) {
   rows_op(e, "scatter_rows", true, dst, src, rows);
+}
+
+void scale_rows(Env& e, const Tensor& x, const Tensor& rows, const Tensor& scale) {
+  check_on_dev("scale_rows", x, "x");
+  check_dev("scale_rows", rows, "rows", DType::I32);
+  check_dev("scale_rows", scale, "scale", DType::F32);
+  const int64_t R = rows.numel(), C = x.dim(-1), Rx = x.rows();
+  DFLASH_CHECK(scale.numel() == R, "scale_rows: scale ", shape_str(scale.shape), " for ", R, " rows");
+  if (R == 0 || C == 0) return;
+  const unsigned g = grid_for(R * C, kThreads, e.num_sms);
+  if (x.dtype == DType::F32) {
+    DFLASH_LAUNCH(g, kThreads, 0, e.stream, k_scale_rows<float>)(x.ptr<float>(), rows.ptr<int>(), scale.ptr<float>(),
+                                                                 R, C, Rx, e.err_flag);
+  } else if (x.dtype == DType::BF16) {
+    DFLASH_LAUNCH(g, kThreads, 0, e.stream, k_scale_rows<bf16>)(static_cast<bf16*>(x.data), rows.ptr<int>(),
+                                                                scale.ptr<float>(), R, C, Rx, e.err_flag);
+  } else {
+    DFLASH_FAIL("scale_rows (cuda): x has dtype ", dtype_name(x.dtype), " (F32 or BF16)");
+  }
+  check_launch("scale_rows");
 }
 
 void argmax(Env& e, const Tensor& x, const Tensor& out) {

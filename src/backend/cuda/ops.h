@@ -35,6 +35,7 @@ enum ErrBits : int {
   kErrLossLabel = 4,     // lm_head_loss: label outside [0, V)
   kErrAnchor = 8,        // dflash_attention: a valid block's anchor outside [0, S]
   kErrExpertId = 16,     // moe_group: an expert id outside [0, E)
+  kErrScaleRow = 32,     // scale_rows: a row outside [0, R) or not after the previous one
 };
 // "embedding: token id outside [0, V); ..." for the bits set.
 std::string describe_error_bits(int bits);
@@ -91,6 +92,8 @@ void gather_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& row
 // dst[rows[r], :] = src[r, :]  (the inverse of gather_rows; used by lm_head_loss)
 void scatter_rows(Env& e, const Tensor& dst, const Tensor& src, const Tensor& rows);
 void argmax(Env& e, const Tensor& x, const Tensor& out);
+// x[rows[r], :] *= scale[r] (x F32 or BF16, scale F32, rows strictly ascending; a bad row sets kErrScaleRow)
+void scale_rows(Env& e, const Tensor& x, const Tensor& rows, const Tensor& scale);
 double sum_squares(Env& e, const Tensor& x);  // synchronises
 void fill_normal(Env& e, const Tensor& out, double stdev, uint64_t seed, RngPurpose purpose, uint64_t stream);
 
@@ -128,6 +131,23 @@ void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weig
 std::string moe_linear_path(int64_t N, int64_t K, bool swiglu);
 // Sets the Hopper grouped GEMM's dynamic-shared-memory attribute (once per context, at construction).
 void moe_init_attributes(int smem_optin);
+
+// ---- hybrid linear-attention targets (hybrid_rows.cu, conv1d_causal.cu, gated_delta_rule.cu, gated_delta_chunk.cu)
+// Arguments checked by backend/context.h's check_* (whose dims they take); act BF16 (F32 accepted too), g / beta /
+// state F32.
+void rmsnorm_gated(Env& e, const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                   const Tensor& y, const RowsDims& d);
+void sigmoid_gate(Env& e, const Tensor& y, const Tensor& gate, const RowsDims& d);
+void conv1d_causal(Env& e, const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, const Conv1dDims& d);
+void gdn_gate(Env& e, const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g, const Tensor& beta,
+              int64_t T);
+// The recurrent kernel, or the chunked tensor-core one where it applies (gated_delta_chunk_applies).
+void gated_delta_rule(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
+// The chunked kernel (WY form, mma.sync): BF16 qkv, dk = dv = 128, T >= 64, 167 KB of shared memory per block.
+bool gated_delta_chunk_applies(const Env& e, const GatedDeltaArgs& a, int64_t T);
+void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
+// Sets the chunked kernel's dynamic-shared-memory attribute (once per context, at construction).
+void gated_delta_init_attributes(int smem_optin);
 
 // ---- loss and optimizer -------------------------------------------------------------------------------------
 LossStats lm_head_loss(Env& e, const LossArgs& a);  // synchronises (the stats are host vectors)

@@ -3,7 +3,8 @@
 //   (x_i, x_{i+d/2}) -> (x_i cos t - x_{i+d/2} sin t, x_{i+d/2} cos t + x_i sin t);  inverse: rotate by -t.
 // One thread per (token, head, i); cos/sin are the accurate cosf/sinf (full range reduction: positions reach
 // thousands of radians). Math in fp32, stored in x's dtype (BF16 or F32). BF16 heads with d % 16 == 0 move 8
-// values per load (k_rope_bf16x8).
+// values per load (k_rope_bf16x8). Partial rotary: inv_freq [r/2] with r < d rotates the first r dims of each head
+// (half = r/2 in the formula) and leaves the rest (cpu/rope.cpp).
 #include "backend/cuda/common.cuh"
 
 namespace dflash::cuda {
@@ -12,7 +13,7 @@ namespace {
 
 template <class T>
 __global__ void k_rope(T* __restrict__ x, const int* __restrict__ pos, const float* __restrict__ inv_freq, int64_t Tn,
-                       int heads, int half, float sgn) {
+                       int heads, int half, int d, float sgn) {
   const int64_t n = Tn * heads * half;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -21,7 +22,7 @@ __global__ void k_rope(T* __restrict__ x, const int* __restrict__ pos, const flo
     const int64_t t = th / heads;
     const float ang = static_cast<float>(pos[t]) * inv_freq[i];
     const float c = cosf(ang), s = sgn * sinf(ang);
-    T* v = x + th * (2 * half);
+    T* v = x + th * d;
     const float a = to_f(v[i]), b = to_f(v[i + half]);
     v[i] = from_f<T>(a * c - b * s);
     v[i + half] = from_f<T>(b * c + a * s);
@@ -31,7 +32,7 @@ __global__ void k_rope(T* __restrict__ x, const int* __restrict__ pos, const flo
 // The same for BF16 with half % 8 == 0 and x 16-byte aligned: thread = (token, head, 8 consecutive i), one 16-byte
 // load and store for x_i.. and one for x_{i+half}..
 __global__ void k_rope_bf16x8(bf16* __restrict__ x, const int* __restrict__ pos, const float* __restrict__ inv_freq,
-                              int64_t Tn, int heads, int half, float sgn) {
+                              int64_t Tn, int heads, int half, int d, float sgn) {
   const int hc = half / 8;  // chunks per half head
   const int64_t n = Tn * heads * hc;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
@@ -39,8 +40,8 @@ __global__ void k_rope_bf16x8(bf16* __restrict__ x, const int* __restrict__ pos,
     const int i0 = static_cast<int>(idx % hc) * 8;
     const int64_t th = idx / hc;  // token * heads + head
     const float p = static_cast<float>(pos[th / heads]);
-    uint4* v = reinterpret_cast<uint4*>(x + th * (2 * half) + i0);
-    uint4* w = reinterpret_cast<uint4*>(x + th * (2 * half) + half + i0);
+    uint4* v = reinterpret_cast<uint4*>(x + th * d + i0);
+    uint4* w = reinterpret_cast<uint4*>(x + th * d + half + i0);
     float a[8], b[8];
     bf16x8_to_f(*v, a);
     bf16x8_to_f(*w, b);
@@ -64,24 +65,24 @@ void rope(Env& e, const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bo
   check_dev("rope", pos, "pos", DType::I32);
   check_dev("rope", inv_freq, "inv_freq", DType::F32);
   DFLASH_CHECK(x.ndim() == 3, "rope: x must be [T, heads, d], got ", shape_str(x.shape));
-  const int64_t Tn = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
-  DFLASH_CHECK(d % 2 == 0, "rope: head_dim ", d, " is odd");
+  const int64_t Tn = x.dim(0), heads = x.dim(1), d = x.dim(2), half = inv_freq.numel();
   DFLASH_CHECK(pos.numel() == Tn, "rope: pos must be I32 [", Tn, "], got ", shape_str(pos.shape));
-  DFLASH_CHECK(inv_freq.numel() == half, "rope: inv_freq has ", inv_freq.numel(), " entries, head_dim ", d);
+  DFLASH_CHECK(half >= 1 && 2 * half <= d, "rope: inv_freq has ", half, " entries, head_dim ", d,
+               " (at most head_dim / 2)");
   const int64_t n = Tn * heads * half;
   if (n == 0) return;
   const float sgn = inverse ? -1.f : 1.f;
   const unsigned g = grid_for(n, 256, e.num_sms);
-  if (x.dtype == DType::BF16 && bf16x8_ok(half, x.data)) {
+  const int H = static_cast<int>(heads), hf = static_cast<int>(half), D = static_cast<int>(d);
+  if (x.dtype == DType::BF16 && bf16x8_ok(half, x.data) && d % 8 == 0) {
     DFLASH_LAUNCH(grid_for(n / 8, 256, e.num_sms), 256, 0, e.stream, k_rope_bf16x8)(
-        static_cast<bf16*>(x.data), pos.ptr<int>(), inv_freq.ptr<float>(), Tn, static_cast<int>(heads),
-        static_cast<int>(half), sgn);
+        static_cast<bf16*>(x.data), pos.ptr<int>(), inv_freq.ptr<float>(), Tn, H, hf, D, sgn);
   } else if (x.dtype == DType::BF16) {
     DFLASH_LAUNCH(g, 256, 0, e.stream, k_rope<bf16>)(static_cast<bf16*>(x.data), pos.ptr<int>(), inv_freq.ptr<float>(),
-                                                     Tn, static_cast<int>(heads), static_cast<int>(half), sgn);
+                                                     Tn, H, hf, D, sgn);
   } else if (x.dtype == DType::F32) {
-    DFLASH_LAUNCH(g, 256, 0, e.stream, k_rope<float>)(x.ptr<float>(), pos.ptr<int>(), inv_freq.ptr<float>(), Tn,
-                                                      static_cast<int>(heads), static_cast<int>(half), sgn);
+    DFLASH_LAUNCH(g, 256, 0, e.stream, k_rope<float>)(x.ptr<float>(), pos.ptr<int>(), inv_freq.ptr<float>(), Tn, H,
+                                                      hf, D, sgn);
   } else {
     DFLASH_FAIL("rope (cuda): dtype ", dtype_name(x.dtype), " (BF16 or F32)");
   }

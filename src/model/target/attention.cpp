@@ -8,7 +8,18 @@ namespace dflash {
 KVCache KVCache::create(Context& ctx, const ModelConfig& cfg, int64_t capacity) {
   KVCache c;
   c.capacity = capacity;
+  const bool hybrid = cfg.has_linear_attention();
+  if (hybrid) {
+    c.lin.resize(static_cast<size_t>(cfg.num_hidden_layers));
+    c.linear = cfg.linear_attn;
+  }
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    if (cfg.layer(l).mixer == TokenMixer::LinearAttention) {
+      c.k.emplace_back();
+      c.v.emplace_back();
+      c.lin[static_cast<size_t>(l)] = make_linear_state(ctx, cfg);
+      continue;
+    }
     c.k.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim}));
     c.v.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim}));
   }
@@ -17,6 +28,24 @@ KVCache KVCache::create(Context& ctx, const ModelConfig& cfg, int64_t capacity) 
 
 void KVCache::truncate(int64_t new_len) {
   DFLASH_CHECK(new_len >= 0 && new_len <= len, "KVCache::truncate to ", new_len, " of ", len);
+  DFLASH_CHECK(!has_linear() || new_len == len, "KVCache::truncate to ", new_len, " of ", len,
+               ": a hybrid target's linear-attention state must be rolled back (truncate(ctx, new_len))");
+  len = new_len;
+}
+
+void KVCache::truncate(Context& ctx, int64_t new_len) {
+  DFLASH_CHECK(new_len >= 0 && new_len <= len, "KVCache::truncate to ", new_len, " of ", len);
+  for (LinearAttnState& s : lin) {
+    if (!s.state.defined()) continue;  // an attention layer
+    if (new_len == len) {
+      s.start = -1;  // nothing to undo; the record is dropped
+      continue;
+    }
+    DFLASH_CHECK(s.start >= 0 && new_len >= s.start, "KVCache::truncate to ", new_len, " of ", len,
+                 ": a linear-attention state rolls back only into the last forward (positions ",
+                 s.start < 0 ? "none recorded: set keep_rollback" : cat(s.start, " .. ", len), ")");
+    rollback_linear_state(ctx, linear, s, new_len - s.start);
+  }
   len = new_len;
 }
 
@@ -24,7 +53,18 @@ AttentionWeights load_attention(WeightSource& src, const std::string& p, const W
                                 const AttentionSpec& spec) {
   const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   AttentionWeights w;
-  w.wq = src.matrix(p + n.q + ".weight", {nh * d, H});
+  if (spec.output_gate) {  // q_proj [nh 2d, H]: per head d query rows, then d gate rows
+    const Tensor qg = src.matrix(p + n.q + ".weight", {nh * 2 * d, H});
+    Context& ctx = src.ctx();
+    w.wq = ctx.empty(ctx.compute_dtype(), {nh * d, H});
+    w.wg = ctx.empty(ctx.compute_dtype(), {nh * d, H});
+    for (int64_t hd = 0; hd < nh; ++hd) {
+      ctx.copy(w.wq.slice(hd * d, (hd + 1) * d), qg.slice(hd * 2 * d, hd * 2 * d + d));
+      ctx.copy(w.wg.slice(hd * d, (hd + 1) * d), qg.slice(hd * 2 * d + d, (hd + 1) * 2 * d));
+    }
+  } else {
+    w.wq = src.matrix(p + n.q + ".weight", {nh * d, H});
+  }
   w.wk = src.matrix(p + n.k + ".weight", {nkv * d, H});
   w.wv = src.matrix(p + n.v + ".weight", {nkv * d, H});
   w.wo = src.matrix(p + n.o + ".weight", {H, nh * d});
@@ -45,7 +85,7 @@ AttentionWeights load_attention(WeightSource& src, const std::string& p, const W
 int64_t attention_params(const ModelConfig& cfg, const AttentionSpec& spec) {
   const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   return 2 * H * nh * d + 2 * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? 2 * d : 0) +
-         (spec.out_bias ? H : 0) + (spec.sinks ? nh : 0);
+         (spec.out_bias ? H : 0) + (spec.sinks ? nh : 0) + (spec.output_gate ? H * nh * d : 0);
 }
 
 void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionSpec& spec, const ModelConfig& cfg,
@@ -67,8 +107,13 @@ void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionS
   ctx.linear(x, w.wv, w.bv.defined() ? &w.bv : nullptr, v.reshape({R, nkv * d}));
   if (spec.qk_norm) {
     Tensor q2 = q.reshape({R * nh, d}), k2 = k.reshape({R * nkv, d});
-    ctx.rmsnorm(q2, w.q_norm, eps, q2, none);
-    ctx.rmsnorm(k2, w.k_norm, eps, k2, none);
+    if (cfg.zero_centred_norms) {
+      ctx.rmsnorm_gated(q2, w.q_norm, nullptr, eps, true, q2);
+      ctx.rmsnorm_gated(k2, w.k_norm, nullptr, eps, true, k2);
+    } else {
+      ctx.rmsnorm(q2, w.q_norm, eps, q2, none);
+      ctx.rmsnorm(k2, w.k_norm, eps, k2, none);
+    }
   }
   ctx.rope(q, pos, inv_freq, false);
   ctx.rope(k, pos, inv_freq, false);
@@ -98,6 +143,11 @@ void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionS
   opts.window = spec.sliding_window;
   opts.sinks = w.sinks;
   ctx.attention_causal_batch(q, o, attn, scale, opts);
+  if (spec.output_gate) {  // o *= sigmoid(x Wg^T)
+    Tensor gate = ctx.empty(dt, {R, nh * d});
+    ctx.linear(x, w.wg, nullptr, gate);
+    ctx.sigmoid_gate(o.reshape({R, nh * d}), gate);
+  }
   ctx.linear(o.reshape({R, nh * d}), w.wo, w.bo.defined() ? &w.bo : nullptr, h, 1.0f);  // h += o Wo^T (+ bo)
 }
 

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# bench/dpace_demo.sh — the training objectives on the GPU demo (issue: D-PACE beside the decayed cross-entropy):
+# 3 objectives x 3 seeds of `dflash demo --device cuda` at the demo's defaults (8 layers, B 16, 360 s budget), then
+# a table (tau teacher-forced and by speculative decoding, per-slot acceptance, the default the numbers support:
+# bench/dpace_table.py) and one plot of the runs (`dflash plot`: training curves, per-slot accuracy along the block).
+#   decay     --loss decay (today's: spec 2.4, the demo's gamma 2)
+#   dpace     --loss dpace (D-PACE, alpha 0.5)
+#   dpace_kl  --loss dpace --kl-weight $KL
+# One run per GPU at a time (GPU g runs its runs with CUDA_VISIBLE_DEVICES=g), seed by seed, the objectives of a seed
+# side by side (GPUS defaults to a multiple of the objective count). A GPU demo run takes ~6.5 min (360 s of training,
+# ~25-40 s of preparing and eval; bench/RESULTS.md: 384-399 s wall): 9 runs are ~60 GPU-minutes; on 3 GPUs 3 rounds
+# (~20 min), on 6 or more GPUs 2 rounds (~13 min).
+# A finished run (its summary.json) is never run again and an interrupted one continues (`demo --resume`), so when a
+# call hits a time limit, call the script again: it picks up where it stopped. The table covers what is finished.
+#
+# Usage: bash bench/dpace_demo.sh                 (on the GPU machine; builds build-cuda/dflash when missing)
+#        bash bench/dpace_demo.sh --table-only    (table and plot from ROOT's finished runs: also here, on the CPU)
+# env: ROOT (default runs/dpace_demo), SEEDS ("0 1 2"), OBJECTIVES ("decay dpace dpace_kl"), KL (0.15),
+#      GPUS (runs at once; default: the GPUs nvidia-smi lists), BIN (default build-cuda/dflash; --table-only:
+#      build-cpu/dflash when there is no CUDA build), DEMO_ARGS (extra `dflash demo` options, e.g. "--budget 120" for a
+#      quick look; default none = the demo's defaults), OUT (if set: table.md, the TSV, the plots, and OUT/runs/<run>/
+#      with every run's summary.json, demo.log and run/metrics.jsonl: small files only, in ROOT's layout, so that
+#      `ROOT=<runs of several calls, merged> bash bench/dpace_demo.sh --table-only` makes the whole table anywhere).
+# Prints the compact table last.
+# On the lent machines (10 minutes a call): 6 GPUs run seeds 0 and 1 in ~7 min (SEEDS="0 1"), a second call seed 2
+# (SEEDS=2) and then the table of whatever ROOT holds; or one seed per call on 3 GPUs.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+ROOT=${ROOT:-runs/dpace_demo}
+SEEDS=${SEEDS:-0 1 2}
+OBJECTIVES=${OBJECTIVES:-decay dpace dpace_kl}
+KL=${KL:-0.15}
+TABLE_ONLY=0
+[ "${1:-}" = --table-only ] && TABLE_ONLY=1
+mkdir -p "$ROOT"
+[ -f tools/device_env.sh ] && . tools/device_env.sh  # PCRE2 from .deps on the GPU machine
+
+objective_args() {
+  case "$1" in
+    decay) echo "--loss decay" ;;
+    dpace) echo "--loss dpace" ;;
+    dpace_kl) echo "--loss dpace --kl-weight $KL" ;;
+    *) echo "dpace_demo.sh: unknown objective '$1' (decay, dpace, dpace_kl)" >&2; return 1 ;;
+  esac
+}
+
+if [ "$TABLE_ONLY" = 0 ]; then
+  BIN=${BIN:-build-cuda/dflash}
+  if [ ! -x "$BIN" ]; then
+    echo "building $BIN ..."
+    cmake -S . -B build-cuda -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$ROOT/configure.log" 2>&1 &&
+      cmake --build build-cuda -j "$(nproc)" --target dflash >"$ROOT/build.log" 2>&1 ||
+      { tail -30 "$ROOT/configure.log" "$ROOT/build.log" 2>/dev/null; exit 1; }
+  fi
+  n_obj=$(echo $OBJECTIVES | wc -w)
+  if [ -z "${GPUS:-}" ]; then  # a multiple of the objective count, so that each round runs whole seeds side by side
+    GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+    [ "$GPUS" -ge "$n_obj" ] && GPUS=$(( GPUS / n_obj * n_obj ))
+  fi
+  [ "$GPUS" -ge 1 ] || { echo "dpace_demo.sh: no GPU (nvidia-smi lists none); --table-only makes the table" >&2; exit 1; }
+  # the runs still to do, seed by seed (the objectives of one seed run at the same time, under the same load)
+  todo=()
+  for o in $OBJECTIVES; do objective_args "$o" >/dev/null || exit 2; done
+  for s in $SEEDS; do
+    for o in $OBJECTIVES; do [ -f "$ROOT/$o-s$s/summary.json" ] || todo+=("$o:$s"); done
+  done
+  echo "dpace_demo: ${#todo[@]} run(s) to do on $GPUS GPU(s): ${todo[*]:-none}"
+  run_one() {  # gpu objective seed
+    local g=$1 o=$2 s=$3 dir=$ROOT/$2-s$3 resume=()
+    [ -d "$dir/run" ] && resume=(--resume)  # an interrupted run continues (its time budget too)
+    mkdir -p "$dir"
+    local t0=$SECONDS
+    # shellcheck disable=SC2046,SC2086
+    CUDA_VISIBLE_DEVICES=$g "$BIN" demo --device cuda --out "$dir" --seed "$s" $(objective_args "$o") $DEMO_ARGS \
+      "${resume[@]}" >>"$dir/demo.log" 2>&1
+    local rc=$?
+    echo "  $o seed $s on GPU $g: rc $rc, $((SECONDS - t0)) s$([ $rc = 0 ] || echo " (see $dir/demo.log)")"
+  }
+  DEMO_ARGS=${DEMO_ARGS:-}
+  i=0
+  for item in "${todo[@]}"; do
+    run_one $((i % GPUS)) "${item%%:*}" "${item##*:}" </dev/null &
+    i=$((i + 1))
+    [ $((i % GPUS)) -eq 0 ] && wait
+  done
+  wait
+else
+  BIN=${BIN:-build-cuda/dflash}
+  [ -x "$BIN" ] || BIN=build-cpu/dflash
+fi
+
+# the table, then the plot of every finished run's training (per-slot accuracy along the block among the panels)
+python3 bench/dpace_table.py "$ROOT" >"$ROOT/table.txt" 2>&1
+runs=()  # relative to ROOT, so that the legend reads "dpace-s1/run"
+for o in $OBJECTIVES; do for s in $SEEDS; do [ -f "$ROOT/$o-s$s/run/metrics.jsonl" ] && runs+=("$o-s$s/run"); done; done
+BIN=$(realpath "$BIN")
+: >"$ROOT/plot.log"
+if [ ${#runs[@]} -gt 0 ]; then
+  (cd "$ROOT" && "$BIN" plot "${runs[@]}" --out dpace_demo.png --x seconds >>plot.log 2>&1) ||
+    echo "plot failed (gnuplot missing on this machine? run: bash bench/dpace_demo.sh --table-only where it is)" \
+      "- $(tail -1 "$ROOT/plot.log")"
+fi
+# the eval's acceptance along the block, per objective (mean over seeds): bench/dpace_table.py's gnuplot script
+if command -v gnuplot >/dev/null && [ -s "$ROOT/acceptance_by_slot.gp" ]; then
+  gnuplot "$ROOT/acceptance_by_slot.gp" >>"$ROOT/plot.log" 2>&1 ||
+    echo "acceptance plot failed: $(tail -1 "$ROOT/plot.log")"
+fi
+if [ -n "${OUT:-}" ]; then
+  cp "$ROOT"/table.md "$ROOT"/table.txt "$ROOT"/acceptance_by_slot.tsv "$ROOT"/*.png "$OUT"/ 2>/dev/null
+  for d in "$ROOT"/*-s*/; do  # the layout of ROOT, so that --table-only runs on $OUT/runs (merged from several calls)
+    n=$(basename "$d")
+    mkdir -p "$OUT/runs/$n/run"
+    cp "$d"summary.json "$d"demo.log "$OUT/runs/$n/" 2>/dev/null
+    cp "$d"run/metrics.jsonl "$OUT/runs/$n/run/" 2>/dev/null
+  done
+fi
+echo
+cat "$ROOT/table.txt"

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""bench/dpace_table.py - the table of bench/dpace_demo.sh: one row per `dflash demo` run (ROOT/<objective>-s<seed>/
+summary.json), the mean and spread per objective, per-slot acceptance along the block, and the default the numbers
+support. Pure Python 3 (no numpy).
+
+Usage: python3 bench/dpace_table.py ROOT [--baseline decay]
+Writes ROOT/table.md (markdown, for bench/RESULTS.md), ROOT/acceptance_by_slot.tsv (slot, then per objective the mean
+fraction of cycles reaching the slot: teacher-forced and speculative), ROOT/acceptance_by_slot.gp (its gnuplot
+script: ROOT/dpace_demo_acceptance.png) and prints a compact table last.
+
+The decision rule (the issue's): an objective replaces the baseline as the default only if its mean tau by
+speculative decoding beats the baseline's by more than the run-to-run spread (max - min over seeds) of both.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+
+def load(root):
+    runs = []
+    for path in sorted(glob.glob(os.path.join(root, "*-s*", "summary.json"))):
+        name = os.path.basename(os.path.dirname(path))
+        m = re.fullmatch(r"(.+)-s(\d+)", name)
+        if not m:
+            continue
+        with open(path) as f:
+            s = json.load(f)
+        acc = s.get("acceptance_by_slot", {})
+        runs.append({
+            "objective": m.group(1), "seed": int(m.group(2)), "dir": os.path.dirname(path),
+            "steps": s["train"]["steps"], "train_s": s["train"]["seconds"], "wall_s": s.get("wall_seconds", 0),
+            "tau_tf": s["tau_trained_teacher"], "tau_gen": s["tau_trained_generated"],
+            "reached_tf": acc.get("teacher", {}).get("reached", []),
+            "reached_gen": acc.get("generated", {}).get("reached", []),
+            "given_tf": acc.get("teacher", {}).get("given_previous", []),
+            "last_eal": s["train"].get("last_eal", 0),
+        })
+    return runs
+
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def spread(xs):
+    return max(xs) - min(xs) if xs else float("nan")
+
+
+def mean_curve(curves):
+    curves = [c for c in curves if c]
+    if not curves:
+        return []
+    n = min(len(c) for c in curves)
+    return [mean([c[k] for c in curves]) for k in range(n)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--baseline", default="decay", help="today's default objective (the one to beat)")
+    a = ap.parse_args()
+    runs = load(a.root)
+    if not runs:
+        print(f"{a.root}: no finished run (ROOT/<objective>-s<seed>/summary.json)", file=sys.stderr)
+        sys.exit(1)
+    objectives = []
+    for r in runs:
+        if r["objective"] not in objectives:
+            objectives.append(r["objective"])
+    by = {o: [r for r in runs if r["objective"] == o] for o in objectives}
+
+    md = ["| objective | seed | steps (train s) | tau teacher-forced | tau speculative | reached slot 1 / 2 / 4 / 8 / 15 "
+          "(teacher-forced) | wall s |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        rc = r["reached_tf"]
+        pick = " / ".join(f"{rc[k]:.3f}" if k < len(rc) else "-" for k in (1, 2, 4, 8, 15))
+        md.append(f"| {r['objective']} | {r['seed']} | {r['steps']} ({r['train_s']:.0f}) | {r['tau_tf']:.3f} | "
+                  f"{r['tau_gen']:.3f} | {pick} | {r['wall_s']:.0f} |")
+    md += ["", "| objective | runs | tau teacher-forced mean (spread) | tau speculative mean (spread) | "
+           "acceptance given the previous slots, slots 1..B-1 (teacher-forced, mean) |", "|---|---|---|---|---|"]
+    summary = {}
+    for o in objectives:
+        tf = [r["tau_tf"] for r in by[o]]
+        gen = [r["tau_gen"] for r in by[o]]
+        given = mean_curve([r["given_tf"] for r in by[o]])
+        summary[o] = {"tf": (mean(tf), spread(tf)), "gen": (mean(gen), spread(gen)), "n": len(tf)}
+        md.append(f"| {o} | {len(tf)} | {mean(tf):.3f} ({spread(tf):.3f}) | {mean(gen):.3f} ({spread(gen):.3f}) | "
+                  + " ".join(f"{g:.2f}" for g in given[1:]) + " |")
+
+    # acceptance along the block, per objective (mean over seeds): for the plot
+    cols = []
+    for o in objectives:
+        cols.append((f"{o}_teacher", mean_curve([r["reached_tf"] for r in by[o]])))
+        cols.append((f"{o}_speculative", mean_curve([r["reached_gen"] for r in by[o]])))
+    n = max((len(c) for _, c in cols), default=0)
+    with open(os.path.join(a.root, "acceptance_by_slot.tsv"), "w") as f:
+        f.write("slot\t" + "\t".join(name for name, _ in cols) + "\n")
+        for k in range(1, n):
+            f.write(f"{k}\t" + "\t".join(f"{c[k]:.6f}" if k < len(c) else "NaN" for _, c in cols) + "\n")
+
+    # its plot: one colour per objective, solid teacher-forced, dashed speculative
+    plots = []
+    for c, (name, _) in enumerate(cols):
+        plots.append(f"'{a.root}/acceptance_by_slot.tsv' using 1:{c + 2} with linespoints lc {c // 2 + 1} "
+                     f"dt {1 + c % 2} title '{name}'")
+    with open(os.path.join(a.root, "acceptance_by_slot.gp"), "w") as f:
+        f.write("set terminal pngcairo size 1000,600 noenhanced\n"
+                f"set output '{a.root}/dpace_demo_acceptance.png'\n"
+                "set title 'fraction of cycles accepting at least k draft tokens (mean over seeds)'\n"
+                "set xlabel 'slot k'\nset ylabel 'reached'\nset xtics 1\nset yrange [0:1]\nset grid\n"
+                "set key top right\nplot " + ", ".join(plots) + "\n")
+
+    # the decision
+    decision = []
+    base = summary.get(a.baseline)
+    if base is None:
+        decision.append(f"no {a.baseline} run: no decision")
+    else:
+        best = max(objectives, key=lambda o: summary[o]["gen"][0])
+        margin = summary[best]["gen"][0] - base["gen"][0]
+        bar = max(summary[best]["gen"][1], base["gen"][1])
+        complete = all(summary[o]["n"] >= 3 for o in objectives)
+        if best == a.baseline:
+            decision.append(f"keep {a.baseline}: no objective has a higher mean tau by speculative decoding")
+        elif margin > bar:
+            decision.append(f"switch the default to {best}: +{margin:.3f} mean tau (speculative) over {a.baseline}, "
+                            f"more than the run-to-run spread {bar:.3f}")
+        else:
+            decision.append(f"keep {a.baseline}: {best} is ahead by {margin:.3f} mean tau (speculative), within the "
+                            f"run-to-run spread {bar:.3f}")
+        if not complete:
+            decision.append("(incomplete: fewer than 3 runs of some objective)")
+    md += ["", "Decision: " + " ".join(decision)]
+    with open(os.path.join(a.root, "table.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+
+    print(f"wrote {a.root}/table.md and {a.root}/acceptance_by_slot.tsv")
+    print()
+    print(f"{'objective':12s} {'seed':>4s} {'steps':>6s} {'tau_tf':>7s} {'tau_spec':>8s}  reached@1/2/4/8/15 (tf)")
+    for r in runs:
+        rc = r["reached_tf"]
+        pick = " ".join(f"{rc[k]:.2f}" if k < len(rc) else "-" for k in (1, 2, 4, 8, 15))
+        print(f"{r['objective']:12s} {r['seed']:>4d} {r['steps']:>6d} {r['tau_tf']:7.3f} {r['tau_gen']:8.3f}  {pick}")
+    print()
+    for o in objectives:
+        s = summary[o]
+        print(f"{o:12s} n={s['n']}  tau_tf {s['tf'][0]:.3f} (spread {s['tf'][1]:.3f})  "
+              f"tau_spec {s['gen'][0]:.3f} (spread {s['gen'][1]:.3f})")
+    print("decision: " + " ".join(decision))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+// io/model_family_hybrid.h — the hybrid linear-attention families of io/model_family.cpp's table: Qwen3-Next
+// (Qwen3NextForCausalLM: Qwen3-Coder-Next, Qwen3-Next-80B-A3B) and Qwen3.5 / Qwen3.6, dense and MoE, as text models
+// (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM) and as the published image-text checkpoints
+// (Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration: the language model's config under
+// text_config, its weights under model.language_model.; the vision tower and the MTP head are ignored by name).
+// defines: read_qwen3_next, qwen3_next_layer, read_qwen3_5, qwen3_5_layer, read_qwen3_5_moe, qwen3_5_moe_layer,
+//          hybrid_names, hybrid_drafter
+//
+// What every one of them is (transformers 5.17, models/qwen3_next, qwen3_5, qwen3_5_moe): layer l's token mixer is
+// layer_types[l] ("linear_attention": Gated DeltaNet; "full_attention": gated attention with q/k norm); without
+// layer_types, every full_attention_interval-th layer (default 4) is full attention:
+//   linear iff (l + 1) % interval != 0                          (Qwen3NextConfig.__post_init__)
+// RMSNorms are zero-centred (y = norm(x) * (1 + w)) except the linear attention's gated output norm; RoPE is
+// partial: the first partial_rotary_factor * head_dim dims of a head rotate (default 0.25). Qwen3.5's M-RoPE
+// (mrope_section, mrope_interleaved) reduces to this RoPE for text: its three position streams (temporal, height,
+// width) are all the text position when no image is present, so every frequency turns by the same angle
+// pos * inv_freq[i] whichever stream the interleaving takes it from (Qwen3_5TextRotaryEmbedding).
+#pragma once
+#include <cstdint>
+
+#include "io/hf_config.h"
+#include "io/json_fields.h"
+#include "io/model_family.h"
+
+namespace dflash {
+
+// Qwen3NextConfig: linear attention + MoE with a shared expert (decoder_sparse_step, mlp_only_layers as Qwen3-MoE;
+// norm_topk_prob default true). Throws Error naming src and the key.
+void read_qwen3_next(const JsonFields& f, ModelConfig& c);
+LayerSpec qwen3_next_layer(const ModelConfig& c, int64_t l);
+// Qwen3_5TextConfig: linear attention, every layer a dense SwiGLU of intermediate_size.
+void read_qwen3_5(const JsonFields& f, ModelConfig& c);
+LayerSpec qwen3_5_layer(const ModelConfig& c, int64_t l);
+// Qwen3_5MoeTextConfig: linear attention, every layer MoE with a shared expert, top-k always renormalised
+// (Qwen3_5MoeTopKRouter); no intermediate_size.
+void read_qwen3_5_moe(const JsonFields& f, ModelConfig& c);
+LayerSpec qwen3_5_moe_layer(const ModelConfig& c, int64_t l);
+
+// The weight names: model.* (text checkpoints) or model.language_model.* (image-text, `image_text`); lm_head.weight
+// at the top level in both. Ignored by name: model.visual. (image-text) and mtp. (both).
+WeightNames hybrid_names(bool image_text);
+// The published drafters of Qwen3.5 / Qwen3.6 / Qwen3-Coder-Next: 32 heads of 128, with 8 kv heads for the dense
+// targets and 4 for the MoE ones (z-lab/Qwen3.5-4B/27B-DFlash, Qwen3.5-35B-A3B-DFlash: SpecForge configs/); the MLP
+// width is the general rule.
+DrafterDefaults hybrid_drafter(const ModelConfig& c);
+
+}  // namespace dflash

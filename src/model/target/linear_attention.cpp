@@ -1,0 +1,158 @@
+// model/target/linear_attention.cpp — the Gated DeltaNet mixer, its cache state and rollback
+// (model/target/linear_attention.h).
+#include "model/target/linear_attention.h"
+
+#include <vector>
+
+#include "model/target/attention.h"
+
+namespace dflash {
+
+namespace {
+
+// A copy of t on ctx's device (same dtype).
+Tensor clone(Context& ctx, const Tensor& t) {
+  Tensor c = ctx.empty(t.dtype, t.shape);
+  ctx.copy(c, t);
+  return c;
+}
+
+// Qwen3-Next's grouped projections permuted into the Qwen3.5 layout (linear_attention.h): per key head g the rows
+// [q_g, k_g, v_g, z_g] of qkvz go to q, k, v of w_qkv and to w_z; [b_g, a_g] of ba to the b and a halves of w_ba.
+void ungroup_qwen3_next(Context& ctx, const Tensor& qkvz, const Tensor& ba, const LinearAttnConfig& a,
+                        LinearAttnWeights& w) {
+  const int64_t nk = a.num_key_heads, dk = a.key_head_dim, r = a.num_value_heads / nk, vd = r * a.value_head_dim;
+  const int64_t group = 2 * dk + 2 * vd, kd = a.key_dim();
+  for (int64_t g = 0; g < nk; ++g) {
+    const int64_t s = g * group;
+    ctx.copy(w.w_qkv.slice(g * dk, (g + 1) * dk), qkvz.slice(s, s + dk));
+    ctx.copy(w.w_qkv.slice(kd + g * dk, kd + (g + 1) * dk), qkvz.slice(s + dk, s + 2 * dk));
+    ctx.copy(w.w_qkv.slice(2 * kd + g * vd, 2 * kd + (g + 1) * vd), qkvz.slice(s + 2 * dk, s + 2 * dk + vd));
+    ctx.copy(w.w_z.slice(g * vd, (g + 1) * vd), qkvz.slice(s + 2 * dk + vd, s + group));
+    const int64_t nv = a.num_value_heads;
+    ctx.copy(w.w_ba.slice(g * r, (g + 1) * r), ba.slice(g * 2 * r, g * 2 * r + r));
+    ctx.copy(w.w_ba.slice(nv + g * r, nv + (g + 1) * r), ba.slice(g * 2 * r + r, (g + 1) * 2 * r));
+  }
+}
+
+}  // namespace
+
+LinearAttnWeights load_linear_attention(WeightSource& src, const std::string& prefix, const WeightNames& n,
+                                        const ModelConfig& cfg) {
+  const LinearAttnConfig& a = cfg.linear_attn;
+  const int64_t H = cfg.hidden_size, C = a.conv_dim(), VD = a.value_dim(), nv = a.num_value_heads;
+  const std::string p = prefix + n.linear_attn;
+  Context& ctx = src.ctx();
+  const DType dt = ctx.compute_dtype();
+  LinearAttnWeights w;
+  if (src.has(p + "in_proj_qkvz.weight")) {  // Qwen3-Next
+    const Tensor qkvz = src.matrix(p + "in_proj_qkvz.weight", {C + VD, H});
+    const Tensor ba = src.matrix(p + "in_proj_ba.weight", {2 * nv, H});
+    w.w_qkv = ctx.empty(dt, {C, H});
+    w.w_z = ctx.empty(dt, {VD, H});
+    w.w_ba = ctx.empty(dt, {2 * nv, H});
+    ungroup_qwen3_next(ctx, qkvz, ba, a, w);
+  } else {  // Qwen3.5
+    w.w_qkv = src.matrix(p + "in_proj_qkv.weight", {C, H});
+    w.w_z = src.matrix(p + "in_proj_z.weight", {VD, H});
+    w.w_ba = ctx.empty(dt, {2 * nv, H});
+    ctx.copy(w.w_ba.slice(0, nv), src.matrix(p + "in_proj_b.weight", {nv, H}));
+    ctx.copy(w.w_ba.slice(nv, 2 * nv), src.matrix(p + "in_proj_a.weight", {nv, H}));
+  }
+  w.conv = src.matrix(p + "conv1d.weight", {C, 1, a.conv_kernel}).reshape({C, a.conv_kernel});
+  w.A_log = src.matrix(p + "A_log", {nv});
+  w.dt_bias = src.matrix(p + "dt_bias", {nv});
+  w.norm = src.norm(p + "norm.weight", {a.value_head_dim});
+  w.w_out = src.matrix(p + "out_proj.weight", {H, VD});
+  return w;
+}
+
+LinearAttnState make_linear_state(Context& ctx, const ModelConfig& cfg) {
+  const LinearAttnConfig& a = cfg.linear_attn;
+  LinearAttnState s;
+  s.conv = ctx.zeros(ctx.compute_dtype(), {a.conv_kernel - 1, a.conv_dim()});
+  s.state = ctx.zeros(ctx.param_dtype(), {a.num_value_heads, a.key_head_dim, a.value_head_dim});
+  return s;
+}
+
+void linear_attention_forward(Context& ctx, const LinearAttnWeights& w, const ModelConfig& cfg, int64_t l,
+                              const Tensor& x, std::span<const AttnSegment> segs, const Tensor& h) {
+  const LinearAttnConfig& a = cfg.linear_attn;
+  const int64_t R = x.rows(), C = a.conv_dim(), nv = a.num_value_heads, dv = a.value_head_dim;
+  const DType dt = ctx.compute_dtype(), pt = ctx.param_dtype();
+  Tensor xin = ctx.empty(dt, {R, C}), z = ctx.empty(dt, {R, nv * dv}), ba = ctx.empty(dt, {R, 2 * nv});
+  ctx.linear(x, w.w_qkv, nullptr, xin);
+  ctx.linear(x, w.w_z, nullptr, z);
+  ctx.linear(x, w.w_ba, nullptr, ba);
+  Tensor g = ctx.empty(pt, {R, nv}), beta = ctx.empty(pt, {R, nv});
+  ctx.gdn_gate(ba, w.A_log, w.dt_bias, g, beta);
+  Tensor qkv = ctx.empty(dt, {R, C}), o = ctx.empty(dt, {R, nv, dv});
+  // Sequences without a cache that tile the rows (a packed prefill) share one gated_delta_rule call (GatedDeltaArgs
+  // seqs: one launch on CUDA); the others run one by one.
+  std::vector<int64_t> packed = {0};
+  for (const AttnSegment& s : segs)
+    if (!s.cache && s.begin == packed.back() && s.end >= s.begin) packed.push_back(s.end);
+  const bool one_call = packed.size() > 2 && packed.back() == R && packed.size() == segs.size() + 1;
+  for (const AttnSegment& s : segs) {
+    if (s.end <= s.begin) continue;
+    LinearAttnState* st = s.cache ? &s.cache->lin[static_cast<size_t>(l)] : nullptr;
+    const Tensor xs = xin.slice(s.begin, s.end), ys = qkv.slice(s.begin, s.end);
+    const Tensor gs = g.slice(s.begin, s.end), bs = beta.slice(s.begin, s.end);
+    if (st && s.cache->keep_rollback) {  // what the replay of a rollback starts from (before the state moves on)
+      st->start = s.start;
+      st->conv0 = clone(ctx, st->conv);
+      st->state0 = clone(ctx, st->state);
+      st->x_in = xs;
+      st->qkv = ys;
+      st->g = gs;
+      st->beta = bs;
+    } else if (st) {
+      st->start = -1;
+    }
+    ctx.conv1d_causal(xs, w.conv, st ? st->conv : Tensor{}, ys);
+    if (one_call) continue;
+    GatedDeltaArgs ga{ys, gs, bs, st ? st->state : Tensor{}, a.num_key_heads, a.key_head_dim, nv, dv, {}};
+    ctx.gated_delta_rule(ga, o.slice(s.begin, s.end));
+  }
+  if (one_call) ctx.gated_delta_rule({qkv, g, beta, Tensor{}, a.num_key_heads, a.key_head_dim, nv, dv, packed}, o);
+  const Tensor o2 = o.reshape({R * nv, dv}), z2 = z.reshape({R * nv, dv});
+  ctx.rmsnorm_gated(o2, w.norm, &z2, static_cast<float>(cfg.rms_norm_eps), false, o2);
+  ctx.linear(o.reshape({R, nv * dv}), w.w_out, nullptr, h, 1.0f);  // h += o Wout^T
+}
+
+void rollback_linear_state(Context& ctx, const LinearAttnConfig& a, LinearAttnState& s, int64_t keep) {
+  DFLASH_CHECK(s.start >= 0 && s.state0.defined(), "linear-attention rollback: the last forward kept no record "
+               "(set KVCache::keep_rollback before it)");
+  const int64_t T = s.x_in.rows(), P = a.conv_kernel - 1;
+  DFLASH_CHECK(keep >= 0 && keep <= T, "linear-attention rollback: keep ", keep, " of the last forward's ", T,
+               " tokens");
+  if (keep < T) {
+    // the window: the last P rows of [conv0 ; x_in[0, keep)]
+    if (P > 0) {
+      if (keep >= P) {
+        ctx.copy(s.conv, s.x_in.slice(keep - P, keep));
+      } else {
+        ctx.copy(s.conv.slice(0, P - keep), s.conv0.slice(keep, P));
+        if (keep > 0) ctx.copy(s.conv.slice(P - keep, P), s.x_in.slice(0, keep));
+      }
+    }
+    // the state: the recurrence over the kept rows from the recorded start
+    ctx.copy(s.state, s.state0);
+    if (keep > 0) {
+      Tensor out = ctx.empty(ctx.compute_dtype(), {keep, a.num_value_heads, a.value_head_dim});
+      GatedDeltaArgs ga{s.qkv.slice(0, keep), s.g.slice(0, keep), s.beta.slice(0, keep), s.state,
+                        a.num_key_heads, a.key_head_dim, a.num_value_heads, a.value_head_dim, {}};
+      ctx.gated_delta_rule(ga, out);
+    }
+  }
+  s.start = -1;
+  s.conv0 = s.state0 = s.x_in = s.qkv = s.g = s.beta = Tensor{};
+}
+
+int64_t linear_attention_params(const ModelConfig& cfg) {
+  const LinearAttnConfig& a = cfg.linear_attn;
+  const int64_t H = cfg.hidden_size, C = a.conv_dim(), VD = a.value_dim(), nv = a.num_value_heads;
+  return H * C + H * VD + 2 * nv * H + C * a.conv_kernel + 2 * nv + a.value_head_dim + H * VD;
+}
+
+}  // namespace dflash
