@@ -1175,6 +1175,17 @@ double rel_rms(const std::vector<double>& got, const Tensor& want) {
   }
   return std::sqrt(num / den);
 }
+// rel_rms over the rows (of `cols` values) whose keep[row] is set.
+double rel_rms_rows(const std::vector<double>& got, const Tensor& want, int64_t cols, const std::vector<bool>& keep) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!keep[i / static_cast<size_t>(cols)]) continue;
+    const double w = want.ptr<float>()[i];
+    num += (got[i] - w) * (got[i] - w);
+    den += w * w;
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
 
 // Expert ids of T tokens (k distinct per token; expert `skip` never chosen, so one expert has no rows).
 Tensor expert_ids(int64_t T, int64_t E, int64_t k, uint64_t seed, int64_t skip) {
@@ -1302,9 +1313,12 @@ TEST(CudaOps, MoE) {
 
 // A golden target (tests/golden/<name>: transformers in float64) on CUDA, bf16 activations through 4 layers: the
 // experts chosen per token and layer against the golden's where it records them (>= 95%: a near tie may flip under
-// bf16; a token whose experts differ moves its rows), and by relative RMS error against the golden (< 3e-2) every
-// layer's output, the logits, and the cached decode's logits (prefill S - n, then the golden's n tokens one at a time
-// through the KV cache and, for hybrid targets, the linear layers' window and state).
+// bf16), and by relative RMS error against the golden (< 3e-2) every layer's output, the logits, and the cached
+// decode's logits (prefill S - n, then the golden's n tokens one at a time through the KV cache and, for hybrid
+// targets, the linear layers' window and state). A token whose experts differ from the golden's at some layer (a near
+// tie that bf16 tips the other way: HF's own bf16 forward flips such ties against its float64 one) carries another
+// expert's output from there on, an error of order 1 in its rows, so the errors are taken over the other tokens' rows
+// (the golden MoE targets on the H200: 4 of 160, 12 of 450 and 15 of 600 token-layer choices flip).
 void golden_case(const std::string& name) {
   const std::string dir = std::string(DFLASH_SOURCE_DIR) + "/tests/golden/" + name;
   auto g = SafetensorsFile::open(dir + "/golden.safetensors");
@@ -1318,6 +1332,7 @@ void golden_case(const std::string& name) {
   const int64_t S = ids.numel();
   auto out = tg->forward(*b.gpu, ids, all, true);
   int64_t same = 0, total = 0;
+  std::vector<bool> keep(static_cast<size_t>(S), true);  // the tokens whose experts equal the golden's at every layer
   for (int64_t l = 0; l < L; ++l) {
     if (!out.router_topk[static_cast<size_t>(l)].defined() || !g->find(cat("router_topk.", l))) continue;
     const std::vector<double> mine = get(*b.gpu, out.router_topk[static_cast<size_t>(l)]);
@@ -1332,9 +1347,12 @@ void golden_case(const std::string& name) {
       std::sort(a.begin(), a.end());
       std::sort(w.begin(), w.end());
       same += a == w;
+      if (a != w) keep[static_cast<size_t>(t)] = false;
       ++total;
     }
   }
+  const int64_t kept = std::count(keep.begin(), keep.end(), true);
+  EXPECT_GE(kept, S * 3 / 4) << name << ": only " << kept << " of " << S << " tokens chose the golden's experts throughout";
   if (total > 0) {
     const double frac = double(same) / double(total);
     EXPECT_GE(frac, 0.95) << name << ": " << same << " of " << total << " tokens x layers chose the golden's experts";
@@ -1348,14 +1366,15 @@ void golden_case(const std::string& name) {
     for (int64_t t = 0; t < S; ++t)
       for (int64_t c = 0; c < H; ++c)
         layer[static_cast<size_t>(t * H + c)] = feats[static_cast<size_t>(t * L * H + l * H + c)];
-    const double e = rel_rms(layer, g->view(cat("layer_output.", l)));
+    const double e = rel_rms_rows(layer, g->view(cat("layer_output.", l)), H, keep);
     EXPECT_LT(e, 3e-2) << name << ": layer " << l << " output, relative error";
     worst = std::max(worst, e);
   }
-  record(cat(name, " golden: worst layer output rel. error (bf16)"), worst, 3e-2, worst < 3e-2);
+  record(cat(name, " golden: worst layer output rel. error (bf16; ", kept, " of ", S, " tokens)"), worst, 3e-2,
+         worst < 3e-2);
   Tensor lg = b.gpu->empty(DType::BF16, {S, V});
   tg->logits(*b.gpu, out.final_hidden, lg);
-  const double rel = rel_rms(get(*b.gpu, lg), g->view("logits"));
+  const double rel = rel_rms_rows(get(*b.gpu, lg), g->view("logits"), V, keep);
   EXPECT_LT(rel, 3e-2) << name << ": logits relative error";
   record(cat(name, " golden: logits rel. error (bf16, 4 layers)"), rel, 3e-2, rel < 3e-2);
   // cached decode: prefill S - n, then n tokens one at a time
@@ -1371,7 +1390,8 @@ void golden_case(const std::string& name) {
     const auto v = get(*b.gpu, l1);
     dec.insert(dec.end(), v.begin(), v.end());
   }
-  const double ed = rel_rms(dec, g->view("kv_decode_logits"));
+  const double ed = rel_rms_rows(dec, g->view("kv_decode_logits"), V,
+                                 std::vector<bool>(keep.begin() + P, keep.end()));
   EXPECT_LT(ed, 3e-2) << name << ": cached decode logits relative error";
   record(cat(name, " golden: cached decode logits rel. error"), ed, 3e-2, ed < 3e-2);
 }
