@@ -427,6 +427,17 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
       }
       src[q] = s * p.K;
     }
+    // k-step kt's A: the tile's gathered rows of x, columns kt kWgBK .. (past K: zero-filled), into stage st
+    auto load_a = [&](int kt, int st) {
+      const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
+      const bool kin = kc < p.K;
+      DFLASH_UNROLL
+      for (int q = 0; q < 8; ++q) {
+        const int row = (pt >> 3) + 16 * q;
+        cp_async16(sA + st * kWgATile + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
+                   ok[q] && kin);
+      }
+    };
     if constexpr (!FP4) {
       int brow[kBoxes];
       DFLASH_UNROLL
@@ -444,14 +455,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
           for (int b = 0; b < kBoxes; ++b)
             tma_load_2d(sB + st * kBTile + b * 64 * 128, &wmap, full, kt * kWgBK, brow[b]);
         }
-        const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
-        const bool kin = kc < p.K;
-        DFLASH_UNROLL
-        for (int q = 0; q < 8; ++q) {
-          const int row = (pt >> 3) + 16 * q;
-          cp_async16(sA + st * kWgATile + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
-                     ok[q] && kin);
-        }
+        load_a(kt, st);
         cp_async_mbar_arrive(full);
       }
     } else {
@@ -494,14 +498,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
         const int st = kt % NS;
         if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
         const uint32_t full = bFull + 8 * st;
-        const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
-        const bool kin = kc < p.K;
-        DFLASH_UNROLL
-        for (int q = 0; q < 8; ++q) {
-          const int row = (pt >> 3) + 16 * q;
-          cp_async16(sA + st * kWgATile + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
-                     ok[q] && kin);
-        }
+        load_a(kt, st);
         cp_async_mbar_arrive(full);
         // this k-step's raw chunks (past K or the expert's rows: zero-filled) and their scales
         const int64_t kb = static_cast<int64_t>(kt) * 2 + half;  // the chunk's MXFP4 block along K
