@@ -18,6 +18,8 @@
 //               64 rows (fp32 accumulators) and write the epilogue (the SwiGLU of each thread's gate column c and up
 //               column c + BN / 2, which the m64nBN accumulator layout puts in the same thread) straight to y in
 //               bf16. BN = 256 with 4 stages is the default (bench/NOTES.md 23: 1.5x the 128-column tiles).
+//               MXFP4 weights: k_moe_gemm_fp4, the product transposed (y^T = W x^T) with the weights as wgmma's A
+//               operand from registers, dequantised by the consumer threads (bench/NOTES.md 25).
 //               Any other shape (K or N odd, K not a multiple of 8) and the CPU emulator run a plain tiled kernel.
 //  moe_combine  one block per token: the k rows of y weighted and summed in fp32 in slot order, + beta out.
 #include <algorithm>
@@ -349,36 +351,19 @@ constexpr int kWgThreads = 384;               // consumer warpgroups 0, 1; produ
 
 // Register split of the CTA (one per SM: 65536 registers; 128 producer threads, 256 consumer threads, multiples of 8).
 // Two CTAs per SM do not fit: ptxas compiles the whole kernel under launch_bounds' cap (80 registers at 384 x 2
-// threads), too few for a warpgroup MMA's 64 accumulators and its operands. MXFP4 weights: the producer also
-// dequantises B, so it gets more (and the consumers, with up to 128 accumulators, less).
-template <bool FP4>
-struct WgRegs {
-  static constexpr int producer = FP4 ? 88 : 40, consumer = FP4 ? 208 : 232;
-};
+// threads), too few for a warpgroup MMA's 64 accumulators and its operands.
+constexpr int kWgProducerRegs = 40, kWgConsumerRegs = 232;
 
-// MXFP4 B of a stage: the raw tile (BN rows x 32 bytes = 64 e2m1 values per row) that the producer dequantises.
-constexpr int kWgRawRow = kWgBK / 2;
+// Shared memory of a variant: NS stages of A (16 KB) and B (BN rows, BN x 128 bytes), and the 1024-byte alignment.
+constexpr size_t moe_wg_smem(int BN, int NS) { return static_cast<size_t>(NS) * (kWgATile + BN * 128) + 1024; }
 
-// Shared memory of a variant: NS stages of A (16 KB) and B (BN rows, BN x 128 bytes), MXFP4's raw B ring, and the
-// 1024-byte alignment.
-constexpr size_t moe_wg_smem(int BN, int NS, bool fp4 = false) {
-  return static_cast<size_t>(NS) * (kWgATile + BN * 128 + (fp4 ? BN * kWgRawRow : 0)) + 1024;
-}
-
-// BN columns per tile (128 or 256: wgmma m64nBNk16), NS stages; ACT the epilogue (kActNone / kActSwiGLU / kActGptOss);
-// FP4: the weights are MXFP4. Then B does not come by TMA: each producer thread cp.asyncs its 16-byte chunks of the
-// raw 4-bit tile (one MXFP4 block of 32 values each: row n, half h of the 64-column k-step) into a raw ring, and kLag
-// k-steps later dequantises the same chunks (its own copies: no barrier between producer threads) into the stage's
-// swizzled bf16 B tile, fences the generic writes for the async proxy and arrives on the stage's full barrier (which
-// then counts 128 cp.async arrivals for A and 128 of these).
-template <int ACT, bool FP4, int BN, int NS>
+// BN columns per tile (128 or 256: wgmma m64nBNk16), NS stages; ACT the epilogue (kActNone / kActSwiGLU / kActGptOss).
+// bf16 weights (MXFP4 weights: k_moe_gemm_fp4 below).
+template <int ACT, int BN, int NS>
 __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, const __grid_constant__ CUtensorMap wmap) {
   static_assert(BN == 128 || BN == 256, "tiles of 128 or 256 columns");
   constexpr bool SWIGLU = ACT != kActNone;
   constexpr int kBTile = BN * 128, kBoxes = BN / 64;  // B stage bytes; 64-row TMA boxes per stage
-  constexpr int kRawTile = BN * kWgRawRow, kChunks = BN * 2 / 128;  // MXFP4: raw stage bytes, chunks per thread
-  constexpr int kLag = 2;                                            // MXFP4: k-steps between a copy and its dequant
-  static_assert(!FP4 || NS > kLag, "the raw ring must outlast the lag");
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ alignas(8) uint64_t sBar[2 * NS];  // stage s: full (A's copies and B's bytes landed), empty (consumers done)
   const int mt = blockIdx.x / p.n_tiles, nt = blockIdx.x % p.n_tiles;
@@ -386,24 +371,16 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
   const int e = tile_expert(p, mt);
   const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kWgBM, m_end = p.offsets[e + 1];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sA = base, sB = base + NS * kWgATile, sRaw = sB + NS * kBTile;
+  const uint32_t sA = base, sB = base + NS * kWgATile;
   const uint32_t bFull = smem_u32(&sBar[0]), bEmpty = bFull + 8 * NS;
   const int tid = threadIdx.x, wga = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31;
   const int KT = static_cast<int>((p.K + kWgBK - 1) / kWgBK);
   const int64_t wrow = static_cast<int64_t>(e) * p.Nw;
-  // weight row of the tile's row n (0 <= n < BN): [n0, n0 + BN), n0 = BN nt; for the gated acts the gate rows
-  // [h0, h0 + BN / 2) then the up rows [N + h0, ..), h0 = BN / 2 nt; -1 past the expert's rows
-  auto tile_wrow = [&](int n) -> int64_t {
-    const int64_t r = SWIGLU ? (n < BN / 2 ? 0 : p.N) + static_cast<int64_t>(BN / 2) * nt + n % (BN / 2)
-                             : static_cast<int64_t>(BN) * nt + n;
-    return (SWIGLU ? (static_cast<int64_t>(BN / 2) * nt + n % (BN / 2) < p.N) : r < p.Nw) ? wrow + r : -1;
-  };
   if (tid == 0) {
-    if (!FP4) tma_prefetch_map(&wmap);
+    tma_prefetch_map(&wmap);
     DFLASH_UNROLL
     for (int s = 0; s < NS; ++s) {
-      // every producer thread's A copies and thread 0's expected TMA bytes; MXFP4: A copies and the dequant arrivals
-      mbar_init(bFull + 8 * s, FP4 ? 256 : 128 + 1);
+      mbar_init(bFull + 8 * s, 128 + 1);  // every producer thread's A copies and thread 0's expected TMA bytes
       mbar_init(bEmpty + 8 * s, 8);  // every consumer warp
     }
     mbar_init_fence();
@@ -411,7 +388,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
   __syncthreads();
 
   if (wga == 2) {  // ---- producer
-    setmaxnreg_dec<WgRegs<FP4>::producer>();
+    setmaxnreg_dec<kWgProducerRegs>();
     const int pt = tid - 256, c = pt & 7;
     int64_t src[8];
     bool ok[8];
@@ -438,98 +415,31 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
                    ok[q] && kin);
       }
     };
-    if constexpr (!FP4) {
-      int brow[kBoxes];
-      DFLASH_UNROLL
-      for (int b = 0; b < kBoxes; ++b)
-        brow[b] = static_cast<int>(SWIGLU ? wrow + (b < kBoxes / 2 ? 0 : p.N) + static_cast<int64_t>(BN / 2) * nt +
-                                                64 * (b % (kBoxes / 2))
-                                          : wrow + static_cast<int64_t>(BN) * nt + 64 * b);
-      for (int kt = 0; kt < KT; ++kt) {
-        const int st = kt % NS;
-        if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
-        const uint32_t full = bFull + 8 * st;
-        if (pt == 0) {
-          mbar_arrive_expect_tx(full, kBTile);
-          DFLASH_UNROLL
-          for (int b = 0; b < kBoxes; ++b)
-            tma_load_2d(sB + st * kBTile + b * 64 * 128, &wmap, full, kt * kWgBK, brow[b]);
-        }
-        load_a(kt, st);
-        cp_async_mbar_arrive(full);
-      }
-    } else {
-      // chunk j of this thread: tile row n = (pt + 128 j) / 2, half (pt + 128 j) % 2 = pt % 2
-      const int half = pt & 1;
-      int32_t wr[kChunks];  // the chunk's weight row, -1 past the expert's rows
-      DFLASH_UNROLL
-      for (int j = 0; j < kChunks; ++j) wr[j] = static_cast<int32_t>(tile_wrow((pt + 128 * j) >> 1));
-      const int64_t rowb = p.K / 2, rows_s = p.K / 32;
-      // the scales of k-steps kt - 2 and kt - 1 (kLag = 2), one byte per chunk (kChunks <= 4), as a shift register
-      static_assert(kLag == 2 && kChunks <= 4, "two scale registers of four bytes");
-      uint32_t sc_lag2 = 0, sc_lag1 = 0;
-      auto dequant = [&](int kt, uint32_t sc) {
-        const int st = kt % NS;
+    int brow[kBoxes];
+    DFLASH_UNROLL
+    for (int b = 0; b < kBoxes; ++b)
+      brow[b] = static_cast<int>(SWIGLU ? wrow + (b < kBoxes / 2 ? 0 : p.N) + static_cast<int64_t>(BN / 2) * nt +
+                                              64 * (b % (kBoxes / 2))
+                                        : wrow + static_cast<int64_t>(BN) * nt + 64 * b);
+    for (int kt = 0; kt < KT; ++kt) {
+      const int st = kt % NS;
+      if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
+      const uint32_t full = bFull + 8 * st;
+      if (pt == 0) {
+        mbar_arrive_expect_tx(full, kBTile);
         DFLASH_UNROLL
-        for (int j = 0; j < kChunks; ++j) {
-          const int n = (pt + 128 * j) >> 1;
-          const uint32_t raw = sRaw + st * kRawTile + n * kWgRawRow + half * 16;
-          uint32_t v[4];
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                       : "r"(raw));
-          __nv_bfloat162 m1, m2;
-          const bool two = e8m0_bf16_factors((sc >> (8 * j)) & 255u, m1, m2);
-          DFLASH_UNROLL
-          for (int w = 0; w < 4; ++w) {  // 8 values = one 16-byte chunk of the bf16 row: k = 32 half + 8 w ..
-            uint32_t o[4];
-            e2m1x8_to_bf16(v[w], m1, m2, two, o);
-            const int cc = half * 4 + w;
-            const uint32_t dst = sB + st * kBTile + n * 128 + (((cc ^ n) & 7) << 4);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(o[0]), "r"(o[1]), "r"(o[2]),
-                         "r"(o[3])
-                         : "memory");
-          }
-        }
-        wg::fence_proxy_async();
-        mbar_arrive(bFull + 8 * st);
-      };
-      for (int kt = 0; kt < KT; ++kt) {
-        const int st = kt % NS;
-        if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
-        const uint32_t full = bFull + 8 * st;
-        load_a(kt, st);
-        cp_async_mbar_arrive(full);
-        // this k-step's raw chunks (past K or the expert's rows: zero-filled) and their scales
-        const int64_t kb = static_cast<int64_t>(kt) * 2 + half;  // the chunk's MXFP4 block along K
-        const bool bin = kb * 32 < p.K;
-        uint32_t sc = 0;
-        DFLASH_UNROLL
-        for (int j = 0; j < kChunks; ++j) {
-          const int n = (pt + 128 * j) >> 1;
-          const bool okc = bin && wr[j] >= 0;
-          cp_async16(sRaw + st * kRawTile + n * kWgRawRow + half * 16,
-                     p.wq + (okc ? wr[j] * rowb + kb * 16 : 0), okc);
-          sc |= (okc ? static_cast<uint32_t>(__ldg(p.ws + wr[j] * rows_s + kb)) : 127u) << (8 * j);
-        }
-        cp_async_commit();
-        if (kt >= kLag) {
-          cp_async_wait<kLag>();  // k-step kt - kLag's chunks have landed
-          dequant(kt - kLag, sc_lag2);
-        }
-        sc_lag2 = sc_lag1;
-        sc_lag1 = sc;
+        for (int b = 0; b < kBoxes; ++b)
+          tma_load_2d(sB + st * kBTile + b * 64 * 128, &wmap, full, kt * kWgBK, brow[b]);
       }
-      cp_async_wait<0>();
-      if (KT >= 2) dequant(KT - 2, sc_lag2);
-      if (KT >= 1) dequant(KT - 1, sc_lag1);
+      load_a(kt, st);
+      cp_async_mbar_arrive(full);
     }
     cp_async_wait<0>();
     return;
   }
 
   // ---- consumers: warpgroup wga owns rows 64 wga .. 64 wga + 63 of the tile
-  setmaxnreg_inc<WgRegs<FP4>::consumer>();
+  setmaxnreg_inc<kWgConsumerRegs>();
   float d[BN / 2];
   DFLASH_UNROLL
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
@@ -591,6 +501,241 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
   }
 }
 
+// ---- moe_linear: the Hopper kernel for MXFP4 weights -----------------------------------------------------------------
+// Hopper's tensor cores take no FP4 operand, so the weights are dequantised on their way into wgmma, and to make that
+// cheap the product is computed transposed, y^T = W x^T (CUTLASS's mixed-input GEMM and Machete do the same): the
+// weights are wgmma's A operand, from registers, and each consumer thread dequantises only its own A fragment (32
+// values per k-step) while the previous k-step's wgmma runs; the gathered rows of x are the B operand (K-major, from
+// shared memory, as the bf16 kernel's A). bench/NOTES.md 25.
+//
+// Tile: 128 weight rows (two consumer warpgroups of 64) x BT grouped rows (tokens) of one expert, k-steps of 64.
+// Producer warpgroup: per k-step, the BT gathered rows of x by cp.async (SW128 panel, as k_moe_gemm_wg's A) and the
+// raw 4-bit weight tile (128 rows x 32 bytes; thread pt copies row pt's two MXFP4 blocks, block h at 16 ((h ^ pt / 4)
+// & 1) in the row's 32 bytes, so that the consumers' reads of 8 rows hit 32 distinct banks); full barrier: 128
+// cp.async arrivals. Consumers: thread (warp w, lane l) of warpgroup g owns tile rows r = 64 g + 16 w + l / 4 and
+// r + 8 (wgmma's A fragment: a[i][0] = (row r, k 16 i + 2 (l % 4) + {0, 1}), a[i][1] the same of row r + 8, a[i][2],
+// a[i][3] at k + 8). Byte l % 4 of the row's 32-bit words 2 i and 2 i + 1 holds exactly those k pairs (byte j of a row
+// holds elements 2 j, 2 j + 1), so two byte permutes gather a k16-step's four pairs and e2m1x8_to_bf16 converts them
+// with the block's scale (read by the consumer itself, one k-step ahead).
+// Rows of a tile: kActNone: weight rows 128 nt + r; the gated acts: the 16 rows of warp slice s = r / 16 are the gate
+// rows of outputs 64 nt + 8 s .. + 7 then their up rows (N + ..), so the accumulator rows l / 4 and l / 4 + 8 of a
+// thread are the gate and the up of one output, and the activation happens in the thread. The epilogue stages the
+// tile's outputs [BT tokens][64 or 128 outputs] in shared memory (the ring, free by then) and writes whole rows of y.
+constexpr int kFp4Raw = kWgBM * 32;  // a stage's raw weight tile: 128 rows x 32 bytes (64 e2m1 values per row)
+// Register split: the producer keeps BT / 16 gathered row indices (40 registers spill at BT = 256), the consumers
+// 128 accumulators and two k-steps' fragments (no spills at 224).
+constexpr int kFp4ProducerRegs = 64, kFp4ConsumerRegs = 224;
+constexpr size_t moe_fp4_smem(int BT, int NS) { return static_cast<size_t>(NS) * (BT * 128 + kFp4Raw) + 1024; }
+
+// The weight row (within the expert) of row m of n-tile nt, or -1 past the expert's rows.
+template <int ACT>
+__device__ __forceinline__ int64_t fp4_tile_row(const MoeGemmParams& p, int nt, int m) {
+  if constexpr (ACT != kActNone) {
+    const int64_t f = static_cast<int64_t>(nt) * 64 + (m >> 4) * 8 + (m & 7);
+    return f < p.N ? ((m & 8) ? p.N + f : f) : -1;
+  }
+  const int64_t f = static_cast<int64_t>(nt) * 128 + m;
+  return f < p.N ? f : -1;
+}
+
+template <int ACT, int BT, int NS>
+__global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_fp4(MoeGemmParams p) {
+  static_assert(BT == 128 || BT == 256, "tiles of 128 or 256 tokens");
+  constexpr bool GATED = ACT != kActNone;
+  constexpr int kXTile = BT * 128, kStage = kXTile + kFp4Raw;  // a stage: x's rows, then the raw weights
+  constexpr int kCols = GATED ? 64 : 128;                       // outputs per tile
+  constexpr int kOutRow = (kCols + 8) * 2;                      // staged output row (bytes, padded: no bank conflicts)
+  static_assert(static_cast<size_t>(BT) * kOutRow <= static_cast<size_t>(NS) * kStage, "the staged tile fits the ring");
+  DFLASH_DYN_SMEM(smem_raw);
+  __shared__ alignas(8) uint64_t sBar[2 * NS];  // stage s: full (the producer's copies landed), empty (consumers done)
+  const int mt = blockIdx.x / p.n_tiles, nt = blockIdx.x % p.n_tiles;
+  if (mt >= p.tile_off[p.E]) return;  // (uniform over the CTA, before any barrier)
+  const int e = tile_expert(p, mt);
+  const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * BT, m_end = p.offsets[e + 1];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t bFull = smem_u32(&sBar[0]), bEmpty = bFull + 8 * NS;
+  const int tid = threadIdx.x, wga = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31;
+  const int KT = static_cast<int>((p.K + kWgBK - 1) / kWgBK);
+  const int64_t wrow = static_cast<int64_t>(e) * p.Nw, rowb = p.K / 2, nblk = p.K / 32;
+  if (tid == 0) {
+    DFLASH_UNROLL
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(bFull + 8 * s, 128);  // every producer thread's copies
+      mbar_init(bEmpty + 8 * s, 8);   // every consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wga == 2) {  // ---- producer
+    setmaxnreg_dec<kFp4ProducerRegs>();
+    constexpr int kQ = BT / 16;  // x rows per thread: (pt / 8) + 16 q, 16-byte chunk pt % 8 of the k-step
+    const int pt = tid - 256, c = pt & 7;
+    int32_t src[kQ];
+    uint32_t ok = 0;
+    DFLASH_UNROLL
+    for (int q = 0; q < kQ; ++q) {
+      const int64_t r = m0 + (pt >> 3) + 16 * q;
+      bool v = r < m_end;
+      int64_t s = v ? (p.rows ? p.rows[r] : r) : 0;
+      if (v && (s < 0 || s >= p.x_rows)) {
+        atomicOr(p.err, kErrGatherRow);
+        v = false;
+        s = 0;
+      }
+      src[q] = static_cast<int32_t>(s);
+      ok |= static_cast<uint32_t>(v) << q;
+    }
+    const int64_t wr = fp4_tile_row<ACT>(p, nt, pt);  // this thread's weight row: tile row pt
+    const uint8_t* wsrc = p.wq + (wr >= 0 ? (wrow + wr) * rowb : 0);
+    for (int kt = 0; kt < KT; ++kt) {
+      const int st = kt % NS;
+      if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
+      const uint32_t sx = base + st * kStage, sw = sx + kXTile;
+      const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
+      const bool kin = kc < p.K;
+      DFLASH_UNROLL
+      for (int q = 0; q < kQ; ++q) {
+        const int row = (pt >> 3) + 16 * q;
+        cp_async16(sx + row * 128 + (((c ^ row) & 7) << 4), p.x + static_cast<int64_t>(src[q]) * p.K + (kin ? kc : 0),
+                   ((ok >> q) & 1u) && kin);
+      }
+      DFLASH_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int64_t kb = static_cast<int64_t>(kt) * 2 + h;  // the MXFP4 block along K
+        const bool okw = wr >= 0 && kb < nblk;
+        cp_async16(sw + pt * 32 + (((h ^ (pt >> 2)) & 1) << 4), wsrc + (okw ? kb * 16 : 0), okw);
+      }
+      cp_async_mbar_arrive(bFull + 8 * st);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumers
+  setmaxnreg_inc<kFp4ConsumerRegs>();
+  const int g = lane >> 2, t = lane & 3, r0 = wga * 64 + warp * 16 + g;  // tile rows r0, r0 + 8
+  const int64_t wr0 = fp4_tile_row<ACT>(p, nt, r0), wr1 = fp4_tile_row<ACT>(p, nt, r0 + 8);
+  const uint8_t* sc0 = p.ws + (wrow + (wr0 >= 0 ? wr0 : 0)) * nblk;
+  const uint8_t* sc1 = p.ws + (wrow + (wr1 >= 0 ? wr1 : 0)) * nblk;
+  // k-step kt's scales: bytes (r0 block 2 kt, r0 block 2 kt + 1, r0 + 8 .., ..); 127 (x 1) where the codes are
+  // zero-filled (past K or the expert's rows)
+  auto scales = [&](int kt) -> uint32_t {
+    const int64_t kb = static_cast<int64_t>(kt) * 2;
+    const bool in0 = kb < nblk, in1 = kb + 1 < nblk;
+    const uint32_t s00 = wr0 >= 0 && in0 ? __ldg(sc0 + kb) : 127u, s01 = wr0 >= 0 && in1 ? __ldg(sc0 + kb + 1) : 127u;
+    const uint32_t s10 = wr1 >= 0 && in0 ? __ldg(sc1 + kb) : 127u, s11 = wr1 >= 0 && in1 ? __ldg(sc1 + kb + 1) : 127u;
+    return s00 | (s01 << 8) | (s10 << 16) | (s11 << 24);
+  };
+  const uint32_t sel = static_cast<uint32_t>(t) | (static_cast<uint32_t>(t + 4) << 4);  // byte t of x, byte t of y
+  // k-step kt's A fragments (4 k16-steps) from stage kt % NS's raw weights and the scales sc
+  auto fragments = [&](int kt, uint32_t sc, uint32_t (&a)[4][4]) {
+    const uint32_t sw = base + (kt % NS) * kStage + kXTile;
+    DFLASH_UNROLL
+    for (int rr = 0; rr < 2; ++rr) {
+      const int m = r0 + 8 * rr;
+      uint32_t v[8];
+      DFLASH_UNROLL
+      for (int h = 0; h < 2; ++h)
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v[4 * h]), "=r"(v[4 * h + 1]), "=r"(v[4 * h + 2]), "=r"(v[4 * h + 3])
+                     : "r"(sw + m * 32 + (((h ^ (m >> 2)) & 1) << 4)));
+      DFLASH_UNROLL
+      for (int h = 0; h < 2; ++h) {  // block h = k16-steps 2 h, 2 h + 1
+        const uint32_t x = __byte_perm(__byte_perm(v[4 * h], v[4 * h + 1], sel),
+                                       __byte_perm(v[4 * h + 2], v[4 * h + 3], sel), 0x5410u);
+        __nv_bfloat162 m1, m2;
+        const bool two = e8m0_bf16_factors((sc >> (8 * (2 * rr + h))) & 255u, m1, m2);
+        uint32_t o[4];
+        e2m1x8_to_bf16(x, m1, m2, two, o);
+        a[2 * h][rr] = o[0];
+        a[2 * h][2 + rr] = o[1];
+        a[2 * h + 1][rr] = o[2];
+        a[2 * h + 1][2 + rr] = o[3];
+      }
+    }
+  };
+  float d[BT / 2];
+  DFLASH_UNROLL
+  for (int i = 0; i < BT / 2; ++i) d[i] = 0.f;
+  uint32_t fa[4][4], fb[4][4];
+  uint32_t sc_next = KT > 1 ? scales(1) : 0u;
+  mbar_wait(bFull, 0);
+  fragments(0, scales(0), fa);
+  // k-step kt with fragments a (dequantised already); dequantises k-step kt + 1 into an while kt's products run
+  auto step = [&](int kt, uint32_t (&a)[4][4], uint32_t (&an)[4][4]) {
+    const uint64_t db = wg::desc_kmajor(base + (kt % NS) * kStage);
+    wg::pin(d);
+    wg::pin(a);
+    wg::fence();
+    DFLASH_UNROLL
+    for (int kk = 0; kk < kWgBK / 16; ++kk) wg::wgmma_rs<BT>(d, a[kk], wg::desc_add(db, kk * 32), (kt | kk) != 0);
+    wg::commit();
+    wg::wait<1>();  // k-step kt - 1's products are done: its stage goes back to the producer, its fragments are free
+    wg::pin(d);
+    if (kt > 0 && lane == 0) mbar_arrive(bEmpty + 8 * ((kt - 1) % NS));
+    if (kt + 1 < KT) {
+      const uint32_t sc = sc_next;
+      if (kt + 2 < KT) sc_next = scales(kt + 2);
+      mbar_wait(bFull + 8 * ((kt + 1) % NS), ((kt + 1) / NS) & 1);
+      fragments(kt + 1, sc, an);
+    }
+  };
+  for (int kt = 0; kt < KT; kt += 2) {
+    step(kt, fa, fb);
+    if (kt + 1 < KT) step(kt + 1, fb, fa);
+  }
+  wg::wait<0>();
+  wg::pin(d);
+
+  // epilogue: both consumer warpgroups are done with the ring; it becomes the staged outputs [BT][kCols] (bf16)
+  named_sync(1, 256);
+  const bf16* bias = p.bias ? p.bias + wrow : nullptr;
+  const float b0 = bias && wr0 >= 0 ? to_f(bias[wr0]) : 0.f, b1 = bias && wr1 >= 0 ? to_f(bias[wr1]) : 0.f;
+  auto put = [&](int tok, int col, float v) {
+    const __nv_bfloat16 h = __float2bfloat16(v);
+    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(base + tok * kOutRow + col * 2),
+                 "h"(*reinterpret_cast<const uint16_t*>(&h))
+                 : "memory");
+  };
+  DFLASH_UNROLL
+  for (int j = 0; j < BT / 8; ++j) {
+    const int tok = 8 * j + 2 * t;  // accumulator d[4 j + i]: row r0 + 8 (i / 2), token tok + i % 2
+    if constexpr (GATED) {
+      const int col = (r0 >> 4) * 8 + g;  // the output of gate row r0 and up row r0 + 8
+      put(tok, col, moe_act<ACT>(d[4 * j] + b0, d[4 * j + 2] + b1));
+      put(tok + 1, col, moe_act<ACT>(d[4 * j + 1] + b0, d[4 * j + 3] + b1));
+    } else {
+      put(tok, r0, d[4 * j] + b0);
+      put(tok + 1, r0, d[4 * j + 1] + b0);
+      put(tok, r0 + 8, d[4 * j + 2] + b1);
+      put(tok + 1, r0 + 8, d[4 * j + 3] + b1);
+    }
+  }
+  named_sync(1, 256);
+  const int64_t col0 = static_cast<int64_t>(nt) * kCols;
+  const bool vec = p.N % 8 == 0 && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0;
+  constexpr int kChunksRow = kCols / 8;
+  for (int i = tid; i < BT * kChunksRow; i += 256) {
+    const int tok = i / kChunksRow, cc = (i % kChunksRow) * 8;
+    const int64_t r = m0 + tok, col = col0 + cc;
+    if (r >= m_end || col >= p.N) continue;
+    const uint32_t s = base + tok * kOutRow + cc * 2;
+    bf16* out = p.y + r * p.N + col;
+    if (vec) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(s));
+      *reinterpret_cast<uint4*>(out) = v;
+    } else {
+      for (int u = 0; u < 8 && col + u < p.N; ++u) {
+        uint16_t hv;
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(hv) : "r"(s + 2 * u));
+        out[u] = *reinterpret_cast<const bf16*>(&hv);
+      }
+    }
+  }
+}
+
 // The 2-D TMA map of the weights [E Nw, K] (bf16, K innermost): boxes of 64 columns x 64 rows, 128-byte swizzle (one
 // SW128 panel of wgmma.cuh per box), out-of-range elements zero-filled.
 CUtensorMap weight_map(const void* w, int64_t rows, int64_t K) {
@@ -612,33 +757,54 @@ struct WgVariant {
 };
 constexpr WgVariant kWgVariants[] = {{128, 4}, {256, 4}, {128, 6}};
 
-template <int ACT, bool FP4, int BN, int NS>
+template <int ACT, int BN, int NS>
 void launch_wg_t(Env& e, const MoeGemmParams& p, int64_t blocks, const CUtensorMap& map) {
-  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, moe_wg_smem(BN, NS, FP4), e.stream,
-                k_moe_gemm_wg<ACT, FP4, BN, NS>)(p, map);
+  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, moe_wg_smem(BN, NS), e.stream, k_moe_gemm_wg<ACT, BN, NS>)
+  (p, map);
   check_launch("k_moe_gemm_wg");
 }
+template <int ACT, int BT, int NS>
+void launch_fp4_t(Env& e, const MoeGemmParams& p, int64_t blocks) {
+  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, moe_fp4_smem(BT, NS), e.stream, k_moe_gemm_fp4<ACT, BT, NS>)
+  (p);
+  check_launch("k_moe_gemm_fp4");
+}
 
-// Launches variant v; p.n_tiles is set here (it depends on the variant's tile width). The combinations part 1 did not
-// have (a bias-free SwiGLU stays the only one with three variants) run variants 0 and 1 (2 runs as 1).
-template <int ACT, bool FP4>
+// Launches variant v of the bf16 kernel; p.n_tiles is set here (it depends on the variant's tile width). The
+// combinations part 1 did not have (a bias-free SwiGLU stays the only one with three variants) run variants 0 and 1
+// (2 runs as 1). The tile schedule (tile_off) must be k_moe_tiles' of kWgBM rows.
+template <int ACT>
 void launch_wg(Env& e, MoeGemmParams p, int64_t R, int v, int64_t w_rows) {
-  constexpr bool kAll = ACT != kActGptOss && !FP4;
+  constexpr bool kAll = ACT != kActGptOss;
   if (!kAll && v == 2) v = 1;
   const WgVariant& wv = kWgVariants[v];
   const int cols = ACT != kActNone ? wv.bn / 2 : wv.bn;  // output columns per tile
   p.n_tiles = static_cast<int>((p.N + cols - 1) / cols);
   const int64_t blocks = ((R + kWgBM - 1) / kWgBM + p.E) * p.n_tiles;
   DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
-  CUtensorMap map{};
-  if (!FP4) map = weight_map(p.w, w_rows, p.K);
+  const CUtensorMap map = weight_map(p.w, w_rows, p.K);
   switch (v) {
-    case 0: launch_wg_t<ACT, FP4, 128, 4>(e, p, blocks, map); break;
-    case 1: launch_wg_t<ACT, FP4, 256, 4>(e, p, blocks, map); break;
+    case 0: launch_wg_t<ACT, 128, 4>(e, p, blocks, map); break;
+    case 1: launch_wg_t<ACT, 256, 4>(e, p, blocks, map); break;
     default:
-      if constexpr (kAll) launch_wg_t<ACT, FP4, 128, 6>(e, p, blocks, map);
+      if constexpr (kAll) launch_wg_t<ACT, 128, 6>(e, p, blocks, map);
       break;
   }
+}
+
+// The MXFP4 kernel's variants: v's bn = tokens per tile (BT), stages as the bf16 kernel's (variant 2 runs as 1);
+// the tile schedule (tile_off) is k_moe_tiles' of BT rows, computed here.
+template <int ACT>
+void launch_fp4(Env& e, MoeGemmParams p, int64_t R, int v) {
+  if (v == 2) v = 1;
+  const int bt = kWgVariants[v].bn, cols = ACT != kActNone ? 64 : 128;  // tokens, outputs per tile
+  DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, bt, const_cast<int32_t*>(p.tile_off));
+  check_launch("k_moe_tiles");
+  p.n_tiles = static_cast<int>((p.N + cols - 1) / cols);
+  const int64_t blocks = ((R + bt - 1) / bt + p.E) * p.n_tiles;
+  DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
+  if (v == 0) launch_fp4_t<ACT, 128, 4>(e, p, blocks);
+  else launch_fp4_t<ACT, 256, 4>(e, p, blocks);
 }
 #endif  // DFLASH_CUDA_EMU
 
@@ -775,26 +941,24 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
   p.err = e.err_flag;
   Tensor tile_off = e.alloc(DType::I32, {d.E + 1});
   p.tile_off = tile_off.ptr<int32_t>();
-  // (MXFP4 with the plain SwiGLU, which no published model has, runs on the portable kernel)
-  const bool wgmma = moe_linear_path(d.N, d.K, act != MoeAct::None) == "wgmma" && aligned16(p.x) &&
-                     aligned16(mw.w.data) && !(fp4 && a == kActSwiGLU);
+  const bool wgmma =
+      moe_linear_path(d.N, d.K, act != MoeAct::None) == "wgmma" && aligned16(p.x) && aligned16(mw.w.data);
 #ifndef DFLASH_CUDA_EMU
   if (wgmma) {
+    const int v = e.moe_variant >= 0 && e.moe_variant < 3 ? e.moe_variant : kMoeDefaultVariant;
+    if (fp4) {
+      if (a == kActNone) launch_fp4<kActNone>(e, p, d.R, v);
+      else if (a == kActSwiGLU) launch_fp4<kActSwiGLU>(e, p, d.R, v);
+      else launch_fp4<kActGptOss>(e, p, d.R, v);
+      return;
+    }
     DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, kWgBM, tile_off.ptr<int32_t>());
     check_launch("k_moe_tiles");
     const int64_t w_rows = d.E * p.Nw;
     DFLASH_CHECK(w_rows < (int64_t{1} << 31), "moe_linear (cuda): ", w_rows, " weight rows");
-    const int v = e.moe_variant >= 0 && e.moe_variant < 3 ? e.moe_variant : kMoeDefaultVariant;
-    if (fp4) {
-      if (a == kActNone) launch_wg<kActNone, true>(e, p, d.R, v, w_rows);
-      else launch_wg<kActGptOss, true>(e, p, d.R, v, w_rows);
-    } else if (a == kActNone) {
-      launch_wg<kActNone, false>(e, p, d.R, v, w_rows);
-    } else if (a == kActSwiGLU) {
-      launch_wg<kActSwiGLU, false>(e, p, d.R, v, w_rows);
-    } else {
-      launch_wg<kActGptOss, false>(e, p, d.R, v, w_rows);
-    }
+    if (a == kActNone) launch_wg<kActNone>(e, p, d.R, v, w_rows);
+    else if (a == kActSwiGLU) launch_wg<kActSwiGLU>(e, p, d.R, v, w_rows);
+    else launch_wg<kActGptOss>(e, p, d.R, v, w_rows);
     return;
   }
 #else
@@ -842,12 +1006,13 @@ void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weig
 
 void moe_init_attributes(int smem_optin) {
 #ifndef DFLASH_CUDA_EMU
-  allow_dynamic_smem(smem_optin, k_moe_gemm_wg<kActSwiGLU, false, 128, 4>, k_moe_gemm_wg<kActNone, false, 128, 4>,
-                     k_moe_gemm_wg<kActSwiGLU, false, 256, 4>, k_moe_gemm_wg<kActNone, false, 256, 4>,
-                     k_moe_gemm_wg<kActSwiGLU, false, 128, 6>, k_moe_gemm_wg<kActNone, false, 128, 6>,
-                     k_moe_gemm_wg<kActGptOss, false, 128, 4>, k_moe_gemm_wg<kActGptOss, false, 256, 4>,
-                     k_moe_gemm_wg<kActNone, true, 128, 4>, k_moe_gemm_wg<kActNone, true, 256, 4>,
-                     k_moe_gemm_wg<kActGptOss, true, 128, 4>, k_moe_gemm_wg<kActGptOss, true, 256, 4>);
+  allow_dynamic_smem(smem_optin, k_moe_gemm_wg<kActSwiGLU, 128, 4>, k_moe_gemm_wg<kActNone, 128, 4>,
+                     k_moe_gemm_wg<kActSwiGLU, 256, 4>, k_moe_gemm_wg<kActNone, 256, 4>,
+                     k_moe_gemm_wg<kActSwiGLU, 128, 6>, k_moe_gemm_wg<kActNone, 128, 6>,
+                     k_moe_gemm_wg<kActGptOss, 128, 4>, k_moe_gemm_wg<kActGptOss, 256, 4>,
+                     k_moe_gemm_fp4<kActNone, 128, 4>, k_moe_gemm_fp4<kActNone, 256, 4>,
+                     k_moe_gemm_fp4<kActSwiGLU, 128, 4>, k_moe_gemm_fp4<kActSwiGLU, 256, 4>,
+                     k_moe_gemm_fp4<kActGptOss, 128, 4>, k_moe_gemm_fp4<kActGptOss, 256, 4>);
 #else
   (void)smem_optin;
 #endif
