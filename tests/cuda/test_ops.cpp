@@ -20,9 +20,11 @@
 #include <barrier>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <tuple>
 
@@ -1319,9 +1321,31 @@ TEST(CudaOps, MoE) {
 // tie that bf16 tips the other way: HF's own bf16 forward flips such ties against its float64 one) carries another
 // expert's output from there on, an error of order 1 in its rows, so the errors are taken over the other tokens' rows
 // (the golden MoE targets on the H200: 4 of 160, 12 of 450 and 15 of 600 token-layer choices flip).
+// The bounds of a golden target on CUDA (bf16): 3e-2 relative, or 1.25 x transformers' own bf16 error where that
+// is larger (<dir>/hf_bf16.json, written by tools/hf_bf16_errors.py with this test's rule: in bf16 a token whose
+// router logits nearly tie may choose other experts than the float64 golden, and the linear attention's state of
+// the hybrid models carries the difference to later tokens).
+struct GoldenBounds {
+  double layer = 3e-2, logits = 3e-2;
+  std::string why = "3e-2";
+};
+GoldenBounds golden_bounds(const std::string& dir) {
+  GoldenBounds b;
+  std::ifstream f(dir + "/hf_bf16.json");
+  if (!f) return b;
+  const auto j = nlohmann::json::parse(f).at("transformers_bf16");
+  const double hl = j.at("worst_layer_rel").get<double>(), hg = j.at("logits_rel").get<double>();
+  b.layer = std::max(b.layer, 1.25 * hl);
+  b.logits = std::max(b.logits, 1.25 * hg);
+  b.why = cat("max(3e-2, 1.25 x transformers bf16: layers ", hl, ", logits ", hg, ")");
+  return b;
+}
+
 void golden_case(const std::string& name) {
   const std::string dir = std::string(DFLASH_SOURCE_DIR) + "/tests/golden/" + name;
   auto g = SafetensorsFile::open(dir + "/golden.safetensors");
+  const GoldenBounds bound = golden_bounds(dir);
+  std::printf("%s golden bounds: %s\n", name.c_str(), bound.why.c_str());
   Backends& b = Backends::get();
   auto tg = Target::load(dir, *b.gpu);
   const ModelConfig& cfg = tg->config();
@@ -1367,16 +1391,16 @@ void golden_case(const std::string& name) {
       for (int64_t c = 0; c < H; ++c)
         layer[static_cast<size_t>(t * H + c)] = feats[static_cast<size_t>(t * L * H + l * H + c)];
     const double e = rel_rms_rows(layer, g->view(cat("layer_output.", l)), H, keep);
-    EXPECT_LT(e, 3e-2) << name << ": layer " << l << " output, relative error";
+    EXPECT_LT(e, bound.layer) << name << ": layer " << l << " output, relative error";
     worst = std::max(worst, e);
   }
-  record(cat(name, " golden: worst layer output rel. error (bf16; ", kept, " of ", S, " tokens)"), worst, 3e-2,
-         worst < 3e-2);
+  record(cat(name, " golden: worst layer output rel. error (bf16; ", kept, " of ", S, " tokens)"), worst, bound.layer,
+         worst < bound.layer);
   Tensor lg = b.gpu->empty(DType::BF16, {S, V});
   tg->logits(*b.gpu, out.final_hidden, lg);
   const double rel = rel_rms_rows(get(*b.gpu, lg), g->view("logits"), V, keep);
-  EXPECT_LT(rel, 3e-2) << name << ": logits relative error";
-  record(cat(name, " golden: logits rel. error (bf16, 4 layers)"), rel, 3e-2, rel < 3e-2);
+  EXPECT_LT(rel, bound.logits) << name << ": logits relative error";
+  record(cat(name, " golden: logits rel. error (bf16, 4 layers)"), rel, bound.logits, rel < bound.logits);
   // cached decode: prefill S - n, then n tokens one at a time
   const int64_t n = g->view("kv_decode_logits").shape[0], P = S - n;
   KVCache cache = tg->make_cache(*b.gpu, S);
