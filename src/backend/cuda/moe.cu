@@ -352,7 +352,12 @@ constexpr int kWgThreads = 384;               // consumer warpgroups 0, 1; produ
 // Register split of the CTA (one per SM: 65536 registers; 128 producer threads, 256 consumer threads, multiples of 8).
 // Two CTAs per SM do not fit: ptxas compiles the whole kernel under launch_bounds' cap (80 registers at 384 x 2
 // threads), too few for a warpgroup MMA's 64 accumulators and its operands.
+// setmaxnreg.inc only takes registers that other warps of the CTA gave back with setmaxnreg.dec: the CTA starts with
+// 168 per thread (launch_bounds' cap, which ptxas uses), so 2 consumer + producer <= 3 x 168 (more hangs the
+// consumers in setmaxnreg.inc).
+constexpr int kWgLaunchRegs = 65536 / kWgThreads / 8 * 8;
 constexpr int kWgProducerRegs = 40, kWgConsumerRegs = 232;
+static_assert(2 * kWgConsumerRegs + kWgProducerRegs <= 3 * kWgLaunchRegs, "the register split exceeds the CTA's");
 
 // Shared memory of a variant: NS stages of A (16 KB) and B (BN rows, BN x 128 bytes), and the 1024-byte alignment.
 constexpr size_t moe_wg_smem(int BN, int NS) { return static_cast<size_t>(NS) * (kWgATile + BN * 128) + 1024; }
@@ -522,9 +527,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
 // thread are the gate and the up of one output, and the activation happens in the thread. The epilogue stages the
 // tile's outputs [BT tokens][64 or 128 outputs] in shared memory (the ring, free by then) and writes whole rows of y.
 constexpr int kFp4Raw = kWgBM * 32;  // a stage's raw weight tile: 128 rows x 32 bytes (64 e2m1 values per row)
-// Register split: the producer keeps BT / 16 gathered row indices (40 registers spill at BT = 256), the consumers
-// 128 accumulators and two k-steps' fragments (no spills at 224).
-constexpr int kFp4ProducerRegs = 64, kFp4ConsumerRegs = 224;
+// Register split: the producer keeps BT / 16 gathered row indices (at 40 or 56 registers it spills at BT = 256), the
+// consumers 128 accumulators and two k-steps' fragments (no spills at 216).
+constexpr int kFp4ProducerRegs = 64, kFp4ConsumerRegs = 216;
+static_assert(2 * kFp4ConsumerRegs + kFp4ProducerRegs <= 3 * kWgLaunchRegs, "the register split exceeds the CTA's");
 constexpr size_t moe_fp4_smem(int BT, int NS) { return static_cast<size_t>(NS) * (BT * 128 + kFp4Raw) + 1024; }
 
 // The weight row (within the expert) of row m of n-tile nt, or -1 past the expert's rows.
