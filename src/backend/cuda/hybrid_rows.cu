@@ -2,8 +2,8 @@
 // rmsnorm_gated (zero-centred RMSNorm x rstd (1 + w); the gated norm x rstd w silu(z)), sigmoid_gate (y *= sigmoid(g),
 // per element or per row) and gdn_gate (beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)). Math in fp32 as the
 // CPU ops (cpu/rmsnorm_gated.cpp, cpu/gated_delta_rule.cpp), stored in the output's dtype. All bandwidth-bound: one
-// warp per row for the norm (the row read twice: the sum of squares, then the output, the second from L1/L2), a
-// grid-stride loop for the others.
+// warp per row for the norm (the row read twice: the sum of squares, then the output, the second from L1/L2; bf16
+// rows of D % 8 == 0, D >= 128 by 16-byte loads, two rows per warp at D = 128), a grid-stride loop for the others.
 #include "backend/cuda/common.cuh"
 
 namespace dflash::cuda {
@@ -31,6 +31,45 @@ __global__ void k_rmsnorm_gated(const T* __restrict__ x, const T* __restrict__ w
         v *= g / (1.f + expf(-g));
       }
       y[r * D + i] = from_f<T>(v);  // y may alias x: element i was read above by this lane
+    }
+  }
+}
+
+// bf16 rows with D % 8 == 0 and 16-byte aligned rows: L lanes per row (L = 16 for D = 128: two rows per warp; 32
+// otherwise), 8 values per 16-byte load, both passes (the second from L1/L2) as the scalar kernel's.
+template <int L>
+__global__ void k_rmsnorm_gated8(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ z,
+                                 bf16* y, int64_t R, int D, float eps, float off) {
+  const int lane = threadIdx.x & 31, sub = lane % L, rpw = 32 / L;  // lane within its row, rows per warp
+  const int64_t rows_per_block = static_cast<int64_t>(blockDim.x >> 5) * rpw;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * rows_per_block;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block + (threadIdx.x >> 5) * rpw; r0 < R; r0 += step) {
+    const int64_t r = r0 + lane / L;
+    const bool live = r < R;  // (every lane takes part in the shuffles)
+    const bf16* xr = x + (live ? r : 0) * D;
+    float ss = 0.f;
+    for (int i = sub * 8; live && i < D; i += L * 8) {
+      float f[8];
+      bf16x8_to_f(*reinterpret_cast<const uint4*>(xr + i), f);
+      DFLASH_UNROLL
+      for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
+    }
+    for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (!live) continue;
+    const float inv = 1.f / sqrtf(ss / static_cast<float>(D) + eps);
+    for (int i = sub * 8; i < D; i += L * 8) {
+      float f[8], fw[8];
+      bf16x8_to_f(*reinterpret_cast<const uint4*>(xr + i), f);
+      bf16x8_to_f(*reinterpret_cast<const uint4*>(w + i), fw);
+      DFLASH_UNROLL
+      for (int k = 0; k < 8; ++k) f[k] = f[k] * inv * (off + fw[k]);
+      if (z) {
+        float fz[8];
+        bf16x8_to_f(*reinterpret_cast<const uint4*>(z + r * D + i), fz);
+        DFLASH_UNROLL
+        for (int k = 0; k < 8; ++k) f[k] *= fz[k] / (1.f + expf(-fz[k]));
+      }
+      *reinterpret_cast<uint4*>(y + r * D + i) = f_to_bf16x8(f);  // y may alias x: read above by this lane
     }
   }
 }
@@ -67,7 +106,22 @@ void rmsnorm_gated(Env& e, const Tensor& x, const Tensor& w, const Tensor* z, fl
   const int threads = 256;  // 8 rows per block
   const unsigned grid = grid_for(d.R * 32, threads, e.num_sms);
   const float off = zero_centred ? 1.f : 0.f;
-  if (x.dtype == DType::BF16) {
+  const bool vec = x.dtype == DType::BF16 && d.D % 8 == 0 && d.D >= 128 &&
+                   bf16x8_ok(d.D, static_cast<const bf16*>(x.data), static_cast<const bf16*>(w.data),
+                             static_cast<const bf16*>(y.data), z ? static_cast<const bf16*>(z->data) : nullptr);
+  if (vec) {
+    const bf16* zp = z ? static_cast<bf16*>(z->data) : nullptr;
+    if (d.D == 128) {
+      const unsigned g16 = grid_for((d.R + 1) / 2 * 32, threads, e.num_sms);
+      DFLASH_LAUNCH(g16, threads, 0, e.stream, k_rmsnorm_gated8<16>)
+      (static_cast<bf16*>(x.data), static_cast<bf16*>(w.data), zp, static_cast<bf16*>(y.data), d.R,
+       static_cast<int>(d.D), eps, off);
+    } else {
+      DFLASH_LAUNCH(grid, threads, 0, e.stream, k_rmsnorm_gated8<32>)
+      (static_cast<bf16*>(x.data), static_cast<bf16*>(w.data), zp, static_cast<bf16*>(y.data), d.R,
+       static_cast<int>(d.D), eps, off);
+    }
+  } else if (x.dtype == DType::BF16) {
     DFLASH_LAUNCH(grid, threads, 0, e.stream, k_rmsnorm_gated<bf16>)
     (static_cast<bf16*>(x.data), static_cast<bf16*>(w.data), z ? static_cast<bf16*>(z->data) : nullptr,
      static_cast<bf16*>(y.data), d.R, static_cast<int>(d.D), eps, off);
