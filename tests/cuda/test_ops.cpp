@@ -567,6 +567,13 @@ TEST(CudaOps, AttentionCausal) {
   causal_case(1, 40, 4, 1, 128);
   causal_case(16, 17, 2, 2, 64);
   causal_case(kEmu ? 40 : 127, kEmu ? 41 : 128, 4, 2, 128);
+  // the hybrid targets' gated attention: head dim 256 on the mma.sync forward (32-key tiles). Qwen3.5-35B-A3B's 16 / 2
+  // heads (tiles of 8 queries x 8 heads), Qwen3.5-9B's 16 / 4; lengths not a multiple of the key tile or of the
+  // query tile; decode (one query: 8 of a tile's 64 rows, three warps idle); a batch of sequences (a launch each)
+  causal_case(kEmu ? 45 : 1000, kEmu ? 45 : 1000, 16, 2, 256);
+  causal_case(kEmu ? 33 : 1024, kEmu ? 33 : 1024, 16, 4, 256);
+  causal_case(1, kEmu ? 70 : 300, 16, 2, 256);
+  causal_batch_case({kEmu ? 30 : 300, 1, kEmu ? 17 : 129}, {0, 40, 0}, 16, 2, 256);
   if (!kEmu) {
     causal_case(128, 128, 32, 8, 128);
     causal_case(129, 130, 4, 2, 64);
@@ -574,10 +581,7 @@ TEST(CudaOps, AttentionCausal) {
     causal_case(700, 700, 16, 4, 128);
     causal_case(16, 3000, 32, 8, 128);
     causal_case(100, 100, 4, 2, 256);
-    // the hybrid targets' gated attention: head dim 256 on the mma.sync forward (Qwen3.5-9B: 16 / 4 heads; decode)
-    causal_case(1024, 1024, 16, 4, 256);
-    causal_case(1, 300, 16, 2, 256);
-    causal_batch_case({300, 1, 129}, {0, 40, 0}, 16, 2, 256);
+    causal_case(3072, 3072, 16, 2, 256);  // the benchmark's sequence (Qwen3.5-35B-A3B)
     causal_case(200, 230, 6, 2, 128);  // 42-query tiles (as above)
     causal_case(40, 40, 96, 1, 128);   // 96 query heads on one kv head: 1-query tiles of 96 rows
     // one query head per kv head: 128-query tiles, on each diagonal consumer 0's keys end in the tile's first 64
@@ -587,13 +591,16 @@ TEST(CudaOps, AttentionCausal) {
 }
 
 // gpt-oss's attention: sinks, a sliding window (128 in the published models), both, at head dims 64 (gpt-oss) and 128
-// (the wgmma forward takes sinks; a window goes to the mma.sync kernel), prefill and decode.
+// (the wgmma forward takes sinks; a window goes to the mma.sync kernel), prefill and decode; head dim 256 (the
+// mma.sync kernel) with both.
 TEST(CudaOps, AttentionCausalSinksWindow) {
   causal_case(40, 40, 4, 2, 64, 16, true);
   causal_case(1, 41, 4, 2, 64, 16, true);
   causal_case(40, 40, 4, 2, 64, 0, true);
   causal_case(40, 40, 4, 2, 64, 16, false);
+  causal_case(40, 40, 4, 2, 256, 16, true);  // head dim 256: the windowed mma.sync forward
   if (kEmu) return;
+  causal_case(700, 700, 16, 2, 256, 128, true);
   causal_case(700, 700, 64, 8, 64, 128, true);  // gpt-oss-20b's heads
   causal_case(700, 700, 64, 8, 64, 0, true);
   causal_case(16, 3000, 64, 8, 64, 128, true);  // decode past the window

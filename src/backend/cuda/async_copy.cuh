@@ -3,6 +3,7 @@
 // below, the synchronisation of the wgmma forward's stages and ping-pong and its TMA loads (attention_wgmma.cu).
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #ifndef DFLASH_CUDA_EMU
 #include <cuda.h>
@@ -125,6 +126,20 @@ __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sy
 __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+#else  // the emulator: a shared-memory address is the host pointer itself; cp.async is a synchronous copy (the data is
+       // in place when it returns; commit / wait do nothing, so a missing wait does not show here)
+
+inline void* smem_u32(const void* p) { return const_cast<void*>(p); }
+inline void cp_async16(void* dst, const void* src, bool pred) {
+  if (pred)
+    std::memcpy(dst, src, 16);
+  else
+    std::memset(dst, 0, 16);
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+
 #endif
 
 }  // namespace dflash::cuda

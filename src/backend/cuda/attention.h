@@ -210,8 +210,9 @@ void launch_attention_forward(Env& e, AttnFwdParams p);
 void dflash_backward_init_attributes(int smem_optin);
 
 // Tensor-core versions (attention_tc.cu): run the op and return true when they apply (head dim exactly 64 or 128,
-// 16-byte aligned tensors, enough shared memory under e.smem_limit); return false, launching nothing, otherwise, and
-// the CUDA-core kernels above run instead (also in the CPU emulator, which has no tensor cores).
+// or 256 for the forward; 16-byte aligned tensors, enough shared memory under e.smem_limit); return false, launching
+// nothing, otherwise, and the CUDA-core kernels above run instead. The CPU emulator runs the forward; the backward
+// returns false there.
 bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p);
 bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p);
 void attention_tc_init_attributes(int smem_optin);
@@ -225,7 +226,7 @@ void attention_wgmma_init_attributes(int smem_optin);
 // launch_dflash_backward_tc once it has checked alignment: head dim 128, Tq <= 65536 and enough shared memory,
 // else false (launching nothing).
 bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p);
-// Shared memory of the tensor-core kernels for head dim D (64 or 128).
+// Shared memory of the tensor-core kernels for head dim D (64 or 128; the forward also 256).
 size_t attn_tc_fwd_smem(int D);
 size_t attn_tc_dq_smem(int D);
 size_t attn_tc_dkv_smem(int D);

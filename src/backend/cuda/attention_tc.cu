@@ -1,16 +1,19 @@
 // cuda/attention_tc.cu — the attention kernels on tensor cores (mma.sync m16n8k16: bf16 operands, fp32
-// accumulation) for head dim 64, and for 128 where the Hopper kernels of attention_wgmma.cu do not apply (a lower
-// shared-memory limit, Tq > 65536): the forward shared by attention_causal and dflash_attention (the
-// two-segment visibility rule of attention.h), and DFlash attention's backward. Same math, masks and outputs as the
-// CUDA-core kernels of attention_fwd.cu / dflash_attention.cu, which still run for other head dims, under a
-// shared-memory cap too small for these tiles (case C07) and in the CPU emulator (no tensor cores there).
+// accumulation) for head dim 64, for 128 where the Hopper kernels of attention_wgmma.cu do not apply (a lower
+// shared-memory limit, Tq > 65536, a causal window) and, forward only, for 256 (the hybrid targets): the forward
+// shared by attention_causal and dflash_attention (the two-segment visibility rule of attention.h), and DFlash
+// attention's backward. Same math, masks and outputs as the CUDA-core kernels of attention_fwd.cu /
+// dflash_attention.cu, which still run for other head dims, the backward at 256, and under a shared-memory cap too
+// small for these tiles (case C07). The kernel emulator runs the forward (mma.sync / ldmatrix from their fragment
+// layouts, cp.async as a plain copy); the backward's named barriers it does not have, so there the CUDA-core
+// backward runs.
 //
 // FlashAttention-2 (Dao 2023) structure, written for this project's masks:
 //  * forward (k_fwd_tc): a CTA = 4 warps = 64 query rows ((query, head) pairs of one kv head, as attention_fwd.cu);
-//    a warp owns 16 rows, holds Q as mma A-fragments in registers, and walks 64-key tiles staged in shared memory
-//    by cp.async (double buffered: tile t+1 loads while tile t is computed). S = Q K^T, online softmax in the
-//    log2 domain (exp2), O += P V with P rounded to bf16 as the mma's A operand. A warp skips the math of a tile
-//    none of its rows can see.
+//    a warp owns 16 rows, holds Q as mma A-fragments in registers, and walks 64-key tiles (32 at head dim 256:
+//    fwd_keys) staged in shared memory by cp.async (double buffered: tile t+1 loads while tile t is computed).
+//    S = Q K^T, online softmax in the log2 domain (exp2), O += P V with P rounded to bf16 as the mma's A operand.
+//    A warp skips the math of a tile none of its rows can see.
 //  * dQ (k_dq_tc): the forward's tiling with 32-key tiles; P = exp(S - lse) from the saved lse, dP = dO V^T,
 //    dS = P (dP - D), dQ += dS K (dS rounded to bf16), dQ *= scale at the end.
 //  * dK/dV (k_dkv_tc): a CTA of 8 warps owns 64 keys of one kv head (context tiles, then block-key tiles); two
@@ -33,8 +36,6 @@
 
 namespace dflash::cuda {
 
-#ifndef DFLASH_CUDA_EMU
-
 namespace {
 
 constexpr int kTcThreads = 128;  // 4 warps
@@ -45,6 +46,16 @@ constexpr int kDkvKeys = 64;     // keys per CTA (dK/dV)
 constexpr int kDkvQ = 32;        // query rows per chunk (dK/dV)
 constexpr size_t kStaticSmemSlack = 1024;  // bytes of static __shared__ per kernel, at most
 constexpr float kLog2e = 1.4426950408889634f;
+// Head dim 256 (the hybrid targets' gated attention, Qwen3-Next / Qwen3.5: 16 or 32 query heads on 2 or 4 kv heads)
+// keeps the CTA of 4 warps x 16 rows with Q in registers and halves the key tile to 32. Per thread: Q fragments 64
+// registers (16 k-steps x 4), O 128 (32 column tiles x 4), S 16 (4 x 4) instead of 32: ptxas fits it in 255 with no
+// spill (64-key tiles spilled 96 / 156 bytes). Shared memory (64 + 2 stages x 2 x 32) x 264 x 2 = 99 KiB, so two
+// CTAs (8 warps, 2 x 128 x 256 registers: the whole file) share an SM, as at 64 / 128; 64-key tiles took 165 KiB
+// (one CTA, 4 warps: nothing hides the softmax's latency). Not chosen: Q reloaded from shared memory at each k-step
+// (FlashAttention-2's hd256 layout, 64-key S in the freed registers): one more ldmatrix per 4 B loads of
+// S = Q K^T, +12% shared-memory traffic in a loop bound by it; D split in two halves over two warps: each half needs
+// all of S, so Q K^T is computed twice (or S goes through shared memory).
+constexpr int fwd_keys(int D) { return D == 256 ? 32 : kFwdKeys; }
 
 using mma::mma16816;  // backend/cuda/mma_sync.cuh: mma.sync, ldmatrix and the fragment loads of a tile
 using mma::pack_bf16;
@@ -78,7 +89,7 @@ __device__ __forceinline__ void stage_rows(bf16* dst, const bf16* src, int nrows
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
 template <int D, bool WIN>
 __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
-  constexpr int LDS = D + 8, KT = kFwdKeys, NT = KT / 8, DT = D / 8;
+  constexpr int LDS = D + 8, KT = fwd_keys(D), NT = KT / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem);
   __shared__ int sExt[4];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [64][LDS]
@@ -86,7 +97,10 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
   bf16* sV = sK + 2 * KT * LDS;               // [2][KT][LDS]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t4 = lane & 3;
   const int nh = p.nh, nkv = p.nkv, mq = p.mq, hc = p.hc, rep = nh / nkv, splits = rep / hc;
-  const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = blockIdx.x * mq;
+  // head dim 256: query tiles in reverse order, so that a causal prefill's tiles with the most keys start first and
+  // the short ones fill the last wave (about 3 waves of 2 CTAs per SM at 3072 tokens; not measured)
+  const unsigned qt = D == 256 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int g = blockIdx.y / splits, h0 = g * rep + (blockIdx.y % splits) * hc, q0 = qt * mq;
   const bf16* Q = static_cast<const bf16*>(p.q);
 
   int lo1[2], hi1[2], lo2[2], hi2[2];
@@ -240,6 +254,8 @@ __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
   }
   attn_fwd_store<DT>(p, D, rok, orow, l, m, t4, [&](int n, int k) { return o[n][k]; });
 }
+
+#ifndef DFLASH_CUDA_EMU  // (the emulator runs the forward only: see the end of the file)
 
 // ---- backward: dQ ----------------------------------------------------------------------------------------------
 template <int D, bool WIN>
@@ -575,51 +591,52 @@ __global__ void __launch_bounds__(kDkvThreads) k_dkv_tc(AttnBwdParams p) {
   }
 }
 
-
+#endif  // DFLASH_CUDA_EMU
 
 }  // namespace
 
-size_t attn_tc_fwd_smem(int D) { return static_cast<size_t>(kTcRows + 4 * kFwdKeys) * (D + 8) * 2; }
+size_t attn_tc_fwd_smem(int D) { return static_cast<size_t>(kTcRows + 4 * fwd_keys(D)) * (D + 8) * 2; }
 size_t attn_tc_dq_smem(int D) { return static_cast<size_t>(2 * kTcRows + 4 * kDqKeys) * (D + 8) * 2; }
 size_t attn_tc_dkv_smem(int D) {  // K, V and two groups' Q, dO; also holds the final fp32 exchange (2 x 64 x D)
   return std::max(static_cast<size_t>(2 * kDkvKeys + 4 * kDkvQ) * (D + 8) * 2, size_t{2} * kDkvKeys * D * 4);
 }
 
+#ifndef DFLASH_CUDA_EMU
 void attention_tc_init_attributes(int smem_optin) {
   allow_dynamic_smem(smem_optin, k_fwd_tc<64, false>, k_fwd_tc<128, false>, k_dq_tc<64, false>, k_dq_tc<128, false>,
                      k_dkv_tc<64, false>, k_dkv_tc<128, false>, k_fwd_tc<64, true>, k_fwd_tc<128, true>,
                      k_dq_tc<64, true>, k_dq_tc<128, true>, k_dkv_tc<64, true>, k_dkv_tc<128, true>,
-                     k_fwd_tc<256, false>);
+                     k_fwd_tc<256, false>, k_fwd_tc<256, true>);
 }
+#else
+void attention_tc_init_attributes(int) {}
+#endif
 
 bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
-  const bool win0 = p0.mode == kAttnDFlash && p0.window > 0;
-  if (p0.d != 64 && p0.d != 128 && !(p0.d == 256 && !win0)) return false;
+  if (p0.d != 64 && p0.d != 128 && p0.d != 256) return false;
   const size_t smem = attn_tc_fwd_smem(p0.d);
   if (smem + kStaticSmemSlack > static_cast<size_t>(e.smem_limit)) return false;
   if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
   if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
   AttnFwdParams p = p0;
   attn_rows_tiling(p.nh, p.nkv, kTcRows, p.hc, p.mq);
-  p.nk = kFwdKeys;
+  p.nk = fwd_keys(p.d);
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
+  auto launch = [&](auto kernel) { DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, kernel)(p); };
   const bool win = p.window > 0;
-  if (p.d == 64 && !win)
-    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<64, false>)(p);
-  else if (p.d == 64)
-    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<64, true>)(p);
-  else if (p.d == 256)  // the hybrid targets' gated attention (Qwen3-Next, Qwen3.5: head_dim 256)
-    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<256, false>)(p);
-  else if (!win)
-    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<128, false>)(p);
-  else
-    DFLASH_LAUNCH(grid, kTcThreads, smem, e.stream, k_fwd_tc<128, true>)(p);
+  if (p.d == 64)
+    win ? launch(k_fwd_tc<64, true>) : launch(k_fwd_tc<64, false>);
+  else if (p.d == 128)
+    win ? launch(k_fwd_tc<128, true>) : launch(k_fwd_tc<128, false>);
+  else  // the hybrid targets' gated attention (Qwen3-Next, Qwen3.5: head_dim 256)
+    win ? launch(k_fwd_tc<256, true>) : launch(k_fwd_tc<256, false>);
   check_launch("attention_forward_tc");
   return true;
 }
 
+#ifndef DFLASH_CUDA_EMU
 bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
   if (p0.d != 64 && p0.d != 128) return false;
   const size_t smem_q = attn_tc_dq_smem(p0.d), smem_kv = attn_tc_dkv_smem(p0.d);
@@ -659,14 +676,9 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p0) {
   return true;
 }
 
-#else  // DFLASH_CUDA_EMU: no tensor cores in the emulator; the CUDA-core kernels run
+#else  // DFLASH_CUDA_EMU: the backward's named barriers (group_sync) are not emulated; the CUDA-core kernels run
 
-void attention_tc_init_attributes(int) {}
-bool launch_attention_forward_tc(Env&, const AttnFwdParams&) { return false; }
 bool launch_dflash_backward_tc(Env&, const AttnBwdParams&) { return false; }
-size_t attn_tc_fwd_smem(int D) { return static_cast<size_t>(64 + 4 * 64) * (D + 8) * 2; }
-size_t attn_tc_dq_smem(int D) { return static_cast<size_t>(2 * 64 + 4 * 32) * (D + 8) * 2; }
-size_t attn_tc_dkv_smem(int D) { return std::max(static_cast<size_t>(2 * 64 + 4 * 32) * (D + 8) * 2, size_t{2} * 64 * D * 4); }
 
 #endif
 

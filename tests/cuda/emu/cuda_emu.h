@@ -3,7 +3,7 @@
 // machine without a GPU.
 // defines: the runtime calls the op files make (memcpy/memset/2D copies, launch errors, function attributes),
 //          __nv_bfloat16 and its conversions, a column-major cuBLASLt matmul with the real API's names, and the
-//          kernel side: threadIdx/blockIdx/..., __syncthreads, __shfl_xor_sync, atomics, DFLASH_LAUNCH.
+//          kernel side: threadIdx/blockIdx/..., __syncthreads, __shfl_xor_sync, __any_sync, atomics, DFLASH_LAUNCH.
 //
 // Execution model: blocks run one after another; the threads of a block are fibers (ucontext) on one OS thread.
 // A fiber runs until it reaches a barrier (__syncthreads, or the warp exchange inside a shuffle) or exits; when
@@ -254,6 +254,10 @@ struct __nv_bfloat162 {
   __nv_bfloat16 x, y;
 };
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16(a), __float2bfloat16(b)}; }
+// bf16x2 multiply, round to nearest even (a product of two bf16 is exact in fp32, so one rounding is the hardware's)
+inline __nv_bfloat162 __hmul2(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return __floats2bfloat162_rn(__bfloat162float(a.x) * __bfloat162float(b.x), __bfloat162float(a.y) * __bfloat162float(b.y));
+}
 
 // ---- vector types, read-only loads ----------------------------------------------------------------------------------
 struct float4 {
@@ -269,6 +273,13 @@ struct float2 {
   float x, y;
 };
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return {__bfloat162float(h.x), __bfloat162float(h.y)}; }
+// Byte n of the result is byte (s >> 4n) & 7 of the 8 bytes {y, x} (x: bytes 0-3), as the CUDA math API documents.
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint64_t b = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int n = 0; n < 4; ++n) r |= static_cast<uint32_t>((b >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
+  return r;
+}
 template <class T>
 inline T __ldg(const T* p) {
   return *p;
@@ -292,6 +303,16 @@ inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 inline int atomicOr(int* p, int v) {
   const int o = *p;
   *p = o | v;
+  return o;
+}
+inline int atomicMax(int* p, int v) {
+  const int o = *p;
+  *p = o > v ? o : v;
+  return o;
+}
+inline int atomicMin(int* p, int v) {
+  const int o = *p;
+  *p = o < v ? o : v;
   return o;
 }
 inline float atomicAdd(float* p, float v) {
@@ -376,6 +397,19 @@ T shfl(T v, int src_lane) {
   std::memcpy(&out, &got, sizeof(T));
   sync_warp();  // nobody overwrites the slots before every lane has read
   return out;
+}
+
+// Warp vote: whether any lane of the warp passes pred (full warps, as shfl).
+inline bool vote_any(bool pred) {
+  BlockRun& r = *run();
+  Fiber& f = me();
+  r.xch[static_cast<size_t>(f.warp) * 32 + static_cast<size_t>(f.lane)] = pred ? 1 : 0;
+  sync_warp();
+  const size_t w = static_cast<size_t>(me().warp) * 32;
+  bool any = false;
+  for (size_t i = 0; i < 32; ++i) any = any || r.xch[w + i] != 0;
+  sync_warp();  // nobody overwrites the slots before every lane has read
+  return any;
 }
 
 inline const uint3& thread_idx() { return me().tid; }
@@ -521,6 +555,7 @@ template <class T>
 inline T __shfl_xor_sync(unsigned, T v, int mask) {
   return ::emu::shfl(v, (static_cast<int>(::emu::me().lane) ^ mask) & 31);
 }
+inline int __any_sync(unsigned, int pred) { return ::emu::vote_any(pred != 0) ? 1 : 0; }
 template <class T>
 inline T __shfl_sync(unsigned, T v, int src) {
   return ::emu::shfl(v, src & 31);
