@@ -1,5 +1,6 @@
 // backend/cuda/async_copy.cuh — cp.async (sm_80+) global -> shared copies shared by the tensor-core attention
-// kernels (attention_tc.cu, attention_wgmma.cu). PTX ISA 9.7.9.25 (cp.async, cp.async.commit_group / wait_group);
+// kernels (attention_tc.cu, attention_wgmma.cu) and the chunked gated delta rule (gated_delta_chunk.cu; cp.async also
+// on the kernel emulator). PTX ISA 9.7.9.25 (cp.async, cp.async.commit_group / wait_group);
 // below, the synchronisation of the wgmma forward's stages and ping-pong and its TMA loads (attention_wgmma.cu).
 #pragma once
 #include <cstdint>
@@ -38,6 +39,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool pred) {
   const int n = pred ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+// 4 bytes global -> shared (.ca: .cg copies only 16), zero-filled when !pred (src must still be a valid address).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool pred) {
+  const int n = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are still in flight.
@@ -126,20 +132,17 @@ __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sy
 __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
-#else  // the emulator: a shared-memory address is the host pointer itself; cp.async is a synchronous copy (the data is
-       // in place when it returns; commit / wait do nothing, so a missing wait does not show here)
 
-inline void* smem_u32(const void* p) { return const_cast<void*>(p); }
-inline void cp_async16(void* dst, const void* src, bool pred) {
-  if (pred)
-    std::memcpy(dst, src, 16);
-  else
-    std::memset(dst, 0, 16);
-}
-inline void cp_async_commit() {}
+#else  // the kernel emulator (tests/cuda/emu/cuda_emu.h): cp.async whose bytes land at the issuing thread's wait_group
+
+inline uint32_t smem_u32(const void* p) { return ::emu::smem_offset(p); }
+inline void cp_async16(uint32_t dst, const void* src, bool pred) { ::emu::cp_async(dst, src, 16, pred); }
+inline void cp_async4(uint32_t dst, const void* src, bool pred) { ::emu::cp_async(dst, src, 4, pred); }
+inline void cp_async_commit() { ::emu::cp_async_commit(); }
 template <int N>
-inline void cp_async_wait() {}
-
+inline void cp_async_wait() {
+  ::emu::cp_async_wait(N);
+}
 #endif
 
 }  // namespace dflash::cuda

@@ -13,20 +13,25 @@
 //
 // One CTA of 8 warps per value head walks the sequence's chunks in order; the state stays in the warps' mma
 // accumulators (warp w: state rows 16w .. 16w+15, all 128 columns: 64 fp32 registers per thread). Per chunk:
-//  1. q, k (the value head's key head) and v rows into shared memory (zero rows past the end: they add nothing), g,
-//     beta; q, k l2-normalised in place (a warp per row); gc by a warp scan.
+//  1. q, k (the value head's key head) and v rows, g, beta: copied by cp.async into one of two stages while the
+//     previous chunk computed (zero-filled rows past the end: they add nothing); each warp copies the q, k rows it
+//     l2-normalises (in place, a warp per row) and waits for its own copies only; gc by warp 0's scan of its own g.
+//     One block barrier, then the next chunk's copies go into the other stage.
 //  2. K K^T and Q K^T (64 x 64, K = 128), masked and decayed: A in fp32, P in bf16.
 //  3. T = (I + A)^-1 in fp32: the four 16 x 16 diagonal blocks by forward substitution (a warp each), the blocks below
 //     by T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj, one block diagonal at a time (flash-linear-attention's solve_tril).
 //  4. W and U (64 x 128, K = 64) with T's columns scaled as bf16 operands; -W kept in shared memory, U in registers.
 //  5. S to bf16 in shared memory; V' = U + (-W) S; O = exp(gc) (Q S) + P V' written out; S <- exp(gc_63) S + K^T V'd.
-// Warps split the 64 x 128 products as 4 row groups of 16 x 2 column halves of 64. Shared memory: 164 KB (1 CTA/SM).
+// Warps split the 64 x 128 products as 4 row groups of 16 x 2 column halves of 64. Shared memory: 218 KB (1 CTA/SM;
+// the two input stages 2 x 51.5 KB). 12 block barriers per chunk: none between chunks (the next chunk's first one
+// follows a normalisation that touches only its own stage) and none between W, U and the state's bf16 copy.
 // Roundings (as flash-linear-attention): normalised q, k, the scaled T, W, P, V' and S as bf16 operands; every sum in
 // fp32. Parallelism: one CTA per value head and sequence (a packed prefill's sequences in one launch: GatedDeltaArgs
 // seqs, grid nv x sequences); the sequential dependence is only the state between chunks.
 #include <algorithm>
 #include <vector>
 
+#include "backend/cuda/async_copy.cuh"  // cp_async16, cp_async4, cp_async_commit, cp_async_wait, smem_u32
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/mma_sync.cuh"
 
@@ -42,18 +47,20 @@ constexpr int LD = kD + 8;      // bf16 row stride of 128-wide tiles (ldmatrix r
 constexpr int LC = kC + 8;      // bf16 row stride of 64-wide tiles
 constexpr int LF = kC + 1;      // fp32 row stride of 64 x 64 tiles
 
-// Shared-memory layout (bytes)
+// Shared-memory layout (bytes): two stages of a chunk's inputs (q, k, v, g then gc, beta; chunk i in stage i % 2, the
+// next chunk's copies land in the other one), then the tiles of the chunk's math
 constexpr int kTile128 = kC * LD * 2;   // a [64][136] bf16 tile
 constexpr int kTile64 = kC * LC * 2;    // a [64][72] bf16 tile
-constexpr int kOffQ = 0, kOffK = kOffQ + kTile128, kOffV = kOffK + kTile128, kOffW = kOffV + kTile128;
+constexpr int kSQ = 0, kSK = kSQ + kTile128, kSV = kSK + kTile128, kSG = kSV + kTile128, kSB = kSG + kC * 4;
+constexpr int kStage = kSB + kC * 4;
+constexpr int kOffW = 2 * kStage;
 constexpr int kOffVN = kOffW + kTile128, kOffVD = kOffVN + kTile128;
 constexpr int kOffP = kOffVD + kTile128, kOffT1 = kOffP + kTile64, kOffT2 = kOffT1 + kTile64;
 // A and T (fp32 [64][65] each) while T is made; the state's bf16 copy [128][136] once W, U are done (the same bytes)
 constexpr int kOffU = kOffT2 + kTile64;
 constexpr int kUnion = kD * LD * 2 > 2 * kC * LF * 4 ? kD * LD * 2 : 2 * kC * LF * 4;
 constexpr int kOffX = kOffU + kUnion;  // fp32 scratch of the off-diagonal blocks: 3 x 16 x 16
-constexpr int kOffG = kOffX + 3 * 256 * 4;
-constexpr int kSmem = kOffG + 2 * kC * 4;
+constexpr int kSmem = kOffX + 3 * 256 * 4;
 
 constexpr int kMaxSeqs = 32;  // sequences per launch (blockIdx.y)
 
@@ -92,6 +99,37 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const bf16* a, int
   }
 }
 
+// cp.async of the rows t0 .. t0 + L - 1 of this CTA's sequence into the stage at shared address st (the rest of the
+// chunk's 64 zero-filled). Warp w copies the q, k and v rows w + 8j (j < 8), the q and k rows it l2-normalises (so
+// that it waits for its own copies only), a lane two 16-byte pieces of a row per tile; warp 0 copies g and beta,
+// lane l those of tokens 2l and 2l + 1 (the tokens it sums in the gc scan). qkv, G, Beta: the sequence's first row;
+// zero-filled copies read nothing but still name a valid address (the tensors' starts).
+__device__ __forceinline__ void load_chunk(uint32_t st, const ChunkParams& p, const bf16* qkv, const float* G,
+                                           const float* Beta, int64_t t0, int L, int64_t qcol, int64_t kcol,
+                                           int64_t vcol, int h, int warp, int lane) {
+  const int c = (lane & 15) * 8;
+  DFLASH_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const int r = warp + 8 * (2 * i + (lane >> 4));
+    const bool ok = r < L;
+    const bf16* row = ok ? qkv + (t0 + r) * p.C : p.qkv;
+    const uint32_t d = st + static_cast<uint32_t>((r * LD + c) * 2);
+    cp_async16(d + kSQ, ok ? row + qcol + c : row, ok);
+    cp_async16(d + kSK, ok ? row + kcol + c : row, ok);
+    cp_async16(d + kSV, ok ? row + vcol + c : row, ok);
+  }
+  if (warp == 0) {
+    DFLASH_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const int r = 2 * lane + j;
+      const bool ok = r < L;
+      const int64_t o = (t0 + r) * p.nv + h;
+      cp_async4(st + kSG + 4 * r, ok ? G + o : p.g, ok);
+      cp_async4(st + kSB + 4 * r, ok ? Beta + o : p.beta, ok);
+    }
+  }
+}
+
 template <int NT>
 __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
   DFLASH_UNROLL
@@ -100,9 +138,6 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 
 __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
   DFLASH_DYN_SMEM(smem);
-  bf16* sQ = reinterpret_cast<bf16*>(smem + kOffQ);
-  bf16* sK = reinterpret_cast<bf16*>(smem + kOffK);
-  bf16* sV = reinterpret_cast<bf16*>(smem + kOffV);
   bf16* sW = reinterpret_cast<bf16*>(smem + kOffW);    // -W
   bf16* sVN = reinterpret_cast<bf16*>(smem + kOffVN);  // V'
   bf16* sVD = reinterpret_cast<bf16*>(smem + kOffVD);  // V' rows x exp(gc_63 - gc_i)
@@ -113,8 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
   float* sTi = sA + kC * LF;                           // [64][65]
   bf16* sS = reinterpret_cast<bf16*>(smem + kOffU);    // [128][136] (after T is used)
   float* sX = reinterpret_cast<float*>(smem + kOffX);  // [3][16][16]
-  float* sG = reinterpret_cast<float*>(smem + kOffG);  // gc
-  float* sB = sG + kC;                                 // beta
+  const uint32_t smem_s = smem_u32(smem);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
   const int h = blockIdx.x, kh = h / (p.nv / p.nk);
@@ -138,27 +172,20 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
       S[nt][e] = p.state ? p.state[(static_cast<int64_t>(h) * kD + r) * kD + c] : 0.f;
     }
 
+  if (T > 0) load_chunk(smem_s, p, qkv, G, Beta, 0, static_cast<int>(T < kC ? T : kC), qcol, kcol, vcol, h,
+                        warp, lane);
+  cp_async_commit();
   for (int64_t t0 = 0; t0 < T; t0 += kC) {
-    const int L = static_cast<int>(T - t0 < kC ? T - t0 : kC);
-    // ---- 1. inputs --------------------------------------------------------------------------------------------
-    for (int i = tid; i < kC * (kD / 8); i += kThreads) {
-      const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
-      uint4 q{0, 0, 0, 0}, k = q, v = q;
-      if (r < L) {
-        const bf16* row = qkv + (t0 + r) * p.C;
-        q = *reinterpret_cast<const uint4*>(row + qcol + c);
-        k = *reinterpret_cast<const uint4*>(row + kcol + c);
-        v = *reinterpret_cast<const uint4*>(row + vcol + c);
-      }
-      *reinterpret_cast<uint4*>(sQ + r * LD + c) = q;
-      *reinterpret_cast<uint4*>(sK + r * LD + c) = k;
-      *reinterpret_cast<uint4*>(sV + r * LD + c) = v;
-    }
-    if (tid < kC) {
-      sG[tid] = tid < L ? G[(t0 + tid) * p.nv + h] : 0.f;
-      sB[tid] = tid < L ? Beta[(t0 + tid) * p.nv + h] : 0.f;
-    }
-    __syncthreads();
+    const int L = static_cast<int>(T - t0 < kC ? T - t0 : kC), stage = static_cast<int>(t0 / kC) & 1;
+    unsigned char* sbuf = smem + stage * kStage;
+    bf16* sQ = reinterpret_cast<bf16*>(sbuf + kSQ);
+    bf16* sK = reinterpret_cast<bf16*>(sbuf + kSK);
+    bf16* sV = reinterpret_cast<bf16*>(sbuf + kSV);
+    float* sG = reinterpret_cast<float*>(sbuf + kSG);  // g, then gc
+    float* sB = reinterpret_cast<float*>(sbuf + kSB);  // beta
+    // ---- 1. inputs (copied during the previous chunk) ---------------------------------------------------------
+    cp_async_wait<0>();
+    __syncwarp();  // this warp's q, k rows (and warp 0's g) landed: the warp reads only those before the barrier
     for (int r = warp; r < 2 * kC; r += kWarps) {  // l2-normalise q (then / sqrt(dk)) and k rows, in place
       bf16* row = r < kC ? sQ + r * LD : sK + (r - kC) * LD;
       float v[kD / 32], ss = 0.f;
@@ -183,7 +210,11 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
       sG[2 * lane] = s - b;
       sG[2 * lane + 1] = s;
     }
-    __syncthreads();
+    __syncthreads();  // the inputs for every warp; the previous chunk's reads of the other stage are done
+    if (t0 + kC < T)  // the next chunk's inputs into the other stage, under this chunk's math
+      load_chunk(smem_s + static_cast<uint32_t>((stage ^ 1) * kStage), p, qkv, G, Beta, t0 + kC,
+                 static_cast<int>(T - t0 - kC < kC ? T - t0 - kC : kC), qcol, kcol, vcol, h, warp, lane);
+    cp_async_commit();
 
     // ---- 2. A = strict_lower(beta_i k_i.k_j e^{gc_i - gc_j}) (fp32), P = (q_i.k_j e^{gc_i - gc_j})_{j <= i} (bf16)
     {
@@ -263,7 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
           *reinterpret_cast<uint32_t*>(sW + i * LD + j) = mma::pack_bf16(-w[nt][2 * hf], -w[nt][2 * hf + 1]);
         }
     }
-    __syncthreads();  // A and T are dead: their bytes take the state's bf16 copy
+    // A and T are dead since the barrier after T's scaling (step 4 reads neither): their bytes take the state's bf16
+    // copy without a barrier here
     DFLASH_UNROLL
     for (int nt = 0; nt < 16; ++nt)
       DFLASH_UNROLL
@@ -323,7 +355,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_chunk(ChunkParams p) {
         mma::mma16816(S[nt + 1], af, bf[2], bf[3]);
       }
     }
-    __syncthreads();  // the next chunk overwrites the tiles
+    // no barrier: the next chunk's first one (after its normalisation, which touches only the other stage) comes
+    // before anything this chunk reads is written again
   }
   if (p.state) {
     DFLASH_UNROLL

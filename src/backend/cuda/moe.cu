@@ -239,7 +239,6 @@ __device__ __forceinline__ float e2m1_scaled(uint32_t code, float f_lo, float f_
   const float v = __uint_as_float(((code & 8u) << 28) | ((code & 7u) << 22));
   return v * f_lo * f_hi;
 }
-#ifndef DFLASH_CUDA_EMU  // (the Hopper kernel's: byte permutes and bf16x2 arithmetic, which the emulator lacks)
 // Eight e2m1 codes (a 32-bit word of MXFP4 bytes: element i in nibble i) as four bf16 pairs o[j] = (element 2j,
 // element 2j + 1), times 2^(s - 127) for the e8m0 scale s given as (m1, m2) below. The codes' sign and magnitude
 // bits placed in a bf16's sign / exponent / mantissa give code * 2^-126 (exponent-0 codes become bf16 subnormals,
@@ -268,7 +267,6 @@ __device__ __forceinline__ bool e8m0_bf16_factors(uint32_t s, __nv_bfloat162& m1
   m2 = *reinterpret_cast<const __nv_bfloat162*>(&pb);
   return two;
 }
-#endif
 // (f_lo, f_hi) of an e8m0 scale s: f_lo f_hi = 2^126 2^(s - 127) = 2^(s - 1), each factor a normal float.
 __device__ __forceinline__ void e8m0_factors(uint32_t s, float& f_lo, float& f_hi) {
   if (s <= 128u) {

@@ -3,7 +3,8 @@
 // machine without a GPU.
 // defines: the runtime calls the op files make (memcpy/memset/2D copies, launch errors, function attributes),
 //          __nv_bfloat16 and its conversions, a column-major cuBLASLt matmul with the real API's names, and the
-//          kernel side: threadIdx/blockIdx/..., __syncthreads, __shfl_xor_sync, __any_sync, atomics, DFLASH_LAUNCH.
+//          kernel side: threadIdx/blockIdx/..., __syncthreads, __shfl_xor_sync, __any_sync, atomics, cp.async (emu::cp_async*,
+//          wrapped by backend/cuda/async_copy.cuh), DFLASH_LAUNCH.
 //
 // Execution model: blocks run one after another; the threads of a block are fibers (ucontext) on one OS thread.
 // A fiber runs until it reaches a barrier (__syncthreads, or the warp exchange inside a shuffle) or exits; when
@@ -339,11 +340,21 @@ namespace emu {
 
 enum class FState { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
 
+// One cp.async of this fiber in flight: its destination (an offset into dynamic shared memory) and its bytes (read
+// from global memory at issue; zeros when zero-filled).
+struct PendingCopy {
+  uint32_t dst = 0;
+  int n = 0;
+  unsigned char bytes[16];
+};
+
 struct Fiber {
   ucontext_t ctx;
   uint3 tid;
   int linear = 0, warp = 0, lane = 0;
   FState state = FState::Runnable;
+  std::vector<PendingCopy> open;                 // cp.async issued since the last commit_group
+  std::vector<std::vector<PendingCopy>> groups;  // committed groups, oldest first
 };
 
 struct BlockRun {
@@ -365,8 +376,14 @@ inline BlockRun*& run() {
 }
 inline Fiber& me() { return run()->fibers[static_cast<size_t>(run()->cur)]; }
 
+inline void land(const std::vector<PendingCopy>& g);
+
 inline void entry() {
   run()->body();
+  for (const auto& g : me().groups) land(g);  // copies still in flight at exit land all the same
+  land(me().open);
+  me().groups.clear();
+  me().open.clear();
   me().state = FState::Done;
   // returning resumes uc_link (the scheduler)
 }
@@ -432,6 +449,44 @@ inline int order_mode() {  // 0 forward, 1 reverse, 2 random
   std::abort();
 }
 
+// ---- cp.async (PTX ISA 9.7.9.25): a fiber's copies are held back until its cp.async.wait_group lets them land, and
+// their destination bytes are poisoned (NaN) at issue, so that a read before the wait (and the barrier that publishes
+// it) sees NaN instead of the data, and a copy issued while another thread still reads the destination spoils that
+// read. Shared addresses (smem_u32) are offsets into dynamic shared memory.
+inline uint32_t smem_offset(const void* p) {
+  const unsigned char* b = dyn_smem();
+  const unsigned char* q = static_cast<const unsigned char*>(p);
+  if (q < b || q >= b + run()->dyn.size()) die("shared address outside dynamic shared memory");
+  return static_cast<uint32_t>(q - b);
+}
+inline void cp_async(uint32_t dst, const void* src, int n, bool pred) {
+  if (dst % static_cast<uint32_t>(n) != 0 || reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(n) != 0)
+    die("cp.async of " + std::to_string(n) + " bytes at a misaligned address");
+  if (dst + static_cast<uint32_t>(n) > run()->dyn.size()) die("cp.async past the end of dynamic shared memory");
+  PendingCopy c;
+  c.dst = dst;
+  c.n = n;
+  if (pred) std::memcpy(c.bytes, src, static_cast<size_t>(n));
+  else std::memset(c.bytes, 0, static_cast<size_t>(n));
+  std::memset(dyn_smem() + dst, 0xff, static_cast<size_t>(n));
+  me().open.push_back(c);
+}
+inline void land(const std::vector<PendingCopy>& g) {
+  for (const PendingCopy& c : g) std::memcpy(dyn_smem() + c.dst, c.bytes, static_cast<size_t>(c.n));
+}
+inline void cp_async_commit() {
+  Fiber& f = me();
+  f.groups.push_back(std::move(f.open));
+  f.open.clear();
+}
+inline void cp_async_wait(int n) {  // until at most n committed groups are in flight (uncommitted copies stay)
+  Fiber& f = me();
+  while (static_cast<int>(f.groups.size()) > n) {
+    land(f.groups.front());
+    f.groups.erase(f.groups.begin());
+  }
+}
+
 template <class... KArgs, class... Args>
 void run_grid(dim3 grid, dim3 block, size_t smem, void (*kernel)(KArgs...), Args&&... args) {
   const int nthreads = static_cast<int>(block.x * block.y * block.z);
@@ -468,6 +523,8 @@ void run_grid(dim3 grid, dim3 block, size_t smem, void (*kernel)(KArgs...), Args
           f.warp = t / 32;
           f.lane = t % 32;
           f.state = FState::Runnable;
+          f.open.clear();
+          f.groups.clear();
           getcontext(&f.ctx);
           f.ctx.uc_stack.ss_sp = r.stacks[static_cast<size_t>(t)].data();
           f.ctx.uc_stack.ss_size = r.stacks[static_cast<size_t>(t)].size();
