@@ -269,6 +269,19 @@ struct float2 {
   float x, y;
 };
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return {__bfloat162float(h.x), __bfloat162float(h.y)}; }
+// bf16x2 product, each lane rounded once to nearest even (two bf16 multiply exactly in float, but for results below
+// float's normal range)
+inline __nv_bfloat162 __hmul2(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return {__float2bfloat16(__bfloat162float(a.x) * __bfloat162float(b.x)),
+          __float2bfloat16(__bfloat162float(a.y) * __bfloat162float(b.y))};
+}
+// PRMT's default mode: result byte i = byte (s >> 4i) & 7 of the eight bytes y:x (x's low byte is byte 0)
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint64_t v = (uint64_t{y} << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
+}
 template <class T>
 inline T __ldg(const T* p) {
   return *p;
