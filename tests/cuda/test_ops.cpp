@@ -1490,19 +1490,28 @@ TEST(CudaOps, HybridRowsAndGates) {
 
 TEST(CudaOps, HybridCausalConv) {
   struct S {
-    int64_t T, C;
+    int64_t T, C, K;
+    bool misaligned = false;  // x one element past a 16-byte boundary: the kernel's scalar path
   };
-  const std::vector<S> shapes = kEmu ? std::vector<S>{{1, 40}, {2, 40}, {37, 64}}
-                                     : std::vector<S>{{1, 8192}, {2, 8192}, {16, 8192}, {3072, 8192}, {150, 136}};
-  const int64_t K = 4;
+  // (the CUDA kernel: runs of 16 tokens, 8 channels a thread when C % 8 == 0 and the pointers are 16-byte aligned,
+  // else 1; K <= 8 from registers, larger K one thread per output; the window moved by the run's thread when T <= 16)
+  const std::vector<S> shapes =
+      kEmu ? std::vector<S>{{1, 40, 4}, {2, 40, 4}, {37, 64, 4}, {2, 37, 4}, {45, 37, 3}, {70, 48, 4}, {16, 48, 4},
+                            {17, 48, 4}, {5, 24, 8}, {20, 24, 12}, {33, 64, 4, true}, {6, 16, 2}}
+           : std::vector<S>{{1, 8192, 4}, {2, 8192, 4}, {16, 8192, 4}, {17, 8192, 4}, {3072, 8192, 4},
+                            {150, 136, 4}, {3000, 8190, 4}, {100, 8192, 2}, {33, 4096, 8}, {40, 520, 12},
+                            {300, 8192, 4, true}};
   for (const S& sh : shapes) {
-    const Tensor x = rnd({sh.T, sh.C}, 311), w = rnd({sh.C, K}, 312, 0.5), st = rnd({K - 1, sh.C}, 313);
-    check_case(cat("conv1d_causal T", sh.T, " C", sh.C, " K", K),
+    const int64_t K = sh.K, n = sh.T * sh.C;
+    const Tensor x = rnd({n + (sh.misaligned ? 1 : 0)}, 311), w = rnd({sh.C, K}, 312, 0.5);
+    const Tensor st = rnd({K - 1, sh.C}, 313);
+    check_case(cat("conv1d_causal T", sh.T, " C", sh.C, " K", K, sh.misaligned ? " x misaligned" : ""),
                {{"y fresh", Kind::TwoX, true, double(K)}, {"y from window", Kind::TwoX, true, double(K)},
                 {"window after", Kind::Exact}},
                [&](Context& c) {
                  Tensor y0 = nan_out(c, {sh.T, sh.C}), y1 = nan_out(c, {sh.T, sh.C}), s = put(c, st);
-                 const Tensor xd = put(c, x), wd = put(c, w);
+                 const int64_t off = sh.misaligned ? 1 : 0;
+                 const Tensor xd = put(c, x).slice(off, off + n).reshape({sh.T, sh.C}), wd = put(c, w);
                  c.conv1d_causal(xd, wd, Tensor{}, y0);
                  c.conv1d_causal(xd, wd, s, y1);
                  return Outs{get(c, y0), get(c, y1), get(c, s)};

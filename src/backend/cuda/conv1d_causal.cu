@@ -1,8 +1,32 @@
 // cuda/conv1d_causal.cu — the Gated DeltaNet's depthwise causal convolution with SiLU over one sequence
-// (backend/context.h conv1d_causal; cpu/conv1d_causal.cpp is the reference): one thread per (t, c), channels fastest
-// (coalesced), fp32 accumulation of the K taps over xin = [window ; x]; then, when a window is kept, one thread per
-// channel moves it on to the last K - 1 rows of xin (read into registers first: the new window may come from the
-// old one when T < K - 1). Memory-bound: each input is read K times, from L1/L2 after the first.
+// (backend/context.h conv1d_causal; cpu/conv1d_causal.cpp is the reference):
+//   y[t, c] = silu(sum_{j < K} w[c, j] xin[t + j, c]),   xin = [window ; x],   x, y [T, C], w [C, K], window [K - 1, C]
+// bf16 on the device (fp32 runs the same templates), fp32 accumulation, one rounding per output.
+//
+// Memory-bound: the ideal moves x once and y once (Qwen3.5-35B-A3B's prefill: T = 3072, C = 8192, K = 4, bf16: 2 x 48
+// MiB, ~25 us at the H200's ~4 TB/s; the first version, one thread per (t, c) with 2-byte loads, int64 divisions and
+// each input read K times, took ~0.7 ms). So k_conv1d_run gives each thread V channels (one 16-byte access: 8 bf16 or
+// 4 fp32) and a run of kRun consecutive tokens:
+//   * its V x K weights in registers (loaded once);
+//   * the last K - 1 input rows in registers, a window that slides down the run: each row of x is loaded once per run,
+//     plus K - 1 halo rows above the run (read by the run before as well: L2 hits, the runs of one row of blocks
+//     being launched together); so K is a template parameter (K <= kRunMaxK; within a batch the shifts are renames);
+//   * rows loaded kBatch at a time, then computed: kBatch 16-byte loads in flight per thread; the loop over a run's
+//     batches is not unrolled (~1k instructions instead of ~4k);
+//   * threads side by side over channels (coalesced rows), blockIdx.y over runs.
+// The arithmetic per output is the first version's, in the same order (acc = 0; acc += w[c, j] xin[t + j, c] for
+// j = 0..K-1; acc / (1 + expf(-acc)); one rounding), so the results are bit-identical to it and to k_conv1d. That
+// arithmetic is ~24 instructions per output (4 FFMA, expf ~9, the IEEE division ~9, bf16 unpack / pack ~2), so the
+// prefill's call is about as much issue time (~20 us on 132 SMs) as memory time (~100 MB: ~25 us); bf16, K = 4: 113
+// registers, no spills, 4 blocks of 128 per SM.
+// Vectors need C % V == 0 and x, y, the window 16-byte aligned; otherwise the same kernel runs with V = 1 (2- or
+// 4-byte accesses, still one load per input). K above kRunMaxK (no model so far) falls back to k_conv1d, one thread
+// per (t, c) reading each input K times.
+//
+// The window moves on to the last K - 1 rows of xin (they may come from the old window when T < K - 1). With a single
+// run (T <= kRun: decode and verify steps) the thread that read a channel group's window writes it, after its outputs
+// (k_conv1d_run keep: one launch); otherwise the window belongs to another block's run and k_conv1d_window moves it
+// after the convolution (one thread per channel, the rows read into registers first).
 #include "backend/cuda/common.cuh"
 
 namespace dflash::cuda {
@@ -10,6 +34,10 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kMaxWindow = 64;  // K - 1 rows at most (linear_conv_kernel_dim <= 64, io/model_family_hybrid.cpp)
+constexpr int kRunMaxK = 8;     // k_conv1d_run's K (Qwen3-Next / Qwen3.5: 4); above: k_conv1d
+constexpr int kRun = 16;        // tokens per thread: K - 1 halo rows per 16 (from L2)
+constexpr int kBatch = 4;       // rows loaded before they are computed
+constexpr int kRunThreads = 128;
 
 template <class T>
 __device__ __forceinline__ float xin(const T* x, const T* state, int64_t i, int c, int C, int P) {
@@ -17,6 +45,119 @@ __device__ __forceinline__ float xin(const T* x, const T* state, int64_t i, int 
   return state ? to_f(state[i * C + c]) : 0.f;
 }
 
+// V consecutive elements at p, as floats (V = 1, or one 16-byte access: 8 bf16 / 4 fp32) and back. (The uint4 is
+// loaded into a local first: bf16x8_to_f on the dereferenced pointer let nvcc split it into four 4-byte loads.)
+template <int V, class T>
+__device__ __forceinline__ void load_row(const T* p, float (&f)[V]) {
+  if constexpr (V == 1) {
+    f[0] = to_f(*p);
+  } else if constexpr (sizeof(T) == 2) {
+    static_assert(V == 8);
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    bf16x8_to_f(v, f);
+  } else {
+    static_assert(V == 4 && sizeof(T) == 4);
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+  }
+}
+template <int V, class T>
+__device__ __forceinline__ void store_row(T* p, const float (&f)[V]) {
+  if constexpr (V == 1) {
+    *p = from_f<T>(f[0]);
+  } else if constexpr (sizeof(T) == 2) {
+    *reinterpret_cast<uint4*>(p) = f_to_bf16x8(f);
+  } else {
+    float4 v;
+    v.x = f[0], v.y = f[1], v.z = f[2], v.w = f[3];
+    *reinterpret_cast<float4*>(p) = v;
+  }
+}
+template <int V, class T>
+__device__ __forceinline__ void copy_row(T* dst, const T* src) {
+  if constexpr (V == 1) {
+    *dst = *src;
+  } else {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  }
+}
+
+// Thread (blockIdx.x * blockDim.x + threadIdx.x) owns channels [c0, c0 + V); blockIdx.y walks the runs of kRun
+// tokens. state: the window [K - 1, C] or null (zeros); not restrict: with keep (a single run, gridDim.y == 1) each
+// thread moves its channels of it on after its outputs.
+template <class T, int K, int V>
+__global__ void __launch_bounds__(kRunThreads)
+    k_conv1d_run(const T* __restrict__ x, const T* __restrict__ w, T* state, T* __restrict__ y, int64_t Tn, int C,
+                 bool keep) {
+  constexpr int P = K - 1;
+  constexpr int PW = P > 0 ? P : 1;  // the window's array size
+  const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+  if (c0 >= C) return;
+  float wr[K][V];
+  DFLASH_UNROLL
+  for (int v = 0; v < V; ++v) {
+    DFLASH_UNROLL
+    for (int j = 0; j < K; ++j) wr[j][v] = to_f(w[static_cast<int64_t>(c0 + v) * K + j]);
+  }
+  const int64_t runs = (Tn + kRun - 1) / kRun;
+  for (int64_t run = blockIdx.y; run < runs; run += gridDim.y) {
+    const int64_t t0 = run * kRun;
+    float win[PW][V];  // xin rows t .. t + P - 1 before output t
+    DFLASH_UNROLL
+    for (int j = 0; j < P; ++j) {
+      const int64_t i = t0 + j;
+      if (i >= P) {
+        load_row<V>(x + (i - P) * C + c0, win[j]);
+      } else if (state) {
+        load_row<V>(state + i * C + c0, win[j]);
+      } else {
+        DFLASH_UNROLL
+        for (int v = 0; v < V; ++v) win[j][v] = 0.f;
+      }
+    }
+#pragma unroll 1  // a loop of batches (the window shifts within a batch are renames): ~1k instructions, not 4k
+    for (int b0 = 0; b0 < kRun && t0 + b0 < Tn; b0 += kBatch) {
+      float nx[kBatch][V];  // xin rows t + P: x rows t (past the end: the last row again, its outputs not stored)
+      DFLASH_UNROLL
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t t = t0 + b0 + b;
+        load_row<V>(x + (t < Tn ? t : Tn - 1) * C + c0, nx[b]);
+      }
+      DFLASH_UNROLL
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t t = t0 + b0 + b;
+        float out[V];
+        DFLASH_UNROLL
+        for (int v = 0; v < V; ++v) {
+          float acc = 0.f;  // k_conv1d's order: j = 0..K-1
+          DFLASH_UNROLL
+          for (int j = 0; j < P; ++j) acc += wr[j][v] * win[j][v];
+          acc += wr[P][v] * nx[b][v];
+          out[v] = acc / (1.f + expf(-acc));
+        }
+        if (t < Tn) store_row<V>(y + t * C + c0, out);
+        if constexpr (P > 0) {
+          DFLASH_UNROLL
+          for (int j = 0; j + 1 < P; ++j) {
+            DFLASH_UNROLL
+            for (int v = 0; v < V; ++v) win[j][v] = win[j + 1][v];
+          }
+          DFLASH_UNROLL
+          for (int v = 0; v < V; ++v) win[P - 1][v] = nx[b][v];
+        }
+      }
+    }
+  }
+  if (!keep) return;
+  // window row i = xin row Tn + i: in ascending i a row of the old window is read before it is overwritten
+  DFLASH_UNROLL
+  for (int i = 0; i < P; ++i) {
+    const int64_t s = Tn + i;
+    copy_row<V>(state + i * C + c0, s >= P ? x + (s - P) * C + c0 : state + s * C + c0);
+  }
+}
+
+// Any K: one thread per (t, c), each input read K times.
 template <class T>
 __global__ void k_conv1d(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ state,
                          T* __restrict__ y, int64_t Tn, int C, int K) {
@@ -41,34 +182,69 @@ __global__ void k_conv1d_window(const T* __restrict__ x, T* state, int64_t Tn, i
   }
 }
 
+// k_conv1d_run<T, K, V or 1>; returns whether it moved the window on (keep).
+template <class T, int K>
+bool launch_run(Env& e, const T* x, const T* w, T* state, T* y, int64_t Tn, int C) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = C % V == 0 && a16(x) && a16(y) && (!state || a16(state));
+  const int64_t groups = vec ? C / V : C, runs = (Tn + kRun - 1) / kRun;
+  const int threads = groups >= kRunThreads ? kRunThreads : static_cast<int>((groups + 31) / 32 * 32);
+  const dim3 grid(static_cast<unsigned>((groups + threads - 1) / threads),
+                  static_cast<unsigned>(runs < 65535 ? runs : 65535));
+  const bool keep = state && K > 1 && runs == 1;
+  if (vec) {
+    DFLASH_LAUNCH(grid, threads, 0, e.stream, k_conv1d_run<T, K, V>)(x, w, state, y, Tn, C, keep);
+  } else {
+    DFLASH_LAUNCH(grid, threads, 0, e.stream, k_conv1d_run<T, K, 1>)(x, w, state, y, Tn, C, keep);
+  }
+  return keep;
+}
+
+// The convolution of T > 0 tokens; returns whether the window was moved on too.
+template <class T>
+bool conv(Env& e, const T* x, const T* w, T* state, T* y, int64_t Tn, int C, int K) {
+  switch (K) {
+    case 1: return launch_run<T, 1>(e, x, w, state, y, Tn, C);
+    case 2: return launch_run<T, 2>(e, x, w, state, y, Tn, C);
+    case 3: return launch_run<T, 3>(e, x, w, state, y, Tn, C);
+    case 4: return launch_run<T, 4>(e, x, w, state, y, Tn, C);
+    case 5: return launch_run<T, 5>(e, x, w, state, y, Tn, C);
+    case 6: return launch_run<T, 6>(e, x, w, state, y, Tn, C);
+    case 7: return launch_run<T, 7>(e, x, w, state, y, Tn, C);
+    case 8: return launch_run<T, 8>(e, x, w, state, y, Tn, C);
+    default: break;
+  }
+  static_assert(kRunMaxK == 8);
+  DFLASH_LAUNCH(grid_for(Tn * C, 256, e.num_sms), 256, 0, e.stream, k_conv1d<T>)(x, w, state, y, Tn, C, K);
+  return false;
+}
+
+template <class T>
+void conv_and_window(Env& e, const T* x, const T* w, T* state, T* y, const Conv1dDims& d) {
+  const int C = static_cast<int>(d.C), K = static_cast<int>(d.K), P = K - 1;
+  bool moved = false;
+  if (d.T > 0) {
+    moved = conv(e, x, w, state, y, d.T, C, K);
+    check_launch("conv1d_causal");
+  }
+  if (!state || P == 0 || d.T == 0 || moved) return;
+  DFLASH_LAUNCH(grid_for(C, 256, e.num_sms), 256, 0, e.stream, k_conv1d_window<T>)(x, state, d.T, C, P);
+  check_launch("conv1d_causal window");
+}
+
 }  // namespace
 
 void conv1d_causal(Env& e, const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
                    const Conv1dDims& d) {
-  const int C = static_cast<int>(d.C), K = static_cast<int>(d.K), P = K - 1;
-  DFLASH_CHECK(P <= kMaxWindow, "conv1d_causal (cuda): kernel ", K, " above ", kMaxWindow + 1);
-  const bool bf = x.dtype == DType::BF16;
-  if (d.T > 0) {
-    const unsigned grid = grid_for(d.T * C, 256, e.num_sms);
-    if (bf) {
-      DFLASH_LAUNCH(grid, 256, 0, e.stream, k_conv1d<bf16>)
-      (static_cast<bf16*>(x.data), static_cast<bf16*>(w.data),
-       state.defined() ? static_cast<bf16*>(state.data) : nullptr, static_cast<bf16*>(y.data), d.T, C, K);
-    } else {
-      DFLASH_LAUNCH(grid, 256, 0, e.stream, k_conv1d<float>)
-      (x.ptr<float>(), w.ptr<float>(), state.defined() ? state.ptr<float>() : nullptr, y.ptr<float>(), d.T, C, K);
-    }
-    check_launch("conv1d_causal");
-  }
-  if (!state.defined() || P == 0 || d.T == 0) return;
-  const unsigned grid = grid_for(C, 256, e.num_sms);
-  if (bf) {
-    DFLASH_LAUNCH(grid, 256, 0, e.stream, k_conv1d_window<bf16>)
-    (static_cast<bf16*>(x.data), static_cast<bf16*>(state.data), d.T, C, P);
+  DFLASH_CHECK(d.K - 1 <= kMaxWindow, "conv1d_causal (cuda): kernel ", d.K, " above ", kMaxWindow + 1);
+  if (x.dtype == DType::BF16) {
+    conv_and_window(e, static_cast<const bf16*>(x.data), static_cast<const bf16*>(w.data),
+                    state.defined() ? static_cast<bf16*>(state.data) : nullptr, static_cast<bf16*>(y.data), d);
   } else {
-    DFLASH_LAUNCH(grid, 256, 0, e.stream, k_conv1d_window<float>)(x.ptr<float>(), state.ptr<float>(), d.T, C, P);
+    conv_and_window(e, x.ptr<const float>(), w.ptr<const float>(), state.defined() ? state.ptr<float>() : nullptr,
+                    y.ptr<float>(), d);
   }
-  check_launch("conv1d_causal window");
 }
 
 }  // namespace dflash::cuda
