@@ -675,7 +675,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_fp4(MoeGemmParams p)
     wg::pin(a);
     wg::fence();
     DFLASH_UNROLL
-    for (int kk = 0; kk < kWgBK / 16; ++kk) wg::wgmma_rs<BT>(d, a[kk], wg::desc_add(db, kk * 32), (kt | kk) != 0);
+    for (int kk = 0; kk < kWgBK / 16; ++kk) wg::wgmma_rs<BT, 0>(d, a[kk], wg::desc_add(db, kk * 32), (kt | kk) != 0);
     wg::commit();
     wg::wait<1>();  // k-step kt - 1's products are done: its stage goes back to the producer, its fragments are free
     wg::pin(d);
