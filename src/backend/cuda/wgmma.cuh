@@ -133,7 +133,6 @@ __device__ __forceinline__ void wgmma_ss<256>(float (&d)[128], uint64_t a, uint6
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-
 // d (64 x N) (+)= A (64 x 16, registers) * B (16 x N); accumulate = 0: d = A B. B's descriptor: TRANS_B = 0 K-major (N
 // rows of 16 K columns, as wgmma_ss's B), 1 MN-major (16 rows of N columns: desc_mnmajor).
 template <int N, int TRANS_B>
