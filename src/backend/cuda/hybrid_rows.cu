@@ -50,7 +50,8 @@ __global__ void k_rmsnorm_gated8(const bf16* __restrict__ x, const bf16* __restr
     float ss = 0.f;
     for (int i = sub * 8; live && i < D; i += L * 8) {
       float f[8];
-      bf16x8_to_f(*reinterpret_cast<const uint4*>(xr + i), f);
+      const uint4 v = *reinterpret_cast<const uint4*>(xr + i);  // (a local first: one 16-byte load)
+      bf16x8_to_f(v, f);
       DFLASH_UNROLL
       for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
     }
@@ -59,13 +60,15 @@ __global__ void k_rmsnorm_gated8(const bf16* __restrict__ x, const bf16* __restr
     const float inv = 1.f / sqrtf(ss / static_cast<float>(D) + eps);
     for (int i = sub * 8; i < D; i += L * 8) {
       float f[8], fw[8];
-      bf16x8_to_f(*reinterpret_cast<const uint4*>(xr + i), f);
-      bf16x8_to_f(*reinterpret_cast<const uint4*>(w + i), fw);
+      const uint4 vx = *reinterpret_cast<const uint4*>(xr + i), vw = *reinterpret_cast<const uint4*>(w + i);
+      bf16x8_to_f(vx, f);
+      bf16x8_to_f(vw, fw);
       DFLASH_UNROLL
       for (int k = 0; k < 8; ++k) f[k] = f[k] * inv * (off + fw[k]);
       if (z) {
         float fz[8];
-        bf16x8_to_f(*reinterpret_cast<const uint4*>(z + r * D + i), fz);
+        const uint4 vz = *reinterpret_cast<const uint4*>(z + r * D + i);
+        bf16x8_to_f(vz, fz);
         DFLASH_UNROLL
         for (int k = 0; k < 8; ++k) f[k] *= fz[k] / (1.f + expf(-fz[k]));
       }
