@@ -371,16 +371,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
   constexpr int kBTile = BN * 128, kBoxes = BN / 64;  // B stage bytes; 64-row TMA boxes per stage
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ alignas(8) uint64_t sBar[2 * NS];  // stage s: full (A's copies and B's bytes landed), empty (consumers done)
-  const int mt = blockIdx.x / p.n_tiles, nt = blockIdx.x % p.n_tiles;
-  if (mt >= p.tile_off[p.E]) return;  // (uniform over the CTA, before any barrier)
-  const int e = tile_expert(p, mt);
-  const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kWgBM, m_end = p.offsets[e + 1];
+  __shared__ int4 sTile[NS];  // the CTA's j-th tile in slot j % NS: expert, first grouped row, end of the expert's rows
+  const int tiles = p.tile_off[p.E] * p.n_tiles;  // this routing's tiles (the grid is sized without it)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sA = base, sB = base + NS * kWgATile;
   const uint32_t bFull = smem_u32(&sBar[0]), bEmpty = bFull + 8 * NS;
   const int tid = threadIdx.x, wga = warpgroup_index(), warp = (tid >> 5) & 3, lane = tid & 31;
   const int KT = static_cast<int>((p.K + kWgBK - 1) / kWgBK);
-  const int64_t wrow = static_cast<int64_t>(e) * p.Nw;
   if (tid == 0) {
     tma_prefetch_map(&wmap);
     DFLASH_UNROLL
@@ -392,115 +389,135 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
   }
   __syncthreads();
 
+  // Persistent: CTA b runs tiles b, b + grid, ... (tile t: m-tile t / n_tiles, n-tile t % n_tiles), the stage ring
+  // carried across tiles (k-step it counts over the CTA's tiles), so the producer loads the next tile's first stages
+  // while the consumers run this tile's epilogue (bench/NOTES.md 28). The producer finds each tile's expert (a binary
+  // search over tile_off: dependent loads) and hands it to the consumers in sTile with the tile's first stage: its
+  // thread 0 writes the slot before its arrive (release) on that stage's full barrier, the consumers read it after
+  // their wait (acquire) and before they release the stage, so the producer cannot reuse the slot (NS tiles later, at
+  // least NS k-steps later) before they have it.
   if (wga == 2) {  // ---- producer
     setmaxnreg_dec<kWgProducerRegs>();
     const int pt = tid - 256, c = pt & 7;
-    int64_t src[8];
-    bool ok[8];
-    DFLASH_UNROLL
-    for (int q = 0; q < 8; ++q) {
-      const int64_t r = m0 + (pt >> 3) + 16 * q;
-      ok[q] = r < m_end;
-      int64_t s = ok[q] ? (p.rows ? p.rows[r] : r) : 0;
-      if (ok[q] && (s < 0 || s >= p.x_rows)) {
-        atomicOr(p.err, kErrGatherRow);
-        ok[q] = false;
-        s = 0;
-      }
-      src[q] = s * p.K;
-    }
-    // k-step kt's A: the tile's gathered rows of x, columns kt kWgBK .. (past K: zero-filled), into stage st
-    auto load_a = [&](int kt, int st) {
-      const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
-      const bool kin = kc < p.K;
+    int it = 0, j = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++j) {
+      const int mt = t / p.n_tiles, nt = t % p.n_tiles, e = tile_expert(p, mt);
+      const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kWgBM, m_end = p.offsets[e + 1];
+      const int64_t wrow = static_cast<int64_t>(e) * p.Nw;
+      int64_t src[8];
+      bool ok[8];
       DFLASH_UNROLL
       for (int q = 0; q < 8; ++q) {
-        const int row = (pt >> 3) + 16 * q;
-        cp_async16(sA + st * kWgATile + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
-                   ok[q] && kin);
+        const int64_t r = m0 + (pt >> 3) + 16 * q;
+        ok[q] = r < m_end;
+        int64_t s = ok[q] ? (p.rows ? p.rows[r] : r) : 0;
+        if (ok[q] && (s < 0 || s >= p.x_rows)) {
+          atomicOr(p.err, kErrGatherRow);
+          ok[q] = false;
+          s = 0;
+        }
+        src[q] = s * p.K;
       }
-    };
-    int brow[kBoxes];
-    DFLASH_UNROLL
-    for (int b = 0; b < kBoxes; ++b)
-      brow[b] = static_cast<int>(SWIGLU ? wrow + (b < kBoxes / 2 ? 0 : p.N) + static_cast<int64_t>(BN / 2) * nt +
-                                              64 * (b % (kBoxes / 2))
-                                        : wrow + static_cast<int64_t>(BN) * nt + 64 * b);
-    for (int kt = 0; kt < KT; ++kt) {
-      const int st = kt % NS;
-      if (kt >= NS) mbar_wait(bEmpty + 8 * st, ((kt / NS) & 1) ^ 1);
-      const uint32_t full = bFull + 8 * st;
-      if (pt == 0) {
-        mbar_arrive_expect_tx(full, kBTile);
+      int brow[kBoxes];
+      DFLASH_UNROLL
+      for (int b = 0; b < kBoxes; ++b)
+        brow[b] = static_cast<int>(SWIGLU ? wrow + (b < kBoxes / 2 ? 0 : p.N) + static_cast<int64_t>(BN / 2) * nt +
+                                                64 * (b % (kBoxes / 2))
+                                          : wrow + static_cast<int64_t>(BN) * nt + 64 * b);
+      for (int kt = 0; kt < KT; ++kt, ++it) {
+        const int st = it % NS;
+        if (it >= NS) mbar_wait(bEmpty + 8 * st, ((it / NS) & 1) ^ 1);
+        const uint32_t full = bFull + 8 * st;
+        if (pt == 0) {
+          if (kt == 0) sTile[j % NS] = make_int4(e, static_cast<int>(m0), static_cast<int>(m_end), 0);
+          mbar_arrive_expect_tx(full, kBTile);
+          DFLASH_UNROLL
+          for (int b = 0; b < kBoxes; ++b)
+            tma_load_2d(sB + st * kBTile + b * 64 * 128, &wmap, full, kt * kWgBK, brow[b]);
+        }
+        // k-step kt's A: the tile's gathered rows of x, columns kt kWgBK .. (past K: zero-filled), into stage st
+        const int64_t kc = static_cast<int64_t>(kt) * kWgBK + c * 8;
+        const bool kin = kc < p.K;
         DFLASH_UNROLL
-        for (int b = 0; b < kBoxes; ++b)
-          tma_load_2d(sB + st * kBTile + b * 64 * 128, &wmap, full, kt * kWgBK, brow[b]);
+        for (int q = 0; q < 8; ++q) {
+          const int row = (pt >> 3) + 16 * q;
+          cp_async16(sA + st * kWgATile + row * 128 + (((c ^ row) & 7) << 4), p.x + src[q] + (kin ? kc : 0),
+                     ok[q] && kin);
+        }
+        cp_async_mbar_arrive(full);
       }
-      load_a(kt, st);
-      cp_async_mbar_arrive(full);
     }
     cp_async_wait<0>();
     return;
   }
 
-  // ---- consumers: warpgroup wga owns rows 64 wga .. 64 wga + 63 of the tile
+  // ---- consumers: warpgroup wga owns rows 64 wga .. 64 wga + 63 of each tile
   setmaxnreg_inc<kWgConsumerRegs>();
-  float d[BN / 2];
-  DFLASH_UNROLL
-  for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
   const uint32_t aW = sA + wga * 64 * 128;
-  for (int kt = 0; kt < KT; ++kt) {
-    const int st = kt % NS;
-    mbar_wait(bFull + 8 * st, (kt / NS) & 1);
-    const uint64_t da = wg::desc_kmajor(aW + st * kWgATile), db = wg::desc_kmajor(sB + st * kBTile);
-    wg::pin(d);
-    wg::fence();
-    DFLASH_UNROLL
-    for (int kk = 0; kk < kWgBK / 16; ++kk)
-      wg::wgmma_ss<BN>(d, wg::desc_add(da, kk * 32), wg::desc_add(db, kk * 32), (kt | kk) != 0);
-    wg::commit();
-    wg::wait<1>();  // k-step kt - 1's products are done: its stage goes back to the producer
-    wg::pin(d);
-    if (kt > 0 && lane == 0) mbar_arrive(bEmpty + 8 * ((kt - 1) % NS));
-  }
-  wg::wait<0>();
-  wg::pin(d);
-
-  // epilogue: accumulator d[4 j + i] holds row 16 warp + lane / 4 + 8 (i / 2), column 8 j + 2 (lane % 4) + i % 2;
-  // for the gated acts, gate column c (< BN / 2) and its up column c + BN / 2 are d[4 j + i] and d[4 (j + BN / 16) + i]
   const int r_in = wga * 64 + warp * 16 + (lane >> 2), c_in = 2 * (lane & 3);
-  const bf16* bias = p.bias ? p.bias + wrow : nullptr;
-  DFLASH_UNROLL
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = m0 + r_in + 8 * h;
-    if (r >= m_end) continue;
-    bf16* yr = p.y + r * p.N;
-    if (SWIGLU) {
+  int it = 0, j = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++j) {
+    float d[BN / 2];
+    DFLASH_UNROLL
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+    int4 tile;  // (expert, m0, m_end) from the producer
+    for (int kt = 0; kt < KT; ++kt, ++it) {
+      const int st = it % NS;
+      mbar_wait(bFull + 8 * st, (it / NS) & 1);
+      if (kt == 0) tile = sTile[j % NS];
+      const uint64_t da = wg::desc_kmajor(aW + st * kWgATile), db = wg::desc_kmajor(sB + st * kBTile);
+      wg::pin(d);
+      wg::fence();
       DFLASH_UNROLL
-      for (int j = 0; j < BN / 16; ++j) {
-        const int64_t col = static_cast<int64_t>(nt) * (BN / 2) + 8 * j + c_in;
-        if (col >= p.N) continue;
-        float g0 = d[4 * j + 2 * h], g1 = d[4 * j + 2 * h + 1];
-        float u0 = d[4 * (j + BN / 16) + 2 * h], u1 = d[4 * (j + BN / 16) + 2 * h + 1];
-        if (bias) {
-          g0 += to_f(bias[col]);
-          g1 += to_f(bias[col + 1]);
-          u0 += to_f(bias[p.N + col]);
-          u1 += to_f(bias[p.N + col + 1]);
+      for (int kk = 0; kk < kWgBK / 16; ++kk)
+        wg::wgmma_ss<BN>(d, wg::desc_add(da, kk * 32), wg::desc_add(db, kk * 32), (kt | kk) != 0);
+      wg::commit();
+      wg::wait<1>();  // k-step it - 1's products are done: its stage goes back to the producer
+      wg::pin(d);
+      if (kt > 0 && lane == 0) mbar_arrive(bEmpty + 8 * ((it - 1) % NS));
+    }
+    wg::wait<0>();
+    wg::pin(d);
+    if (lane == 0) mbar_arrive(bEmpty + 8 * ((it - 1) % NS));  // the tile's last stage
+
+    // epilogue: accumulator d[4 j + i] holds row 16 warp + lane / 4 + 8 (i / 2), column 8 j + 2 (lane % 4) + i % 2;
+    // for the gated acts, gate column c (< BN / 2) and its up column c + BN / 2 are d[4 j + i] and d[4 (j + BN / 16) + i]
+    const int nt = t % p.n_tiles;
+    const int64_t m0 = tile.y, m_end = tile.z;
+    const bf16* bias = p.bias ? p.bias + static_cast<int64_t>(tile.x) * p.Nw : nullptr;
+    DFLASH_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = m0 + r_in + 8 * h;
+      if (r >= m_end) continue;
+      bf16* yr = p.y + r * p.N;
+      if (SWIGLU) {
+        DFLASH_UNROLL
+        for (int j = 0; j < BN / 16; ++j) {
+          const int64_t col = static_cast<int64_t>(nt) * (BN / 2) + 8 * j + c_in;
+          if (col >= p.N) continue;
+          float g0 = d[4 * j + 2 * h], g1 = d[4 * j + 2 * h + 1];
+          float u0 = d[4 * (j + BN / 16) + 2 * h], u1 = d[4 * (j + BN / 16) + 2 * h + 1];
+          if (bias) {
+            g0 += to_f(bias[col]);
+            g1 += to_f(bias[col + 1]);
+            u0 += to_f(bias[p.N + col]);
+            u1 += to_f(bias[p.N + col + 1]);
+          }
+          *reinterpret_cast<__nv_bfloat162*>(yr + col) =
+              __floats2bfloat162_rn(moe_act<ACT>(g0, u0), moe_act<ACT>(g1, u1));
         }
-        *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(moe_act<ACT>(g0, u0), moe_act<ACT>(g1, u1));
-      }
-    } else {
-      DFLASH_UNROLL
-      for (int j = 0; j < BN / 8; ++j) {
-        const int64_t col = static_cast<int64_t>(nt) * BN + 8 * j + c_in;
-        if (col >= p.N) continue;
-        float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-        if (bias) {
-          v0 += to_f(bias[col]);
-          v1 += to_f(bias[col + 1]);
+      } else {
+        DFLASH_UNROLL
+        for (int j = 0; j < BN / 8; ++j) {
+          const int64_t col = static_cast<int64_t>(nt) * BN + 8 * j + c_in;
+          if (col >= p.N) continue;
+          float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+          if (bias) {
+            v0 += to_f(bias[col]);
+            v1 += to_f(bias[col + 1]);
+          }
+          *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(v0, v1);
         }
-        *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(v0, v1);
       }
     }
   }
@@ -786,8 +803,10 @@ void launch_wg(Env& e, MoeGemmParams p, int64_t R, int v, int64_t w_rows) {
   const WgVariant& wv = kWgVariants[v];
   const int cols = ACT != kActNone ? wv.bn / 2 : wv.bn;  // output columns per tile
   p.n_tiles = static_cast<int>((p.N + cols - 1) / cols);
-  const int64_t blocks = ((R + kWgBM - 1) / kWgBM + p.E) * p.n_tiles;
-  DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
+  // persistent CTAs: one per SM, or one per tile of the worst routing when there are fewer
+  const int64_t worst = ((R + kWgBM - 1) / kWgBM + p.E) * p.n_tiles;
+  DFLASH_CHECK(worst < (int64_t{1} << 31), "moe_linear (cuda): ", worst, " tiles");
+  const int64_t blocks = std::min<int64_t>(worst, e.num_sms);
   const CUtensorMap map = weight_map(p.w, w_rows, p.K);
   switch (v) {
     case 0: launch_wg_t<ACT, 128, 4>(e, p, blocks, map); break;
