@@ -202,6 +202,7 @@ struct MoeGemmParams {
   bf16* y;                   // [R, N]
   int64_t N, K, Nw, x_rows;
   int E, n_tiles;
+  bool y16;                  // y's rows take 16-byte stores (N % 8 == 0, y 16-byte aligned)
   int* err;
 };
 
@@ -362,6 +363,38 @@ static_assert(2 * kWgConsumerRegs + kWgProducerRegs <= 3 * kWgLaunchRegs, "the r
 // Shared memory of a variant: NS stages of A (16 KB) and B (BN rows, BN x 128 bytes), and the 1024-byte alignment.
 constexpr size_t moe_wg_smem(int BN, int NS) { return static_cast<size_t>(NS) * (kWgATile + BN * 128) + 1024; }
 
+__device__ __forceinline__ uint32_t bf162_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ uint32_t pick4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, int i) {
+  return i == 0 ? a : i == 1 ? b : i == 2 ? c : d;
+}
+// Stores 32 consecutive bf16 outputs of a row that a quad of lanes (q = lane % 4) holds as wgmma's m64nN accumulator
+// layout spreads them: pk[jj] of lane q = columns 8 jj + 2 q, + 1 (a packed bf16 pair). Three quad shuffles give lane q
+// the 8 columns 8 q .. 8 q + 7, stored as one 16-byte store when `vec` (the row's address and width allow it), else as
+// pairs: a warp's store then covers 8 rows x 64 bytes instead of 8 rows x 16 (a quarter of the store instructions and
+// of their L1 wavefronts; bench/NOTES.md 28). Columns >= `cols` and rows with !row_ok are not stored; every lane of the
+// warp must call it (the shuffles).
+__device__ __forceinline__ void quad_store(bf16* row, const uint32_t (&pk)[4], int q, int64_t cols, bool row_ok,
+                                           bool vec) {
+  const int base = (threadIdx.x & 31) & ~3;
+  uint32_t v[4];  // v[s]: from lane (q + s) % 4, its pair of the columns of block q
+  v[0] = pick4(pk[0], pk[1], pk[2], pk[3], q);
+  DFLASH_UNROLL
+  for (int s = 1; s < 4; ++s)
+    v[s] = __shfl_sync(0xffffffffu, pick4(pk[0], pk[1], pk[2], pk[3], (q - s) & 3), base | ((q + s) & 3));
+  uint32_t o[4];  // o[k]: columns 8 q + 2 k, + 1, from lane k
+  DFLASH_UNROLL
+  for (int k = 0; k < 4; ++k) o[k] = pick4(v[0], v[1], v[2], v[3], (k - q) & 3);
+  if (!row_ok) return;
+  bf16* dst = row + 8 * q;
+  if (vec && 8 * q + 8 <= cols) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+  } else {
+    DFLASH_UNROLL
+    for (int k = 0; k < 4; ++k)
+      if (8 * q + 2 * k < cols) *reinterpret_cast<uint32_t*>(dst + 2 * k) = o[k];
+  }
+}
+
 // BN columns per tile (128 or 256: wgmma m64nBNk16), NS stages; ACT the epilogue (kActNone / kActSwiGLU / kActGptOss).
 // bf16 weights (MXFP4 weights: k_moe_gemm_fp4 below).
 template <int ACT, int BN, int NS>
@@ -481,43 +514,48 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
     if (lane == 0) mbar_arrive(bEmpty + 8 * ((it - 1) % NS));  // the tile's last stage
 
     // epilogue: accumulator d[4 j + i] holds row 16 warp + lane / 4 + 8 (i / 2), column 8 j + 2 (lane % 4) + i % 2;
-    // for the gated acts, gate column c (< BN / 2) and its up column c + BN / 2 are d[4 j + i] and d[4 (j + BN / 16) + i]
+    // for the gated acts, gate column c (< BN / 2) and its up column c + BN / 2 are d[4 j + i] and d[4 (j + BN / 16) + i].
+    // The outputs go out by quad_store (32 columns of a row per quad and store), rows past the expert's dropped there.
     const int nt = t % p.n_tiles;
     const int64_t m0 = tile.y, m_end = tile.z;
     const bf16* bias = p.bias ? p.bias + static_cast<int64_t>(tile.x) * p.Nw : nullptr;
+    constexpr int kCols = SWIGLU ? BN / 2 : BN;  // output columns of the tile
     DFLASH_UNROLL
     for (int h = 0; h < 2; ++h) {
       const int64_t r = m0 + r_in + 8 * h;
-      if (r >= m_end) continue;
-      bf16* yr = p.y + r * p.N;
-      if (SWIGLU) {
+      bf16* yr = p.y + r * p.N + static_cast<int64_t>(nt) * kCols;
+      const int64_t cols = p.N - static_cast<int64_t>(nt) * kCols;  // the tile's columns that exist
+      DFLASH_UNROLL
+      for (int g = 0; g < kCols / 32; ++g) {
+        uint32_t pk[4];  // columns 8 (4 g + jj) + c_in, + 1
         DFLASH_UNROLL
-        for (int j = 0; j < BN / 16; ++j) {
-          const int64_t col = static_cast<int64_t>(nt) * (BN / 2) + 8 * j + c_in;
-          if (col >= p.N) continue;
-          float g0 = d[4 * j + 2 * h], g1 = d[4 * j + 2 * h + 1];
-          float u0 = d[4 * (j + BN / 16) + 2 * h], u1 = d[4 * (j + BN / 16) + 2 * h + 1];
-          if (bias) {
-            g0 += to_f(bias[col]);
-            g1 += to_f(bias[col + 1]);
-            u0 += to_f(bias[p.N + col]);
-            u1 += to_f(bias[p.N + col + 1]);
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = 4 * g + jj, col = 8 * j + c_in;
+          float v0, v1;
+          if (SWIGLU) {
+            float g0 = d[4 * j + 2 * h], g1 = d[4 * j + 2 * h + 1];
+            float u0 = d[4 * (j + BN / 16) + 2 * h], u1 = d[4 * (j + BN / 16) + 2 * h + 1];
+            if (bias && col < cols) {
+              const int64_t bc = static_cast<int64_t>(nt) * kCols + col;
+              g0 += to_f(bias[bc]);
+              g1 += to_f(bias[bc + 1]);
+              u0 += to_f(bias[p.N + bc]);
+              u1 += to_f(bias[p.N + bc + 1]);
+            }
+            v0 = moe_act<ACT>(g0, u0);
+            v1 = moe_act<ACT>(g1, u1);
+          } else {
+            v0 = d[4 * j + 2 * h];
+            v1 = d[4 * j + 2 * h + 1];
+            if (bias && col < cols) {
+              const int64_t bc = static_cast<int64_t>(nt) * kCols + col;
+              v0 += to_f(bias[bc]);
+              v1 += to_f(bias[bc + 1]);
+            }
           }
-          *reinterpret_cast<__nv_bfloat162*>(yr + col) =
-              __floats2bfloat162_rn(moe_act<ACT>(g0, u0), moe_act<ACT>(g1, u1));
+          pk[jj] = bf162_bits(__floats2bfloat162_rn(v0, v1));
         }
-      } else {
-        DFLASH_UNROLL
-        for (int j = 0; j < BN / 8; ++j) {
-          const int64_t col = static_cast<int64_t>(nt) * BN + 8 * j + c_in;
-          if (col >= p.N) continue;
-          float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-          if (bias) {
-            v0 += to_f(bias[col]);
-            v1 += to_f(bias[col + 1]);
-          }
-          *reinterpret_cast<__nv_bfloat162*>(yr + col) = __floats2bfloat162_rn(v0, v1);
-        }
+        quad_store(yr + 32 * g, pk, lane & 3, cols - 32 * g, r < m_end, p.y16);
       }
     }
   }
@@ -964,6 +1002,7 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
   p.x_rows = x.rows();
   p.E = static_cast<int>(d.E);
   p.err = e.err_flag;
+  p.y16 = d.N % 8 == 0 && aligned16(y.data);
   Tensor tile_off = e.alloc(DType::I32, {d.E + 1});
   p.tile_off = tile_off.ptr<int32_t>();
   const bool wgmma =
