@@ -23,9 +23,13 @@
 //
 //   bench_attention [--seqs 4] [--S 3072] [--N 512] [--B 16] [--nh 32] [--nkv 8] [--d 128] [--seed 1]
 //                   [--budget-s 8] [--max-reps 20] [--window 0] [--causal-T 3072] [--causal-batch 4]
-//                   [--causal-T-batch 1024]   (--causal-T 0: no causal rows)
+//                   [--causal-T-batch 1024] [--dflash 1]   (--causal-T 0: no causal rows; --dflash 0: no DFlash rows)
 // --window W > 0: a sliding-window layer (FLOPs on the pairs the window leaves; W 0 = full attention, the
 // reference the windowed time is read against).
+// The hybrid targets' full attention (Qwen3.5-35B-A3B: head dim 256, 16 / 2 heads, 4 x 3072 tokens):
+//   bench_attention --dflash 0 --d 256 --nh 16 --nkv 2 --causal-T 3072 --causal-batch 4 --causal-T-batch 3072
+// and with DFLASH_ATTN_WGMMA=0 in the environment the same rows on the mma.sync forward (attention_tc.cu) instead of
+// the wgmma one (attention_wgmma.cu).
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -49,6 +53,7 @@ int main(int argc, char** argv) {
     const double budget = args.f("budget-s", 8.0);
     const int max_reps = static_cast<int>(args.i("max-reps", 20));
     const int64_t window = args.i("window", 0);
+    const bool dflash_rows = args.i("dflash", 1) != 0;
     const int64_t NB = N * B;
 
     const std::string device = args.s("device", "cuda");
@@ -64,9 +69,9 @@ int main(int argc, char** argv) {
       DFlashAttnArgs a;
       Tensor out, lse, dout, dq, dkc, dvc, dkb, dvb;
     };
-    std::vector<Seq> sq(static_cast<size_t>(seqs));
+    std::vector<Seq> sq(dflash_rows ? static_cast<size_t>(seqs) : 0);
     double flops_fwd = 0;
-    for (int64_t s = 0; s < seqs; ++s) {
+    for (int64_t s = 0; s < static_cast<int64_t>(sq.size()); ++s) {
       const std::vector<int32_t> anc = make_anchors(seed, static_cast<uint64_t>(s), S, N);
       flops_fwd += dflash_attn_fwd_flops(anc, B, nh, d, window);
       Seq& q = sq[static_cast<size_t>(s)];
@@ -92,8 +97,6 @@ int main(int argc, char** argv) {
       q.dvb = ctx->empty(act, {NB, nkv, d});
     }
     ctx->synchronize();
-    note("attention forward work: %.1f GFLOP for %lld sequences (unmasked pairs only)", flops_fwd / 1e9,
-         (long long)seqs);
 
     auto fwd = [&] {
       for (auto& q : sq) ctx->dflash_attention(q.a, q.out, q.lse);
@@ -104,7 +107,7 @@ int main(int argc, char** argv) {
         ctx->dflash_attention_backward(q.a, q.out, q.lse, q.dout, q.dq, q.dkc, q.dvc, q.dkb, q.dvb);
       }
     };
-    // Warm-up of both, timing each once to choose the repeat counts.
+    // One call timed between synchronisations; measure: the median of repeats, their count from a first (warm-up) time.
     auto once = [&](auto&& fn) {
       ctx->synchronize();
       const double t0 = now_s();
@@ -112,32 +115,36 @@ int main(int argc, char** argv) {
       ctx->synchronize();
       return now_s() - t0;
     };
-    const double t_first_fwd = once(fwd);
-    const double t_first_fb = once(fwd_bwd);
-    note("first calls: forward %.1f ms, forward+backward %.1f ms (no JIT: kernels are compiled ahead of time)",
-         t_first_fwd * 1e3, t_first_fb * 1e3);
     auto measure = [&](auto&& fn, double probe) {
       const int reps = std::max(3, std::min(max_reps, static_cast<int>(budget / std::max(probe, 1e-4))));
       std::vector<double> ts;
       for (int r = 0; r < reps; ++r) ts.push_back(once(fn));
       return std::pair<double, int>(median(ts), reps);
     };
-    const auto [tf, rf] = measure(fwd, t_first_fwd);
-    result("name=attn_fwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence "
-           "window=%lld", tf * 1e3, flops_fwd / tf / 1e12, tf * 1e3 / double(seqs), (long long)seqs, rf,
-           (long long)window);
+    if (dflash_rows) {
+      note("attention forward work: %.1f GFLOP for %lld sequences (unmasked pairs only)", flops_fwd / 1e9,
+           (long long)seqs);
+      const double t_first_fwd = once(fwd);  // (warm-up of both, timing each once to choose the repeat counts)
+      const double t_first_fb = once(fwd_bwd);
+      note("first calls: forward %.1f ms, forward+backward %.1f ms (no JIT: kernels are compiled ahead of time)",
+           t_first_fwd * 1e3, t_first_fb * 1e3);
+      const auto [tf, rf] = measure(fwd, t_first_fwd);
+      result("name=attn_fwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence "
+             "window=%lld", tf * 1e3, flops_fwd / tf / 1e12, tf * 1e3 / double(seqs), (long long)seqs, rf,
+             (long long)window);
 #ifdef DFLASH_FWD_TIMELINE
-    dflash::cuda::attn_fwd_timeline_report("dflash forward (the last sequence's launch)");
+      dflash::cuda::attn_fwd_timeline_report("dflash forward (the last sequence's launch)");
 #endif
-    const auto [tfb, rfb] = measure(fwd_bwd, t_first_fb);
-    result("name=attn_fwd_bwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence "
-           "window=%lld", tfb * 1e3, 3.5 * flops_fwd / tfb / 1e12, tfb * 1e3 / double(seqs), (long long)seqs, rfb,
-           (long long)window);
-    const double tb = std::max(tfb - tf, 1e-9);
-    result("name=attn_bwd impl=dflash ms=%.3f tflops=%.2f derived=fwd_bwd_minus_fwd", tb * 1e3,
-           2.5 * flops_fwd / tb / 1e12);
-    result("name=attn_first_call impl=dflash fwd_ms=%.3f fwd_bwd_ms=%.3f", t_first_fwd * 1e3, t_first_fb * 1e3);
-    result("name=attn_mem impl=dflash peak_gib=%.3f", gib(double(ctx->memory().peak_bytes)));
+      const auto [tfb, rfb] = measure(fwd_bwd, t_first_fb);
+      result("name=attn_fwd_bwd impl=dflash ms=%.3f tflops=%.2f per_seq_ms=%.3f seqs=%lld reps=%d layout=per_sequence "
+             "window=%lld", tfb * 1e3, 3.5 * flops_fwd / tfb / 1e12, tfb * 1e3 / double(seqs), (long long)seqs, rfb,
+             (long long)window);
+      const double tb = std::max(tfb - tf, 1e-9);
+      result("name=attn_bwd impl=dflash ms=%.3f tflops=%.2f derived=fwd_bwd_minus_fwd", tb * 1e3,
+             2.5 * flops_fwd / tb / 1e12);
+      result("name=attn_first_call impl=dflash fwd_ms=%.3f fwd_bwd_ms=%.3f", t_first_fwd * 1e3, t_first_fb * 1e3);
+      result("name=attn_mem impl=dflash peak_gib=%.3f", gib(double(ctx->memory().peak_bytes)));
+    }
     // the target's causal prefill attention: 1 x T and batch x T_batch
     const int64_t cT = args.i("causal-T", 3072), cB = args.i("causal-batch", 4), cTb = args.i("causal-T-batch", 1024);
     for (const auto& [T, nseq] : {std::pair<int64_t, int64_t>{cT, 1}, std::pair<int64_t, int64_t>{cTb, cB}}) {

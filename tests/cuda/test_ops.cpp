@@ -567,9 +567,10 @@ TEST(CudaOps, AttentionCausal) {
   causal_case(1, 40, 4, 1, 128);
   causal_case(16, 17, 2, 2, 64);
   causal_case(kEmu ? 40 : 127, kEmu ? 41 : 128, 4, 2, 128);
-  // the hybrid targets' gated attention: head dim 256 on the mma.sync forward (32-key tiles). Qwen3.5-35B-A3B's 16 / 2
-  // heads (tiles of 8 queries x 8 heads), Qwen3.5-9B's 16 / 4; lengths not a multiple of the key tile or of the
-  // query tile; decode (one query: 8 of a tile's 64 rows, three warps idle); a batch of sequences (a launch each)
+  // the hybrid targets' gated attention: head dim 256, on the GPU on the wgmma forward (k_fwd_wg<256>: 64-key tiles,
+  // 16 queries x 8 heads an item for 16 / 2 heads, one Q buffer), in the emulator on the mma.sync one (32-key tiles,
+  // 8 queries x 8 heads). Qwen3.5-35B-A3B's 16 / 2 heads, Qwen3.5-9B's 16 / 4; lengths not a multiple of the key tile
+  // or of the query tile; decode (one query: 8 rows of its tile); a batch of sequences (one packed launch on the GPU)
   causal_case(kEmu ? 45 : 1000, kEmu ? 45 : 1000, 16, 2, 256);
   causal_case(kEmu ? 33 : 1024, kEmu ? 33 : 1024, 16, 4, 256);
   causal_case(1, kEmu ? 70 : 300, 16, 2, 256);
@@ -581,7 +582,8 @@ TEST(CudaOps, AttentionCausal) {
     causal_case(700, 700, 16, 4, 128);
     causal_case(16, 3000, 32, 8, 128);
     causal_case(100, 100, 4, 2, 256);
-    causal_case(3072, 3072, 16, 2, 256);  // the benchmark's sequence (Qwen3.5-35B-A3B)
+    causal_case(3072, 3072, 16, 2, 256);  // the benchmark's sequence (Qwen3.5-35B-A3B): 384 items, ~3 per CTA
+    causal_case(1000, 1064, 16, 2, 256);  // decode-style offset (64 cached keys)
     causal_case(200, 230, 6, 2, 128);  // 42-query tiles (as above)
     causal_case(40, 40, 96, 1, 128);   // 96 query heads on one kv head: 1-query tiles of 96 rows
     // one query head per kv head: 128-query tiles, on each diagonal consumer 0's keys end in the tile's first 64
@@ -591,8 +593,8 @@ TEST(CudaOps, AttentionCausal) {
 }
 
 // gpt-oss's attention: sinks, a sliding window (128 in the published models), both, at head dims 64 (gpt-oss) and 128
-// (the wgmma forward takes sinks; a window goes to the mma.sync kernel), prefill and decode; head dim 256 (the
-// mma.sync kernel) with both.
+// (the wgmma forward takes sinks; a window goes to the mma.sync kernel), prefill and decode; head dim 256 with both
+// (the mma.sync kernel) and with sinks alone (the wgmma forward).
 TEST(CudaOps, AttentionCausalSinksWindow) {
   causal_case(40, 40, 4, 2, 64, 16, true);
   causal_case(1, 41, 4, 2, 64, 16, true);
@@ -606,6 +608,8 @@ TEST(CudaOps, AttentionCausalSinksWindow) {
   causal_case(16, 3000, 64, 8, 64, 128, true);  // decode past the window
   causal_case(300, 300, 8, 2, 128, 0, true);    // the wgmma forward with sinks
   causal_case(300, 300, 8, 2, 128, 64, true);
+  causal_case(700, 700, 16, 2, 256, 0, true);
+  causal_case(16, 300, 16, 2, 256, 0, true);
 }
 
 // DFlash attention forward + backward. Backward inputs (out rounded to bf16, lse in F32) come from the fp64
@@ -790,6 +794,19 @@ TEST(CudaOps, AttentionPersistentItems) {
   for (int j = 0; j < 4; ++j) late[j] = 0;
   dflash_case("rep 1, warpgroup 0 idle", 4096, 16, 8, 8, 128, sorted_anchors(4096, 16, 5), late);
   dflash_case("rep 1, warpgroup 0 idle, window", 4096, 16, 8, 8, 128, sorted_anchors(4096, 16, 5), late, nullptr, 300);
+  // head dim 256 (k_fwd_wg<256>: one Q buffer, so each item's O is staged and stored before the next item's Q lands;
+  // 64-key tiles, 4 panels per row): the same item paths. 16-query tiles over 4 packed sequences (~4 items per CTA,
+  // the prefill's shape), 42-query tiles (Q by cp.async, O by 16-byte stores: 32 chunks a row) across sequence ends
+  // and in decode, 128-query tiles (consumer 0 skips the last key tile of each diagonal, consumer 1 computes it), 64-
+  // and 1-query tiles, several forwards back to back
+  causal_batch_case({1024, 1024, 1024, 1024}, {0, 64, 0, 2000}, 16, 2, 256);
+  causal_batch_case({1000, 37, 700, 300}, {0, 5, 0, 100}, 24, 8, 256);
+  causal_batch_case({900, 5, 1500, 130}, {0, 0, 7, 0}, 16, 16, 256);
+  causal_case(200, 230, 6, 2, 256);
+  causal_case(256, 256, 8, 8, 256);
+  causal_case(300, 300, 4, 2, 256);
+  causal_case(40, 40, 96, 1, 256);
+  causal_chain_case(512, 8, 256);
 }
 
 // Sliding-window draft layers (window > 0): context keys [a_j + i - (W-1), a_j), causal within the block. Windows

@@ -216,9 +216,9 @@ void dflash_backward_init_attributes(int smem_optin);
 bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p);
 bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p);
 void attention_tc_init_attributes(int smem_optin);
-// Hopper warpgroup-MMA forward (attention_wgmma.cu): head dim exactly 128, 16-byte aligned tensors and
-// ~198 KiB of shared memory (attention_wgmma.cu: kFwdWgSmem + kFwdWgStatic); returns false (launching nothing)
-// otherwise, and in the emulator.
+// Hopper warpgroup-MMA forward (attention_wgmma.cu): head dim exactly 128 (causal and DFlash) or 256 (causal
+// only), no causal window, 16-byte aligned tensors and ~200 KiB of shared memory (attention_wgmma.cu: fwd_wg_smem
+// + kFwdWgStatic), e.attn_wgmma set; returns false (launching nothing) otherwise, and in the emulator.
 // segs.n > 0: causal, several sequences in one launch (p.Tq = the longest; see AttnSegs).
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p, const AttnSegs& segs = AttnSegs{});
 void attention_wgmma_init_attributes(int smem_optin);

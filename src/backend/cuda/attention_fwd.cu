@@ -260,10 +260,12 @@ void attention_init_attributes(int smem_optin) {
 
 void launch_attention_forward(Env& e, AttnFwdParams p) {
   if (p.Tq == 0 || p.nh == 0) return;
-  if (launch_attention_forward_wgmma(e, p)) return;  // Hopper warpgroup MMA (attention_wgmma.cu): head dim 128
+  // Hopper warpgroup MMA (attention_wgmma.cu): head dim 128, and 256 for causal attention (the hybrid targets)
+  if (launch_attention_forward_wgmma(e, p)) return;
   // mma.sync tensor cores (attention_tc.cu), every mode (causal, DFlash, windows, sinks; one sequence per launch):
-  // head dims 64, 128 (where the wgmma forward does not: a causal window, a lower shared-memory limit, the
-  // emulator) and 256 (the hybrid targets: 32-key tiles). The kernel below takes other head dims and smaller caps.
+  // head dims 64, 128 and 256 where the wgmma forward does not run (a causal window, DFlash at 256, a lower
+  // shared-memory limit, the emulator, DFLASH_ATTN_WGMMA=0; at 256 32-key tiles). The kernel below takes other head
+  // dims and smaller caps.
   if (launch_attention_forward_tc(e, p)) return;
   std::string why;
   DFLASH_CHECK(attention_supported(p.d, e.smem_limit, &why), "attention (cuda): ", why);

@@ -1,6 +1,8 @@
 // cuda/attention_tc.cu — the attention kernels on tensor cores (mma.sync m16n8k16: bf16 operands, fp32
 // accumulation) for head dim 64, for 128 where the Hopper kernels of attention_wgmma.cu do not apply (a lower
-// shared-memory limit, Tq > 65536, a causal window) and, forward only, for 256 (the hybrid targets): the forward
+// shared-memory limit, Tq > 65536, a causal window) and, forward only, for 256 (the hybrid targets; on the H200 their
+// unwindowed causal forward runs on attention_wgmma.cu's k_fwd_wg<256>, this one in the emulator, with a window, and
+// with DFLASH_ATTN_WGMMA=0): the forward
 // shared by attention_causal and dflash_attention (the two-segment visibility rule of attention.h), and DFlash
 // attention's backward. Same math, masks and outputs as the CUDA-core kernels of attention_fwd.cu /
 // dflash_attention.cu, which still run for other head dims, the backward at 256, and under a shared-memory cap too

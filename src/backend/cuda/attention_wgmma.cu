@@ -1,6 +1,6 @@
 // cuda/attention_wgmma.cu — attention on Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for head dim 128: the
 // forward behind attention_causal (the target's prefill) and dflash_attention, and DFlash attention's backward (dQ,
-// dK / dV) on the H200. Same math, masks (attention.h: attn_row_bounds / dflash_row_bounds) and outputs as the
+// dK / dV) on the H200; and for head dim 256 the causal forward (the hybrid targets' prefill: k_fwd_wg<256>). Same math, masks (attention.h: attn_row_bounds / dflash_row_bounds) and outputs as the
 // mma.sync kernels of attention_tc.cu, which still run for head dim 64, under a shared-memory cap too small for these
 // tiles (case C07) and in the emulator (no tensor cores there); tests/cuda's op table judges both against the CPU.
 //
@@ -54,17 +54,30 @@ namespace dflash::cuda {
 
 namespace {
 
-constexpr int kWgD = 128;  // head dim
+constexpr int kWgD = 128;  // the backward's head dim
 // The forward's tiling (bench/NOTES.md 9: 2 warpgroups x 128-key tiles beat 1 x 64 (2 CTAs per SM) and 2 x 64):
 // kFwdWgs consumer warpgroups beside the producer, and its K / V stages (2: the producer warp refills a stage as
-// soon as both consumers have released it)
-constexpr int kFwdWgs = 2, kFwdWgKeys = 128, kFwdStages = 2;
-// Q x 2 (this item's and the next), K x stages, V x stages and the 1024-byte alignment slack, for NWG consumer
-// warpgroups and KT-key tiles
-constexpr size_t fwd_wg_smem(int nwg, int kt) {
-  return static_cast<size_t>(2 * 64 * nwg + 2 * kFwdStages * kt) * kWgD * 2 + 1024;
+// soon as both consumers have released it). Per head dim D (128, or 256 for the hybrid targets' causal prefill;
+// bench/NOTES.md 28):
+//  * keys per tile: 128 at D = 128; 64 at D = 256 (a consumer's O is 64 x 256 fp32 = 128 registers a thread, S of
+//    64 keys 32 more; FlashAttention-3's hd256 forward takes 80 keys, which with our static shared memory is over
+//    the 227 KiB);
+//  * Q buffers: 2 at D = 128 (this item's and the next: the next item's Q lands while this one runs, and the last
+//    tile's P V product runs on into the next item's first iteration); 1 at D = 256 (64 KiB: a second would not fit
+//    beside the 128 KiB of K / V stages), so an item's O is staged in its own Q buffer after its last P V product
+//    and the next item's Q is loaded once that O has been stored;
+//  * half tiles (S as m64n64 where a consumer's keys end in the tile's first half) only at 128-key tiles: at D = 256
+//    an m64n32 branch saved a quarter of one S product per item and made ptxas serialise the wgmma (C7511).
+// setmaxnreg 56 / 224 at both (at D = 256, 40 / 232 spilled 32-36 bytes in the producer's item warp; the consumers
+// fit 224 with O 128, S 32 and P 16 registers, no spill).
+constexpr int kFwdWgs = 2, kFwdStages = 2;
+constexpr int fwd_wg_keys(int d) { return d == 128 ? 128 : 64; }
+constexpr int fwd_wg_qbufs(int d) { return d == 128 ? 2 : 1; }
+// Q x buffers, K x stages, V x stages and the 1024-byte alignment slack, for head dim d and NWG consumer
+// warpgroups (193 KiB at both head dims)
+constexpr size_t fwd_wg_smem(int d, int nwg) {
+  return static_cast<size_t>(fwd_wg_qbufs(d) * 64 * nwg + 2 * kFwdStages * fwd_wg_keys(d)) * d * 2 + 1024;
 }
-constexpr size_t kFwdWgSmem = fwd_wg_smem(kFwdWgs, kFwdWgKeys);
 
 }  // namespace
 
@@ -259,7 +272,7 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\
 enum FwdItemField : int { kItQ0, kItH0, kItRb, kItTq, kItG, kItZ, kItNt1, kItNt, kItElo1, kItElo, kItMine, kItFields = kItMine + 8 };
 constexpr int kFwdSlots = 2;
 // k_fwd_wg's static shared memory (sHdr, sRows, sOut, sBar, and slack for their alignment): the launcher's and
-// init_attributes' headroom beside the dynamic kFwdWgSmem
+// init_attributes' headroom beside the dynamic fwd_wg_smem
 constexpr size_t kFwdWgStatic = sizeof(int) * kFwdSlots * (kItFields + 5) + 16 * kFwdSlots * 64 * kFwdWgs + 8 * 128 * kFwdWgs +
                                 8 * (4 * kFwdSlots + 4 * kFwdStages) + 64;
 
@@ -271,39 +284,47 @@ constexpr size_t kFwdWgStatic = sizeof(int) * kFwdSlots * (kItFields + 5) + 16 *
 //  * Warpgroup 0 is the producer (setmaxnreg 56), two warps of it:
 //    - the item warp (warp 1), per item: the 128 rows' visible keys (attn_row_bounds) and the key spans of the CTA
 //      and of each consumer into a shared-memory slot (2 slots, full / empty mbarriers); then, in the item's Q buffer
-//      (2 buffers, so that the next item's Q lands while this one runs), the O of the item two back out (TMA store,
-//      once the consumers have staged it there: the buffer's O-full mbarrier) and this item's Q in (TMA, on the
-//      buffer's Q-full mbarrier). Q and O go by TMA in boxes of mq rows of one head per 64-column panel, which start
+//      (D = 128: 2 buffers, so that the next item's Q lands while this one runs; D = 256: 1), the O of the item
+//      QBUF back (two, or the last) out (TMA store, once the consumers have staged it there: the buffer's O-full
+//      mbarrier) and this item's Q in (TMA, on the buffer's Q-full mbarrier). Q and O go by TMA in boxes of mq rows
+//      of one head per 64-column panel (D / 64 panels), which start
 //      on the tile's 1024-byte swizzle boundaries when mq % 8 == 0; else (3, 5, 6, 7 query heads per kv head) by
 //      cp.async / 16-byte stores, as does O of a packed tile that crosses its sequence's end (a TMA store would write
 //      the next sequence's rows).
 //    - the K / V warp (warp 0, lane 0): the item's tiles by TMA into the NS-stage ring (a tile index that runs on
 //      across items), each once both consumers have released the stage's previous tile.
-//  * Warpgroups 1 .. NWG are the consumers (setmaxnreg 224): per item the key loop of the non-persistent design
-//    before it (bench/NOTES.md 9-15), its pipeline carried on into the next item (the last tile's P V product issued
-//    with the next item's first S), then O / l staged in the item's Q buffer for the item warp (bench/NOTES.md 18).
+//  * Warpgroups 1 .. NWG are the consumers (setmaxnreg 224): per item the key loop of the non-persistent
+//    design before it (bench/NOTES.md 9-15); with 2 Q buffers its pipeline carried on into the next item (the last
+//    tile's P V product issued with the next item's first S), then O / l staged in the item's Q buffer for the item
+//    warp (bench/NOTES.md 18); with 1 (D = 256) the last P V product in an iteration of its own at the item's end,
+//    then O / l staged in the same buffer, which the next item's Q may fill only once that O is out.
 // So the per-item work that had cost 3.5-4.5 us per CTA before and after the loop (bench/NOTES.md 14: Q's copies,
 // row bounds, span gathering, the O stores, the CTA's start and drain) runs on the producer under the consumers'
 // products (bench/NOTES.md 16).
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
 // PACKED: causal over the sequences of segs (items over segs.n sequences): query rows offset by the sequence's begin,
 // its own keys (maps.k[z] / maps.v[z]: SeqMaps) and query offset. Otherwise maps is KvMaps (segments 1 and 2).
-// K / V tiles come by TMA (a tile as two 64-column boxes, which land in wgmma.cuh's SW128 panels); TMA loads a tile's
-// rows up to the tensor's end (zero-filled past it); the rows past the last key a row sees are masked (P = 0) like
-// any invisible key.
-template <int NWG, int KT, bool WIN, bool PACKED>
+// K / V tiles come by TMA (a tile as D / 64 boxes of 64 columns, which land in wgmma.cuh's SW128 panels); TMA loads
+// a tile's rows up to the tensor's end (zero-filled past it); the rows past the last key a row sees are masked
+// (P = 0) like any invisible key.
+// D: the head dim (128, or 256: fwd_wg_keys, fwd_wg_qbufs); KT = fwd_wg_keys(D).
+template <int D, int NWG, int KT, bool WIN, bool PACKED>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs,
                                                                const __grid_constant__ std::conditional_t<PACKED, SeqMaps, KvMaps> maps,
                                                                const __grid_constant__ QoMaps qo) {
   static_assert(NWG == 2, "the register split (setmaxnreg 56 / 224) is for one producer and two consumer warpgroups");
-  constexpr int D = kWgD, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG, NS = kFwdStages;
-  constexpr uint32_t TB = KT * D * 2, QB = ROWS * D * 2;  // one K or V tile; one Q buffer
+  static_assert((D == 128 || D == 256) && KT == fwd_wg_keys(D), "k_fwd_wg: head dim 128 or 256, its key tile");
+  constexpr int NT = KT / 8, DT = D / 8, DP = D / 64, ROWS = 64 * NWG, NS = kFwdStages;
+  constexpr int QBUF = fwd_wg_qbufs(D);  // Q buffers (1 or 2)
+  constexpr bool HALF = KT == 128;        // half tiles (m64n64 S products)
+  constexpr uint32_t TB = KT * D * 2, QB = ROWS * D * 2;  // one K or V tile; one Q buffer (DP panels of ROWS rows)
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sHdr[kFwdSlots][kItFields];  // the item slots: FwdItemField's header
   __shared__ int4 sRows[kFwdSlots][ROWS];     // and each row's lo1, hi1, lo2, hi2
   __shared__ int sOut[kFwdSlots][5];          // Q buffer b's item (for its O): q0, h0, rb, Tq, O-full phase
-  __shared__ float2 sInv[128 * NWG];          // a consumer thread's two rows' 1 / l, for its last item's O
-  // mbarriers: item full / empty (per slot), Q full / O full (per buffer: Q landed; the consumers' O staged in it);
+  __shared__ float2 sInv[128 * NWG];          // a consumer thread's two rows' 1 / l, for its last item's O (QBUF 2)
+  // mbarriers: item full / empty (per slot), Q full / O full (per buffer, QBUF of the kFwdSlots used: Q landed; the
+  // consumers' O staged in it);
   // per stage K full, V full (the TMA bytes), K empty, V empty (every consumer warp read it)
   __shared__ alignas(8) uint64_t sBar[4 * kFwdSlots + 4 * NS];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -365,8 +386,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             map = kv ? (s1 ? &maps.v1 : &maps.v2) : (s1 ? &maps.k1 : &maps.k2);
           const uint32_t dst = (kv ? sV : sK) + st * TB;
           mbar_arrive_expect_tx(full, TB);
-          tma_load_3d(dst, map, full, 0, g, kt);  // columns 0..63: panel 0
-          tma_load_3d(dst + KT * 128, map, full, 64, g, kt);
+          DFLASH_UNROLL
+          for (int pn = 0; pn < DP; ++pn) tma_load_3d(dst + pn * (KT * 128), map, full, pn * 64, g, kt);  // panel pn
         };
         if (nt > 0) issue(kc, 0, 0);
         for (int j = 0; j < nt; ++j) {
@@ -378,7 +399,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       return;
     }
     // warp 1: per item, the rows' bounds and spans into a slot; then, once the consumers have staged the O of the
-    // item two back in its Q buffer, that O out (by TMA when every row is written whole: mq a multiple of 8, and a
+    // item QBUF back in its Q buffer, that O out (by TMA when every row is written whole: mq a multiple of 8, and a
     // packed item not past its sequence's end; else 16-byte stores) and this item's Q in (TMA when mq % 8 == 0:
     // a box of mq rows per head and panel; else cp.async)
     const int hg = p.nkv * splits, nseq = PACKED ? segs.n : 1, per_qt = hg * nseq;
@@ -392,13 +413,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         if (lane == 0) {
           for (int hh = 0; hh < hc; ++hh)
             DFLASH_UNROLL
-            for (int pn = 0; pn < 2; ++pn) tma_store_3d(&qo.o, src + pn * (ROWS * 128) + hh * mq * 128, pn * 64, h0 + hh, rb + q0);
+            for (int pn = 0; pn < DP; ++pn) tma_store_3d(&qo.o, src + pn * (ROWS * 128) + hh * mq * 128, pn * 64, h0 + hh, rb + q0);
           bulk_commit();
         }
       } else {
+        // 16-byte chunk lane % (D / 8) of rows lane / (D / 8) + (256 / D) j
         bf16* O = static_cast<bf16*>(p.out);
-        const int ch = lane & 15;
-        for (int r = lane >> 4; r < ROWS; r += 2) {
+        const int ch = lane % DT;
+        for (int r = lane / DT; r < ROWS; r += 32 / DT) {
           const int hh = r / mq, qi = q0 + r % mq;
           if (hh < hc && qi < Tq)
             *reinterpret_cast<uint4*>(O + (static_cast<int64_t>(rb + qi) * nh + h0 + hh) * D + ch * 8) =
@@ -414,11 +436,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       const int i = k * G + ((k & 1) ? G - 1 - c : c);
       const int slot = n % kFwdSlots;
       const uint32_t ph = (n / kFwdSlots) & 1;
-      if (i >= total) {  // no more items: an item with nt = -1; then the last two items' O
+      if (i >= total) {  // no more items: an item with nt = -1; then the last QBUF items' O
         if (n >= kFwdSlots) mbar_wait(bItemE + 8 * slot, ph ^ 1);
         if (lane == 0) sHdr[slot][kItNt] = -1;
         mbar_arrive(bItemF + 8 * slot);
-        for (int j = max(n - kFwdSlots, 0); j < n; ++j) store_o(j % kFwdSlots);
+        for (int j = max(n - QBUF, 0); j < n; ++j) store_o(j % QBUF);
         if (lane == 0) bulk_wait<0>();
         break;
       }
@@ -483,16 +505,16 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         }
       }
       mbar_arrive(bItemF + 8 * slot);  // (release: this lane's writes to the slot)
-      // buffer b: the O of item n - 2 out, then item n's Q in
-      const int b = n % kFwdSlots;
-      if (n >= kFwdSlots) store_o(b);
+      // buffer b: the O of item n - QBUF out, then item n's Q in
+      const int b = n % QBUF;
+      if (n >= QBUF) store_o(b);
       __syncwarp();  // (every lane has read sOut[b] for that O)
       if (lane == 0) {
         sOut[b][0] = q0;
         sOut[b][1] = h0;
         sOut[b][2] = rb;
         sOut[b][3] = Tq;
-        sOut[b][4] = ph;  // (the O-full phase this item will complete)
+        sOut[b][4] = (n / QBUF) & 1;  // (the O-full phase this item will complete)
       }
       __syncwarp();
       const uint32_t dq = sQ + b * QB;
@@ -502,14 +524,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           mbar_arrive_expect_tx(bQF + 8 * b, hc * mq * D * 2);
           for (int hh = 0; hh < hc; ++hh)
             DFLASH_UNROLL
-            for (int pn = 0; pn < 2; ++pn)
+            for (int pn = 0; pn < DP; ++pn)
               tma_load_3d(dq + pn * (ROWS * 128) + hh * mq * 128, &qo.q, bQF + 8 * b, pn * 64, h0 + hh, rb + q0);
         }
       } else {
-        // 16-byte chunk lane % 16 of rows lane / 16 + 2 j; completed, fenced for wgmma (async proxy), then arrived
-        const int ch = lane & 15;
+        // 16-byte chunk lane % (D / 8) of rows lane / (D / 8) + (256 / D) j; completed, fenced for wgmma (async
+        // proxy), then arrived
+        const int ch = lane % DT;
         const uint32_t dst = dq + (ch >> 3) * (ROWS * 128);
-        for (int r = lane >> 4; r < ROWS; r += 2) {
+        for (int r = lane / DT; r < ROWS; r += 32 / DT) {
           const int hh = r / mq, qr = r % mq;
           const bool ok = hh < hc && q0 + qr < Tq;
           const bf16* src = Q + ((static_cast<int64_t>(rb + q0 + qr) * nh + h0 + hh) * D + ch * 8);
@@ -532,25 +555,47 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
     const unsigned long long tl_ns0 = tl_ns();
 #endif
     const float sl2 = p.scale * kLog2e;
-    // The pipeline runs on across items: the P V product of an item's last tile is issued with the next item's first
-    // S product (or alone in its first iteration), and the item's O is staged after it, at the end of that iteration.
-    // So a consumer's epilogue and item change cost no turn of their own (before, each item began with an S product
-    // that had no P V under it and ended with a P V alone, then the epilogue, while the other consumer waited at its
-    // turn; bench/NOTES.md 18). A sentinel item (nt < 0) runs one last iteration for the last item's P V and O.
+    // With 2 Q buffers the pipeline runs on across items: the P V product of an item's last tile is issued with the
+    // next item's first S product (or alone in its first iteration), and the item's O is staged after it, at the end
+    // of that iteration. So a consumer's epilogue and item change cost no turn of their own (before, each item began
+    // with an S product that had no P V under it and ended with a P V alone, then the epilogue, while the other
+    // consumer waited at its turn; bench/NOTES.md 18). A sentinel item (nt < 0) runs one last iteration for the last
+    // item's P V and O. With 1 (D = 256) the next item's Q cannot land before this item's O has left the buffer: an
+    // item ends with an iteration of its own for its last P V product, and its O is staged after it.
     uint32_t kc = 0;             // K / V tiles consumed so far, as the producer's count
     float o[DT * 4];             // O of the current item; until the end of the next item's first iteration, the last's
     uint32_t pa[KT / 16][4] = {};
     bool pending = false;        // pa holds P of tile kc - 1, whose P V product has not been issued
     bool vwait = false;          // V of tile kc - 1 not waited for and released yet
-    // (the last item's O waits in o until the end of the next item's first iteration, to be staged in the other Q
-    // buffer, qb ^ 1, scaled by its 1 / l: sInv, this thread's two rows')
-    static_assert(kFwdSlots == 2, "the last item's Q buffer is qb ^ 1");
+    // (QBUF 2: the last item's O waits in o until the end of the next item's first iteration, to be staged in the
+    // other Q buffer, qb ^ 1, scaled by its 1 / l: sInv, this thread's two rows')
+    static_assert(QBUF == 1 || kFwdSlots == 2, "the last item's Q buffer is qb ^ 1");
     DFLASH_UNROLL
     for (int e = 0; e < DT * 4; ++e) o[e] = 0.f;
+    // O / l (inv: this thread's two rows' 1 / l) as bf16 into this warpgroup's own rows of Q buffer buf (its S
+    // products have read them; the swizzle keeps the fragment writes free of bank conflicts), fenced for the TMA store
+    // (async proxy), and the buffer handed to the item warp, which stores it (4-byte stores straight from the
+    // fragments touch 8 rows per warp instruction, bench/NOTES.md 14; 16-byte stores from here held the consumers
+    // ~1 us per item, 16); then O = 0 for the next item
+    auto stage_o = [&](int buf, float2 inv) {
+      const uint32_t eQb = sQ + buf * QB;
+      const int r0 = wgi * 64 + warp * 16 + (lane >> 2);
+      DFLASH_UNROLL
+      for (int i = 0; i < 2; ++i)
+        DFLASH_UNROLL
+        for (int c = 0; c < DT; ++c)
+          st_shared_b32(eQb + (c >> 3) * (ROWS * 128) + wg::sw128_offset(r0 + 8 * i, (c & 7) * 8 + 2 * t4),
+                        wg::pack_bf16x2(o[c * 4 + 2 * i] * (i ? inv.y : inv.x), o[c * 4 + 2 * i + 1] * (i ? inv.y : inv.x)));
+      wg::fence_proxy_async();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bOF + 8 * buf);
+      DFLASH_UNROLL
+      for (int e = 0; e < DT * 4; ++e) o[e] = 0.f;
+    };
     if (wgi == 1) named_arrive(kBarTurn + 0, 256);  // warpgroup 0 issues first
     for (int n = 0;; ++n) {
-      const int slot = n % kFwdSlots, qb = slot;
-      const uint32_t ph = (n / kFwdSlots) & 1;
+      const int slot = n % kFwdSlots, qb = n % QBUF;
+      const uint32_t ph = (n / kFwdSlots) & 1, qph = (n / QBUF) & 1;
       mbar_wait(bItemF + 8 * slot, ph);
       DFLASH_TL_SUB(0);
       const int* hdr = sHdr[slot];
@@ -682,15 +727,16 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         // (named barriers kBarTurn + w; the turns run on across items, and consumer 0 takes the last one after the
         // sentinel), so one warpgroup's softmax runs under the other's products. A warpgroup waits for every K and V
         // on their full mbarriers also when it skips them, so that its releases count towards the right phase.
-        // An item has max(nt, 1) iterations (the first stages the last item's O), the sentinel one.
-        if (!fin) mbar_wait(bQF + 8 * qb, ph);
+        // QBUF 2: an item has max(nt, 1) iterations (the first stages the last item's O), the sentinel one.
+        // QBUF 1: an item has nt + 1 (the last issues the pending P V product alone), the sentinel none.
+        if (!fin) mbar_wait(bQF + 8 * qb, qph);
         DFLASH_TL_SUB(2);  // (Q came by TMA, or by copies the item warp fenced for the async proxy)
         DFLASH_TL_MARK(tl_pre);
 #ifdef DFLASH_FWD_TIMELINE
         tl_tiles += nt;
         tl_items += !fin;
 #endif
-        const int nit = nt > 0 ? nt : 1;
+        const int nit = QBUF == 2 ? (nt > 0 ? nt : 1) : (fin ? 0 : nt + 1);
         for (int t = 0; t < nit; ++t) {
           const bool kin = t < nt;                   // K_t exists (ring index ik)
           const uint32_t ik = kc + t, iv = ik - 1;    // K_t's and the pending V's ring index
@@ -700,12 +746,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
           const bool s1 = t < nt1;
           const int kt = s1 ? elo1 + t * KT : elo + (t - nt1) * KT;
           const bool vis = kin && tile_visible<WIN>(mine, s1, kt, KT);
-          // a half tile: this warpgroup's keys of the tile end in its first KT / 2 (a causal diagonal where the
-          // queries sit low in it; DFlash's block tile, B <= 64 keys, and often its last context tile): S = Q K^T as
-          // m64n64, and P zero past those 64 keys. The other consumer may run the same tile whole.
+          // a half tile (128-key tiles only: HALF): this warpgroup's keys of the tile end in its first KT / 2 (a causal
+          // diagonal where the queries sit low in it; DFlash's block tile, B <= 64 keys, and often its last context
+          // tile): S = Q K^T as m64n64, and P zero past those 64 keys. The other consumer may run the same tile whole.
           // (Its P V product stays full width: a k64 variant of it beside this one made ptxas serialise every
           // wgmma of the packed causal kernel for want of registers, C7511; bench/NOTES.md 17.)
-          const bool half = vis && (s1 ? mine.hi1 : mine.hi2) <= kt + KT / 2;
+          const bool half = HALF && vis && (s1 ? mine.hi1 : mine.hi2) <= kt + KT / 2;
           const bool rescale = t > 0;  // (see rescale_pack)
           auto turn = [&] { named_sync(kBarTurn + wgi, 256); };   // my turn to issue
           auto pass = [&] { named_arrive(kBarTurn + (wgi ^ 1), 256); };  // then the other consumer's
@@ -761,15 +807,23 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             wg::pin(pa);
           };
           if (vis && pending) {
-            if (half)
-              s_pv(Half{});
-            else
+            if constexpr (HALF) {
+              if (half)
+                s_pv(Half{});
+              else
+                s_pv(Full{});
+            } else {
               s_pv(Full{});
+            }
           } else if (vis) {
-            if (half)
-              s_only(Half{});
-            else
+            if constexpr (HALF) {
+              if (half)
+                s_only(Half{});
+              else
+                s_only(Full{});
+            } else {
               s_only(Full{});
+            }
           } else if (pending) {
             pv_only();
           } else {
@@ -782,27 +836,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
             if (vwait) mbar_arrive(bEmptyV + 8 * stV);
           }
           vwait = kin;
-          if (t == 0 && n > 0) {
-            // the last item's O / l as bf16 into this warpgroup's own rows of its Q buffer (its last S product has
-            // read them; the swizzle keeps the fragment writes free of bank conflicts), fenced for the TMA store
-            // (async proxy), and the buffer handed to the item warp, which stores it (4-byte stores straight from
-            // the fragments touch 8 rows per warp instruction, bench/NOTES.md 14; 16-byte stores from here held the
-            // consumers ~1 us per item, 16); then O = 0 for this item
-            const uint32_t eQb = sQ + (qb ^ 1) * QB;
-            const float2 einv = sInv[tid - 128];
-            const int r0 = wgi * 64 + warp * 16 + (lane >> 2);
-            DFLASH_UNROLL
-            for (int i = 0; i < 2; ++i)
-              DFLASH_UNROLL
-              for (int c = 0; c < DT; ++c)
-                st_shared_b32(eQb + (c >> 3) * (ROWS * 128) + wg::sw128_offset(r0 + 8 * i, (c & 7) * 8 + 2 * t4),
-                              wg::pack_bf16x2(o[c * 4 + 2 * i] * (i ? einv.y : einv.x), o[c * 4 + 2 * i + 1] * (i ? einv.y : einv.x)));
-            wg::fence_proxy_async();
-            __syncwarp();
-            if (lane == 0) mbar_arrive(bOF + 8 * (qb ^ 1));
-            DFLASH_UNROLL
-            for (int e = 0; e < DT * 4; ++e) o[e] = 0.f;
-          }
+          if (QBUF == 2 && t == 0 && n > 0) stage_o(qb ^ 1, sInv[tid - 128]);  // the last item's O (its last P V ran above)
         }
         kc += nt;
       }
@@ -811,7 +845,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
       tl_m2 = tl_mark;
 #endif
       if (fin) break;
-      // the item's row sums and lse (attn_fwd_finish) now; its O once its last P V product has run (above)
+      // the item's row sums and lse (attn_fwd_finish) now; its O once its last P V product has run (QBUF 2: in the
+      // next item's first iteration, above; QBUF 1: it has, in the item's last iteration)
       // (the item's q0, h0, rb, Tq from sOut[qb], which the item warp wrote before Q's arrival and keeps until it
       // has stored this item's O: not held in registers through the loop)
       float inv[2];
@@ -827,7 +862,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
         }
         attn_fwd_finish(p, D, rok, orow, l, m, t4, inv);
       }
-      sInv[tid - 128] = make_float2(inv[0], inv[1]);
+      if constexpr (QBUF == 2)
+        sInv[tid - 128] = make_float2(inv[0], inv[1]);
+      else
+        stage_o(qb, make_float2(inv[0], inv[1]));
       DFLASH_TL_SUB(3);
       DFLASH_TL_MARK(tl_epi);
 #ifdef DFLASH_FWD_TIMELINE
@@ -1407,10 +1445,13 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
 }  // namespace
 
 void attention_wgmma_init_attributes(int smem_optin) {
-  if (static_cast<size_t>(smem_optin) >= kFwdWgSmem + kFwdWgStatic) {  // else never launched
-    allow_dynamic_smem(smem_optin, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>, k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>,
-                       k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>);
+  constexpr int K1 = fwd_wg_keys(128), K2 = fwd_wg_keys(256);
+  if (static_cast<size_t>(smem_optin) >= fwd_wg_smem(128, kFwdWgs) + kFwdWgStatic) {  // else never launched
+    allow_dynamic_smem(smem_optin, k_fwd_wg<128, kFwdWgs, K1, false, false>, k_fwd_wg<128, kFwdWgs, K1, true, false>,
+                       k_fwd_wg<128, kFwdWgs, K1, false, true>);
   }
+  if (static_cast<size_t>(smem_optin) >= fwd_wg_smem(256, kFwdWgs) + kFwdWgStatic)
+    allow_dynamic_smem(smem_optin, k_fwd_wg<256, kFwdWgs, K2, false, false>, k_fwd_wg<256, kFwdWgs, K2, false, true>);
   if (static_cast<size_t>(smem_optin) >= std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024)) {
     allow_dynamic_smem(smem_optin, k_dq_wg<kDqWgs, false>, k_dq_wg<kDqWgs, true>, k_dkv_wg<false>, k_dkv_wg<true>);
   }
@@ -1438,12 +1479,13 @@ void launch_pdl(const char* name, dim3 grid, int threads, size_t smem, cudaStrea
   check_launch(name);
 }
 
-// The TMA map of a [T, heads, 128] bf16 tensor at base (16-byte aligned; K / V, or dK/dV's Q / dO): dimensions
-// (128, heads, T) innermost first, boxes of 64 columns x 1 head x box_rows rows (128 bytes per box row: one SW128 panel,
-// CU_TENSOR_MAP_SWIZZLE_128B as wgmma.cuh lays it out), rows past T zero-filled. An absent tensor (T = 0) gets a
-// map over one row at `dummy` that no tile reads. cuTensorMapEncodeTiled comes through the runtime's driver entry
-// point, so nothing links libcuda. Throws with the driver's error code if the encoding fails.
-CUtensorMap kv_map(const void* base, int64_t T, int heads, int box_rows, const void* dummy) {
+// The TMA map of a [T, heads, d] bf16 tensor at base (16-byte aligned; K / V, or dK/dV's Q / dO; d = 128, or 256 in
+// the forward): dimensions (d, heads, T) innermost first, boxes of 64 columns x 1 head x box_rows rows (128 bytes per
+// box row: one SW128 panel, CU_TENSOR_MAP_SWIZZLE_128B as wgmma.cuh lays it out; a tile takes d / 64 of them), rows
+// past T zero-filled. An absent tensor (T = 0) gets a map over one row at `dummy` that no tile reads.
+// cuTensorMapEncodeTiled comes through the runtime's driver entry point, so nothing links libcuda. Throws with the
+// driver's error code if the encoding fails.
+CUtensorMap kv_map(const void* base, int64_t T, int heads, int box_rows, const void* dummy, int d = kWgD) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (T == 0 || base == nullptr) {
     base = dummy;
@@ -1451,23 +1493,23 @@ CUtensorMap kv_map(const void* base, int64_t T, int heads, int box_rows, const v
     heads = 1;
   }
   CUtensorMap map;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kWgD), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(T)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kWgD) * 2, static_cast<cuuint64_t>(heads) * kWgD * 2};  // bytes
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(T)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * 2, static_cast<cuuint64_t>(heads) * d * 2};  // bytes
   const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)}, elem[3] = {1, 1, 1};
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, elem,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DFLASH_CHECK(r == CUDA_SUCCESS, "attention (cuda): cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
-               ") for a [", T, ", ", heads, ", ", kWgD, "] tensor");
+               ") for a [", T, ", ", heads, ", ", d, "] tensor");
   return map;
 }
 KvMaps kv_maps(const void* k1, const void* v1, int64_t T1, const void* k2, const void* v2, int64_t T2, int nkv,
-               int box_rows, const void* dummy) {
+               int box_rows, const void* dummy, int d = kWgD) {
   KvMaps m;
-  m.k1 = kv_map(k1, T1, nkv, box_rows, dummy);
-  m.v1 = kv_map(v1, T1, nkv, box_rows, dummy);
-  m.k2 = kv_map(k2, T2, nkv, box_rows, dummy);
-  m.v2 = kv_map(v2, T2, nkv, box_rows, dummy);
+  m.k1 = kv_map(k1, T1, nkv, box_rows, dummy, d);
+  m.v1 = kv_map(v1, T1, nkv, box_rows, dummy, d);
+  m.k2 = kv_map(k2, T2, nkv, box_rows, dummy, d);
+  m.v2 = kv_map(v2, T2, nkv, box_rows, dummy, d);
   return m;
 }
 }  // namespace
@@ -1525,15 +1567,19 @@ void attn_fwd_timeline_report(const char* label) {
 }
 #endif
 
-bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
-  if (p0.d != kWgD) return false;
-  if (p0.mode == kAttnCausal && p0.window > 0) return false;  // (its causal rows start at key 0: the mma.sync kernel)
-  if (kFwdWgSmem + kFwdWgStatic > static_cast<size_t>(e.smem_limit)) return false;
+namespace {
+// The forward at head dim D (k_fwd_wg<D, ...>): the checks of launch_attention_forward_wgmma passed but the
+// alignment's; false (launching nothing) where it does not apply.
+template <int D>
+bool launch_fwd_wg(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
+  constexpr int KT = fwd_wg_keys(D);
+  constexpr size_t smem = fwd_wg_smem(D, kFwdWgs);
+  if (smem + kFwdWgStatic > static_cast<size_t>(e.smem_limit)) return false;
   if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
   if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
   AttnFwdParams p = p0;
   attn_rows_tiling(p.nh, p.nkv, 64 * kFwdWgs, p.hc, p.mq);
-  p.nk = kFwdWgKeys;
+  p.nk = KT;
   // a persistent grid: one CTA per SM, or one per item when there are fewer (packed: p.Tq is the longest sequence;
   // the items past a shorter one's end are skipped)
   const int64_t items = (p.Tq + p.mq - 1) / p.mq * p.nkv * (p.nh / p.nkv / p.hc) * std::max(segs.n, 1);
@@ -1544,25 +1590,41 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
   int64_t qrows = p.Tq;  // (packed: q's rows run to the last sequence's end)
   for (int z = 0; z < segs.n; ++z) qrows = std::max<int64_t>(qrows, int64_t{segs.begin[z]} + segs.len[z]);
   QoMaps qo;
-  qo.q = kv_map(p.q, qrows, p.nh, p.mq, p.q);
-  qo.o = kv_map(p.out, qrows, p.nh, p.mq, p.q);
+  qo.q = kv_map(p.q, qrows, p.nh, p.mq, p.q, D);
+  qo.o = kv_map(p.out, qrows, p.nh, p.mq, p.q, D);
   if (segs.n > 0) {
     DFLASH_CHECK(p.mode == kAttnCausal && p.k2 == nullptr, "attention (cuda): batched sequences are causal");
     SeqMaps sm;
     for (int z = 0; z < segs.n; ++z) {
-      sm.k[z] = kv_map(segs.k[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
-      sm.v[z] = kv_map(segs.v[z], segs.tk[z], p.nkv, kFwdWgKeys, p.q);
+      sm.k[z] = kv_map(segs.k[z], segs.tk[z], p.nkv, KT, p.q, D);
+      sm.v[z] = kv_map(segs.v[z], segs.tk[z], p.nkv, KT, p.q, D);
     }
-    launch_pdl("attention_forward_wgmma", grid, threads, kFwdWgSmem, e.stream, k_fwd_wg<kFwdWgs, kFwdWgKeys, false, true>,
-               p, segs, sm, qo);
+    launch_pdl("attention_forward_wgmma", grid, threads, smem, e.stream, k_fwd_wg<D, kFwdWgs, KT, false, true>, p,
+               segs, sm, qo);
     return true;
   }
-  const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, kFwdWgKeys, p.q);
-  launch_pdl("attention_forward_wgmma", grid, threads, kFwdWgSmem, e.stream,
-             p.mode == kAttnDFlash && p.window > 0 ? k_fwd_wg<kFwdWgs, kFwdWgKeys, true, false>
-                                                   : k_fwd_wg<kFwdWgs, kFwdWgKeys, false, false>,
-             p, segs, maps, qo);
+  const KvMaps maps = kv_maps(p.k1, p.v1, p.T1, p.k2, p.v2, p.k2 ? p.T2 : 0, p.nkv, KT, p.q, D);
+  if constexpr (D == 128) {
+    launch_pdl("attention_forward_wgmma", grid, threads, smem, e.stream,
+               p.mode == kAttnDFlash && p.window > 0 ? k_fwd_wg<D, kFwdWgs, KT, true, false>
+                                                     : k_fwd_wg<D, kFwdWgs, KT, false, false>,
+               p, segs, maps, qo);
+  } else {  // (no window at 256: launch_attention_forward_wgmma takes only unwindowed causal calls there)
+    launch_pdl("attention_forward_wgmma", grid, threads, smem, e.stream, k_fwd_wg<D, kFwdWgs, KT, false, false>, p,
+               segs, maps, qo);
+  }
   return true;
+}
+}  // namespace
+
+bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
+  if (!e.attn_wgmma) return false;  // (DFLASH_ATTN_WGMMA=0: the mma.sync forward, for comparison)
+  if (p0.mode == kAttnCausal && p0.window > 0) return false;  // (its causal rows start at key 0: the mma.sync kernel)
+  if (p0.d == 128) return launch_fwd_wg<128>(e, p0, segs);
+  // head dim 256: the target's causal attention (sinks too; no window, above); DFlash attention at 256 stays on the
+  // mma.sync kernel (no drafter has it)
+  if (p0.d == 256 && p0.mode == kAttnCausal) return launch_fwd_wg<256>(e, p0, segs);
+  return false;
 }
 
 bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {

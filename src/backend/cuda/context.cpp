@@ -97,6 +97,7 @@ class CudaContext final : public Context {
     env_.smem_limit = smem_cap > 0 ? std::min(smem_cap, optin) : optin;
     env_.num_sms = prop.multiProcessorCount;
     if (const char* v = std::getenv("DFLASH_MOE_GEMM_VARIANT")) env_.moe_variant = std::atoi(v);  // (cuda/ops.h Env)
+    if (const char* v = std::getenv("DFLASH_ATTN_WGMMA")) env_.attn_wgmma = std::atoi(v) != 0;  // (cuda/ops.h Env)
     env_.alloc = [this](DType t, Shape s) { return empty(t, std::move(s)); };
     DFLASH_CUDA_CHECK(cudaStreamSynchronize(st_->stream));
   }

@@ -54,6 +54,10 @@ struct Env {
   // stages; 2 = 128 columns, 6 stages), from DFLASH_MOE_GEMM_VARIANT when the context is made (a benchmarking knob;
   // -1 = the measured default).
   int moe_variant = -1;
+  // Whether the attention forward may run on warpgroup MMA (attention_wgmma.cu); DFLASH_ATTN_WGMMA=0 when the context
+  // is made turns it off, so that the mma.sync forward (attention_tc.cu) can be timed on the same shapes (a
+  // benchmarking knob).
+  bool attn_wgmma = true;
 };
 
 // Checks that t is a CUDA tensor of dtype dt (Error naming op and tensor otherwise).
