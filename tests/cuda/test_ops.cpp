@@ -1519,6 +1519,46 @@ TEST(CudaOps, HybridCausalConv) {
   }
 }
 
+// Several sequences in one conv1d_causal call (a packed prefill, seqs): each from a zero window, and on CUDA one launch
+// for all of them (runs of 16 tokens inside one sequence each) whose outputs are bit for bit those of one call per
+// sequence. Lengths below 16, not multiples of 16, empty; more sequences than one launch takes (32); the scalar path
+// (C % 8 != 0, x misaligned) and the one-thread-per-output path (K > 8).
+TEST(CudaOps, HybridCausalConvSeqs) {
+  struct S {
+    std::vector<int64_t> lens;
+    int64_t C, K;
+    bool misaligned = false;
+  };
+  std::vector<int64_t> many;  // 35 sequences of 0 .. 22 tokens
+  for (int i = 0; i < 35; ++i) many.push_back((i * 7) % 23);
+  const std::vector<S> shapes =
+      kEmu ? std::vector<S>{{{5, 16, 0, 37, 1, 20}, 40, 4}, {{3, 17, 9}, 37, 3}, {{15, 33}, 64, 4, true},
+                            {{4, 0, 13}, 24, 12}, {many, 16, 4}, {{2, 31}, 24, 8}}
+           : std::vector<S>{{{3072, 3072, 3072, 3072}, 8192, 4}, {{1000, 7, 2048, 15, 0, 33}, 8192, 4},
+                            {many, 8192, 4}, {{100, 3, 250}, 136, 4}, {{40, 17}, 520, 12},
+                            {{300, 21, 5}, 8192, 4, true}};
+  for (const S& sh : shapes) {
+    std::vector<int64_t> seqs = {0};
+    for (int64_t l : sh.lens) seqs.push_back(seqs.back() + l);
+    const int64_t T = seqs.back(), K = sh.K, n = T * sh.C;
+    const Tensor x = rnd({n + (sh.misaligned ? 1 : 0)}, 314), w = rnd({sh.C, K}, 315, 0.5);
+    check_case(cat("conv1d_causal ", sh.lens.size(), " sequences T", T, " C", sh.C, " K", K,
+                   sh.misaligned ? " x misaligned" : ""),
+               {{"y", Kind::TwoX, true, double(K)}, {"y by sequence", Kind::TwoX, true, double(K)}},
+               [&](Context& c) {
+                 Tensor y = nan_out(c, {T, sh.C}), ys = nan_out(c, {T, sh.C});
+                 const int64_t off = sh.misaligned ? 1 : 0;
+                 const Tensor xd = put(c, x).slice(off, off + n).reshape({T, sh.C}), wd = put(c, w);
+                 c.conv1d_causal(xd, wd, Tensor{}, y, seqs);
+                 for (size_t i = 0; i + 1 < seqs.size(); ++i)
+                   c.conv1d_causal(xd.slice(seqs[i], seqs[i + 1]), wd, Tensor{}, ys.slice(seqs[i], seqs[i + 1]));
+                 Outs o{get(c, y), get(c, ys)};
+                 EXPECT_EQ(o[0], o[1]) << "conv1d_causal with seqs differs from one call per sequence";
+                 return o;
+               });
+  }
+}
+
 namespace {
 // The gated delta rule on T tokens (nk x dk keys, nv x dv values), from zeros and from a random state; the chunked
 // kernel's bf16 operands (normalised q, k, T, W, P, V', S) make its outputs an Nmse comparison.
