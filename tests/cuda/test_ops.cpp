@@ -1306,6 +1306,27 @@ TEST(CudaOps, MoeGptOss) {
   moe_gptoss_case(40, 96, 96, 130, 4);         // many experts, most empty
 }
 
+// moe_group alone over many chunks of 64 tokens (k_moe_scan: kMaxExperts / E threads per expert column, each over a
+// group of consecutive chunks; fewer chunks than groups; a single group at E = 1000 or 1024; one token).
+TEST(CudaOps, MoeGroup) {
+  using S = std::tuple<int64_t, int64_t, int64_t>;  // T, E, k
+  const std::vector<S> shapes = kEmu ? std::vector<S>{{1000, 256, 8}, {700, 128, 8}, {300, 1000, 4}, {200, 3, 2},
+                                                      {1, 256, 8}}
+                                     : std::vector<S>{{12288, 256, 8}, {12288, 128, 8}, {3000, 1024, 32},
+                                                      {200, 3, 2}, {1, 256, 8}, {50000, 256, 8}};
+  for (auto [T, E, k] : shapes) {
+    const Tensor ids = expert_ids(T, E, k, 400 + T, 1);
+    check_case(cat("moe_group T", T, " E", E, " k", k),
+               {{"offsets", Kind::Exact, false}, {"rows", Kind::Exact, false}, {"slot", Kind::Exact, false}},
+               [&](Context& c) {
+                 Tensor off = c.empty(DType::I32, {E + 1}), rows = c.empty(DType::I32, {T * k});
+                 Tensor slot = c.empty(DType::I32, {T * k});
+                 c.moe_group(c.to_device(ids), off, rows, slot);
+                 return Outs{get(c, off), get(c, rows), get(c, slot)};
+               });
+  }
+}
+
 TEST(CudaOps, MoE) {
   for (auto [T, E, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{37, 8, 2}, {70, 128, 8}, {5, 130, 3}}) {
     moe_route_case(T, E, k, true);
