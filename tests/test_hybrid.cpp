@@ -79,6 +79,35 @@ TEST(HybridOps, CausalConvWithItsWindow) {
   }
 }
 
+// Several sequences in one call (seqs, a packed prefill): each from a zero window, the rows of one call per sequence;
+// a window or offsets that do not tile the rows are refused.
+TEST(HybridOps, CausalConvPackedSequences) {
+  auto ctx = make_context("cpu64");
+  const int64_t C = 5, K = 4;
+  const std::vector<int64_t> seqs = {0, 2, 2, 9, 10};
+  const int64_t T = seqs.back();
+  const Tensor x = test::randn({T, C}, 3, 1.0, DType::F64), w = test::randn({C, K}, 4, 0.5, DType::F64);
+  Tensor y = cpu_empty(DType::F64, {T, C}), ys = cpu_empty(DType::F64, {T, C});
+  ctx->conv1d_causal(x, w, Tensor{}, y, seqs);
+  for (size_t i = 0; i + 1 < seqs.size(); ++i)
+    ctx->conv1d_causal(x.slice(seqs[i], seqs[i + 1]), w, Tensor{}, ys.slice(seqs[i], seqs[i + 1]));
+  EXPECT_EQ(to_f64(y), to_f64(ys));
+  Tensor whole = cpu_empty(DType::F64, {T, C});  // one sequence: row 2 (sequence 3's first) sees rows 0, 1
+  ctx->conv1d_causal(x, w, Tensor{}, whole);
+  EXPECT_NE(to_f64(whole.slice(2, 3)), to_f64(y.slice(2, 3)));
+  const auto refused = [&](const Tensor& state, std::vector<int64_t> s, const char* what) {
+    try {
+      ctx->conv1d_causal(x, w, state, y, s);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("conv1d_causal: "), std::string::npos) << e.what();
+    }
+  };
+  refused(cpu_zeros(DType::F64, {K - 1, C}), seqs, "a window with seqs");
+  refused(Tensor{}, {0, 4, 9}, "seqs ending before T");
+  refused(Tensor{}, {0, 5, 4, 10}, "seqs descending");
+}
+
 // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), softplus passing x > 20 through (torch).
 TEST(HybridOps, GdnGates) {
   auto ctx = make_context("cpu64");

@@ -324,8 +324,11 @@ class Context {
   //   y[t, c] = silu(sum_{j < K} w[c, j] xin[t + j, c]),   xin = [state ; x]   ([K - 1 + T, C])
   // x, y [T, C] act (y must not alias x); w [C, K] act (Conv1d.weight [C, 1, K]); state [K - 1, C] act: the K - 1
   // inputs before x, replaced by the last K - 1 rows of xin (the window the next call continues from); undefined:
-  // zeros (a sequence's start), nothing kept.
-  virtual void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y) = 0;
+  // zeros (a sequence's start), nothing kept. seqs (optional, as GatedDeltaArgs::seqs): the T rows are several
+  // independent sequences, rows [seqs[i], seqs[i+1]) (seqs[0] = 0, ascending, seqs.back() = T), each from a zero
+  // window (state must be undefined): a packed prefill in one call (CUDA: one launch for all of them).
+  virtual void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
+                             std::span<const int64_t> seqs = {}) = 0;
   // The Gated DeltaNet's per-head gates, fp32: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (softplus
   // as torch: x above 20 passes through). ba [T, 2 nv] act: b in columns 0..nv-1, a in nv..2nv-1; A_log, dt_bias [nv]
   // act; g, beta [T, nv] param dtype.
@@ -414,8 +417,10 @@ RowsDims check_rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, 
 RowsDims check_sigmoid_gate(const Tensor& y, const Tensor& gate, DType act);  // D = gate's columns (D or 1)
 struct Conv1dDims {
   int64_t T, C, K;
+  std::span<const int64_t> seqs;  // several sequences (conv1d_causal's seqs), or empty: one
 };
-Conv1dDims check_conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, DType act);
+Conv1dDims check_conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, DType act,
+                               std::span<const int64_t> seqs = {});
 int64_t check_gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
                        const Tensor& beta, DType act, DType param);  // returns T
 int64_t check_gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out, DType act, DType param);  // returns T

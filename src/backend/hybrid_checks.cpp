@@ -37,7 +37,8 @@ RowsDims check_sigmoid_gate(const Tensor& y, const Tensor& gate, DType act) {
   return {R, gate.shape.back()};
 }
 
-Conv1dDims check_conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, DType act) {
+Conv1dDims check_conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, DType act,
+                               std::span<const int64_t> seqs) {
   const char* op = "conv1d_causal";
   expect(x.defined() && x.dtype == act && x.ndim() == 2, op, "x", x, cat(dtype_name(act), " [T, C]"));
   const int64_t T = x.shape[0], C = x.shape[1];
@@ -49,7 +50,14 @@ Conv1dDims check_conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& s
   if (state.defined())
     expect(state.dtype == act && state.numel() == (K - 1) * C, op, "state", state,
            cat(dtype_name(act), " [", K - 1, ", ", C, "]"));
-  return {T, C, K};
+  if (!seqs.empty()) {
+    DFLASH_CHECK(!state.defined(), op, ": several sequences (seqs) start from zero windows; state must be undefined");
+    DFLASH_CHECK(seqs.size() >= 2 && seqs.front() == 0 && seqs.back() == T, op, ": seqs must run from 0 to T = ", T,
+                 " (", seqs.size(), " offsets given)");
+    for (size_t i = 1; i < seqs.size(); ++i)
+      DFLASH_CHECK(seqs[i] >= seqs[i - 1], op, ": seqs not ascending at ", i, " (", seqs[i - 1], ", ", seqs[i], ")");
+  }
+  return {T, C, K, seqs};
 }
 
 int64_t check_gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,

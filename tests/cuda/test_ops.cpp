@@ -1323,6 +1323,27 @@ TEST(CudaOps, MoeGptOss) {
   moe_gptoss_case(40, 96, 96, 130, 4);         // many experts, most empty
 }
 
+// moe_group alone over many chunks of 64 tokens (k_moe_scan: kMaxExperts / E threads per expert column, each over a
+// group of consecutive chunks; fewer chunks than groups; a single group at E = 1000 or 1024; one token).
+TEST(CudaOps, MoeGroup) {
+  using S = std::tuple<int64_t, int64_t, int64_t>;  // T, E, k
+  const std::vector<S> shapes = kEmu ? std::vector<S>{{1000, 256, 8}, {700, 128, 8}, {300, 1000, 4}, {200, 3, 2},
+                                                      {1, 256, 8}}
+                                     : std::vector<S>{{12288, 256, 8}, {12288, 128, 8}, {3000, 1024, 32},
+                                                      {200, 3, 2}, {1, 256, 8}, {50000, 256, 8}};
+  for (auto [T, E, k] : shapes) {
+    const Tensor ids = expert_ids(T, E, k, 400 + T, 1);
+    check_case(cat("moe_group T", T, " E", E, " k", k),
+               {{"offsets", Kind::Exact, false}, {"rows", Kind::Exact, false}, {"slot", Kind::Exact, false}},
+               [&](Context& c) {
+                 Tensor off = c.empty(DType::I32, {E + 1}), rows = c.empty(DType::I32, {T * k});
+                 Tensor slot = c.empty(DType::I32, {T * k});
+                 c.moe_group(c.to_device(ids), off, rows, slot);
+                 return Outs{get(c, off), get(c, rows), get(c, slot)};
+               });
+  }
+}
+
 TEST(CudaOps, MoE) {
   for (auto [T, E, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{37, 8, 2}, {70, 128, 8}, {5, 130, 3}}) {
     moe_route_case(T, E, k, true);
@@ -1535,6 +1556,46 @@ TEST(CudaOps, HybridCausalConv) {
                  c.conv1d_causal(xd, wd, Tensor{}, y0);
                  c.conv1d_causal(xd, wd, s, y1);
                  return Outs{get(c, y0), get(c, y1), get(c, s)};
+               });
+  }
+}
+
+// Several sequences in one conv1d_causal call (a packed prefill, seqs): each from a zero window, and on CUDA one launch
+// for all of them (runs of 16 tokens inside one sequence each) whose outputs are bit for bit those of one call per
+// sequence. Lengths below 16, not multiples of 16, empty; more sequences than one launch takes (32); the scalar path
+// (C % 8 != 0, x misaligned) and the one-thread-per-output path (K > 8).
+TEST(CudaOps, HybridCausalConvSeqs) {
+  struct S {
+    std::vector<int64_t> lens;
+    int64_t C, K;
+    bool misaligned = false;
+  };
+  std::vector<int64_t> many;  // 35 sequences of 0 .. 22 tokens
+  for (int i = 0; i < 35; ++i) many.push_back((i * 7) % 23);
+  const std::vector<S> shapes =
+      kEmu ? std::vector<S>{{{5, 16, 0, 37, 1, 20}, 40, 4}, {{3, 17, 9}, 37, 3}, {{15, 33}, 64, 4, true},
+                            {{4, 0, 13}, 24, 12}, {many, 16, 4}, {{2, 31}, 24, 8}}
+           : std::vector<S>{{{3072, 3072, 3072, 3072}, 8192, 4}, {{1000, 7, 2048, 15, 0, 33}, 8192, 4},
+                            {many, 8192, 4}, {{100, 3, 250}, 136, 4}, {{40, 17}, 520, 12},
+                            {{300, 21, 5}, 8192, 4, true}};
+  for (const S& sh : shapes) {
+    std::vector<int64_t> seqs = {0};
+    for (int64_t l : sh.lens) seqs.push_back(seqs.back() + l);
+    const int64_t T = seqs.back(), K = sh.K, n = T * sh.C;
+    const Tensor x = rnd({n + (sh.misaligned ? 1 : 0)}, 314), w = rnd({sh.C, K}, 315, 0.5);
+    check_case(cat("conv1d_causal ", sh.lens.size(), " sequences T", T, " C", sh.C, " K", K,
+                   sh.misaligned ? " x misaligned" : ""),
+               {{"y", Kind::TwoX, true, double(K)}, {"y by sequence", Kind::TwoX, true, double(K)}},
+               [&](Context& c) {
+                 Tensor y = nan_out(c, {T, sh.C}), ys = nan_out(c, {T, sh.C});
+                 const int64_t off = sh.misaligned ? 1 : 0;
+                 const Tensor xd = put(c, x).slice(off, off + n).reshape({T, sh.C}), wd = put(c, w);
+                 c.conv1d_causal(xd, wd, Tensor{}, y, seqs);
+                 for (size_t i = 0; i + 1 < seqs.size(); ++i)
+                   c.conv1d_causal(xd.slice(seqs[i], seqs[i + 1]), wd, Tensor{}, ys.slice(seqs[i], seqs[i + 1]));
+                 Outs o{get(c, y), get(c, ys)};
+                 EXPECT_EQ(o[0], o[1]) << "conv1d_causal with seqs differs from one call per sequence";
+                 return o;
                });
   }
 }

@@ -188,8 +188,9 @@ class CpuContext final : public Context {
     const OpScope scope = op("sigmoid_gate");
     cpu::sigmoid_gate(pool_, y, gate, d.R, d.D);
   }
-  void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y) override {
-    const Conv1dDims d = check_conv1d_causal(x, w, state, y, dt_);
+  void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
+                     std::span<const int64_t> seqs) override {
+    const Conv1dDims d = check_conv1d_causal(x, w, state, y, dt_, seqs);
     const OpScope scope = op("conv1d_causal");
     cpu::conv1d_causal(pool_, x, w, state, y, d);
   }

@@ -71,7 +71,10 @@ __device__ __forceinline__ bf16 from_f<bf16>(float x) {
 }
 
 // Eight bf16 values (one 16-byte load or store) to floats and back (round to nearest even).
-__device__ __forceinline__ void bf16x8_to_f(const uint4& v, float (&f)[8]) {
+// v by value, not by reference: bf16x8_to_f(*reinterpret_cast<const uint4*>(p), f) with a reference let nvcc read
+// the four bf16 pairs through p itself, four 4-byte loads (ld.global.v2.u16) instead of one 16-byte ld.global.v4.u32;
+// a uint4 argument is one 16-byte load at the call (p must be 16-byte aligned, as for any uint4 access).
+__device__ __forceinline__ void bf16x8_to_f(const uint4 v, float (&f)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
   DFLASH_UNROLL
   for (int k = 0; k < 4; ++k) {

@@ -380,8 +380,9 @@ class CudaContext final : public Context {
     const OpScope scope = op("sigmoid_gate");
     cuda::sigmoid_gate(env_, y, gate, d);
   }
-  void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y) override {
-    const Conv1dDims d = check_conv1d_causal(x, w, state, y, DType::BF16);
+  void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
+                     std::span<const int64_t> seqs) override {
+    const Conv1dDims d = check_conv1d_causal(x, w, state, y, DType::BF16, seqs);
     const OpScope scope = op("conv1d_causal");
     cuda::conv1d_causal(env_, x, w, state, y, d);
   }

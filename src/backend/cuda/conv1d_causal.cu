@@ -1,5 +1,5 @@
-// cuda/conv1d_causal.cu — the Gated DeltaNet's depthwise causal convolution with SiLU over one sequence
-// (backend/context.h conv1d_causal; cpu/conv1d_causal.cpp is the reference):
+// cuda/conv1d_causal.cu — the Gated DeltaNet's depthwise causal convolution with SiLU over one sequence, or over the
+// sequences of a packed prefill in one launch (backend/context.h conv1d_causal; cpu/conv1d_causal.cpp is the reference):
 //   y[t, c] = silu(sum_{j < K} w[c, j] xin[t + j, c]),   xin = [window ; x],   x, y [T, C], w [C, K], window [K - 1, C]
 // bf16 on the device (fp32 runs the same templates), fp32 accumulation, one rounding per output.
 //
@@ -13,7 +13,10 @@
 //     being launched together); so K is a template parameter (K <= kRunMaxK; within a batch the shifts are renames);
 //   * rows loaded kBatch at a time, then computed: kBatch 16-byte loads in flight per thread; the loop over a run's
 //     batches is not unrolled (~1k instructions instead of ~4k);
-//   * threads side by side over channels (coalesced rows), blockIdx.y over runs.
+//   * threads side by side over channels (coalesced rows), blockIdx.y over runs;
+//   * several sequences (a packed prefill, seqs): each is cut into its own runs (a run never straddles two sequences,
+//     each sequence's window starts at zero) and blockIdx.y walks the runs of all of them (RunSeqs: up to kMaxSeqs
+//     sequences per launch), so the prefill is one launch per layer, not one per sequence (bench/NOTES.md 26).
 // The arithmetic per output is the first version's, in the same order (acc = 0; acc += w[c, j] xin[t + j, c] for
 // j = 0..K-1; acc / (1 + expf(-acc)); one rounding), so the results are bit-identical to it and to k_conv1d. That
 // arithmetic is ~24 instructions per output (4 FFMA, expf ~9, the IEEE division ~9, bf16 unpack / pack ~2), so the
@@ -27,6 +30,9 @@
 // run (T <= kRun: decode and verify steps) the thread that read a channel group's window writes it, after its outputs
 // (k_conv1d_run keep: one launch); otherwise the window belongs to another block's run and k_conv1d_window moves it
 // after the convolution (one thread per channel, the rows read into registers first).
+#include <algorithm>
+#include <span>
+
 #include "backend/cuda/common.cuh"
 
 namespace dflash::cuda {
@@ -38,6 +44,15 @@ constexpr int kRunMaxK = 8;     // k_conv1d_run's K (Qwen3-Next / Qwen3.5: 4); a
 constexpr int kRun = 16;        // tokens per thread: K - 1 halo rows per 16 (from L2)
 constexpr int kBatch = 4;       // rows loaded before they are computed
 constexpr int kRunThreads = 128;
+constexpr int kMaxSeqs = 32;  // sequences per k_conv1d_run launch
+
+// The sequences of one k_conv1d_run launch: sequence s is rows [off[s], off[s + 1]) of x and y, and its runs of kRun
+// tokens are the launch's runs [run[s], run[s + 1]) (run[0] = 0).
+struct RunSeqs {
+  int n;
+  int64_t off[kMaxSeqs + 1];
+  int64_t run[kMaxSeqs + 1];
+};
 
 template <class T>
 __device__ __forceinline__ float xin(const T* x, const T* state, int64_t i, int c, int C, int P) {
@@ -45,8 +60,7 @@ __device__ __forceinline__ float xin(const T* x, const T* state, int64_t i, int 
   return state ? to_f(state[i * C + c]) : 0.f;
 }
 
-// V consecutive elements at p, as floats (V = 1, or one 16-byte access: 8 bf16 / 4 fp32) and back. (The uint4 is
-// loaded into a local first: bf16x8_to_f on the dereferenced pointer let nvcc split it into four 4-byte loads.)
+// V consecutive elements at p, as floats (V = 1, or one 16-byte access: 8 bf16 / 4 fp32) and back.
 template <int V, class T>
 __device__ __forceinline__ void load_row(const T* p, float (&f)[V]) {
   if constexpr (V == 1) {
@@ -83,12 +97,12 @@ __device__ __forceinline__ void copy_row(T* dst, const T* src) {
 }
 
 // Thread (blockIdx.x * blockDim.x + threadIdx.x) owns channels [c0, c0 + V); blockIdx.y walks the runs of kRun
-// tokens. state: the window [K - 1, C] or null (zeros); not restrict: with keep (a single run, gridDim.y == 1) each
-// thread moves its channels of it on after its outputs.
+// tokens of sq's sequences. state: the window [K - 1, C] or null (zeros; always with several sequences); not restrict:
+// with keep (one sequence of a single run, gridDim.y == 1) each thread moves its channels of it on after its outputs.
 template <class T, int K, int V>
 __global__ void __launch_bounds__(kRunThreads)
-    k_conv1d_run(const T* __restrict__ x, const T* __restrict__ w, T* state, T* __restrict__ y, int64_t Tn, int C,
-                 bool keep) {
+    k_conv1d_run(const T* __restrict__ x, const T* __restrict__ w, T* state, T* __restrict__ y, int C, bool keep,
+                 const RunSeqs sq) {
   constexpr int P = K - 1;
   constexpr int PW = P > 0 ? P : 1;  // the window's array size
   const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;
@@ -99,15 +113,19 @@ __global__ void __launch_bounds__(kRunThreads)
     DFLASH_UNROLL
     for (int j = 0; j < K; ++j) wr[j][v] = to_f(w[static_cast<int64_t>(c0 + v) * K + j]);
   }
-  const int64_t runs = (Tn + kRun - 1) / kRun;
+  const int64_t runs = sq.run[sq.n];
+  int q = 0;  // the sequence of run (ascending in this loop)
   for (int64_t run = blockIdx.y; run < runs; run += gridDim.y) {
-    const int64_t t0 = run * kRun;
+    while (run >= sq.run[q + 1]) ++q;
+    const int64_t Tn = sq.off[q + 1] - sq.off[q], t0 = (run - sq.run[q]) * kRun;  // t: rows of sequence q
+    const T* xs = x + sq.off[q] * C;
+    T* ys = y + sq.off[q] * C;
     float win[PW][V];  // xin rows t .. t + P - 1 before output t
     DFLASH_UNROLL
     for (int j = 0; j < P; ++j) {
       const int64_t i = t0 + j;
       if (i >= P) {
-        load_row<V>(x + (i - P) * C + c0, win[j]);
+        load_row<V>(xs + (i - P) * C + c0, win[j]);
       } else if (state) {
         load_row<V>(state + i * C + c0, win[j]);
       } else {
@@ -121,7 +139,7 @@ __global__ void __launch_bounds__(kRunThreads)
       DFLASH_UNROLL
       for (int b = 0; b < kBatch; ++b) {
         const int64_t t = t0 + b0 + b;
-        load_row<V>(x + (t < Tn ? t : Tn - 1) * C + c0, nx[b]);
+        load_row<V>(xs + (t < Tn ? t : Tn - 1) * C + c0, nx[b]);
       }
       DFLASH_UNROLL
       for (int b = 0; b < kBatch; ++b) {
@@ -135,7 +153,7 @@ __global__ void __launch_bounds__(kRunThreads)
           acc += wr[P][v] * nx[b][v];
           out[v] = acc / (1.f + expf(-acc));
         }
-        if (t < Tn) store_row<V>(y + t * C + c0, out);
+        if (t < Tn) store_row<V>(ys + t * C + c0, out);
         if constexpr (P > 0) {
           DFLASH_UNROLL
           for (int j = 0; j + 1 < P; ++j) {
@@ -150,6 +168,7 @@ __global__ void __launch_bounds__(kRunThreads)
   }
   if (!keep) return;
   // window row i = xin row Tn + i: in ascending i a row of the old window is read before it is overwritten
+  const int64_t Tn = sq.off[1];
   DFLASH_UNROLL
   for (int i = 0; i < P; ++i) {
     const int64_t s = Tn + i;
@@ -182,41 +201,58 @@ __global__ void k_conv1d_window(const T* __restrict__ x, T* state, int64_t Tn, i
   }
 }
 
-// k_conv1d_run<T, K, V or 1>; returns whether it moved the window on (keep).
+// k_conv1d_run<T, K, V or 1> over the sequences [seqs[i], seqs[i + 1]) (kMaxSeqs a launch); returns whether it moved
+// the window on (keep).
 template <class T, int K>
-bool launch_run(Env& e, const T* x, const T* w, T* state, T* y, int64_t Tn, int C) {
+bool launch_run(Env& e, const T* x, const T* w, T* state, T* y, std::span<const int64_t> seqs, int C) {
   constexpr int V = 16 / static_cast<int>(sizeof(T));
   const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  // (C % V == 0: every sequence's rows start 16-byte aligned too)
   const bool vec = C % V == 0 && a16(x) && a16(y) && (!state || a16(state));
-  const int64_t groups = vec ? C / V : C, runs = (Tn + kRun - 1) / kRun;
+  const int64_t groups = vec ? C / V : C;
   const int threads = groups >= kRunThreads ? kRunThreads : static_cast<int>((groups + 31) / 32 * 32);
-  const dim3 grid(static_cast<unsigned>((groups + threads - 1) / threads),
-                  static_cast<unsigned>(runs < 65535 ? runs : 65535));
-  const bool keep = state && K > 1 && runs == 1;
-  if (vec) {
-    DFLASH_LAUNCH(grid, threads, 0, e.stream, k_conv1d_run<T, K, V>)(x, w, state, y, Tn, C, keep);
-  } else {
-    DFLASH_LAUNCH(grid, threads, 0, e.stream, k_conv1d_run<T, K, 1>)(x, w, state, y, Tn, C, keep);
+  const int64_t n = static_cast<int64_t>(seqs.size()) - 1;
+  bool keep = false;
+  for (int64_t s0 = 0; s0 < n; s0 += kMaxSeqs) {
+    RunSeqs sq{};
+    sq.n = static_cast<int>(std::min<int64_t>(kMaxSeqs, n - s0));
+    for (int i = 0; i <= sq.n; ++i) sq.off[i] = seqs[static_cast<size_t>(s0 + i)];
+    for (int i = 0; i < sq.n; ++i) sq.run[i + 1] = sq.run[i] + (sq.off[i + 1] - sq.off[i] + kRun - 1) / kRun;
+    const int64_t runs = sq.run[sq.n];
+    if (runs == 0) continue;
+    const dim3 grid(static_cast<unsigned>((groups + threads - 1) / threads),
+                    static_cast<unsigned>(runs < 65535 ? runs : 65535));
+    keep = state && K > 1 && n == 1 && runs == 1;
+    if (vec) {
+      DFLASH_LAUNCH(grid, threads, 0, e.stream, k_conv1d_run<T, K, V>)(x, w, state, y, C, keep, sq);
+    } else {
+      DFLASH_LAUNCH(grid, threads, 0, e.stream, k_conv1d_run<T, K, 1>)(x, w, state, y, C, keep, sq);
+    }
   }
   return keep;
 }
 
-// The convolution of T > 0 tokens; returns whether the window was moved on too.
+// The convolution of T > 0 tokens in the sequences seqs; returns whether the window was moved on too.
 template <class T>
-bool conv(Env& e, const T* x, const T* w, T* state, T* y, int64_t Tn, int C, int K) {
+bool conv(Env& e, const T* x, const T* w, T* state, T* y, std::span<const int64_t> seqs, int C, int K) {
   switch (K) {
-    case 1: return launch_run<T, 1>(e, x, w, state, y, Tn, C);
-    case 2: return launch_run<T, 2>(e, x, w, state, y, Tn, C);
-    case 3: return launch_run<T, 3>(e, x, w, state, y, Tn, C);
-    case 4: return launch_run<T, 4>(e, x, w, state, y, Tn, C);
-    case 5: return launch_run<T, 5>(e, x, w, state, y, Tn, C);
-    case 6: return launch_run<T, 6>(e, x, w, state, y, Tn, C);
-    case 7: return launch_run<T, 7>(e, x, w, state, y, Tn, C);
-    case 8: return launch_run<T, 8>(e, x, w, state, y, Tn, C);
+    case 1: return launch_run<T, 1>(e, x, w, state, y, seqs, C);
+    case 2: return launch_run<T, 2>(e, x, w, state, y, seqs, C);
+    case 3: return launch_run<T, 3>(e, x, w, state, y, seqs, C);
+    case 4: return launch_run<T, 4>(e, x, w, state, y, seqs, C);
+    case 5: return launch_run<T, 5>(e, x, w, state, y, seqs, C);
+    case 6: return launch_run<T, 6>(e, x, w, state, y, seqs, C);
+    case 7: return launch_run<T, 7>(e, x, w, state, y, seqs, C);
+    case 8: return launch_run<T, 8>(e, x, w, state, y, seqs, C);
     default: break;
   }
   static_assert(kRunMaxK == 8);
-  DFLASH_LAUNCH(grid_for(Tn * C, 256, e.num_sms), 256, 0, e.stream, k_conv1d<T>)(x, w, state, y, Tn, C, K);
+  for (size_t i = 0; i + 1 < seqs.size(); ++i) {  // (no model so far: one launch per sequence)
+    const int64_t b = seqs[i], Tn = seqs[i + 1] - b;
+    if (Tn == 0) continue;
+    DFLASH_LAUNCH(grid_for(Tn * C, 256, e.num_sms), 256, 0, e.stream, k_conv1d<T>)(x + b * C, w, state, y + b * C, Tn,
+                                                                                  C, K);
+  }
   return false;
 }
 
@@ -225,10 +261,11 @@ void conv_and_window(Env& e, const T* x, const T* w, T* state, T* y, const Conv1
   const int C = static_cast<int>(d.C), K = static_cast<int>(d.K), P = K - 1;
   bool moved = false;
   if (d.T > 0) {
-    moved = conv(e, x, w, state, y, d.T, C, K);
+    const int64_t one[2] = {0, d.T};
+    moved = conv(e, x, w, state, y, d.seqs.empty() ? std::span<const int64_t>(one) : d.seqs, C, K);
     check_launch("conv1d_causal");
   }
-  if (!state || P == 0 || d.T == 0 || moved) return;
+  if (!state || P == 0 || d.T == 0 || moved) return;  // (state: one sequence)
   DFLASH_LAUNCH(grid_for(C, 256, e.num_sms), 256, 0, e.stream, k_conv1d_window<T>)(x, state, d.T, C, P);
   check_launch("conv1d_causal window");
 }

@@ -248,7 +248,7 @@ __device__ __forceinline__ void row_sums(float (&v)[RB], float* red) {
 // bf16x8_to_f by integer ops (a bf16 is the high half of its float): the same values, but not an expression the
 // compiler can share with an earlier bf16x8_to_f of the same words, so across the backward's row sum it keeps the
 // 4 packed words of a chunk alive rather than its 8 floats, and converts again (1 instruction per value).
-__device__ __forceinline__ void bf16x8_to_f_alu(const uint4& v, float (&f)[8]) {
+__device__ __forceinline__ void bf16x8_to_f_alu(const uint4 v, float (&f)[8]) {
   const uint32_t u[4] = {v.x, v.y, v.z, v.w};
   DFLASH_UNROLL
   for (int k = 0; k < 4; ++k) {

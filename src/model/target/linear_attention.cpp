@@ -87,14 +87,18 @@ void linear_attention_forward(Context& ctx, const LinearAttnWeights& w, const Mo
   Tensor g = ctx.empty(pt, {R, nv}), beta = ctx.empty(pt, {R, nv});
   ctx.gdn_gate(ba, w.A_log, w.dt_bias, g, beta);
   Tensor qkv = ctx.empty(dt, {R, C}), o = ctx.empty(dt, {R, nv, dv});
-  // Sequences without a cache that tile the rows (a packed prefill) share one gated_delta_rule call (GatedDeltaArgs
-  // seqs: one launch on CUDA); the others run one by one.
+  // Sequences without a cache that tile the rows (a packed prefill) share one conv1d_causal and one gated_delta_rule
+  // call (their seqs: one launch each on CUDA); the others run one by one.
   std::vector<int64_t> packed = {0};
   for (const AttnSegment& s : segs)
     if (!s.cache && s.begin == packed.back() && s.end >= s.begin) packed.push_back(s.end);
   const bool one_call = packed.size() > 2 && packed.back() == R && packed.size() == segs.size() + 1;
+  if (one_call) {
+    ctx.conv1d_causal(xin, w.conv, Tensor{}, qkv, packed);
+    ctx.gated_delta_rule({qkv, g, beta, Tensor{}, a.num_key_heads, a.key_head_dim, nv, dv, packed}, o);
+  }
   for (const AttnSegment& s : segs) {
-    if (s.end <= s.begin) continue;
+    if (one_call || s.end <= s.begin) continue;
     LinearAttnState* st = s.cache ? &s.cache->lin[static_cast<size_t>(l)] : nullptr;
     const Tensor xs = xin.slice(s.begin, s.end), ys = qkv.slice(s.begin, s.end);
     const Tensor gs = g.slice(s.begin, s.end), bs = beta.slice(s.begin, s.end);
@@ -110,11 +114,9 @@ void linear_attention_forward(Context& ctx, const LinearAttnWeights& w, const Mo
       st->start = -1;
     }
     ctx.conv1d_causal(xs, w.conv, st ? st->conv : Tensor{}, ys);
-    if (one_call) continue;
     GatedDeltaArgs ga{ys, gs, bs, st ? st->state : Tensor{}, a.num_key_heads, a.key_head_dim, nv, dv, {}};
     ctx.gated_delta_rule(ga, o.slice(s.begin, s.end));
   }
-  if (one_call) ctx.gated_delta_rule({qkv, g, beta, Tensor{}, a.num_key_heads, a.key_head_dim, nv, dv, packed}, o);
   const Tensor o2 = o.reshape({R * nv, dv}), z2 = z.reshape({R * nv, dv});
   ctx.rmsnorm_gated(o2, w.norm, &z2, static_cast<float>(cfg.rms_norm_eps), false, o2);
   ctx.linear(o.reshape({R, nv * dv}), w.w_out, nullptr, h, 1.0f);  // h += o Wout^T
