@@ -475,7 +475,9 @@ void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64
                " bytes of shared memory per block, the device allows ", e.smem_limit);
   const std::vector<int64_t> seqs = a.seqs.empty() ? std::vector<int64_t>{0, T} : a.seqs;
   const int64_t n = static_cast<int64_t>(seqs.size()) - 1;
-  auto chunks_of = [&](int64_t s) { return (seqs[static_cast<size_t>(s + 1)] - seqs[static_cast<size_t>(s)] + kC - 1) / kC; };
+  auto chunks_of = [&](int64_t s) {
+    return (seqs[static_cast<size_t>(s + 1)] - seqs[static_cast<size_t>(s)] + kC - 1) / kC;
+  };
   // launch groups [s0, s1): at most kMaxSeqs sequences and kWsBudget bytes of workspace (a longer sequence alone)
   const int64_t per_chunk = a.nv * kRecV + a.nk * kRecK, budget = std::max<int64_t>(1, kWsBudget / per_chunk);
   std::vector<int64_t> starts;
