@@ -1482,8 +1482,8 @@ TEST(CudaTarget, GptOssGolden) {
 // ---- hybrid linear-attention ops (issue 37) -------------------------------------------------------------------------
 // rmsnorm_gated (zero-centred; gated by silu(z)), sigmoid_gate (per element, per row), partial RoPE, conv1d_causal with
 // and without its window (decode, fewer rows than the window, a prefill), gdn_gate, and the gated delta rule on its
-// two CUDA paths: the recurrent kernel (decode, small or odd heads) and the chunked tensor-core kernel (dk = dv = 128,
-// T >= 64; the last chunk partial), with and without a start state.
+// two CUDA paths: the recurrent kernel (decode, small or odd heads) and the chunked tensor-core kernels (dk = dv = 128,
+// T >= 64; the last chunk partial; more sequences than one launch takes), with and without a start state.
 TEST(CudaOps, HybridRowsAndGates) {
   using RD = std::pair<int64_t, int64_t>;
   const std::vector<RD> shapes = kEmu ? std::vector<RD>{{9, 16}, {33, 128}, {5, 12}}
@@ -1643,6 +1643,11 @@ TEST(CudaOps, HybridGatedDeltaRule) {
   gated_delta_case(16, 1, 128, 2, 128); // recurrent: a verify block
   gated_delta_case(130, 1, 128, 2, 128);  // chunked: 3 chunks, the last of 2 tokens
   gated_delta_case(130, 1, 128, 2, 128, {0, 70, 71, 71, 130});  // chunked: 4 sequences (one of 1 token, one empty)
+  // chunked: 34 sequences (of 0 to 3 tokens, two of 70) on 2 key heads: two launch groups of at most 32 sequences
+  // sharing one workspace, each key head's Q, K records read by its two value heads
+  std::vector<int64_t> many{0};
+  for (int64_t i = 0; i < 34; ++i) many.push_back(many.back() + (i == 2 || i == 33 ? 70 : i % 4));
+  gated_delta_case(many.back(), 2, 128, 4, 128, many);
   if (kEmu) return;
   gated_delta_case(4 * 3072, 16, 128, 32, 128, {0, 3072, 6144, 9216, 12288});  // the benchmark's packed prefill
   gated_delta_case(64, 2, 128, 2, 128);     // chunked: exactly one chunk

@@ -1,6 +1,6 @@
 // cuda/gated_delta_rule.cu — the gated delta rule of one sequence (backend/context.h GatedDeltaArgs; the CPU
-// reference is cpu/gated_delta_rule.cpp) and its dispatch: the chunked tensor-core kernel of gated_delta_chunk.cu for
-// prefills (bf16, dk = dv = 128, T >= kChunkMinTokens, not on the emulator), else this file's recurrent kernel.
+// reference is cpu/gated_delta_rule.cpp) and its dispatch: the chunked tensor-core kernels of gated_delta_chunk.cu for
+// prefills (bf16, dk = dv = 128, T >= 64), else this file's recurrent kernel.
 //
 // Recurrent kernel (decode, verification, small or odd shapes): a block = one warp owns value head h and 32 of its dv
 // state columns; the state slice S[:, j0 .. j0 + 31] (dk x 32 fp32) lives in shared memory, lane j its column. Per

@@ -145,12 +145,14 @@ void sigmoid_gate(Env& e, const Tensor& y, const Tensor& gate, const RowsDims& d
 void conv1d_causal(Env& e, const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, const Conv1dDims& d);
 void gdn_gate(Env& e, const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g, const Tensor& beta,
               int64_t T);
-// The recurrent kernel, or the chunked tensor-core one where it applies (gated_delta_chunk_applies).
+// The recurrent kernel, or the chunked tensor-core ones where they apply (gated_delta_chunk_applies).
 void gated_delta_rule(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
-// The chunked kernel (WY form, mma.sync): BF16 qkv, dk = dv = 128, T >= 64, 167 KB of shared memory per block.
+// The chunked kernels (WY form, mma.sync; a state-free kernel over all chunks, then the state's walk): BF16 qkv,
+// dk = dv = 128, T >= 64, 206 KB of shared memory per block; a stream-ordered workspace of ~1.8 MB per 64 tokens at
+// 32 value / 16 key heads.
 bool gated_delta_chunk_applies(const Env& e, const GatedDeltaArgs& a, int64_t T);
 void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
-// Sets the chunked kernel's dynamic-shared-memory attribute (once per context, at construction).
+// Sets the chunked kernels' dynamic-shared-memory attribute (once per context, at construction).
 void gated_delta_init_attributes(int smem_optin);
 
 // ---- loss and optimizer -------------------------------------------------------------------------------------
