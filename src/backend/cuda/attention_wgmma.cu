@@ -58,7 +58,7 @@ constexpr int kWgD = 128;  // the backward's head dim
 // The forward's tiling (bench/NOTES.md 9: 2 warpgroups x 128-key tiles beat 1 x 64 (2 CTAs per SM) and 2 x 64):
 // kFwdWgs consumer warpgroups beside the producer, and its K / V stages (2: the producer warp refills a stage as
 // soon as both consumers have released it). Per head dim D (128, or 256 for the hybrid targets' causal prefill;
-// bench/NOTES.md 28):
+// bench/NOTES.md 29):
 //  * keys per tile: 128 at D = 128; 64 at D = 256 (a consumer's O is 64 x 256 fp32 = 128 registers a thread, S of
 //    64 keys 32 more; FlashAttention-3's hd256 forward takes 80 keys, which with our static shared memory is over
 //    the 227 KiB);
