@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
   // per stage K full, V full (the TMA bytes), K empty, V empty (every consumer warp read it)
   __shared__ alignas(8) uint64_t sBar[4 * kFwdSlots + 4 * NS];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base, sK = base + kFwdSlots * QB, sV = sK + NS * TB;
+  const uint32_t sQ = base, sK = base + QBUF * QB, sV = sK + NS * TB;  // (fwd_wg_smem's layout)
   const uint32_t bItemF = smem_u32(&sBar[0]), bItemE = bItemF + 8 * kFwdSlots, bQF = bItemE + 8 * kFwdSlots,
                  bOF = bQF + 8 * kFwdSlots, bFullK = bOF + 8 * kFwdSlots, bFullV = bFullK + 8 * NS,
                  bEmptyK = bFullV + 8 * NS, bEmptyV = bEmptyK + 8 * NS;  // (slot / buffer / stage s: + 8 s)
