@@ -1,8 +1,9 @@
 // cuda/attention_wgmma.cu — attention on Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for head dim 128: the
 // forward behind attention_causal (the target's prefill) and dflash_attention, and DFlash attention's backward (dQ,
-// dK / dV) on the H200; and for head dim 256 the causal forward (the hybrid targets' prefill: k_fwd_wg<256>). Same math, masks (attention.h: attn_row_bounds / dflash_row_bounds) and outputs as the
-// mma.sync kernels of attention_tc.cu, which still run for head dim 64, under a shared-memory cap too small for these
-// tiles (case C07) and in the emulator (no tensor cores there); tests/cuda's op table judges both against the CPU.
+// dK / dV) on the H200; and at head dim 256 the causal forward (the hybrid targets' prefill: k_fwd_wg<256>). Same
+// math, masks (attention.h: attn_row_bounds / dflash_row_bounds) and outputs as the mma.sync kernels of
+// attention_tc.cu, which still run for head dim 64, under a shared-memory cap too small for these tiles (case C07)
+// and in the emulator (no tensor cores there); tests/cuda's op table judges both against the CPU.
 //
 // FlashAttention-2's online softmax (Dao 2023) on FlashAttention-3's operands (Shah et al. 2024, arXiv 2407.08608,
 // section 3: wgmma with the first product's operands in shared memory and P / dS from registers; in the forward its

@@ -555,8 +555,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
     if (lane == 0) mbar_arrive(bEmpty + 8 * ((it - 1) % NS));  // the tile's last stage
 
     // epilogue: accumulator d[4 j + i] holds row 16 warp + lane / 4 + 8 (i / 2), column 8 j + 2 (lane % 4) + i % 2;
-    // for the gated acts, gate column c (< BN / 2) and its up column c + BN / 2 are d[4 j + i] and d[4 (j + BN / 16) + i].
-    // The outputs go out by quad_store (32 columns of a row per quad and store), rows past the expert's dropped there.
+    // for the gated acts, gate column c (< BN / 2) and its up column c + BN / 2 are d[4 j + i] and
+    // d[4 (j + BN / 16) + i]. The outputs go out by quad_store (32 columns of a row per quad and store), rows past the expert's dropped there.
     const int nt = t % p.n_tiles;
     const int64_t m0 = tile.y, m_end = tile.z;
     const bf16* bias = p.bias ? p.bias + static_cast<int64_t>(tile.x) * p.Nw : nullptr;
