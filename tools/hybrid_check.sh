@@ -5,6 +5,8 @@
 #   build  the CUDA build of dflash_cuda_tests, bench_hybrid and dflash (build-cuda);
 #   test   the CUDA op table's hybrid cases and the hybrid goldens on CUDA (GTEST_FILTER, default
 #          CudaOps.Hybrid*:CudaOps.AttentionCausal*:CudaOps.Elementwise:CudaOps.RmsNorm*:CudaTarget.*);
+#   moe    the MoE op cases (CudaOps.MoE, MoeGroup, MoeGptOss: the grouped GEMMs; ~200 s, most of it the fp64 CPU
+#          reference of the widest cases);
 #   all    the whole op table;
 #   torch  transformers 5.17's hybrid prefill and gated delta rule (bench/torch_hybrid.py);
 #   bench  bench/bench_hybrid (the chunked gated delta rule alone, then the dense and MoE prefills with capture);
@@ -32,6 +34,10 @@ for step in $STEPS; do
       timeout 400 build-cuda/dflash_cuda_tests --gtest_filter="${GTEST_FILTER:-CudaOps.Hybrid*:CudaOps.AttentionCausal*:CudaOps.Elementwise:CudaOps.RmsNorm*:CudaTarget.*}" >"$OUT/cuda_hybrid.log" 2>&1
       say "dflash_cuda_tests (hybrid) rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/cuda_hybrid.log" | tr '\n' ' ') $(grep -cE ' FAIL$' "$OUT/cuda_hybrid.log") failed checks"
       grep -hE " FAIL$|golden|gated_delta_rule|conv1d|rmsnorm_gated|rope partial|d256| 256" "$OUT/cuda_hybrid.log" | head -80 ;;
+    moe)
+      timeout 400 build-cuda/dflash_cuda_tests --gtest_filter='CudaOps.MoE:CudaOps.MoeGroup:CudaOps.MoeGptOss' >"$OUT/cuda_moe.log" 2>&1
+      say "dflash_cuda_tests (moe) rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/cuda_moe.log" | tr '\n' ' ') $(grep -cE ' FAIL$' "$OUT/cuda_moe.log") failed checks"
+      grep -hE " FAIL$" "$OUT/cuda_moe.log" | head -20 ;;
     all)
       timeout 580 build-cuda/dflash_cuda_tests >"$OUT/cuda_all.log" 2>&1
       say "dflash_cuda_tests (all) rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/cuda_all.log" | tr '\n' ' ')"
@@ -44,7 +50,7 @@ for step in $STEPS; do
       timeout 260 build-cuda/bench_hybrid ${BENCH_ARGS:-} >"$OUT/bench_hybrid.log" 2>&1
       say "bench_hybrid rc=$?"
       grep -hE "^# |^RESULT" "$OUT/bench_hybrid.log" ;;
-    *) say "unknown step $step (build test all torch bench)"; exit 2 ;;
+    *) say "unknown step $step (build test moe all torch bench)"; exit 2 ;;
   esac
 done
 say "done"
