@@ -18,7 +18,8 @@
 # env: ROOT (default runs/dpace_demo), SEEDS ("0 1 2"), OBJECTIVES ("decay dpace dpace_kl"), KL (0.15),
 #      GPUS (runs at once; default: the GPUs nvidia-smi lists), BIN (default build-cuda/dflash; --table-only:
 #      build-cpu/dflash when there is no CUDA build), DEMO_ARGS (extra `dflash demo` options, e.g. "--budget 120" for a
-#      quick look; default none = the demo's defaults), OUT (if set: table.md, the TSV, the plots, and OUT/runs/<run>/
+#      quick look; default none = the demo's defaults), KEPT (finished runs kept in the repository, default
+#      bench/dpace_runs: copied into ROOT, not run again), OUT (if set: table.md, the TSV, the plots, and OUT/runs/<run>/
 #      with every run's summary.json, demo.log and run/metrics.jsonl: small files only, in ROOT's layout, so that
 #      `ROOT=<runs of several calls, merged> bash bench/dpace_demo.sh --table-only` makes the whole table anywhere).
 # Prints the compact table last.
@@ -33,6 +34,22 @@ KL=${KL:-0.15}
 TABLE_ONLY=0
 [ "${1:-}" = --table-only ] && TABLE_ONLY=1
 mkdir -p "$ROOT"
+# runs finished in earlier device calls or sessions, kept in the repository (KEPT, default bench/dpace_runs: each run's
+# summary.json, demo.log and run/metrics.jsonl, as OUT/runs/ brings them back): copied into ROOT where ROOT lacks the
+# run, so that they are not run again and the table covers them
+KEPT=${KEPT:-bench/dpace_runs}
+if [ -d "$KEPT" ]; then
+  for d in "$KEPT"/*-s*/; do
+    [ -f "$d/summary.json" ] || continue
+    n=$(basename "$d")
+    [ -f "$ROOT/$n/summary.json" ] && continue
+    mkdir -p "$ROOT/$n/run"
+    cp "$d/summary.json" "$ROOT/$n/"
+    [ -f "$d/demo.log" ] && cp "$d/demo.log" "$ROOT/$n/"
+    [ -f "$d/run/metrics.jsonl" ] && cp "$d/run/metrics.jsonl" "$ROOT/$n/run/"
+    echo "dpace_demo: $n kept from $KEPT"
+  done
+fi
 [ -f tools/device_env.sh ] && . tools/device_env.sh  # PCRE2 from .deps on the GPU machine
 
 objective_args() {
