@@ -37,6 +37,7 @@ def load(root):
             "reached_gen": acc.get("generated", {}).get("reached", []),
             "given_tf": acc.get("teacher", {}).get("given_previous", []),
             "last_eal": s["train"].get("last_eal", 0),
+            "device": s.get("device", "?"),
         })
     return runs
 
@@ -73,12 +74,12 @@ def main():
     by = {o: [r for r in runs if r["objective"] == o] for o in objectives}
 
     md = ["| objective | seed | steps (train s) | tau teacher-forced | tau speculative | reached slot 1 / 2 / 4 / 8 / 15 "
-          "(teacher-forced) | wall s |", "|---|---|---|---|---|---|---|"]
+          "(teacher-forced) | wall s | device |", "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         rc = r["reached_tf"]
         pick = " / ".join(f"{rc[k]:.3f}" if k < len(rc) else "-" for k in (1, 2, 4, 8, 15))
         md.append(f"| {r['objective']} | {r['seed']} | {r['steps']} ({r['train_s']:.0f}) | {r['tau_tf']:.3f} | "
-                  f"{r['tau_gen']:.3f} | {pick} | {r['wall_s']:.0f} |")
+                  f"{r['tau_gen']:.3f} | {pick} | {r['wall_s']:.0f} | {r['device']} |")
     md += ["", "| objective | runs | tau teacher-forced mean (spread) | tau speculative mean (spread) | "
            "acceptance given the previous slots, slots 1..B-1 (teacher-forced, mean) |", "|---|---|---|---|---|"]
     summary = {}
@@ -133,6 +134,10 @@ def main():
                             f"run-to-run spread {bar:.3f}")
         if not complete:
             decision.append("(incomplete: fewer than 3 runs of some objective)")
+    # the demo trains for a fixed time: runs on different GPUs (H100 / H200) take different numbers of steps
+    devices = sorted({r["device"] for r in runs})
+    if len(devices) > 1:
+        decision.append("(runs from different devices: " + ", ".join(devices) + "; compare within one)")
     md += ["", "Decision: " + " ".join(decision)]
     with open(os.path.join(a.root, "table.md"), "w") as f:
         f.write("\n".join(md) + "\n")
