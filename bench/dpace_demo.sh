@@ -19,9 +19,9 @@
 #      GPUS (runs at once; default: the GPUs nvidia-smi lists), BIN (default build-cuda/dflash; --table-only:
 #      build-cpu/dflash when there is no CUDA build), DEMO_ARGS (extra `dflash demo` options, e.g. "--budget 120" for a
 #      quick look; default none = the demo's defaults), KEPT (finished runs kept in the repository, default
-#      bench/dpace_runs: copied into ROOT, not run again), OUT (if set: table.md, the TSV, the plots, and OUT/runs/<run>/
-#      with every run's summary.json, demo.log and run/metrics.jsonl: small files only, in ROOT's layout, so that
-#      `ROOT=<runs of several calls, merged> bash bench/dpace_demo.sh --table-only` makes the whole table anywhere).
+#      bench/dpace_runs: copied into ROOT, not run again), OUT (if set: table.md, the TSV, the plots, and
+#      dpace_runs.tar.gz with every finished run's summary.json, demo.log and thinned run/metrics.jsonl in KEPT's
+#      layout: unpacked into bench/dpace_runs and committed, the runs of several calls and sessions make one table).
 # Prints the compact table last.
 # On the lent machines (10 minutes a call): 6 GPUs run seeds 0 and 1 in ~7 min (SEEDS="0 1"), a second call seed 2
 # (SEEDS=2) and then the table of whatever ROOT holds; or one seed per call on 3 GPUs.
@@ -34,9 +34,9 @@ KL=${KL:-0.15}
 TABLE_ONLY=0
 [ "${1:-}" = --table-only ] && TABLE_ONLY=1
 mkdir -p "$ROOT"
-# runs finished in earlier device calls or sessions, kept in the repository (KEPT, default bench/dpace_runs: each run's
-# summary.json, demo.log and run/metrics.jsonl, as OUT/runs/ brings them back): copied into ROOT where ROOT lacks the
-# run, so that they are not run again and the table covers them
+# runs finished in earlier device calls or sessions, kept in the repository (KEPT, default bench/dpace_runs: each
+# run's summary.json, demo.log and run/metrics.jsonl, as OUT/dpace_runs.tar.gz brings them back): copied into ROOT
+# where ROOT lacks the run, so that they are not run again and the table covers them
 KEPT=${KEPT:-bench/dpace_runs}
 if [ -d "$KEPT" ]; then
   for d in "$KEPT"/*-s*/; do
@@ -47,6 +47,7 @@ if [ -d "$KEPT" ]; then
     cp "$d/summary.json" "$ROOT/$n/"
     [ -f "$d/demo.log" ] && cp "$d/demo.log" "$ROOT/$n/"
     [ -f "$d/run/metrics.jsonl" ] && cp "$d/run/metrics.jsonl" "$ROOT/$n/run/"
+    touch "$ROOT/$n/.kept"  # already in KEPT: not packed into OUT again
     echo "dpace_demo: $n kept from $KEPT"
   done
 fi
@@ -59,6 +60,21 @@ objective_args() {
     dpace_kl) echo "--loss dpace --kl-weight $KL" ;;
     *) echo "dpace_demo.sh: unknown objective '$1' (decay, dpace, dpace_kl)" >&2; return 1 ;;
   esac
+}
+
+thin_metrics() {  # metrics.jsonl -> every 10th step and the last, each with the step_s of the steps it stands for
+  python3 - "$1" <<'PY'
+import json, sys
+lines = [l for l in open(sys.argv[1]) if l.strip()]
+acc = 0.0
+for i, l in enumerate(lines):
+    j = json.loads(l)
+    acc += j.get("step_s", 0.0)
+    if i % 10 == 9 or i == len(lines) - 1:
+        j["step_s"] = acc
+        acc = 0.0
+        print(json.dumps(j, separators=(",", ":")))
+PY
 }
 
 if [ "$TABLE_ONLY" = 0 ]; then
@@ -123,13 +139,23 @@ if command -v gnuplot >/dev/null && [ -s "$ROOT/acceptance_by_slot.gp" ]; then
     echo "acceptance plot failed: $(tail -1 "$ROOT/plot.log")"
 fi
 if [ -n "${OUT:-}" ]; then
+  # a device call brings back at most 8 files, 2 folders down: the table and plots, and every run finished here (not
+  # those kept from KEPT) in one archive in KEPT's layout (<run>/summary.json, demo.log, run/metrics.jsonl), to
+  # unpack into bench/dpace_runs and commit: `tar xzf $OUT/dpace_runs.tar.gz -C bench/dpace_runs`. metrics.jsonl is
+  # thinned to every 10th step (step_s summed over the steps it stands for, so that `dflash plot --x seconds` keeps
+  # its time axis; 2.5 MB -> 0.25 MB a run)
   cp "$ROOT"/table.md "$ROOT"/table.txt "$ROOT"/acceptance_by_slot.tsv "$ROOT"/*.png "$OUT"/ 2>/dev/null
-  for d in "$ROOT"/*-s*/; do  # the layout of ROOT, so that --table-only runs on $OUT/runs (merged from several calls)
+  K=$(mktemp -d)
+  for d in "$ROOT"/*-s*/; do
     n=$(basename "$d")
-    mkdir -p "$OUT/runs/$n/run"
-    cp "$d"summary.json "$d"demo.log "$OUT/runs/$n/" 2>/dev/null
-    cp "$d"run/metrics.jsonl "$OUT/runs/$n/run/" 2>/dev/null
+    [ -f "$d/summary.json" ] && [ ! -f "$d/.kept" ] || continue
+    mkdir -p "$K/$n/run"
+    cp "$d"summary.json "$K/$n/"
+    cp "$d"demo.log "$K/$n/" 2>/dev/null
+    [ -f "$d/run/metrics.jsonl" ] && thin_metrics "$d/run/metrics.jsonl" >"$K/$n/run/metrics.jsonl"
   done
+  tar czf "$OUT/dpace_runs.tar.gz" -C "$K" .
+  rm -rf "$K"
 fi
 echo
 cat "$ROOT/table.txt"

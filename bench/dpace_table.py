@@ -124,7 +124,10 @@ def main():
         margin = summary[best]["gen"][0] - base["gen"][0]
         bar = max(summary[best]["gen"][1], base["gen"][1])
         complete = all(summary[o]["n"] >= 3 for o in objectives)
-        if best == a.baseline:
+        if not complete:
+            decision.append(f"none yet (fewer than 3 runs of some objective); so far {best} leads {a.baseline} by "
+                            f"{margin:+.3f} mean tau (speculative)")
+        elif best == a.baseline:
             decision.append(f"keep {a.baseline}: no objective has a higher mean tau by speculative decoding")
         elif margin > bar:
             decision.append(f"switch the default to {best}: +{margin:.3f} mean tau (speculative) over {a.baseline}, "
@@ -132,8 +135,6 @@ def main():
         else:
             decision.append(f"keep {a.baseline}: {best} is ahead by {margin:.3f} mean tau (speculative), within the "
                             f"run-to-run spread {bar:.3f}")
-        if not complete:
-            decision.append("(incomplete: fewer than 3 runs of some objective)")
     # the demo trains for a fixed time: runs on different GPUs (H100 / H200) take different numbers of steps
     devices = sorted({r["device"] for r in runs})
     if len(devices) > 1:
