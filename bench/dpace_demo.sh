@@ -47,7 +47,6 @@ if [ -d "$KEPT" ]; then
     cp "$d/summary.json" "$ROOT/$n/"
     [ -f "$d/demo.log" ] && cp "$d/demo.log" "$ROOT/$n/"
     [ -f "$d/run/metrics.jsonl" ] && cp "$d/run/metrics.jsonl" "$ROOT/$n/run/"
-    touch "$ROOT/$n/.kept"  # already in KEPT: not packed into OUT again
     echo "dpace_demo: $n kept from $KEPT"
   done
 fi
@@ -148,7 +147,7 @@ if [ -n "${OUT:-}" ]; then
   K=$(mktemp -d)
   for d in "$ROOT"/*-s*/; do
     n=$(basename "$d")
-    [ -f "$d/summary.json" ] && [ ! -f "$d/.kept" ] || continue
+    [ -f "$d/summary.json" ] && [ ! -f "$KEPT/$n/summary.json" ] || continue
     mkdir -p "$K/$n/run"
     cp "$d"summary.json "$K/$n/"
     cp "$d"demo.log "$K/$n/" 2>/dev/null

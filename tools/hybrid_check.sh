@@ -5,8 +5,8 @@
 #   build  the CUDA build of dflash_cuda_tests, bench_hybrid and dflash (build-cuda);
 #   test   the CUDA op table's hybrid cases and the hybrid goldens on CUDA (GTEST_FILTER, default
 #          CudaOps.Hybrid*:CudaOps.AttentionCausal*:CudaOps.Elementwise:CudaOps.RmsNorm*:CudaTarget.*);
-#   moe    the MoE op cases (CudaOps.MoE, MoeGroup, MoeGptOss: the grouped GEMMs; most of the time is the fp64 CPU
-#          reference of the widest cases);
+#   moe    the MoE op cases (CudaOps.MoE, MoeGroup, MoeGptOss: the grouped GEMMs; ~90 s on an H100, most of it the fp64
+#          CPU reference of the widest cases);
 #   all    the whole op table;
 #   torch  transformers 5.17's hybrid prefill and gated delta rule (bench/torch_hybrid.py);
 #   bench  bench/bench_hybrid (the chunked gated delta rule alone, then the dense and MoE prefills with capture);
