@@ -15,7 +15,8 @@
 #
 # Usage: bash bench/dpace_demo.sh                 (on the GPU machine; builds build-cuda/dflash when missing)
 #        bash bench/dpace_demo.sh --table-only    (table and plot from ROOT's finished runs: also here, on the CPU)
-# env: ROOT (default runs/dpace_demo), SEEDS ("0 1 2"), OBJECTIVES ("decay dpace dpace_kl"), KL (0.15),
+# env: DEVICE (cuda, the default, or cpu: the CPU demo, one run at a time on all cores; its ROOT, KEPT and BIN
+#      defaults end in _cpu / build-cpu), ROOT (default runs/dpace_demo), SEEDS ("0 1 2"), OBJECTIVES ("decay dpace dpace_kl"), KL (0.15),
 #      GPUS (runs at once; default: the GPUs nvidia-smi lists), BIN (default build-cuda/dflash; --table-only:
 #      build-cpu/dflash when there is no CUDA build), DEMO_ARGS (extra `dflash demo` options, e.g. "--budget 120" for a
 #      quick look; default none = the demo's defaults), KEPT (finished runs kept in the repository, default
@@ -27,7 +28,13 @@
 # (SEEDS=2) and then the table of whatever ROOT holds; or one seed per call on 3 GPUs.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-ROOT=${ROOT:-runs/dpace_demo}
+DEVICE=${DEVICE:-cuda}
+case "$DEVICE" in
+  cuda) SUFFIX= ;;
+  cpu) SUFFIX=_cpu; GPUS=1 ;;  # the CPU demo takes every core: one run at a time
+  *) echo "dpace_demo.sh: DEVICE is cuda or cpu, not '$DEVICE'" >&2; exit 2 ;;
+esac
+ROOT=${ROOT:-runs/dpace_demo$SUFFIX}
 SEEDS=${SEEDS:-0 1 2}
 OBJECTIVES=${OBJECTIVES:-decay dpace dpace_kl}
 KL=${KL:-0.15}
@@ -37,7 +44,7 @@ mkdir -p "$ROOT"
 # runs finished in earlier device calls or sessions, kept in the repository (KEPT, default bench/dpace_runs: each
 # run's summary.json, demo.log and run/metrics.jsonl, as OUT/dpace_runs.tar.gz brings them back): copied into ROOT
 # where ROOT lacks the run, so that they are not run again and the table covers them
-KEPT=${KEPT:-bench/dpace_runs}
+KEPT=${KEPT:-bench/dpace_runs$SUFFIX}
 if [ -d "$KEPT" ]; then
   for d in "$KEPT"/*-s*/; do
     [ -f "$d/summary.json" ] || continue
@@ -77,11 +84,13 @@ PY
 }
 
 if [ "$TABLE_ONLY" = 0 ]; then
-  BIN=${BIN:-build-cuda/dflash}
+  B=build-cuda CUDA_FLAG=ON
+  [ "$DEVICE" = cpu ] && B=build-cpu CUDA_FLAG=OFF
+  BIN=${BIN:-$B/dflash}
   if [ ! -x "$BIN" ]; then
     echo "building $BIN ..."
-    cmake -S . -B build-cuda -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$ROOT/configure.log" 2>&1 &&
-      cmake --build build-cuda -j "$(nproc)" --target dflash >"$ROOT/build.log" 2>&1 ||
+    cmake -S . -B "$B" -DDFLASH_CUDA=$CUDA_FLAG -DCMAKE_BUILD_TYPE=Release >"$ROOT/configure.log" 2>&1 &&
+      cmake --build "$B" -j "$(nproc)" --target dflash >"$ROOT/build.log" 2>&1 ||
       { tail -30 "$ROOT/configure.log" "$ROOT/build.log" 2>/dev/null; exit 1; }
   fi
   n_obj=$(echo $OBJECTIVES | wc -w)
@@ -96,17 +105,19 @@ if [ "$TABLE_ONLY" = 0 ]; then
   for s in $SEEDS; do
     for o in $OBJECTIVES; do [ -f "$ROOT/$o-s$s/summary.json" ] || todo+=("$o:$s"); done
   done
-  echo "dpace_demo: ${#todo[@]} run(s) to do on $GPUS GPU(s): ${todo[*]:-none}"
+  where="on $GPUS GPU(s)"
+  [ "$DEVICE" = cpu ] && where="on the CPU, one at a time"
+  echo "dpace_demo: ${#todo[@]} run(s) to do $where: ${todo[*]:-none}"
   run_one() {  # gpu objective seed
     local g=$1 o=$2 s=$3 dir=$ROOT/$2-s$3 resume=()
     [ -d "$dir/run" ] && resume=(--resume)  # an interrupted run continues (its time budget too)
     mkdir -p "$dir"
     local t0=$SECONDS
     # shellcheck disable=SC2046,SC2086
-    CUDA_VISIBLE_DEVICES=$g "$BIN" demo --device cuda --out "$dir" --seed "$s" $(objective_args "$o") $DEMO_ARGS \
+    CUDA_VISIBLE_DEVICES=$g "$BIN" demo --device "$DEVICE" --out "$dir" --seed "$s" $(objective_args "$o") $DEMO_ARGS \
       "${resume[@]}" >>"$dir/demo.log" 2>&1
     local rc=$?
-    echo "  $o seed $s on GPU $g: rc $rc, $((SECONDS - t0)) s$([ $rc = 0 ] || echo " (see $dir/demo.log)")"
+    echo "  $o seed $s on $([ "$DEVICE" = cuda ] && echo "GPU $g" || echo cpu): rc $rc, $((SECONDS - t0)) s$([ $rc = 0 ] || echo " (see $dir/demo.log)")"
   }
   DEMO_ARGS=${DEMO_ARGS:-}
   i=0
