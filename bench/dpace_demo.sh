@@ -17,15 +17,22 @@
 #        bash bench/dpace_demo.sh --table-only    (table and plot from ROOT's finished runs: also here, on the CPU)
 # env: DEVICE (cuda, the default, or cpu: the CPU demo, one run at a time on all cores; its ROOT, KEPT and BIN
 #      defaults end in _cpu / build-cpu), ROOT (default runs/dpace_demo), SEEDS ("0 1 2"), OBJECTIVES ("decay dpace dpace_kl"), KL (0.15),
-#      GPUS (runs at once; default: the GPUs nvidia-smi lists), BIN (default build-cuda/dflash; --table-only:
-#      build-cpu/dflash when there is no CUDA build), DEMO_ARGS (extra `dflash demo` options, e.g. "--budget 120" for a
+#      GPUS (runs at once; default: the GPUs nvidia-smi lists), MAX_RUNS (at most this many runs in this call, the
+#      first missing ones in seed order: MAX_RUNS=1 fits one run in a 10-minute device call), BIN (default
+#      build-cuda/dflash, built when missing; a path ending in .xz is a binary built here by tools/carry_build.sh and
+#      carried: unpacked and used when it runs there, else the script builds; --table-only: build-cpu/dflash when there
+#      is no CUDA build), DEMO_ARGS (extra `dflash demo` options, e.g. "--budget 120" for a
 #      quick look; default none = the demo's defaults), KEPT (finished runs kept in the repository, default
-#      bench/dpace_runs: copied into ROOT, not run again), OUT (if set: table.md, the TSV, the plots, and
+#      bench/dpace_runs, bench/dpace_runs_<card> on a card other than the H100 80GB HBM3 (below), or
+#      bench/dpace_runs_cpu: copied into ROOT, not run again), OUT (if set: table.md, the TSV, the plots, and
 #      dpace_runs.tar.gz with every finished run's summary.json, demo.log and thinned run/metrics.jsonl in KEPT's
 #      layout: unpacked into bench/dpace_runs and committed, the runs of several calls and sessions make one table).
 # Prints the compact table last.
 # On the lent machines (10 minutes a call): 6 GPUs run seeds 0 and 1 in ~7 min (SEEDS="0 1"), a second call seed 2
-# (SEEDS=2) and then the table of whatever ROOT holds; or one seed per call on 3 GPUs.
+# (SEEDS=2) and then the table of whatever ROOT holds; or one seed per call on 3 GPUs. On one GPU, one run a call,
+# with the binary built here (`bash tools/carry_build.sh`; carry [".deps", "build-cudacarry/dflash.xz"]):
+#   OUT=$OUT MAX_RUNS=1 BIN=build-cudacarry/dflash.xz bash bench/dpace_demo.sh
+# then here: tar xzf <files_at>/dpace_runs.tar.gz -C <the KEPT it printed>, and commit.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 DEVICE=${DEVICE:-cuda}
@@ -44,6 +51,17 @@ mkdir -p "$ROOT"
 # runs finished in earlier device calls or sessions, kept in the repository (KEPT, default bench/dpace_runs: each
 # run's summary.json, demo.log and run/metrics.jsonl, as OUT/dpace_runs.tar.gz brings them back): copied into ROOT
 # where ROOT lacks the run, so that they are not run again and the table covers them
+# The demo trains for a fixed time, so the step count depends on the card: the kept GPU runs are one card's set,
+# bench/dpace_runs for the H100 80GB HBM3 that ran the first ones; another card keeps its own set in
+# bench/dpace_runs_<card> (e.g. bench/dpace_runs_h200), so that one table never mixes cards.
+if [ -z "${KEPT:-}" ] && [ "$DEVICE" = cuda ] && [ "$TABLE_ONLY" = 0 ]; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | tr 'A-Z' 'a-z' |
+         sed 's/^nvidia //; s/[^a-z0-9]\+/_/g; s/_$//')
+  case "$card" in
+    ""|h100_80gb_hbm3) ;;
+    *) KEPT=bench/dpace_runs_$card ;;
+  esac
+fi
 KEPT=${KEPT:-bench/dpace_runs$SUFFIX}
 if [ -d "$KEPT" ]; then
   for d in "$KEPT"/*-s*/; do
@@ -87,6 +105,16 @@ if [ "$TABLE_ONLY" = 0 ]; then
   B=build-cuda CUDA_FLAG=ON
   [ "$DEVICE" = cpu ] && B=build-cpu CUDA_FLAG=OFF
   BIN=${BIN:-$B/dflash}
+  if [ "${BIN%.xz}" != "$BIN" ]; then  # a binary built on another machine (tools/carry_build.sh), xz-compressed
+    XZ=$BIN BIN=$B/dflash
+    if python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+         "$XZ" "$ROOT/dflash" && chmod +x "$ROOT/dflash" && "$ROOT/dflash" --help >/dev/null 2>&1; then
+      BIN=$ROOT/dflash
+      echo "dpace_demo: running the carried $XZ"
+    else
+      echo "dpace_demo: the carried $XZ does not run here ($(ldd "$ROOT/dflash" 2>&1 | grep -m1 'not found')); building"
+    fi
+  fi
   if [ ! -x "$BIN" ]; then
     echo "building $BIN ..."
     cmake -S . -B "$B" -DDFLASH_CUDA=$CUDA_FLAG -DCMAKE_BUILD_TYPE=Release >"$ROOT/configure.log" 2>&1 &&
@@ -105,9 +133,12 @@ if [ "$TABLE_ONLY" = 0 ]; then
   for s in $SEEDS; do
     for o in $OBJECTIVES; do [ -f "$ROOT/$o-s$s/summary.json" ] || todo+=("$o:$s"); done
   done
+  if [ -n "${MAX_RUNS:-}" ] && [ "${#todo[@]}" -gt "$MAX_RUNS" ]; then  # the first MAX_RUNS of them in this call
+    todo=("${todo[@]:0:$MAX_RUNS}")
+  fi
   where="on $GPUS GPU(s)"
   [ "$DEVICE" = cpu ] && where="on the CPU, one at a time"
-  echo "dpace_demo: ${#todo[@]} run(s) to do $where: ${todo[*]:-none}"
+  echo "dpace_demo: ${#todo[@]} run(s) to do $where: ${todo[*]:-none} (kept runs: $KEPT)"
   run_one() {  # gpu objective seed
     local g=$1 o=$2 s=$3 dir=$ROOT/$2-s$3 resume=()
     [ -d "$dir/run" ] && resume=(--resume)  # an interrupted run continues (its time budget too)

@@ -125,8 +125,9 @@ def main():
         bar = max(summary[best]["gen"][1], base["gen"][1])
         complete = all(summary[o]["n"] >= 3 for o in objectives)
         if not complete:
-            decision.append(f"none yet (fewer than 3 runs of some objective); so far {best} leads {a.baseline} by "
-                            f"{margin:+.3f} mean tau (speculative)")
+            lead = (f"so far {best} leads {a.baseline} by {margin:+.3f} mean tau (speculative)" if best != a.baseline
+                    else f"so far {a.baseline} leads" if len(objectives) > 1 else f"only {a.baseline} so far")
+            decision.append(f"none yet (fewer than 3 runs of some objective); {lead}")
         elif best == a.baseline:
             decision.append(f"keep {a.baseline}: no objective has a higher mean tau by speculative decoding")
         elif margin > bar:
