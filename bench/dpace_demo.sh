@@ -26,7 +26,7 @@
 #      bench/dpace_runs, bench/dpace_runs_<card> on a card other than the H100 80GB HBM3 (below), or
 #      bench/dpace_runs_cpu: copied into ROOT, not run again), OUT (if set: table.md, the TSV, the plots, and
 #      dpace_runs.tar.gz with every finished run's summary.json, demo.log and thinned run/metrics.jsonl in KEPT's
-#      layout: unpacked into bench/dpace_runs and committed, the runs of several calls and sessions make one table).
+#      layout: unpacked into KEPT and committed, the runs of several calls and sessions make one table).
 # Prints the compact table last.
 # On the lent machines (10 minutes a call): 6 GPUs run seeds 0 and 1 in ~7 min (SEEDS="0 1"), a second call seed 2
 # (SEEDS=2) and then the table of whatever ROOT holds; or one seed per call on 3 GPUs. On one GPU, one run a call,
@@ -182,7 +182,7 @@ fi
 if [ -n "${OUT:-}" ]; then
   # a device call brings back at most 8 files, 2 folders down: the table and plots, and every run finished here (not
   # those kept from KEPT) in one archive in KEPT's layout (<run>/summary.json, demo.log, run/metrics.jsonl), to
-  # unpack into bench/dpace_runs and commit: `tar xzf $OUT/dpace_runs.tar.gz -C bench/dpace_runs`. metrics.jsonl is
+  # unpack into KEPT and commit: `tar xzf $OUT/dpace_runs.tar.gz -C <KEPT as printed above>`. metrics.jsonl is
   # thinned to every 10th step (step_s summed over the steps it stands for, so that `dflash plot --x seconds` keeps
   # its time axis; 2.5 MB -> 0.25 MB a run)
   cp "$ROOT"/table.md "$ROOT"/table.txt "$ROOT"/acceptance_by_slot.tsv "$ROOT"/*.png "$OUT"/ 2>/dev/null

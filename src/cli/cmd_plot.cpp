@@ -123,8 +123,9 @@ void plot(const PlotOptions& o) {
   };
   auto series = [&](int col, const char* extra) { return series_of(tables, col, extra, "lines"); };
   const char* xl = o.x == "seconds" ? "training seconds" : "step";
+  const std::string title = o.runs.size() == 1 ? "dflash: " + o.runs[0] : cat("dflash: ", o.runs.size(), " runs");
   std::string gp = cat("set terminal pngcairo size 1400,1300 noenhanced\nset output ", gp_quote(out + ".part"),
-                       "\nset multiplot layout 3,2 title ", gp_quote(o.runs.size() == 1 ? "dflash: " + o.runs[0] : cat("dflash: ", o.runs.size(), " runs")), "\n",
+                       "\nset multiplot layout 3,2 title ", gp_quote(title), "\n",
                        "set grid\nset key top right\nset xlabel '", xl, "'\n");
   gp += cat("set title 'loss'\nplot ", series(2, "loss"), "\n");
   gp += cat("set title 'expected acceptance length (EAL)'\nplot ", series(3, "EAL"), "\n");
