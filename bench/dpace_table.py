@@ -38,6 +38,9 @@ def load(root):
             "given_tf": acc.get("teacher", {}).get("given_previous", []),
             "last_eal": s["train"].get("last_eal", 0),
             "device": s.get("device", "?"),
+            # the target-only decode speed of the eval: a launch-bound measure of the host + GPU the run had, so
+            # that a slow call (fewer steps in the fixed time) shows in the table
+            "target_tok_s": s.get("target_only_tokens_per_s", float("nan")),
         })
     return runs
 
@@ -74,12 +77,12 @@ def main():
     by = {o: [r for r in runs if r["objective"] == o] for o in objectives}
 
     md = ["| objective | seed | steps (train s) | tau teacher-forced | tau speculative | reached slot 1 / 2 / 4 / 8 / 15 "
-          "(teacher-forced) | wall s | device |", "|---|---|---|---|---|---|---|---|"]
+          "(teacher-forced) | target-only tok/s | wall s | device |", "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         rc = r["reached_tf"]
         pick = " / ".join(f"{rc[k]:.3f}" if k < len(rc) else "-" for k in (1, 2, 4, 8, 15))
         md.append(f"| {r['objective']} | {r['seed']} | {r['steps']} ({r['train_s']:.0f}) | {r['tau_tf']:.3f} | "
-                  f"{r['tau_gen']:.3f} | {pick} | {r['wall_s']:.0f} | {r['device']} |")
+                  f"{r['tau_gen']:.3f} | {pick} | {r['target_tok_s']:.0f} | {r['wall_s']:.0f} | {r['device']} |")
     md += ["", "| objective | runs | tau teacher-forced mean (spread) | tau speculative mean (spread) | "
            "acceptance given the previous slots, slots 1..B-1 (teacher-forced, mean) |", "|---|---|---|---|---|"]
     summary = {}
@@ -136,26 +139,43 @@ def main():
         else:
             decision.append(f"keep {a.baseline}: {best} is ahead by {margin:.3f} mean tau (speculative), within the "
                             f"run-to-run spread {bar:.3f}")
+    # paired by seed: the three runs of a seed ran close together (one session, often one machine), while the host's
+    # speed can differ between sessions; the difference per seed shows whether the lead holds seed by seed
+    paired = []
+    if base is not None:
+        base_by_seed = {r["seed"]: r["tau_gen"] for r in by[a.baseline]}
+        for o in objectives:
+            if o == a.baseline:
+                continue
+            d = [r["tau_gen"] - base_by_seed[r["seed"]] for r in by[o] if r["seed"] in base_by_seed]
+            if d:
+                paired.append(f"{o} - {a.baseline} per seed: " + ", ".join(f"{x:+.3f}" for x in d))
     # the demo trains for a fixed time: runs on different GPUs (H100 / H200) take different numbers of steps
     devices = sorted({r["device"] for r in runs})
     if len(devices) > 1:
         decision.append("(runs from different devices: " + ", ".join(devices) + "; compare within one)")
     md += ["", "Decision: " + " ".join(decision)]
+    if paired:
+        md += ["", "Tau by speculative decoding, paired by seed: " + "; ".join(paired) + "."]
     with open(os.path.join(a.root, "table.md"), "w") as f:
         f.write("\n".join(md) + "\n")
 
     print(f"wrote {a.root}/table.md and {a.root}/acceptance_by_slot.tsv")
     print()
-    print(f"{'objective':12s} {'seed':>4s} {'steps':>6s} {'tau_tf':>7s} {'tau_spec':>8s}  reached@1/2/4/8/15 (tf)")
+    print(f"{'objective':12s} {'seed':>4s} {'steps':>6s} {'tau_tf':>7s} {'tau_spec':>8s} {'tgt_tok/s':>9s}  "
+          "reached@1/2/4/8/15 (tf)")
     for r in runs:
         rc = r["reached_tf"]
         pick = " ".join(f"{rc[k]:.2f}" if k < len(rc) else "-" for k in (1, 2, 4, 8, 15))
-        print(f"{r['objective']:12s} {r['seed']:>4d} {r['steps']:>6d} {r['tau_tf']:7.3f} {r['tau_gen']:8.3f}  {pick}")
+        print(f"{r['objective']:12s} {r['seed']:>4d} {r['steps']:>6d} {r['tau_tf']:7.3f} {r['tau_gen']:8.3f} "
+              f"{r['target_tok_s']:9.0f}  {pick}")
     print()
     for o in objectives:
         s = summary[o]
         print(f"{o:12s} n={s['n']}  tau_tf {s['tf'][0]:.3f} (spread {s['tf'][1]:.3f})  "
               f"tau_spec {s['gen'][0]:.3f} (spread {s['gen'][1]:.3f})")
+    for line in paired:
+        print(line)
     print("decision: " + " ".join(decision))
 
 
