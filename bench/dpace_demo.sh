@@ -3,9 +3,9 @@
 # 3 objectives x 3 seeds of `dflash demo --device cuda` at the demo's defaults (8 layers, B 16, 360 s budget), then
 # a table (tau teacher-forced and by speculative decoding, per-slot acceptance, the default the numbers support:
 # bench/dpace_table.py) and one plot of the runs (`dflash plot`: training curves, per-slot accuracy along the block).
-#   decay     --loss decay (today's: spec 2.4, the demo's gamma 2)
-#   dpace     --loss dpace (D-PACE, alpha 0.5)
-#   dpace_kl  --loss dpace --kl-weight $KL
+#   decay     --loss decay (the paper's: spec 2.4, the demo's gamma 2; the default until this table chose dpace)
+#   dpace     --loss dpace (D-PACE, alpha 0.5; the default since 2026-12-07)
+#   dpace_kl  --loss dpace --kl-weight $KL (dearer: the target's logits per supervised row)
 # One run per GPU at a time (GPU g runs its runs with CUDA_VISIBLE_DEVICES=g), seed by seed, the objectives of a seed
 # side by side (GPUS defaults to a multiple of the objective count). A GPU demo run takes ~6.5 min (360 s of training,
 # ~25-40 s of preparing and eval; bench/RESULTS.md: 384-399 s wall): 9 runs are ~60 GPU-minutes; on 3 GPUs 3 rounds

@@ -35,7 +35,7 @@ python3 bench/q8_data.py "$W/q30/config.json" "$W/rows.jsonl" 64 qwen3-30b-a3b
 $B prepare --tokenizer assets/demo/target --input "$W/rows.jsonl" --out "$W/data" >"$W/prep.log" 2>&1 || tail -5 "$W/prep.log"
 [ -n "${PY:-}" ] && { wait "$PY"; say "torch done"; }
 timeout 240 $B train --target "$W/q30" --random-target --data "$W/data" --mask-token-id 151669 --num-layers 5 \
-  --block-size 16 --max-anchors 512 --max-steps "$STEPS" --batch-size 4 --device cuda:0 --quiet --no-export \
+  --block-size 16 --max-anchors 512 --max-steps "$STEPS" --batch-size 4 --loss decay --device cuda:0 --quiet --no-export \
   --checkpoint-every 0 --out "$W/coloc1" >"$W/coloc1.log" 2>&1
 say "ours coloc1 rc=$?"; tail -3 "$W/coloc1.log"
 cp "$W/coloc1/metrics.jsonl" "$OUT/metrics_moe_coloc1.jsonl" 2>/dev/null

@@ -59,7 +59,8 @@ PY
 mkdir -p "$W/q8"
 python3 bench/q8_data.py "$W/q8/config.json" "$W/rows.jsonl" 96
 $B prepare --tokenizer assets/demo/target --input "$W/rows.jsonl" --out "$W/q8data" >"$W/prep_q8.log" 2>&1 || tail -5 "$W/prep_q8.log"
-COMMON="--target $W/q8 --random-target --data $W/q8data --mask-token-id 151669 --num-layers 5 --block-size 16 --max-anchors 512 --max-steps $STEPS --quiet --no-export --checkpoint-every 0"
+# --loss decay: bench/torch_pipeline.py renders the origin's objective (decay weights, gamma 7 for B 16)
+COMMON="--target $W/q8 --random-target --data $W/q8data --mask-token-id 151669 --num-layers 5 --block-size 16 --max-anchors 512 --loss decay --max-steps $STEPS --quiet --no-export --checkpoint-every 0"
 run_ours() {  # name, batch, topology...
   local name=$1 batch=$2; shift 2
   timeout 100 $B train $COMMON --out "$W/$name" --batch-size "$batch" "$@" >"$W/$name.log" 2>&1

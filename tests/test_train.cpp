@@ -351,6 +351,37 @@ TEST(TrainCli, DPaceLossReachesTheCheckpointAndResumeKeepsIt) {
   fs::remove_all(root);
 }
 
+// D-PACE is the default objective (bench/RESULTS.md "D-PACE"); a run made with the decayed cross-entropy, whether its
+// checkpoint says so or predates the "loss" key, resumes only with --loss decay, and the refusal names that option.
+TEST(TrainCli, DefaultLossIsDPaceAndADecayRunResumesWithTheNamedOption) {
+  const std::string root = tmpdir("cli_loss_default");
+  const std::string data = make_data(root, 4);
+  const std::string base = tiny_train_cmd(root, data) + " --max-steps 3 --no-export";
+  ASSERT_EQ(std::system((base + " --stop-after 2 2>&1").c_str()), 0);
+  const auto state = [&] { return latest_checkpoint(root + "/run") + "/state.json"; };
+  EXPECT_EQ(nlohmann::json::parse(read_file(state()))["config"]["loss"], "dpace");
+
+  ASSERT_EQ(std::system((base + " --overwrite --loss decay --stop-after 2 2>&1").c_str()), 0);
+  EXPECT_EQ(nlohmann::json::parse(read_file(state()))["config"]["loss"], "decay");
+  const std::string log = root + "/resume.log";
+  const auto refused = [&](const char* why) {
+    EXPECT_NE(std::system((base + " --resume > " + log + " 2>&1").c_str()), 0) << why;
+    const std::string text = read_file(log);
+    EXPECT_NE(text.find("loss = \"decay\""), std::string::npos) << why << ": " << text;
+    EXPECT_NE(text.find("(--loss decay)"), std::string::npos) << why << ": " << text;
+  };
+  refused("checkpoint with loss = decay");
+  // a checkpoint from before the key: its objective was the decayed cross-entropy
+  auto st = nlohmann::json::parse(read_file(state()));
+  st["config"].erase("loss");
+  write_file_atomic(state(), st.dump(2));
+  refused("checkpoint without a loss key");
+  EXPECT_EQ(read_metrics(root + "/run").size(), 2u) << "a refused resume must leave the run as it was";
+  ASSERT_EQ(std::system((base + " --resume --loss decay 2>&1").c_str()), 0);
+  EXPECT_EQ(read_metrics(root + "/run").size(), 3u);
+  fs::remove_all(root);
+}
+
 TEST(TrainCli, ConfigFileSectionAndCommandLineOverride) {
   const std::string root = tmpdir("cli");
   const std::string data = make_data(root, 4);

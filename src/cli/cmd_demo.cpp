@@ -25,7 +25,7 @@
 #include "io/dataset.h"
 #include "io/prepare.h"
 #include "io/tokenizer.h"
-#include "model/draft_loss.h"  // kDefaultDPaceAlpha
+#include "model/draft_loss.h"  // parse_loss_kind, check_dpace_alpha
 #include "model/export.h"
 #include "model/target.h"
 #include "train/trainer.h"
@@ -42,11 +42,11 @@ struct DemoOpts {
   int threads = 0;
   bool resume = false;
   bool overwrite = false;
-  // the objective and the seed (defaults: the demo as it always ran): train's --loss, --dpace-alpha, --kl-weight,
-  // --seed; bench/dpace_demo.sh compares objectives over seeds with them
-  std::string loss = "decay";
-  double dpace_alpha = kDefaultDPaceAlpha;
-  double kl_weight = 0;
+  // the objective and the seed (defaults: train's): train's --loss, --dpace-alpha, --kl-weight, --seed;
+  // bench/dpace_demo.sh compares objectives over seeds with them
+  std::string loss = TrainConfig{}.loss;
+  double dpace_alpha = TrainConfig{}.dpace_alpha;
+  double kl_weight = TrainConfig{}.kl_weight;
   uint64_t seed = 0;
 };
 
@@ -254,7 +254,7 @@ void register_demo(CLI::App& app) {
   sub->add_option("--generated-samples", o->generated_samples,
                   "eval samples decoded speculatively (default 20 CPU / 100 GPU)");
   sub->add_option("--threads", o->threads, "CPU threads (0 = all cores)");
-  sub->add_option("--loss", o->loss, "training objective, as train --loss: decay (gamma 2 here) or dpace")
+  sub->add_option("--loss", o->loss, "training objective, as train --loss: dpace or decay (gamma 2 here)")
       ->capture_default_str();
   sub->add_option("--dpace-alpha", o->dpace_alpha, "D-PACE's smoothing alpha (with --loss dpace)")
       ->capture_default_str();

@@ -73,8 +73,8 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
       ->delimiter(',');
   sub->add_option("--max-anchors", c.max_anchors, "anchors (blocks) per sequence, N")->capture_default_str();
   sub->add_option("--loss", c.loss,
-                  "loss weights per slot: decay (exp(-(i-1)/gamma), spec 2.4) or dpace (D-PACE, arXiv 2605.18810: "
-                  "from the drafter's own predicted acceptance; --gamma unused)")
+                  "loss weights per slot: dpace (D-PACE, arXiv 2605.18810: from the drafter's own predicted acceptance; "
+                  "--gamma unused) or decay (exp(-(i-1)/gamma)); spec 2.4")
       ->capture_default_str();
   sub->add_option("--gamma", c.gamma, "loss decay gamma (0 = default for B; < 0 = uniform weights)")
       ->capture_default_str();

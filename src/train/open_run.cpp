@@ -2,6 +2,7 @@
 // directory (hold_run_dir), the resume point (resume_point), the disk space (check_space).
 #include "train/open_run.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -27,6 +28,19 @@ const char* const kResumeKeys[] = {"num_layers", "block_size",  "target_layer_id
                                    "intermediate_size", "max_anchors", "gamma", "kl_weight", "max_length",
                                    "lr", "beta1", "beta2", "adam_eps", "weight_decay", "max_grad_norm",
                                    "warmup_ratio", "schedule", "batch_size", "seed"};
+
+// The train option that sets the config key `k` to `v` ("--loss decay", "--target-layer-ids 1,9,17"): the options
+// are the keys with '-' for '_'; an empty list is the option left out.
+std::string option_for(const char* k, const nlohmann::json& v) {
+  std::string flag = k;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  const auto text = [](const nlohmann::json& e) { return e.is_string() ? e.get<std::string>() : e.dump(); };
+  if (!v.is_array()) return "--" + flag + " " + text(v);
+  if (v.empty()) return "without --" + flag;
+  std::string list;
+  for (const auto& e : v) list += (list.empty() ? "" : ",") + text(e);
+  return "--" + flag + " " + list;
+}
 
 std::vector<int> parse_index_list(const std::string& s, const char* opt) {
   std::vector<int> v;
@@ -197,20 +211,23 @@ void resume_point(const TrainConfig& cfg, OpenedRun& r) {
     DFLASH_FAIL(state_path, ": invalid JSON: ", e.what());
   }
   const auto& old = info["config"];
-  for (const char* k : kResumeKeys)
-    DFLASH_CHECK(old.contains(k) && old[k] == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ",
-                 k, " = ", old.contains(k) ? old[k].dump() : "(absent)", ", this run has ", r.cfg_json[k].dump(),
-                 "; resume needs the same setting");
+  // a setting that differs names the option that gives the checkpoint's value (a default that changed since, such as
+  // --loss, then needs it spelled out)
+  const auto same = [&](const char* k, const nlohmann::json& was) {
+    DFLASH_CHECK(was == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ", k, " = ", was.dump(),
+                 ", this run has ", r.cfg_json[k].dump(), "; resume needs the same setting (", option_for(k, was), ")");
+  };
+  for (const char* k : kResumeKeys) {
+    DFLASH_CHECK(old.contains(k), state_path, ": the checkpoint's config has no \"", k, "\"");
+    same(k, old[k]);
+  }
   // keys added after the first checkpoints: absent = the value that was implied then (no sliding layers, the
   // decayed cross-entropy)
   for (const auto& [k, implied] : {std::pair<const char*, nlohmann::json>{"layer_types", nlohmann::json::array()},
                                    std::pair<const char*, nlohmann::json>{"sliding_window", 0},
                                    std::pair<const char*, nlohmann::json>{"loss", "decay"},
-                                   std::pair<const char*, nlohmann::json>{"dpace_alpha", kDefaultDPaceAlpha}}) {
-    const nlohmann::json was = old.contains(k) ? old[k] : implied;
-    DFLASH_CHECK(was == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ", k, " = ", was.dump(),
-                 ", this run has ", r.cfg_json[k].dump(), "; resume needs the same setting");
-  }
+                                   std::pair<const char*, nlohmann::json>{"dpace_alpha", kDefaultDPaceAlpha}})
+    same(k, old.contains(k) ? old[k] : implied);
   r.start = info.at("step").get<int64_t>();
   const ResumeInputs ri = check_resume_inputs(info, r.inputs, r.cfg_json["data"], cfg.allow_data_change, r.latest,
                                               r.start);
