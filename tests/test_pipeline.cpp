@@ -738,6 +738,16 @@ TEST(Plot, WritesAPngOfTheCurves) {
   const std::string bytes = read_file(png);
   ASSERT_GT(bytes.size(), 8000u);
   EXPECT_EQ(bytes.substr(1, 3), "PNG");
+  // the PNG's height (IHDR, big-endian at byte 20): several runs share one legend strip below the six panels
+  auto height = [](const std::string& b) {
+    uint32_t h = 0;
+    for (int k = 20; k < 24; ++k) h = h << 8 | static_cast<unsigned char>(b[k]);
+    return h;
+  };
+  const std::string one = root + "/one.png";
+  ASSERT_EQ(run_binary({DFLASH_BINARY, "plot", c.out_dir, "--out", one}, nullptr, root + "/one.log"), 0);
+  EXPECT_EQ(height(read_file(one)), 1250u);
+  EXPECT_EQ(height(bytes), 1250u + 24 + 16) << "2 runs: one row of legend";
   auto m = read_metrics_jsonl(c.out_dir);
   ASSERT_EQ(m.size(), 6u);
   std::string want;  // the last 3 of 6 steps

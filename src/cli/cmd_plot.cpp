@@ -3,7 +3,8 @@
 // tokens/s), and along the block: the per-slot accuracy acc_i and the prefix acceptance prod_{k<=i} acc_k (the
 // chance that a block is accepted through slot i), each averaged over the last F of the steps (metrics "acc") —
 // drawn by gnuplot (Debian's gnuplot-nox, installed by scripts/setup.sh). Several runs share the axes, one colour
-// each, so recipes (or objectives: their effect on the late slots) can be compared at equal step or time.
+// each in every panel, named once in a legend below the panels, so recipes (or objectives: their effect on the late
+// slots) can be compared at equal step or time.
 #include <unistd.h>
 
 #include <algorithm>
@@ -114,34 +115,59 @@ void plot(const PlotOptions& o) {
     log_info(o.runs[i], ": per-slot accuracy along the block (last ", std::round(o.tail * 1000) / 10,
              "% of the steps; slot, acc_i, prod_{k<=i} acc_k):", txt);
   }
-  auto series_of = [&](const std::vector<std::string>& files, int col, const char* extra, const char* style) {
+  // One colour per run, the same in every panel (10 colours, then dashes tell runs 11.. apart). One run: each panel
+  // keys its own series. Several: no key in the panels (9 runs' keys would cover the curves) but one legend below
+  // them, a row per up to 3 runs.
+  const size_t n = o.runs.size();
+  const bool shared_key = n > 1;
+  auto style = [](size_t i, int dash) {
+    static const char* const kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+    return cat("lc rgb '", kColours[i % 10], "' dt ", dash + static_cast<int>(i / 10) * 2);
+  };
+  auto series_of = [&](const std::vector<std::string>& files, int col, const char* what, const char* with,
+                       int dash = 1) {
     std::string s;
     for (size_t i = 0; i < files.size(); ++i)
-      s += cat(i ? ", " : "", gp_quote(files[i]), " using 1:", col, " with ", style, " lw 1.5 title ",
-               gp_quote(o.runs.size() > 1 ? o.runs[i] : std::string(extra)));
+      s += cat(i ? ", " : "", gp_quote(files[i]), " using 1:", col, " with ", with, " ", style(i, dash),
+               " lw 1.5 ", shared_key ? std::string("notitle") : "title " + gp_quote(what));
     return s;
   };
-  auto series = [&](int col, const char* extra) { return series_of(tables, col, extra, "lines"); };
   const char* xl = o.x == "seconds" ? "training seconds" : "step";
-  const std::string title = o.runs.size() == 1 ? "dflash: " + o.runs[0] : cat("dflash: ", o.runs.size(), " runs");
-  std::string gp = cat("set terminal pngcairo size 1400,1300 noenhanced\nset output ", gp_quote(out + ".part"),
-                       "\nset multiplot layout 3,2 title ", gp_quote(title), "\n",
+  const std::string title = n == 1 ? "dflash: " + o.runs[0] : cat("dflash: ", n, " runs");
+  const size_t key_cols = std::min<size_t>(n, 3), key_rows = shared_key ? (n + key_cols - 1) / key_cols : 0;
+  const int panels_px = 1250, key_px = key_rows ? static_cast<int>(24 * key_rows + 16) : 0;
+  const double key_h = static_cast<double>(key_px) / (panels_px + key_px), top = 0.97, panel_h = (top - key_h) / 3;
+  std::string gp = cat("set terminal pngcairo size 1400,", panels_px + key_px, " noenhanced\nset output ",
+                       gp_quote(out + ".part"), "\nset multiplot title ", gp_quote(title), "\n",
                        "set grid\nset key top right\nset xlabel '", xl, "'\n");
-  gp += cat("set title 'loss'\nplot ", series(2, "loss"), "\n");
-  gp += cat("set title 'expected acceptance length (EAL)'\nplot ", series(3, "EAL"), "\n");
-  gp += cat("set title 'learning rate'\nplot ", series(4, "lr"), "\n");
-  std::string thr;
-  for (size_t i = 0; i < tables.size(); ++i)
-    thr += cat(i ? ", " : "", gp_quote(tables[i]), " using 1:5 with lines title ",
-               gp_quote(cat(o.runs.size() > 1 ? o.runs[i] + " " : "", "context tok/s")), ", ", gp_quote(tables[i]),
-               " using 1:6 with lines dt 2 title ", gp_quote(cat(o.runs.size() > 1 ? o.runs[i] + " " : "", "draft tok/s")));
-  gp += cat("set title 'throughput (tokens/s)'\nplot ", thr, "\n");
+  int panel = 0;
+  auto at = [&]() {  // the next panel: row-major, 2 columns, from the top
+    const int r = panel / 2, c = panel % 2;
+    ++panel;
+    return cat("set origin ", 0.5 * c, ",", top - panel_h * (r + 1), "\nset size 0.5,", panel_h, "\n");
+  };
+  gp += at() + cat("set title 'loss'\nplot ", series_of(tables, 2, "loss", "lines"), "\n");
+  gp += at() + cat("set title 'expected acceptance length (EAL)'\nplot ", series_of(tables, 3, "EAL", "lines"), "\n");
+  gp += at() + cat("set title 'learning rate'\nplot ", series_of(tables, 4, "lr", "lines"), "\n");
+  gp += at() + cat("set title 'throughput (tokens/s; solid: context, dashed: draft)'\nplot ",
+                   series_of(tables, 5, "context tok/s", "lines"), ", ", series_of(tables, 6, "draft tok/s", "lines", 2),
+                   "\n");
   const std::string last = cat("last ", std::round(o.tail * 1000) / 10, "% of the steps");
-  gp += cat("set xlabel 'slot i in the block'\nset xtics 1\nset yrange [0:1]\nset key top right\n");
-  gp += cat("set title ", gp_quote("per-slot accuracy acc_i (" + last + ")"), "\nplot ",
-            series_of(slots, 2, "acc_i", "linespoints"), "\n");
-  gp += cat("set title ", gp_quote("prefix acceptance prod_{k<=i} acc_k (" + last + ")"), "\nplot ",
-            series_of(slots, 3, "prefix", "linespoints"), "\nunset multiplot\n");
+  gp += cat("set xlabel 'slot i in the block'\nset xtics 1\nset yrange [0:1]\n");
+  gp += at() + cat("set title ", gp_quote("per-slot accuracy acc_i (" + last + ")"), "\nplot ",
+                   series_of(slots, 2, "acc_i", "linespoints"), "\n");
+  gp += at() + cat("set title ", gp_quote("prefix acceptance prod_{k<=i} acc_k (" + last + ")"), "\nplot ",
+                   series_of(slots, 3, "prefix", "linespoints"), "\n");
+  if (shared_key) {  // the legend: a plot of nothing but its key, below the panels
+    gp += cat("set origin 0,0\nset size 1,", key_h, "\nunset border\nunset tics\nunset grid\nunset title\n",
+              "unset xlabel\nunset ylabel\nset xrange [0:1]\nset yrange [0:1]\n",
+              "set key center center horizontal maxrows ", key_rows, " width 2 samplen 4\nplot ");
+    for (size_t i = 0; i < n; ++i)  // a constant outside the y range: only its key entry shows
+      gp += cat(i ? ", " : "", "2 with lines ", style(i, 1), " lw 3 title ", gp_quote(o.runs[i]));
+    gp += "\n";
+  }
+  gp += "unset multiplot\n";
   const std::string script = path_join(tmp, "curves.gp");
   write_file_atomic(script, gp);
   const std::string cmd = cat("gnuplot ", gp_quote(script), " 2>&1");
