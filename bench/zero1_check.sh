@@ -77,7 +77,8 @@ fi
 mkdir -p "$W/q8"
 python3 bench/q8_data.py "$W/q8/config.json" "$W/rows.jsonl" 48
 $B prepare --tokenizer assets/demo/target --input "$W/rows.jsonl" --out "$W/q8data" >"$W/prep_q8.log" 2>&1 || tail -5 "$W/prep_q8.log"
-Q8="--target $W/q8 --random-target --data $W/q8data --mask-token-id 151669 --num-layers 5 --block-size 16 --max-anchors 512 --max-steps ${Q8_STEPS:-6} --batch-size 8 --recompute --quiet --no-export --checkpoint-every 0 --device cuda --colocate --drafters 0,1"
+# --loss decay: the PyTorch step of bench/torch_ref.py weights the loss by the decay (gamma 7)
+Q8="--target $W/q8 --random-target --data $W/q8data --mask-token-id 151669 --num-layers 5 --block-size 16 --max-anchors 512 --loss decay --max-steps ${Q8_STEPS:-6} --batch-size 8 --recompute --quiet --no-export --checkpoint-every 0 --device cuda --colocate --drafters 0,1"
 for mode in --no-shard-optimizer --shard-optimizer; do
   timeout 150 $B train $Q8 --out "$W/q8$mode" $mode >"$W/q8$mode.log" 2>&1
   say "q8 $mode rc=$? peak GiB: $(python3 -c "import json,sys; m=[json.loads(l) for l in open('$W/q8$mode/metrics.jsonl')]; print({k: round(v/2**30,2) for k,v in m[-1].get('peak_mem_bytes',{}).items()})" 2>&1)"

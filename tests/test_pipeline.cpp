@@ -99,6 +99,7 @@ TEST(Pipeline, TwoPlusTwoMatchesOneWorkerAndRepeatsBitForBit) {
   const std::string root = train_tmpdir("pipe22");
   const std::string data = make_train_data(root);
   TrainConfig one = tiny_train_config(root, data);
+  one.loss = "decay";  // the paper's objective here; D-PACE (the default) in DPaceTwoPlusTwoMatchesOneWorker
   one.max_steps = 20;
   one.out_dir = root + "/one";
   TrainSummary s1 = train(one);

@@ -98,29 +98,32 @@ TEST(TrainLoop, ProfileWritesThePerOpTable) {
 TEST(TrainLoop, ResumeIsExactCaseC12) {
   const std::string root = tmpdir("resume");
   const std::string data = make_data(root);
-  TrainConfig a = tiny_config(root, data);
-  a.max_steps = 150;
-  a.out_dir = root + "/straight";
-  train(a);
-  TrainConfig b = a;
-  b.out_dir = root + "/split";
-  b.stop_after = 100;
-  TrainSummary s1 = train(b);
-  EXPECT_TRUE(s1.interrupted);
-  EXPECT_EQ(s1.steps_done, 100);
-  b.stop_after = 0;
-  b.resume = true;
-  TrainSummary s2 = train(b);
-  EXPECT_EQ(s2.steps_done, 150);
-  // loss curves equal step for step (and the lr schedule)
-  auto ma = read_metrics(a.out_dir), mb = read_metrics(b.out_dir);
-  ASSERT_EQ(ma.size(), 150u);
-  ASSERT_EQ(mb.size(), 150u);
-  for (size_t i = 0; i < 150; ++i) {
-    EXPECT_EQ(ma[i]["step"], mb[i]["step"]);
-    EXPECT_EQ(ma[i]["loss"], mb[i]["loss"]) << "step " << i + 1;
-    EXPECT_EQ(ma[i]["lr"], mb[i]["lr"]) << "step " << i + 1;
-    EXPECT_EQ(ma[i]["grad_norm"], mb[i]["grad_norm"]) << "step " << i + 1;
+  for (const char* loss : {"dpace", "decay"}) {  // D-PACE (the default) and the paper's objective
+    SCOPED_TRACE(loss);
+    TrainConfig a = tiny_config(root, data);
+    a.loss = loss;
+    a.max_steps = 150;
+    a.out_dir = root + "/straight_" + loss;
+    train(a);
+    TrainConfig b = a;
+    b.out_dir = root + "/split_" + loss;
+    b.stop_after = 100;
+    TrainSummary s1 = train(b);
+    EXPECT_TRUE(s1.interrupted);
+    EXPECT_EQ(s1.steps_done, 100);
+    b.stop_after = 0;
+    b.resume = true;
+    TrainSummary s2 = train(b);
+    EXPECT_EQ(s2.steps_done, 150);
+    // loss curves equal step for step (and the lr schedule)
+    auto ma = read_metrics(a.out_dir), mb = read_metrics(b.out_dir);
+    ASSERT_EQ(ma.size(), 150u);
+    ASSERT_EQ(mb.size(), 150u);
+    for (size_t i = 0; i < 150; ++i) {
+      EXPECT_EQ(ma[i]["step"], mb[i]["step"]);
+      EXPECT_EQ(ma[i]["loss"], mb[i]["loss"]) << "step " << i + 1;
+      EXPECT_EQ(ma[i]["lr"], mb[i]["lr"]) << "step " << i + 1;
+      EXPECT_EQ(ma[i]["grad_norm"], mb[i]["grad_norm"]) << "step " << i + 1;
   }
   // parameters and optimizer moments equal bit for bit
   auto pa = WeightStore::open(latest_checkpoint(a.out_dir) + "/params.safetensors");
@@ -133,6 +136,8 @@ TEST(TrainLoop, ResumeIsExactCaseC12) {
   auto sb = nlohmann::json::parse(read_file(latest_checkpoint(b.out_dir) + "/state.json"));
   EXPECT_EQ(sa["step"], 150);
   EXPECT_EQ(sa["step"], sb["step"]);
+  EXPECT_EQ(sa["config"]["loss"], loss);
+  }
   fs::remove_all(root);
 }
 
@@ -378,6 +383,13 @@ TEST(TrainCli, DefaultLossIsDPaceAndADecayRunResumesWithTheNamedOption) {
   refused("checkpoint without a loss key");
   EXPECT_EQ(read_metrics(root + "/run").size(), 2u) << "a refused resume must leave the run as it was";
   ASSERT_EQ(std::system((base + " --resume --loss decay 2>&1").c_str()), 0);
+  EXPECT_EQ(read_metrics(root + "/run").size(), 3u);
+
+  // gamma is stored resolved (0 = uniform weights): the refusal names --gamma -1, not --gamma 0 (the default decay)
+  ASSERT_EQ(std::system((base + " --overwrite --loss decay --gamma -1 --stop-after 2 2>&1").c_str()), 0);
+  EXPECT_NE(std::system((base + " --resume --loss decay > " + log + " 2>&1").c_str()), 0);
+  EXPECT_NE(read_file(log).find("(--gamma -1)"), std::string::npos) << read_file(log);
+  ASSERT_EQ(std::system((base + " --resume --loss decay --gamma -1 2>&1").c_str()), 0);
   EXPECT_EQ(read_metrics(root + "/run").size(), 3u);
   fs::remove_all(root);
 }

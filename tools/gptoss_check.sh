@@ -74,7 +74,7 @@ if time_ok 100 "120b co-located training"; then
   python3 bench/q8_data.py "$W/unused_config.json" "$W/rows.jsonl" 48 >/dev/null
   $B prepare --tokenizer assets/demo/target --input "$W/rows.jsonl" --out "$W/data" >"$W/prep.log" 2>&1 || tail -5 "$W/prep.log"
   timeout $(( $(left) - 10 )) $B train --target "$W/t120" --random-target --data "$W/data" --mask-token-id 200000 \
-    --num-layers 5 --block-size 16 --max-anchors 512 --max-steps "${STEPS:-6}" --batch-size 4 --device cuda:0 --quiet \
+    --num-layers 5 --block-size 16 --max-anchors 512 --max-steps "${STEPS:-6}" --batch-size 4 --loss decay --device cuda:0 --quiet \
     --no-export --checkpoint-every 0 --out "$W/coloc" >"$OUT/coloc_120b.log" 2>&1
   say "120b co-located rc=$? $(tail -2 "$OUT/coloc_120b.log" | tr '\n' ' ' | cut -c1-300)"
   cp "$W/coloc/metrics.jsonl" "$OUT/metrics_120b.jsonl" 2>/dev/null

@@ -115,15 +115,16 @@ void plot(const PlotOptions& o) {
     log_info(o.runs[i], ": per-slot accuracy along the block (last ", std::round(o.tail * 1000) / 10,
              "% of the steps; slot, acc_i, prod_{k<=i} acc_k):", txt);
   }
-  // One colour per run, the same in every panel (10 colours, then dashes tell runs 11.. apart). One run: each panel
+  // One colour per run, the same in every panel (20 colours; from the 21st run on they repeat). One run: each panel
   // keys its own series. Several: no key in the panels (9 runs' keys would cover the curves) but one legend below
-  // them, a row per up to 3 runs.
+  // them, in as many columns (up to 3) as the longest name leaves room for.
   const size_t n = o.runs.size();
   const bool shared_key = n > 1;
   auto style = [](size_t i, int dash) {
-    static const char* const kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-    return cat("lc rgb '", kColours[i % 10], "' dt ", dash + static_cast<int>(i / 10) * 2);
+    static const char* const kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                                           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
+                                           "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5"};
+    return cat("lc rgb '", kColours[i % 20], "' dt ", dash);
   };
   auto series_of = [&](const std::vector<std::string>& files, int col, const char* what, const char* with,
                        int dash = 1) {
@@ -135,7 +136,11 @@ void plot(const PlotOptions& o) {
   };
   const char* xl = o.x == "seconds" ? "training seconds" : "step";
   const std::string title = n == 1 ? "dflash: " + o.runs[0] : cat("dflash: ", n, " runs");
-  const size_t key_cols = std::min<size_t>(n, 3), key_rows = shared_key ? (n + key_cols - 1) / key_cols : 0;
+  size_t longest = 0;
+  for (const auto& r : o.runs) longest = std::max(longest, r.size());
+  // a legend entry: the name plus its sample line, at most ~10 px a character of the default 12-point font
+  const size_t key_cols = std::clamp<size_t>(1360 / ((longest + 10) * 10), 1, std::min<size_t>(n, 3));
+  const size_t key_rows = shared_key ? (n + key_cols - 1) / key_cols : 0;
   const int panels_px = 1250, key_px = key_rows ? static_cast<int>(24 * key_rows + 16) : 0;
   const double key_h = static_cast<double>(key_px) / (panels_px + key_px), top = 0.97, panel_h = (top - key_h) / 3;
   std::string gp = cat("set terminal pngcairo size 1400,", panels_px + key_px, " noenhanced\nset output ",
@@ -162,7 +167,7 @@ void plot(const PlotOptions& o) {
   if (shared_key) {  // the legend: a plot of nothing but its key, below the panels
     gp += cat("set origin 0,0\nset size 1,", key_h, "\nunset border\nunset tics\nunset grid\nunset title\n",
               "unset xlabel\nunset ylabel\nset xrange [0:1]\nset yrange [0:1]\n",
-              "set key center center horizontal maxrows ", key_rows, " width 2 samplen 4\nplot ");
+              "set key center center horizontal maxcols ", key_cols, " maxrows ", key_rows, " width 2 samplen 4\nplot ");
     for (size_t i = 0; i < n; ++i)  // a constant outside the y range: only its key entry shows
       gp += cat(i ? ", " : "", "2 with lines ", style(i, 1), " lw 3 title ", gp_quote(o.runs[i]));
     gp += "\n";
@@ -170,7 +175,9 @@ void plot(const PlotOptions& o) {
   gp += "unset multiplot\n";
   const std::string script = path_join(tmp, "curves.gp");
   write_file_atomic(script, gp);
-  const std::string cmd = cat("gnuplot ", gp_quote(script), " 2>&1");
+  std::string quoted = "'";  // for the shell: ' becomes '\''
+  for (char c : script) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  const std::string cmd = cat("gnuplot ", quoted, "' 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
   DFLASH_CHECK(p, "plot: cannot run gnuplot");
   std::string msg;

@@ -76,7 +76,7 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
                   "loss weights per slot: dpace (D-PACE, arXiv 2605.18810: from the drafter's own predicted acceptance; "
                   "--gamma unused) or decay (exp(-(i-1)/gamma)); spec 2.4")
       ->capture_default_str();
-  sub->add_option("--gamma", c.gamma, "loss decay gamma (0 = default for B; < 0 = uniform weights)")
+  sub->add_option("--gamma", c.gamma, "loss decay gamma, with --loss decay (0 = default for B; < 0 = uniform weights)")
       ->capture_default_str();
   sub->add_option("--dpace-alpha", c.dpace_alpha, "D-PACE's confidence smoothing alpha in (0, 1] (--loss dpace)")
       ->capture_default_str();

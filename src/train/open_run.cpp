@@ -22,19 +22,32 @@ namespace dflash {
 
 namespace {
 
-// The keys that must agree between a checkpoint and a resumed run (anything that changes the trajectory). The
-// topology is not among them: with another number of drafters a resumed run sees the same batches and anchors.
-const char* const kResumeKeys[] = {"num_layers", "block_size",  "target_layer_ids", "mask_token_id",
-                                   "intermediate_size", "max_anchors", "gamma", "kl_weight", "max_length",
-                                   "lr", "beta1", "beta2", "adam_eps", "weight_decay", "max_grad_norm",
-                                   "warmup_ratio", "schedule", "batch_size", "seed"};
+// The keys that must agree between a checkpoint and a resumed run (anything that changes the trajectory), in the
+// order they are checked: an option that decides how another is read comes first (the loss before gamma and
+// dpace_alpha, the window before the layer types), so that a refusal names the option to give. `implied`: the value
+// a checkpoint that predates the key was made with (no sliding layers, the decayed cross-entropy); null = the key
+// is in every checkpoint. The topology is not among them: with another number of drafters a resumed run sees the
+// same batches and anchors.
+struct ResumeKey {
+  const char* key;
+  nlohmann::json implied;
+};
+const ResumeKey kResumeKeys[] = {
+    {"loss", "decay"}, {"gamma", nullptr}, {"dpace_alpha", kDefaultDPaceAlpha}, {"sliding_window", 0},
+    {"layer_types", nlohmann::json::array()}, {"num_layers", nullptr}, {"block_size", nullptr},
+    {"target_layer_ids", nullptr}, {"mask_token_id", nullptr}, {"intermediate_size", nullptr},
+    {"max_anchors", nullptr}, {"kl_weight", nullptr}, {"max_length", nullptr}, {"lr", nullptr}, {"beta1", nullptr},
+    {"beta2", nullptr}, {"adam_eps", nullptr}, {"weight_decay", nullptr}, {"max_grad_norm", nullptr},
+    {"warmup_ratio", nullptr}, {"schedule", nullptr}, {"batch_size", nullptr}, {"seed", nullptr}};
 
 // The train option that sets the config key `k` to `v` ("--loss decay", "--target-layer-ids 1,9,17"): the options
-// are the keys with '-' for '_'; an empty list is the option left out.
+// are the keys with '-' for '_'; an empty list is the option left out. gamma is stored resolved: 0 = uniform
+// weights, which --gamma -1 gives (--gamma 0 is the block size's default).
 std::string option_for(const char* k, const nlohmann::json& v) {
   std::string flag = k;
   std::replace(flag.begin(), flag.end(), '_', '-');
   const auto text = [](const nlohmann::json& e) { return e.is_string() ? e.get<std::string>() : e.dump(); };
+  if (flag == "gamma" && v.is_number() && v.get<double>() == 0) return "--gamma -1";
   if (!v.is_array()) return "--" + flag + " " + text(v);
   if (v.empty()) return "without --" + flag;
   std::string list;
@@ -217,17 +230,13 @@ void resume_point(const TrainConfig& cfg, OpenedRun& r) {
     DFLASH_CHECK(was == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ", k, " = ", was.dump(),
                  ", this run has ", r.cfg_json[k].dump(), "; resume needs the same setting (", option_for(k, was), ")");
   };
-  for (const char* k : kResumeKeys) {
-    DFLASH_CHECK(old.contains(k), state_path, ": the checkpoint's config has no \"", k, "\"");
-    same(k, old[k]);
-  }
-  // keys added after the first checkpoints: absent = the value that was implied then (no sliding layers, the
-  // decayed cross-entropy)
-  for (const auto& [k, implied] : {std::pair<const char*, nlohmann::json>{"layer_types", nlohmann::json::array()},
-                                   std::pair<const char*, nlohmann::json>{"sliding_window", 0},
-                                   std::pair<const char*, nlohmann::json>{"loss", "decay"},
-                                   std::pair<const char*, nlohmann::json>{"dpace_alpha", kDefaultDPaceAlpha}})
+  const bool dpace = parse_loss_kind(r.cfg_json["loss"].get<std::string>(), "--loss") == LossKind::DPace;
+  for (const auto& [k, implied] : kResumeKeys) {
+    // the same loss by now: the other objective's parameter does not change the trajectory
+    if (std::string(k) == (dpace ? "gamma" : "dpace_alpha")) continue;
+    DFLASH_CHECK(old.contains(k) || !implied.is_null(), state_path, ": the checkpoint's config has no \"", k, "\"");
     same(k, old.contains(k) ? old[k] : implied);
+  }
   r.start = info.at("step").get<int64_t>();
   const ResumeInputs ri = check_resume_inputs(info, r.inputs, r.cfg_json["data"], cfg.allow_data_change, r.latest,
                                               r.start);
