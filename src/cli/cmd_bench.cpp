@@ -110,12 +110,6 @@ std::string find_oracle(const std::string& given) {
   DFLASH_FAIL("bench tokenizer: cannot find tests/oracle/tokenize.mjs (run from the repository root or pass --oracle)");
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 struct OracleResult {
   double seconds = 0;
   int64_t bytes = 0, tokens = 0;

@@ -175,9 +175,7 @@ void plot(const PlotOptions& o) {
   gp += "unset multiplot\n";
   const std::string script = path_join(tmp, "curves.gp");
   write_file_atomic(script, gp);
-  std::string quoted = "'";  // for the shell: ' becomes '\''
-  for (char c : script) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  const std::string cmd = cat("gnuplot ", quoted, "' 2>&1");
+  const std::string cmd = cat("gnuplot ", shell_quote(script), " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
   DFLASH_CHECK(p, "plot: cannot run gnuplot");
   std::string msg;

@@ -2,6 +2,8 @@
 // A registration adds the subcommand, its options and its callback to the app. A callback reports failure
 // by throwing dflash::Error; main() prints the message and exits with status 1.
 #pragma once
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace dflash::cli {
@@ -17,6 +19,13 @@ void register_tokenize(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_capture(CLI::App& app);
+
+// `s` as one shell word for a std::system / popen command line: single-quoted, each ' written as '\''.
+inline std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
 
 // Exit status a callback may request instead of throwing (e.g. `eval` with no valid rows).
 struct ExitCode {

@@ -226,16 +226,14 @@ void resume_point(const TrainConfig& cfg, OpenedRun& r) {
   const auto& old = info["config"];
   // a setting that differs names the option that gives the checkpoint's value (a default that changed since, such as
   // --loss, then needs it spelled out)
-  const auto same = [&](const char* k, const nlohmann::json& was) {
-    DFLASH_CHECK(was == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ", k, " = ", was.dump(),
-                 ", this run has ", r.cfg_json[k].dump(), "; resume needs the same setting (", option_for(k, was), ")");
-  };
   const bool dpace = parse_loss_kind(r.cfg_json["loss"].get<std::string>(), "--loss") == LossKind::DPace;
   for (const auto& [k, implied] : kResumeKeys) {
     // the same loss by now: the other objective's parameter does not change the trajectory
     if (std::string(k) == (dpace ? "gamma" : "dpace_alpha")) continue;
     DFLASH_CHECK(old.contains(k) || !implied.is_null(), state_path, ": the checkpoint's config has no \"", k, "\"");
-    same(k, old.contains(k) ? old[k] : implied);
+    const nlohmann::json& was = old.contains(k) ? old[k] : implied;
+    DFLASH_CHECK(was == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ", k, " = ", was.dump(),
+                 ", this run has ", r.cfg_json[k].dump(), "; resume needs the same setting (", option_for(k, was), ")");
   }
   r.start = info.at("step").get<int64_t>();
   const ResumeInputs ri = check_resume_inputs(info, r.inputs, r.cfg_json["data"], cfg.allow_data_change, r.latest,
