@@ -73,11 +73,66 @@ struct LossArgs {
   float grad_scale = 1.0f;  // 1 / (global sum of w); D-PACE's loss head passes 1 (model/draft_loss.h)
   int64_t chunk_rows = 1024;
   Tensor dh;         // [R, H] act, output gradient (may be undefined for forward-only evaluation)
+  // DFlash2's candidates (optional): with topk > 0, the topk largest student logits z of each selected row r, in
+  // descending order, ties to the lower token id: topk_ids [Rs, topk] I32 and topk_logits [Rs, topk] F32 (z in
+  // fp32, as the loss sees it). 0 < topk <= V.
+  int64_t topk = 0;
+  Tensor topk_ids, topk_logits;
 };
 // Per selected row: ce, kl (0 without teacher) and whether argmax(z) == label. Host vectors after the call.
 struct LossStats {
   std::vector<double> ce, kl;
   std::vector<uint8_t> correct;
+};
+
+// DFlash2's grouped dynamic convolution of one side of a sublayer (docs/spec.md 1.1; vLLM qwen3_dflash2.py
+// DFlashGroupedConv, SpecForge dflash2.py). The R rows of u are block tokens in blocks of block_size consecutive rows
+// (row t is slot t mod block_size of its block); C channels in G = C / group groups of `group` consecutive channels;
+// T = base.dim(1) taps. For the side s (0: before the sublayer, 1: after it):
+//   w_t[k, c] = base[s, k, c] + delta[t, s T G + k G + c / group]            (per-token kernel: base + dynamic part)
+//   y[t, c]   = sum over k < T with (t mod block_size) >= k of w_t[k, c] u[t - k, c]    (+ res[t, c] when given)
+// A tap never reaches back past its block's first row. Sums in fp32 (fp64 on cpu64), rounded once.
+struct DynConvArgs {
+  Tensor u;       // [R, C] act: the sublayer's normed input (side 0) or its output (side 1)
+  Tensor delta;   // [R, 2 T G] act: kernel_projection(normed sublayer input), both sides
+  Tensor base;    // [2, T, C] act: base_kernel
+  int side = 0;   // 0 or 1
+  int64_t block_size = 0;  // > 0, divides R
+  int64_t group = 0;       // > 0, divides C
+};
+
+// DFlash2's candidate selector, the pair scores of one step (docs/spec.md 1.2; vLLM qwen3_dflash2.py
+// CandidateSelector._score_edges, SpecForge's selector loss). M scored rows; row m reads row rows[m] of g and scores
+// the K candidates cand[m, :] after the predecessor token prev[m]:
+//   e[m, j] = U[m, j] + sum_q P[prev[m], q] g[rows[m], q] S[cand[m, j], q]          (no scale)
+// U = cand_logit (the candidates' lm_head logits), P / S the predecessor / successor codebooks, g = hidden_projection
+// of the final-normed drafter hidden. With labels (training or teacher-forced statistics), per row:
+//   covered[m] = label[m] is among cand[m, :] (at j*),  correct[m] = argmax_j e[m, j] == label[m] (first on ties),
+//   loss[m]    = covered ? logsumexp_j e[m, j] - e[m, j*] : 0                      (SpecForge's strict top-k CE)
+// and with gradients (dg defined), for the weighted loss sum_m weights[m] loss[m], de[m, j] = weights[m] (softmax(e)_j -
+// [j = j*]) on covered rows:
+//   dg[rows[m]]       += sum_j de[m, j] P[prev[m]] * S[cand[m, j]]
+//   d_pred_cb[prev[m]] += sum_j de[m, j] g[rows[m]] * S[cand[m, j]]          (F32 / F64, scatter-add)
+//   d_succ_cb[cand[m,j]] += de[m, j] P[prev[m]] * g[rows[m]]
+//   dh[rows[m]]       += sum_j de[m, j] lm_head[cand[m, j]]                   (dU = de: through the unary logits)
+// Training rows must be distinct (rows strictly ascending). Products and sums in fp32 (fp64 on cpu64).
+struct SelectorArgs {
+  Tensor g;           // [R, r] act
+  Tensor rows;        // [M] I32 in [0, R)
+  Tensor prev;        // [M] I32 token ids in [0, V)
+  Tensor cand;        // [M, K] I32 token ids
+  Tensor cand_logit;  // [M, K] F32
+  Tensor pred_cb, succ_cb;  // [V, r] act
+  Tensor labels;      // [M] I32, or undefined: scores only
+  Tensor weights;     // [M] F32 (gradients only)
+  Tensor lm_head;     // [V, H] act (gradients only)
+  Tensor dg, dh;      // [R, r], [R, H] act, accumulated; undefined: no gradients
+  Tensor d_pred_cb, d_succ_cb;  // [V, r] param dtype, accumulated
+};
+// Per scored row (host vectors; empty without labels).
+struct SelectorStats {
+  std::vector<double> loss;
+  std::vector<uint8_t> covered, correct;
 };
 
 struct AdamWArgs {
@@ -340,6 +395,17 @@ class Context {
 
   // ---- loss and optimizer --------------------------------------------------------------------------------
   virtual LossStats lm_head_loss(const LossArgs& a) = 0;
+
+  // ---- DFlash2 (model/drafter.h) ---------------------------------------------------------------------------
+  // The grouped dynamic convolution (DynConvArgs): y [R, C] act (must not alias u); res [R, C] act or null.
+  virtual void dynamic_conv(const DynConvArgs& a, const Tensor& y, const Tensor* res) = 0;
+  // Its backward for dy [R, C]: du [R, C] act written; d_delta [R, 2 T G] act: side a.side's T G columns written,
+  // the other side's untouched; d_base [2, T, C] param dtype: side a.side accumulated.
+  virtual void dynamic_conv_backward(const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
+                                     const Tensor& d_base) = 0;
+  // The candidate selector (SelectorArgs): scores [M, K] F32 = e; statistics when a.labels is defined; gradients
+  // when a.dg is defined. Synchronises when it returns statistics.
+  virtual SelectorStats candidate_selector(const SelectorArgs& a, const Tensor& scores) = 0;
   // AdamW (Loshchilov & Hutter; torch.optim.AdamW semantics): g = grad * grad_scale;
   // p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps).
   // param, grad, m, v F32 [n]; param_compute (act dtype) receives the updated weights when defined.
@@ -405,6 +471,15 @@ const char* moe_linear_op_name(MoeAct act, const MoeWeights& w);
 // attention_causal's options (CausalAttnOpts): window >= 0, sinks undefined or F32 [nh] (nh = q's heads). `op` names
 // the op in the error.
 void check_causal_attn_opts(const char* op, const CausalAttnOpts& opts, const Tensor& q);
+// DFlash2's ops (shared by every backend; Error naming the op, the tensor and its shape).
+struct DynConvDims {
+  int64_t R, C, T, G;
+};
+DynConvDims check_dynamic_conv(const DynConvArgs& a, const Tensor& y, const Tensor* res, DType act);
+struct SelectorDims {
+  int64_t M, K, r, V, R;
+};
+SelectorDims check_candidate_selector(const SelectorArgs& a, const Tensor& scores, DType act, DType param);
 void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,
                        DType param);
 

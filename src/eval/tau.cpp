@@ -72,6 +72,11 @@ DFlashDraftModel::DFlashDraftModel(Drafter& drafter, const Target& target, int64
 int64_t DFlashDraftModel::block_size() const { return drafter_.config().block_size; }
 std::vector<int64_t> DFlashDraftModel::layer_ids() const { return drafter_.config().target_layer_ids; }
 
+std::vector<int32_t> DFlashDraftModel::draft_tokens(Context& ctx, const Tensor& hidden, int32_t anchor) const {
+  if (drafter_.config().dflash2()) return drafter_.select_path(ctx, hidden, anchor, target_.weights().lm_head);
+  return argmax_tokens(ctx, target_, hidden);
+}
+
 void DFlashDraftModel::begin(Context& ctx, int64_t capacity) { cache_ = drafter_.make_cache(ctx, capacity); }
 
 void DFlashDraftModel::append_context(Context& ctx, const Tensor& features) {
@@ -82,7 +87,7 @@ std::vector<int32_t> DFlashDraftModel::propose(Context& ctx, int32_t bonus, int6
   if (n <= 0) return {};
   DFLASH_CHECK(n < block_size(), "propose: ", n, " draft tokens from a block of ", block_size());
   Tensor h = drafter_.draft_block(ctx, cache_, bonus, target_.weights().embed);
-  return argmax_tokens(ctx, target_, h.slice(1, 1 + n));
+  return draft_tokens(ctx, h.slice(1, 1 + n), bonus);
 }
 
 void DFlashDraftModel::begin_teacher(Context& ctx, std::span<const int32_t> tokens, const Tensor& features,
@@ -112,7 +117,7 @@ std::vector<int32_t> DFlashDraftModel::propose_teacher(Context& ctx, int64_t p, 
     hidden_ = drafter_.forward_hidden(ctx, upload_draft_batch(ctx, b, features_), target_.weights().embed);
   }
   const int64_t row = (p - chunk_begin_) * B + 1;
-  return argmax_tokens(ctx, target_, hidden_.slice(row, row + n));
+  return draft_tokens(ctx, hidden_.slice(row, row + n), tokens_[p]);
 }
 
 // ---- the two loops and the baseline ---------------------------------------------------------------------------

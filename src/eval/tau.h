@@ -92,6 +92,9 @@ class DFlashDraftModel : public DraftModel {
   std::vector<int32_t> propose_teacher(Context& ctx, int64_t p, int64_t n) override;
 
  private:
+  // The draft tokens of block rows `hidden` [n, H] (slots 1..n) after the anchor's token: the argmax of the logits
+  // (DFlash) or the candidate selector's path (DFlash2: Drafter::select_path).
+  std::vector<int32_t> draft_tokens(Context& ctx, const Tensor& hidden, int32_t anchor) const;
   Drafter& drafter_;
   const Target& target_;
   int64_t anchors_per_forward_;

@@ -13,6 +13,14 @@ namespace dflash {
 
 // ---- config --------------------------------------------------------------------------------------------------
 
+const char* draft_arch_name(DraftArch a) { return a == DraftArch::DFlash2 ? "dflash2" : "dflash"; }
+
+DraftArch parse_draft_arch(const std::string& s, const char* field) {
+  if (s == "dflash") return DraftArch::DFlash;
+  if (s == "dflash2") return DraftArch::DFlash2;
+  DFLASH_FAIL(field, ": '", s, "' is not a drafter architecture (dflash, dflash2)");
+}
+
 void DrafterConfig::validate() const {
   auto pos = [](int64_t v, const char* name) { DFLASH_CHECK(v > 0, "drafter config: ", name, " must be > 0, got ", v); };
   pos(hidden_size, "hidden_size");
@@ -37,6 +45,15 @@ void DrafterConfig::validate() const {
   }
   DFLASH_CHECK(!sliding || (sliding_window > 0 && sliding_window < (int64_t{1} << 30)), "drafter config: sliding_window ",
                sliding_window, " must be a positive number of tokens for the sliding_attention layers");
+  if (dflash2()) {
+    DFLASH_CHECK(conv_group_size > 0 && hidden_size % conv_group_size == 0, "drafter config: conv_group_size ",
+                 conv_group_size, " does not divide hidden_size ", hidden_size);
+    DFLASH_CHECK(conv_kernel_size >= 1 && conv_kernel_size <= block_size, "drafter config: conv_kernel_size ",
+                 conv_kernel_size, " must be in [1, block_size = ", block_size, "]");
+    DFLASH_CHECK(selector_rank > 0, "drafter config: selector_rank ", selector_rank, " must be > 0");
+    DFLASH_CHECK(selector_top_k >= 1 && selector_top_k <= vocab_size, "drafter config: selector_top_k ",
+                 selector_top_k, " must be in [1, vocab_size = ", vocab_size, "]");
+  }
   DFLASH_CHECK(mask_token_id >= 0 && mask_token_id < vocab_size, "drafter config: mask_token_id ", mask_token_id,
                " is not a row of the target's ", vocab_size, "-row embedding (spec 1: the mask token must be an "
                "existing row; set it with --mask-token-id or use a tokenizer that defines one)");
@@ -146,6 +163,12 @@ void to_json(nlohmann::json& j, const DrafterConfig& c) {
                      {"max_position_embeddings", c.max_position_embeddings},
                      {"layer_types", c.layer_types},
                      {"sliding_window", c.sliding_window}};
+  if (c.dflash2())  // a DFlash checkpoint keeps the keys it always had
+    j.update({{"arch", draft_arch_name(c.arch)},
+              {"conv_kernel_size", c.conv_kernel_size},
+              {"conv_group_size", c.conv_group_size},
+              {"selector_rank", c.selector_rank},
+              {"selector_top_k", c.selector_top_k}});
 }
 
 void from_json(const nlohmann::json& j, DrafterConfig& c) {
@@ -178,12 +201,21 @@ void from_json(const nlohmann::json& j, DrafterConfig& c) {
   j.at("max_position_embeddings").get_to(c.max_position_embeddings);
   c.layer_types = j.value("layer_types", std::vector<std::string>{});  // absent in checkpoints before sliding windows
   c.sliding_window = j.value("sliding_window", int64_t{0});
+  c.arch = parse_draft_arch(j.value("arch", std::string("dflash")), "drafter config arch");
+  if (c.dflash2()) {
+    j.at("conv_kernel_size").get_to(c.conv_kernel_size);
+    j.at("conv_group_size").get_to(c.conv_group_size);
+    j.at("selector_rank").get_to(c.selector_rank);
+    j.at("selector_top_k").get_to(c.selector_top_k);
+  }
 }
 
 // ---- parameters ------------------------------------------------------------------------------------------
 
 struct Drafter::LayerParams {
   Param *in_norm, *post_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *gate, *up, *down;
+  // DFlash2's convolutions around the attention and the MLP (null for DFlash)
+  Param *attn_base = nullptr, *attn_proj = nullptr, *mlp_base = nullptr, *mlp_proj = nullptr;
 };
 
 struct Drafter::LayerActs {
@@ -195,6 +227,9 @@ struct Drafter::LayerActs {
   Tensor o, lse;                   // attention output [NB, nh, d], [NB, nh]
   Tensor h_mid, rstd_post, xn2;    // after the attention residual [NB, H]; [NB]; RMSNorm_post(h_mid) [NB, H]
   Tensor gate, up, act;            // [NB, I]
+  // DFlash2: the dynamic coefficients of the attention and MLP convolutions [NB, 2 T G]; the convolved inputs of
+  // the attention and the MLP, the o_proj and down_proj outputs before their convolutions [NB, H]
+  Tensor delta_attn, delta_mlp, x_attn, x_mlp, attn_out, mlp_out;
 };
 
 namespace {
@@ -203,12 +238,23 @@ std::string lp(int64_t l, const char* rest) { return cat("layers.", l, ".", rest
 
 Drafter::LayerParams Drafter::layer(int64_t l) const {
   auto& ps = const_cast<ParamSet&>(params_);
-  return {&ps.get(lp(l, "input_layernorm.weight")),   &ps.get(lp(l, "post_attention_layernorm.weight")),
-          &ps.get(lp(l, "self_attn.q_proj.weight")),  &ps.get(lp(l, "self_attn.k_proj.weight")),
-          &ps.get(lp(l, "self_attn.v_proj.weight")),  &ps.get(lp(l, "self_attn.o_proj.weight")),
-          &ps.get(lp(l, "self_attn.q_norm.weight")),  &ps.get(lp(l, "self_attn.k_norm.weight")),
-          &ps.get(lp(l, "mlp.gate_proj.weight")),     &ps.get(lp(l, "mlp.up_proj.weight")),
-          &ps.get(lp(l, "mlp.down_proj.weight"))};
+  LayerParams P{&ps.get(lp(l, "input_layernorm.weight")),   &ps.get(lp(l, "post_attention_layernorm.weight")),
+                &ps.get(lp(l, "self_attn.q_proj.weight")),  &ps.get(lp(l, "self_attn.k_proj.weight")),
+                &ps.get(lp(l, "self_attn.v_proj.weight")),  &ps.get(lp(l, "self_attn.o_proj.weight")),
+                &ps.get(lp(l, "self_attn.q_norm.weight")),  &ps.get(lp(l, "self_attn.k_norm.weight")),
+                &ps.get(lp(l, "mlp.gate_proj.weight")),     &ps.get(lp(l, "mlp.up_proj.weight")),
+                &ps.get(lp(l, "mlp.down_proj.weight"))};
+  if (cfg_.dflash2()) {
+    P.attn_base = &ps.get(lp(l, "attention_conv.base_kernel"));
+    P.attn_proj = &ps.get(lp(l, "attention_conv.kernel_projection.weight"));
+    P.mlp_base = &ps.get(lp(l, "mlp_conv.base_kernel"));
+    P.mlp_proj = &ps.get(lp(l, "mlp_conv.kernel_projection.weight"));
+  }
+  return P;
+}
+
+DynConvArgs Drafter::conv_args(const Param& base, const Tensor& u, const Tensor& delta, int side) const {
+  return DynConvArgs{u, delta, base.compute, side, cfg_.block_size, cfg_.conv_group_size};
 }
 
 Drafter::Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std) : cfg_(std::move(cfg)) {
@@ -242,6 +288,31 @@ Drafter::Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std
     linear(lp(l, "mlp.down_proj.weight"), {H, I});
   }
   norm("norm.weight", H);
+  if (cfg_.dflash2()) {
+    // DFlash2's parameters come after DFlash's, so that both start from the same backbone for one seed. Each
+    // convolution starts as the identity (base tap 0 = 1, other taps and the projection 0), the selector's
+    // transition as nothing (successor codebook 0): SpecForge's dflash2.py initialisation; the predecessor codebook
+    // and the hidden projection ~ N(0, init_std).
+    const int64_t Tn = cfg_.conv_kernel_size, r = cfg_.selector_rank, V = cfg_.vocab_size;
+    auto zeros = [&](const std::string& name, Shape sh) {
+      ++index;
+      params_.adopt(ctx, name, ctx.zeros(ctx.param_dtype(), std::move(sh)));
+    };
+    auto identity = [&](const std::string& name) {
+      ++index;
+      std::vector<float> b(static_cast<size_t>(2 * Tn * H), 0.0f);
+      for (int64_t sd = 0; sd < 2; ++sd) std::fill_n(b.begin() + sd * Tn * H, H, 1.0f);
+      params_.add(ctx, name, cpu_tensor(b, {2, Tn, H}));
+    };
+    for (int64_t l = 0; l < cfg_.num_layers; ++l)
+      for (const char* conv : {"attention_conv", "mlp_conv"}) {
+        identity(lp(l, cat(conv, ".base_kernel").c_str()));
+        zeros(lp(l, cat(conv, ".kernel_projection.weight").c_str()), {cfg_.conv_coefficients(), H});
+      }
+    linear("candidate_selector.hidden_projection.weight", {r, H});
+    linear("candidate_selector.predecessor_codebook", {V, r});
+    zeros("candidate_selector.successor_codebook", {V, r});
+  }
   inv_freq_ = ctx.to_device(rope_inv_freq(d, cfg_.rope_theta, cfg_.rope_scaling));
 }
 
@@ -254,13 +325,23 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
   const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
   const DType dt = ctx.compute_dtype(), st = ctx.param_dtype();
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const bool conv = cfg_.dflash2();
   a.h_in = h_in;
   a.xn = ctx.empty(dt, {NB, H});
   a.rstd_in = ctx.empty(st, {NB});
   ctx.rmsnorm(h_in, P.in_norm->compute, eps, a.xn, a.rstd_in);
+  // DFlash2: the attention reads conv_pre(xn); both sides' coefficients come from xn
+  Tensor x = a.xn;
+  if (conv) {
+    a.delta_attn = ctx.empty(dt, {NB, cfg_.conv_coefficients()});
+    ctx.linear(a.xn, P.attn_proj->compute, nullptr, a.delta_attn);
+    a.x_attn = ctx.empty(dt, {NB, H});
+    ctx.dynamic_conv(conv_args(*P.attn_base, a.xn, a.delta_attn, 0), a.x_attn, nullptr);
+    x = a.x_attn;
+  }
   // queries from the block tokens
   a.q_pre = ctx.empty(dt, {NB, nh * d});
-  ctx.linear(a.xn, P.wq->compute, nullptr, a.q_pre);
+  ctx.linear(x, P.wq->compute, nullptr, a.q_pre);
   a.q = ctx.empty(dt, {NB, nh, d});
   a.rstd_q = ctx.empty(st, {NB * nh});
   const RopeArgs rope_q{in.block_pos, inv_freq_, nh};  // the RoPE, applied by the per-head norms
@@ -279,14 +360,14 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
   }
   // keys/values of the block tokens
   a.kb_pre = ctx.empty(dt, {NB, nkv * d});
-  ctx.linear(a.xn, P.wk->compute, nullptr, a.kb_pre);
+  ctx.linear(x, P.wk->compute, nullptr, a.kb_pre);
   a.kb = ctx.empty(dt, {NB, nkv, d});
   a.rstd_kb = ctx.empty(st, {NB * nkv});
   const RopeArgs rope_kb{in.block_pos, inv_freq_, nkv};
   ctx.rmsnorm(a.kb_pre.reshape({NB * nkv, d}), P.k_norm->compute, eps, a.kb.reshape({NB * nkv, d}), a.rstd_kb,
               &rope_kb);
   a.vb = ctx.empty(dt, {NB, nkv, d});
-  ctx.linear(a.xn, P.wv->compute, nullptr, a.vb.reshape({NB, nkv * d}));
+  ctx.linear(x, P.wv->compute, nullptr, a.vb.reshape({NB, nkv * d}));
   // DFlash attention
   DFlashAttnArgs at{a.q, a.kc, a.vc, a.kb, a.vb, in.anchors, in.valid, static_cast<int>(cfg_.block_size),
                     cfg_.softmax_scale(), cfg_.window_of(l)};
@@ -294,18 +375,38 @@ void Drafter::layer_forward(Context& ctx, int64_t l, const DraftInputs& in, cons
   a.lse = ctx.empty(st, {NB, nh});
   ctx.dflash_attention(at, a.o, a.lse);
   a.h_mid = ctx.empty(dt, {NB, H});
-  ctx.linear(a.o.reshape({NB, nh * d}), P.wo->compute, nullptr, a.h_mid, 1.0f, &h_in);  // h_in + o Wo^T
+  if (conv) {  // h_mid = h_in + conv_post(o Wo^T)
+    a.attn_out = ctx.empty(dt, {NB, H});
+    ctx.linear(a.o.reshape({NB, nh * d}), P.wo->compute, nullptr, a.attn_out);
+    ctx.dynamic_conv(conv_args(*P.attn_base, a.attn_out, a.delta_attn, 1), a.h_mid, &h_in);
+  } else {
+    ctx.linear(a.o.reshape({NB, nh * d}), P.wo->compute, nullptr, a.h_mid, 1.0f, &h_in);  // h_in + o Wo^T
+  }
   // MLP
   a.xn2 = ctx.empty(dt, {NB, H});
   a.rstd_post = ctx.empty(st, {NB});
   ctx.rmsnorm(a.h_mid, P.post_norm->compute, eps, a.xn2, a.rstd_post);
+  Tensor x2 = a.xn2;
+  if (conv) {
+    a.delta_mlp = ctx.empty(dt, {NB, cfg_.conv_coefficients()});
+    ctx.linear(a.xn2, P.mlp_proj->compute, nullptr, a.delta_mlp);
+    a.x_mlp = ctx.empty(dt, {NB, H});
+    ctx.dynamic_conv(conv_args(*P.mlp_base, a.xn2, a.delta_mlp, 0), a.x_mlp, nullptr);
+    x2 = a.x_mlp;
+  }
   a.gate = ctx.empty(dt, {NB, I});
   a.up = ctx.empty(dt, {NB, I});
   a.act = ctx.empty(dt, {NB, I});
-  ctx.linear(a.xn2, P.gate->compute, nullptr, a.gate);
-  ctx.linear(a.xn2, P.up->compute, nullptr, a.up);
+  ctx.linear(x2, P.gate->compute, nullptr, a.gate);
+  ctx.linear(x2, P.up->compute, nullptr, a.up);
   ctx.silu_mul(a.gate, a.up, a.act);
-  ctx.linear(a.act, P.down->compute, nullptr, h_out, 1.0f, &a.h_mid);  // h_mid + down(act)
+  if (conv) {  // h_out = h_mid + conv_post(down(act))
+    a.mlp_out = ctx.empty(dt, {NB, H});
+    ctx.linear(a.act, P.down->compute, nullptr, a.mlp_out);
+    ctx.dynamic_conv(conv_args(*P.mlp_base, a.mlp_out, a.delta_mlp, 1), h_out, &a.h_mid);
+  } else {
+    ctx.linear(a.act, P.down->compute, nullptr, h_out, 1.0f, &a.h_mid);  // h_mid + down(act)
+  }
 }
 
 void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, const Tensor& Ht, const LayerActs& a,
@@ -314,25 +415,51 @@ void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, con
   const int64_t NB = dh.rows(), S = in.S, H = cfg_.hidden_size, d = cfg_.head_dim;
   const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
   const DType dt = ctx.compute_dtype();
-  // MLP: h_out = h_mid + down(silu(gate) * up),  gate/up = xn2 W^T,  xn2 = RMSNorm_post(h_mid)
-  // The [NB, I] gradients take the memory of the activations they replace (each is read for the last time just
-  // before; silu_mul_backward allows its outputs to alias its inputs): three [NB, I] buffers less at the peak of
-  // the backward (0.56 GiB at NB 8192, I 12288). `a` is not read again after this layer's backward.
-  ctx.linear_dw(dh, a.act, P.down->grad, nullptr);
+  const bool conv = cfg_.dflash2();
+  // DFlash2: the gradient of a conv_post output, dy (= dh: the residual passes it on unchanged), into the
+  // sublayer's output; the coefficients' gradient goes to d_delta, the base kernel's to its grad
+  auto conv_post_backward = [&](const Param& base, const Tensor& u, const Tensor& delta, const Tensor& d_delta) {
+    Tensor du = ctx.empty(dt, {NB, H});
+    ctx.dynamic_conv_backward(conv_args(base, u, delta, 1), dh, du, d_delta, base.grad);
+    return du;
+  };
+  // DFlash2: d/dx of x' = conv_pre(x) (dx' given) plus the coefficients' path delta = x Wp^T, into d_x (written)
+  auto conv_pre_backward = [&](const Param& base, const Param& proj, const Tensor& x, const Tensor& delta,
+                               const Tensor& d_delta, const Tensor& dxc, const Tensor& d_x) {
+    ctx.dynamic_conv_backward(conv_args(base, x, delta, 0), dxc, d_x, d_delta, base.grad);
+    ctx.linear_dx(d_delta, proj.compute, d_x, 1.0f);
+    ctx.linear_dw(d_delta, x, proj.grad, nullptr);
+  };
+  // MLP: h_out = h_mid + down(silu(gate) * up),  gate/up = x2 W^T,  x2 = RMSNorm_post(h_mid) (DFlash2: conv_pre of
+  // it, and conv_post around down). The [NB, I] gradients take the memory of the activations they replace (each is
+  // read for the last time just before; silu_mul_backward allows its outputs to alias its inputs): three [NB, I]
+  // buffers less at the peak of the backward (0.56 GiB at NB 8192, I 12288). `a` is not read again after this
+  // layer's backward.
+  Tensor d_delta_mlp = conv ? ctx.empty(dt, {NB, cfg_.conv_coefficients()}) : Tensor{};
+  const Tensor d_down = conv ? conv_post_backward(*P.mlp_base, a.mlp_out, a.delta_mlp, d_delta_mlp) : dh;
+  ctx.linear_dw(d_down, a.act, P.down->grad, nullptr);
   const Tensor d_act = a.act;
-  ctx.linear_dx(dh, P.down->compute, d_act);
+  ctx.linear_dx(d_down, P.down->compute, d_act);
   const Tensor d_gate = a.gate, d_up = a.up;
   ctx.silu_mul_backward(d_act, a.gate, a.up, d_gate, d_up);
-  Tensor d_xn2 = ctx.empty(dt, {NB, H});
-  ctx.linear_dx(d_gate, P.gate->compute, d_xn2);
-  ctx.linear_dx(d_up, P.up->compute, d_xn2, 1.0f);
-  ctx.linear_dw(d_gate, a.xn2, P.gate->grad, nullptr);
-  ctx.linear_dw(d_up, a.xn2, P.up->grad, nullptr);
+  const Tensor& x2 = conv ? a.x_mlp : a.xn2;
+  Tensor d_x2 = ctx.empty(dt, {NB, H});
+  ctx.linear_dx(d_gate, P.gate->compute, d_x2);
+  ctx.linear_dx(d_up, P.up->compute, d_x2, 1.0f);
+  ctx.linear_dw(d_gate, x2, P.gate->grad, nullptr);
+  ctx.linear_dw(d_up, x2, P.up->grad, nullptr);
+  Tensor d_xn2 = d_x2;
+  if (conv) {
+    d_xn2 = ctx.empty(dt, {NB, H});
+    conv_pre_backward(*P.mlp_base, *P.mlp_proj, a.xn2, a.delta_mlp, d_delta_mlp, d_x2, d_xn2);
+  }
   ctx.rmsnorm_backward(d_xn2, a.h_mid, P.post_norm->compute, a.rstd_post, dh, P.post_norm->grad, 1.0f);  // dh: d/dh_mid
-  // attention: h_mid = h_in + o Wo^T
+  // attention: h_mid = h_in + o Wo^T (DFlash2: conv_post around it)
+  Tensor d_delta_attn = conv ? ctx.empty(dt, {NB, cfg_.conv_coefficients()}) : Tensor{};
+  const Tensor d_attn = conv ? conv_post_backward(*P.attn_base, a.attn_out, a.delta_attn, d_delta_attn) : dh;
   Tensor d_o = ctx.empty(dt, {NB, nh, d});
-  ctx.linear_dx(dh, P.wo->compute, d_o.reshape({NB, nh * d}));
-  ctx.linear_dw(dh, a.o.reshape({NB, nh * d}), P.wo->grad, nullptr);
+  ctx.linear_dx(d_attn, P.wo->compute, d_o.reshape({NB, nh * d}));
+  ctx.linear_dw(d_attn, a.o.reshape({NB, nh * d}), P.wo->grad, nullptr);
   Tensor dq = ctx.empty(dt, {NB, nh, d});
   Tensor dkc = ctx.empty(dt, {S, nkv, d}), dvc = ctx.empty(dt, {S, nkv, d});
   Tensor dkb = ctx.empty(dt, {NB, nkv, d}), dvb = ctx.empty(dt, {NB, nkv, d});
@@ -351,19 +478,25 @@ void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, con
   Tensor dkb_pre = ctx.empty(dt, {NB, nkv * d});
   ctx.rmsnorm_backward(dkb.reshape({NB * nkv, d}), a.kb_pre.reshape({NB * nkv, d}), P.k_norm->compute, a.rstd_kb,
                        dkb_pre.reshape({NB * nkv, d}), P.k_norm->grad, 0.0f, &rope_kb);
-  // projections: block side into xn, context side into Ht
-  Tensor d_xn = ctx.empty(dt, {NB, H});
+  // projections: block side into the attention's input x (DFlash2: conv_pre(xn)), context side into Ht
+  const Tensor& x = conv ? a.x_attn : a.xn;
+  Tensor d_x = ctx.empty(dt, {NB, H});
   Tensor dvb2 = dvb.reshape({NB, nkv * d}), dvc2 = dvc.reshape({S, nkv * d});
-  ctx.linear_dx(dq_pre, P.wq->compute, d_xn);
-  ctx.linear_dx(dkb_pre, P.wk->compute, d_xn, 1.0f);
-  ctx.linear_dx(dvb2, P.wv->compute, d_xn, 1.0f);
-  ctx.linear_dw(dq_pre, a.xn, P.wq->grad, nullptr);
-  ctx.linear_dw(dkb_pre, a.xn, P.wk->grad, nullptr);
-  ctx.linear_dw(dvb2, a.xn, P.wv->grad, nullptr);
+  ctx.linear_dx(dq_pre, P.wq->compute, d_x);
+  ctx.linear_dx(dkb_pre, P.wk->compute, d_x, 1.0f);
+  ctx.linear_dx(dvb2, P.wv->compute, d_x, 1.0f);
+  ctx.linear_dw(dq_pre, x, P.wq->grad, nullptr);
+  ctx.linear_dw(dkb_pre, x, P.wk->grad, nullptr);
+  ctx.linear_dw(dvb2, x, P.wv->grad, nullptr);
   ctx.linear_dx(dkc_pre, P.wk->compute, dHt, 1.0f);
   ctx.linear_dx(dvc2, P.wv->compute, dHt, 1.0f);
   ctx.linear_dw(dkc_pre, Ht, P.wk->grad, nullptr);
   ctx.linear_dw(dvc2, Ht, P.wv->grad, nullptr);
+  Tensor d_xn = d_x;
+  if (conv) {
+    d_xn = ctx.empty(dt, {NB, H});
+    conv_pre_backward(*P.attn_base, *P.attn_proj, a.xn, a.delta_attn, d_delta_attn, d_x, d_xn);
+  }
   // input norm: xn = RMSNorm_in(h_in); dh becomes d/dh_in
   ctx.rmsnorm_backward(d_xn, a.h_in, P.in_norm->compute, a.rstd_in, dh, P.in_norm->grad, 1.0f);
 }
@@ -407,6 +540,12 @@ DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, co
   la.teacher_h = kl_weight > 0 ? in.teacher_h : Tensor{};
   la.kl_weight = kl_weight;
   la.grad_scale = grad_scale;
+  const int64_t Rs = in.rows.numel(), K = cfg_.selector_top_k;
+  if (cfg_.dflash2()) {  // the selector's candidates: the top-k logits of each row, from the loss head's pass
+    la.topk = K;
+    la.topk_ids = ctx.empty(DType::I32, {Rs, K});
+    la.topk_logits = ctx.empty(DType::F32, {Rs, K});
+  }
   Tensor dhf;
   if (backward) {
     dhf = ctx.zeros(dt, {NB, H});
@@ -421,6 +560,39 @@ DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, co
   out.kl = std::move(lh.stats.kl);
   out.correct = std::move(lh.stats.correct);
   out.w = std::move(lh.w);
+  Tensor g;
+  if (cfg_.dflash2() && Rs > 0) {
+    // The selector (spec 1.2): pair scores of the candidates after the label's predecessor, its cross-entropy where
+    // the label is a candidate, weighted like the row's loss (SpecForge: selector_alpha w sel, one normaliser)
+    Param& wsel = params_.get("candidate_selector.hidden_projection.weight");
+    Param& pcb = params_.get("candidate_selector.predecessor_codebook");
+    Param& scb = params_.get("candidate_selector.successor_codebook");
+    g = ctx.empty(dt, {NB, cfg_.selector_rank});
+    ctx.linear(hf, wsel.compute, nullptr, g);
+    std::vector<float> sw(static_cast<size_t>(Rs));
+    for (int64_t r = 0; r < Rs; ++r) sw[r] = static_cast<float>(selector_alpha * out.w[r] * grad_scale);
+    SelectorArgs sa{g, in.rows, in.prev, la.topk_ids, la.topk_logits, pcb.compute, scb.compute, in.labels};
+    Tensor dg;
+    if (backward) {
+      dg = ctx.zeros(dt, {NB, cfg_.selector_rank});
+      sa.weights = ctx.to_device(cpu_tensor(sw, {Rs}));
+      sa.lm_head = lm_head;
+      sa.dg = dg;
+      sa.dh = dhf;
+      sa.d_pred_cb = pcb.grad;
+      sa.d_succ_cb = scb.grad;
+    }
+    Tensor scores = ctx.empty(DType::F32, {Rs, K});
+    SelectorStats ss = ctx.candidate_selector(sa, scores);
+    for (int64_t r = 0; r < Rs; ++r) out.sel_sum += out.w[r] * ss.loss[r];
+    out.loss_sum += selector_alpha * out.sel_sum;
+    out.correct = std::move(ss.correct);
+    out.covered = std::move(ss.covered);
+    if (backward) {  // g = hf Wsel^T
+      ctx.linear_dx(dg, wsel.compute, dhf, 1.0f);
+      ctx.linear_dw(dg, hf, wsel.grad, nullptr);
+    }
+  }
   if (!backward) return out;
 
   Tensor dh = ctx.empty(dt, {NB, H});
@@ -524,6 +696,67 @@ Tensor Drafter::draft_block(Context& ctx, const Cache& c, int32_t bonus_token, c
   Tensor hf = ctx.empty(dt, {B, H});
   ctx.rmsnorm(h, params_.get("norm.weight").compute, static_cast<float>(cfg_.rms_norm_eps), hf, none);
   return hf;
+}
+
+std::vector<int32_t> Drafter::select_path(Context& ctx, const Tensor& hidden, int32_t anchor_token,
+                                          const Tensor& lm_head) const {
+  DFLASH_CHECK(cfg_.dflash2(), "select_path: a ", draft_arch_name(cfg_.arch), " drafter has no candidate selector");
+  const int64_t n = hidden.rows(), K = cfg_.selector_top_k;
+  if (n == 0) return {};
+  std::vector<int32_t> rows(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) rows[t] = static_cast<int32_t>(t);
+  // the top-k of each slot's logits, from the loss head's chunked pass (its loss is not used here)
+  LossArgs la;
+  la.h = hidden;
+  la.lm_head = lm_head;
+  la.rows = ctx.to_device(cpu_tensor_i32(rows, {n}));
+  la.labels = ctx.to_device(cpu_tensor_i32(std::vector<int32_t>(static_cast<size_t>(n), 0), {n}));
+  la.weights = ctx.to_device(cpu_tensor(std::vector<float>(static_cast<size_t>(n), 0.0f), {n}));
+  la.topk = K;
+  la.topk_ids = ctx.empty(DType::I32, {n, la.topk});
+  la.topk_logits = ctx.empty(DType::F32, {n, la.topk});
+  ctx.lm_head_loss(la);
+  const Tensor cand = ctx.to_host(la.topk_ids, false);
+  const int32_t* C = cand.ptr<int32_t>();
+  // The lattice of the greedy walk in one selector call: slot 0 after the anchor's token, slot t > 0 after each of
+  // slot t-1's candidates (1 + (n-1) K scored rows); the walk itself on the host.
+  const int64_t M = 1 + (n - 1) * K;
+  const Tensor U = ctx.to_host(la.topk_logits);
+  std::vector<int32_t> mrow(static_cast<size_t>(M)), mprev(static_cast<size_t>(M)), mcand(static_cast<size_t>(M * K));
+  std::vector<float> mU(static_cast<size_t>(M * K));
+  auto put = [&](int64_t m, int64_t t, int32_t prev) {
+    mrow[m] = static_cast<int32_t>(t);
+    mprev[m] = prev;
+    std::copy_n(C + t * K, K, mcand.begin() + m * K);
+    std::copy_n(U.ptr<float>() + t * K, K, mU.begin() + m * K);
+  };
+  put(0, 0, anchor_token);
+  for (int64_t t = 1; t < n; ++t)
+    for (int64_t i = 0; i < K; ++i) put(1 + (t - 1) * K + i, t, C[(t - 1) * K + i]);
+  const DType dt = ctx.compute_dtype();
+  Tensor g = ctx.empty(dt, {n, cfg_.selector_rank});
+  ctx.linear(hidden, params_.get("candidate_selector.hidden_projection.weight").compute, nullptr, g);
+  SelectorArgs sa{g,
+                  ctx.to_device(cpu_tensor_i32(mrow, {M})),
+                  ctx.to_device(cpu_tensor_i32(mprev, {M})),
+                  ctx.to_device(cpu_tensor_i32(mcand, {M, K})),
+                  ctx.to_device(cpu_tensor(mU, {M, K})),
+                  params_.get("candidate_selector.predecessor_codebook").compute,
+                  params_.get("candidate_selector.successor_codebook").compute};
+  Tensor scores = ctx.empty(DType::F32, {M, K});
+  ctx.candidate_selector(sa, scores);
+  const Tensor e = ctx.to_host(scores);
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  int64_t m = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* em = e.ptr<float>() + m * K;
+    int64_t j = 0;
+    for (int64_t i = 1; i < K; ++i)
+      if (em[i] > em[j]) j = i;
+    out[t] = C[t * K + j];
+    m = 1 + t * K + j;  // slot t+1's row after this choice
+  }
+  return out;
 }
 
 }  // namespace dflash

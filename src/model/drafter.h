@@ -1,7 +1,10 @@
 // model/drafter.h — the DFlash drafter (spec 1): fc + hidden_norm over the fused target features, Ld Qwen3-style
 // layers whose queries come from the block tokens and whose keys/values come from [context ; block], a final
-// norm and the target's frozen lm_head. Forward and backward are written by hand over the Context ops.
-// defines: DrafterConfig, DraftInputs, DraftStepStats, Drafter
+// norm and the target's frozen lm_head. DFlash2 (spec 1.1-1.2, `arch` dflash2) wraps every attention and MLP
+// sublayer in grouped dynamic convolutions and drafts through a candidate selector: the top-k of the lm_head's logits
+// per slot, pair scores with the previous slot's token, the greedy path. Forward and backward are written by hand
+// over the Context ops.
+// defines: DraftArch, draft_arch_name, parse_draft_arch, DrafterConfig, DraftInputs, DraftStepStats, Drafter
 #pragma once
 #include <memory>
 #include <string>
@@ -22,7 +25,15 @@ namespace dflash {
 // 8 H / 3, the 7680 of z-lab/gpt-oss-20b-DFlash and gpt-oss-120b-DFlash at H 2880.
 int64_t default_intermediate_size(const ModelConfig& target);
 
+// The drafter architecture (train --arch): DFlash (spec 1) or DFlash2 (spec 1.1-1.2: dynamic convolutions and the
+// candidate selector).
+enum class DraftArch { DFlash, DFlash2 };
+const char* draft_arch_name(DraftArch a);  // "dflash", "dflash2"
+// "dflash" or "dflash2"; anything else: Error naming `field` and the accepted values.
+DraftArch parse_draft_arch(const std::string& s, const char* field);
+
 struct DrafterConfig {
+  DraftArch arch = DraftArch::DFlash;
   int64_t hidden_size = 0;        // H (== the target's)
   int64_t intermediate_size = 0;  // I
   int64_t num_layers = 1;         // Ld
@@ -43,8 +54,18 @@ struct DrafterConfig {
   // slides): slot i of a block sees the context keys [a_j + i - (W-1), a_j) and the block keys 0..i.
   std::vector<std::string> layer_types;
   int64_t sliding_window = 0;
+  // DFlash2 (arch DFlash2; dflash_config keys of the published z-lab/Qwen3.8-27B-DFlash2, whose values are the
+  // defaults): the convolutions' taps and channels per dynamic coefficient, the selector's codebook rank and
+  // candidates per slot. conv_group_size must divide H; 1 <= selector_top_k <= V; 1 <= conv_kernel_size <= B.
+  int64_t conv_kernel_size = 2;
+  int64_t conv_group_size = 16;
+  int64_t selector_rank = 256;
+  int64_t selector_top_k = 16;
 
   int64_t nf() const { return static_cast<int64_t>(target_layer_ids.size()); }
+  bool dflash2() const { return arch == DraftArch::DFlash2; }
+  // DFlash2: the dynamic coefficients per token and convolution, 2 sides x taps x groups (kernel_projection's rows).
+  int64_t conv_coefficients() const { return 2 * conv_kernel_size * (hidden_size / conv_group_size); }
   // The attention window of layer l: sliding_window for a "sliding_attention" layer, 0 (full attention) otherwise.
   int window_of(int64_t l) const;
   // Whether any layer_types entry is "sliding_attention".
@@ -86,16 +107,21 @@ struct DraftInputs {
   Tensor labels;      // [Rs] I32 y = x[a_j + i]
   Tensor weights;     // [Rs] F32 w = m * exp(-(i-1)/gamma); with D-PACE the mask m (1)
   Tensor teacher_h;   // [Rs, H] act: target final hidden at a_j+i-1 (soft labels), or undefined
+  Tensor prev;        // [Rs] I32 x[a_j + i - 1]: DFlash2's teacher-forced predecessor of each label
   double dpace_alpha = 0;  // > 0: the loss weights are D-PACE's with this alpha, computed after the forward from the
                            // rows' cross-entropies (model/draft_loss.h); 0: `weights` as given
 };
 
 struct DraftStepStats {
-  double loss_sum = 0;  // sum_rows w * (ce + kl_weight * kl) (not normalised)
+  double loss_sum = 0;  // sum_rows w * (ce + kl_weight * kl + selector_alpha * sel) (not normalised)
   double ce_sum = 0, kl_sum = 0;   // sum_rows w * ce, sum_rows w * kl
+  double sel_sum = 0;              // DFlash2: sum_rows w * sel (the selector's cross-entropy among the candidates)
   std::vector<double> ce, kl;      // per selected row
   std::vector<double> w;           // per selected row: the loss weight used (D-PACE's, or the batch's)
-  std::vector<uint8_t> correct;    // per selected row: argmax == label
+  // per selected row: the drafted token equals the label (DFlash: argmax of the logits; DFlash2: the selector's
+  // choice after the label's predecessor, teacher-forced)
+  std::vector<uint8_t> correct;
+  std::vector<uint8_t> covered;    // DFlash2, per selected row: the label is among the top-k candidates
 };
 
 class Drafter {
@@ -112,8 +138,11 @@ class Drafter {
   // loss head and its weights: model/draft_loss.h. `embed` [V, H] and `lm_head` [V, H] are the target's frozen
   // weights in the compute dtype. With recompute, only each layer's input is kept and the layer's forward is
   // re-run during backward (case C06).
+  // DFlash2: the selector's loss joins with weight selector_alpha (SpecForge's dflash2_selector_loss_alpha, 1):
+  // L = [sum w ce + selector_alpha sum w [label among the candidates] sel] / normaliser.
   DraftStepStats forward_backward(Context& ctx, const DraftInputs& in, const Tensor& embed, const Tensor& lm_head,
-                                  float kl_weight, float grad_scale, bool backward, bool recompute = false);
+                                  float kl_weight, float grad_scale, bool backward, bool recompute = false,
+                                  float selector_alpha = 1.0f);
 
   // Forward only: the final-normed hidden states of all N*B block tokens [N*B, H] (for logits / evaluation).
   Tensor forward_hidden(Context& ctx, const DraftInputs& in, const Tensor& embed);
@@ -129,11 +158,18 @@ class Drafter {
   // Drafts one block anchored at position p = cache.len (context = all cached positions < p): block ids
   // [bonus, MASK...]; returns the final-normed hidden [B, H] of the block tokens.
   Tensor draft_block(Context& ctx, const Cache& cache, int32_t bonus_token, const Tensor& embed) const;
+  // DFlash2's draft tokens of block slots 1..n from their final-normed hidden [n, H] and the anchor's token (slot
+  // 0): the selector's greedy path (spec 1.2): per slot the top-k candidates of the logits (ties to the lower id),
+  // then from the anchor's token on the candidate of the highest pair score after the previous choice (first on
+  // ties), as vLLM's dflash2 speculator walks it. `lm_head` [V, H] act. Error for a DFlash drafter.
+  std::vector<int32_t> select_path(Context& ctx, const Tensor& hidden, int32_t anchor_token,
+                                   const Tensor& lm_head) const;
 
  private:
   struct LayerParams;
   struct LayerActs;
   LayerParams layer(int64_t l) const;
+  DynConvArgs conv_args(const Param& base, const Tensor& u, const Tensor& delta, int side) const;
   void layer_forward(Context& ctx, int64_t l, const DraftInputs& in, const Tensor& Ht, const Tensor& h_in,
                      LayerActs& a, const Tensor& h_out) const;
   void layer_backward(Context& ctx, int64_t l, const DraftInputs& in, const Tensor& Ht, const LayerActs& a,

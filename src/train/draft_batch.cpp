@@ -66,6 +66,7 @@ DraftBatch make_draft_batch(std::span<const int32_t> tokens, std::span<const uin
       b.labels.push_back(tokens[p]);
       b.slots.push_back(static_cast<int32_t>(i));
       b.teacher_pos.push_back(static_cast<int32_t>(p - 1));
+      b.prev.push_back(tokens[p - 1]);
       b.weights.push_back(static_cast<float>(w));
       b.sum_w += static_cast<float>(w);
     }
@@ -92,6 +93,7 @@ DraftInputs upload_draft_batch(Context& ctx, const DraftBatch& b, const Tensor& 
   in.rows = ctx.to_device(cpu_tensor_i32(b.rows, {R}));
   in.labels = ctx.to_device(cpu_tensor_i32(b.labels, {R}));
   in.weights = ctx.to_device(cpu_tensor(b.weights, {R}));
+  in.prev = ctx.to_device(cpu_tensor_i32(b.prev, {R}));
   in.dpace_alpha = b.dpace_alpha;
   if (teacher_final_hidden.defined()) {
     in.teacher_h = ctx.empty(teacher_final_hidden.dtype, {R, teacher_final_hidden.dim(-1)});

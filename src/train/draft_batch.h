@@ -30,6 +30,8 @@ struct DraftBatch {
   std::vector<int32_t> block_pos;        // [N*B] a_j + i
   // rows with m[j,i] = 1 (so weight > 0), ascending; their label, weight, slot and the teacher position
   std::vector<int32_t> rows, labels, slots, teacher_pos;
+  std::vector<int32_t> prev;             // per row the token before its label, x[a_j + i - 1] (slot 1: the anchor's
+                                         // token): DFlash2's teacher-forced predecessor
   std::vector<float> weights;
   double sum_w = 0;                       // sum of weights (this sequence's share of the global denominator)
   double dpace_alpha = 0;                 // > 0: D-PACE; weights hold m (1) and sum_w counts the rows

@@ -211,6 +211,27 @@ class CpuContext final : public Context {
     const OpScope scope = op("lm_head_loss", 2.0 * passes * double(a.rows.numel()) * double(a.lm_head.numel()));
     return cpu::lm_head_loss(pool_, a);
   }
+  void dynamic_conv(const DynConvArgs& a, const Tensor& y, const Tensor* res) override {
+    const DynConvDims d = check_dynamic_conv(a, y, res, dt_);
+    const OpScope scope = op("dynamic_conv", 2.0 * double(d.R) * double(d.C) * double(d.T));
+    cpu::dynamic_conv(pool_, a, y, res, d);
+  }
+  void dynamic_conv_backward(const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
+                             const Tensor& d_base) override {
+    const DynConvDims d = check_dynamic_conv(a, dy, nullptr, dt_);
+    cpu::check_float("dynamic_conv_backward", du, "du", dt_);
+    cpu::check_float("dynamic_conv_backward", d_delta, "d_delta", dt_);
+    cpu::check_float("dynamic_conv_backward", d_base, "d_base", dt_);
+    DFLASH_CHECK(du.numel() == d.R * d.C && d_delta.numel() == a.delta.numel() && d_base.numel() == a.base.numel(),
+                 "dynamic_conv_backward: du, d_delta, d_base must have the shapes of u, delta, base");
+    const OpScope scope = op("dynamic_conv_backward", 6.0 * double(d.R) * double(d.C) * double(d.T));
+    cpu::dynamic_conv_backward(pool_, a, dy, du, d_delta, d_base, d);
+  }
+  SelectorStats candidate_selector(const SelectorArgs& a, const Tensor& scores) override {
+    const SelectorDims d = check_candidate_selector(a, scores, dt_, dt_);
+    const OpScope scope = op("candidate_selector", (a.dg.defined() ? 6.0 : 2.0) * double(d.M) * double(d.K) * double(d.r));
+    return cpu::candidate_selector(pool_, a, scores, d);
+  }
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
              const Tensor& pc) override {
     const OpScope scope = op("adamw");

@@ -2,7 +2,7 @@
 // Per selected row with student logits z = h W^T, q = softmax(z), label y, weight w, scale c = grad_scale:
 //   ce = logsumexp(z) - z_y,   kl = sum p (log p - log q)  with p = softmax(teacher_h W^T)
 //   dz = w c [(q - onehot(y)) + kl_weight (q - p)],   dh = dz W.
-// Only `chunk_rows` x V logits exist at once.
+// Only `chunk_rows` x V logits exist at once. With topk > 0, each row's topk largest z (DFlash2's candidates) too.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -28,6 +28,13 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
     check_float("lm_head_loss", a.teacher_h, "teacher_h", dt);
     DFLASH_CHECK(a.teacher_h.rows() == Rs && a.teacher_h.dim(-1) == H, "lm_head_loss: teacher_h ",
                  shape_str(a.teacher_h.shape), " for ", Rs, " rows");
+  }
+  const int64_t K = a.topk;
+  if (K > 0) {
+    DFLASH_CHECK(K <= V, "lm_head_loss: topk ", K, " exceeds the ", V, "-token vocabulary");
+    DFLASH_CHECK(a.topk_ids.dtype == DType::I32 && a.topk_ids.numel() == Rs * K && a.topk_logits.dtype == DType::F32 &&
+                     a.topk_logits.numel() == Rs * K,
+                 "lm_head_loss: topk_ids I32 and topk_logits F32 [", Rs, ", ", K, "]");
   }
   const bool grad = a.dh.defined();
   if (grad) {
@@ -63,6 +70,16 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
         T* zr = z.data() + r * V;
         const int64_t gr = c0 + r;
         const int32_t y = labels[gr];
+        if (K > 0) {  // the K largest logits, descending, ties to the lower id
+          std::vector<int32_t> ids(static_cast<size_t>(V));
+          for (int64_t v = 0; v < V; ++v) ids[v] = static_cast<int32_t>(v);
+          std::partial_sort(ids.begin(), ids.begin() + K, ids.end(),
+                            [&](int32_t p, int32_t q) { return zr[p] > zr[q] || (zr[p] == zr[q] && p < q); });
+          for (int64_t k = 0; k < K; ++k) {
+            a.topk_ids.ptr<int32_t>()[gr * K + k] = ids[k];
+            a.topk_logits.ptr<float>()[gr * K + k] = static_cast<float>(zr[ids[k]]);
+          }
+        }
         int64_t am = 0;
         for (int64_t v = 1; v < V; ++v)
           if (zr[v] > zr[am]) am = v;

@@ -54,6 +54,11 @@ void gdn_gate(ThreadPool& tp, const Tensor& ba, const Tensor& A_log, const Tenso
 void gated_delta_rule(ThreadPool& tp, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
 
 LossStats lm_head_loss(ThreadPool& tp, const LossArgs& a);
+// DFlash2 (arguments checked by check_dynamic_conv / check_candidate_selector of backend/context.h)
+void dynamic_conv(ThreadPool& tp, const DynConvArgs& a, const Tensor& y, const Tensor* res, const DynConvDims& d);
+void dynamic_conv_backward(ThreadPool& tp, const DynConvArgs& a, const Tensor& dy, const Tensor& du,
+                           const Tensor& d_delta, const Tensor& d_base, const DynConvDims& d);
+SelectorStats candidate_selector(ThreadPool& tp, const SelectorArgs& a, const Tensor& scores, const SelectorDims& d);
 void adamw(ThreadPool& tp, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
            const AdamWArgs& a, const Tensor& param_compute);
 double sum_squares(const Tensor& x);
