@@ -357,3 +357,27 @@ TEST(EvalTau, TrainedDrafterTeacherEqualsGeneratedExactly) {
   EXPECT_GT(tau, 1.2);
   EXPECT_LE(tau, 4.0);
 }
+
+// DFlash2 drafts through its candidate selector: speculative decoding stays lossless, and teacher forcing gives the
+// generated loop's cycles and drafts exactly (the selector's path from the cached context and from the batched
+// forward agree). Every weight is perturbed, so that the pair scores change the choices.
+TEST(EvalTau, DFlash2DrafterTeacherEqualsGeneratedExactly) {
+  Demo& d = demo();
+  DrafterConfig c = DrafterConfig::for_target(d.target->config(), 1, 6,
+                                              default_target_layer_ids(d.target->config().num_hidden_layers, 3), 8191);
+  c.arch = DraftArch::DFlash2;
+  c.selector_rank = 32;
+  c.selector_top_k = 8;
+  auto dr = std::make_unique<Drafter>(*d.ctx, c, 5, 0.05);
+  uint64_t k = 0;
+  for (Param& p : dr->params().all()) {
+    Tensor noise = test::randn(p.shape, 2000 + k++, 0.3);
+    float* w = p.master.ptr<float>();
+    for (int64_t i = 0; i < p.master.numel(); ++i) w[i] += noise.ptr<float>()[i] * (p.shape.size() == 1 ? 1.0f : 0.1f);
+  }
+  dr->params().sync_compute(*d.ctx);
+  DFlashDraftModel dm(*dr, *d.target, 16);
+  const double tau = check_exact(dm, "dflash2 drafter B=6");
+  EXPECT_GE(tau, 1.0);
+  EXPECT_LE(tau, 6.0);
+}

@@ -74,8 +74,8 @@ struct LossArgs {
   int64_t chunk_rows = 1024;
   Tensor dh;         // [R, H] act, output gradient (may be undefined for forward-only evaluation)
   // DFlash2's candidates (optional): with topk > 0, the topk largest student logits z of each selected row r, in
-  // descending order, ties to the lower token id: topk_ids [Rs, topk] I32 and topk_logits [Rs, topk] F32 (z in
-  // fp32, as the loss sees it). 0 < topk <= V.
+  // descending order, ties to the lower token id: topk_ids [Rs, topk] I32 and topk_logits [Rs, topk] param dtype
+  // (F32; F64 on cpu64: z as the loss sees it). 0 < topk <= V.
   int64_t topk = 0;
   Tensor topk_ids, topk_logits;
 };
@@ -121,7 +121,7 @@ struct SelectorArgs {
   Tensor rows;        // [M] I32 in [0, R)
   Tensor prev;        // [M] I32 token ids in [0, V)
   Tensor cand;        // [M, K] I32 token ids
-  Tensor cand_logit;  // [M, K] F32
+  Tensor cand_logit;  // [M, K] param dtype (F32; F64 on cpu64)
   Tensor pred_cb, succ_cb;  // [V, r] act
   Tensor labels;      // [M] I32, or undefined: scores only
   Tensor weights;     // [M] F32 (gradients only)
@@ -403,7 +403,7 @@ class Context {
   // the other side's untouched; d_base [2, T, C] param dtype: side a.side accumulated.
   virtual void dynamic_conv_backward(const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
                                      const Tensor& d_base) = 0;
-  // The candidate selector (SelectorArgs): scores [M, K] F32 = e; statistics when a.labels is defined; gradients
+  // The candidate selector (SelectorArgs): scores [M, K] param dtype = e; statistics when a.labels is defined; gradients
   // when a.dg is defined. Synchronises when it returns statistics.
   virtual SelectorStats candidate_selector(const SelectorArgs& a, const Tensor& scores) = 0;
   // AdamW (Loshchilov & Hutter; torch.optim.AdamW semantics): g = grad * grad_scale;

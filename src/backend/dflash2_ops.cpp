@@ -51,10 +51,10 @@ SelectorDims check_candidate_selector(const SelectorArgs& a, const Tensor& score
        cat("I32 [", M, ", K]"));
   const int64_t K = a.cand.shape[1];
   DFLASH_CHECK(K >= 1 && K <= V, op, ": ", K, " candidates per row for a ", V, "-token vocabulary");
-  need(a.cand_logit.defined() && a.cand_logit.dtype == DType::F32 && a.cand_logit.numel() == M * K, op, "cand_logit",
-       a.cand_logit, cat("F32 [", M, ", ", K, "]"));
-  need(scores.defined() && scores.dtype == DType::F32 && scores.numel() == M * K, op, "scores", scores,
-       cat("F32 [", M, ", ", K, "]"));
+  need(a.cand_logit.defined() && a.cand_logit.dtype == param && a.cand_logit.numel() == M * K, op, "cand_logit",
+       a.cand_logit, cat(dtype_name(param), " [", M, ", ", K, "]"));
+  need(scores.defined() && scores.dtype == param && scores.numel() == M * K, op, "scores", scores,
+       cat(dtype_name(param), " [", M, ", ", K, "]"));
   if (a.labels.defined())
     need(a.labels.dtype == DType::I32 && a.labels.numel() == M, op, "labels", a.labels, cat("I32 [", M, "]"));
   if (a.dg.defined()) {

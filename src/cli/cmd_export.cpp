@@ -46,6 +46,11 @@ void register_export(CLI::App& app) {
     dc.intermediate_size = c.at("intermediate_size");
     dc.layer_types = c.value("layer_types", std::vector<std::string>{});  // resolved by train; absent before windows
     dc.sliding_window = c.value("sliding_window", int64_t{0});
+    dc.arch = parse_draft_arch(c.value("arch", std::string("dflash")), "the checkpoint's arch");  // absent: DFlash
+    dc.conv_kernel_size = c.value("conv_kernel_size", dc.conv_kernel_size);
+    dc.conv_group_size = c.value("conv_group_size", dc.conv_group_size);
+    dc.selector_rank = c.value("selector_rank", dc.selector_rank);
+    dc.selector_top_k = c.value("selector_top_k", dc.selector_top_k);
     dc.validate();
     auto ctx = make_context("cpu");
     Drafter d(*ctx, dc, 0);

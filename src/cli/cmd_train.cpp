@@ -52,6 +52,18 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
                   "mask token id (an existing embedding row); -1 = the tokenizer's mask token (the only negative "
                   "value accepted)")
       ->capture_default_str();
+  sub->add_option("--arch", c.arch,
+                  "drafter architecture: dflash (spec 1) or dflash2 (dynamic convolutions around every sublayer and a "
+                  "candidate selector; docs/spec.md 1.1-1.2)")
+      ->capture_default_str();
+  sub->add_option("--conv-kernel-size", c.conv_kernel_size, "DFlash2: taps of the dynamic convolutions")
+      ->capture_default_str();
+  sub->add_option("--conv-group-size", c.conv_group_size,
+                  "DFlash2: channels per dynamic coefficient (must divide the hidden size)")
+      ->capture_default_str();
+  sub->add_option("--selector-rank", c.selector_rank, "DFlash2: rank of the selector's codebooks")->capture_default_str();
+  sub->add_option("--selector-top-k", c.selector_top_k, "DFlash2: candidates per slot")->capture_default_str();
+  sub->add_option("--selector-alpha", c.selector_alpha, "DFlash2: weight of the selector's loss")->capture_default_str();
   sub->add_option("--intermediate-size", c.intermediate_size, "drafter MLP width (0 = the default: the target's dense width; 3 x hidden for an MoE target, as the published "
                   "MoE drafters)")
       ->capture_default_str();

@@ -505,7 +505,7 @@ void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, con
 
 DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, const Tensor& embed,
                                          const Tensor& lm_head, float kl_weight, float grad_scale, bool backward,
-                                         bool recompute) {
+                                         bool recompute, float selector_alpha) {
   const int64_t S = in.S, NB = in.block_ids.numel(), H = cfg_.hidden_size, L = cfg_.num_layers;
   const DType dt = ctx.compute_dtype(), st = ctx.param_dtype();
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -544,7 +544,7 @@ DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, co
   if (cfg_.dflash2()) {  // the selector's candidates: the top-k logits of each row, from the loss head's pass
     la.topk = K;
     la.topk_ids = ctx.empty(DType::I32, {Rs, K});
-    la.topk_logits = ctx.empty(DType::F32, {Rs, K});
+    la.topk_logits = ctx.empty(st, {Rs, K});
   }
   Tensor dhf;
   if (backward) {
@@ -571,7 +571,15 @@ DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, co
     ctx.linear(hf, wsel.compute, nullptr, g);
     std::vector<float> sw(static_cast<size_t>(Rs));
     for (int64_t r = 0; r < Rs; ++r) sw[r] = static_cast<float>(selector_alpha * out.w[r] * grad_scale);
-    SelectorArgs sa{g, in.rows, in.prev, la.topk_ids, la.topk_logits, pcb.compute, scb.compute, in.labels};
+    SelectorArgs sa;
+    sa.g = g;
+    sa.rows = in.rows;
+    sa.prev = in.prev;
+    sa.cand = la.topk_ids;
+    sa.cand_logit = la.topk_logits;
+    sa.pred_cb = pcb.compute;
+    sa.succ_cb = scb.compute;
+    sa.labels = in.labels;
     Tensor dg;
     if (backward) {
       dg = ctx.zeros(dt, {NB, cfg_.selector_rank});
@@ -582,7 +590,7 @@ DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, co
       sa.d_pred_cb = pcb.grad;
       sa.d_succ_cb = scb.grad;
     }
-    Tensor scores = ctx.empty(DType::F32, {Rs, K});
+    Tensor scores = ctx.empty(st, {Rs, K});
     SelectorStats ss = ctx.candidate_selector(sa, scores);
     for (int64_t r = 0; r < Rs; ++r) out.sel_sum += out.w[r] * ss.loss[r];
     out.loss_sum += selector_alpha * out.sel_sum;
@@ -714,21 +722,21 @@ std::vector<int32_t> Drafter::select_path(Context& ctx, const Tensor& hidden, in
   la.weights = ctx.to_device(cpu_tensor(std::vector<float>(static_cast<size_t>(n), 0.0f), {n}));
   la.topk = K;
   la.topk_ids = ctx.empty(DType::I32, {n, la.topk});
-  la.topk_logits = ctx.empty(DType::F32, {n, la.topk});
+  la.topk_logits = ctx.empty(ctx.param_dtype(), {n, la.topk});
   ctx.lm_head_loss(la);
   const Tensor cand = ctx.to_host(la.topk_ids, false);
   const int32_t* C = cand.ptr<int32_t>();
   // The lattice of the greedy walk in one selector call: slot 0 after the anchor's token, slot t > 0 after each of
   // slot t-1's candidates (1 + (n-1) K scored rows); the walk itself on the host.
   const int64_t M = 1 + (n - 1) * K;
-  const Tensor U = ctx.to_host(la.topk_logits);
+  const std::vector<float> U = to_f32_vector(ctx.to_host(la.topk_logits));
   std::vector<int32_t> mrow(static_cast<size_t>(M)), mprev(static_cast<size_t>(M)), mcand(static_cast<size_t>(M * K));
-  std::vector<float> mU(static_cast<size_t>(M * K));
+  std::vector<float> mU(static_cast<size_t>(M * K));  // the candidates' logits, F32 on the host
   auto put = [&](int64_t m, int64_t t, int32_t prev) {
     mrow[m] = static_cast<int32_t>(t);
     mprev[m] = prev;
     std::copy_n(C + t * K, K, mcand.begin() + m * K);
-    std::copy_n(U.ptr<float>() + t * K, K, mU.begin() + m * K);
+    std::copy_n(U.begin() + t * K, K, mU.begin() + m * K);
   };
   put(0, 0, anchor_token);
   for (int64_t t = 1; t < n; ++t)
@@ -736,20 +744,21 @@ std::vector<int32_t> Drafter::select_path(Context& ctx, const Tensor& hidden, in
   const DType dt = ctx.compute_dtype();
   Tensor g = ctx.empty(dt, {n, cfg_.selector_rank});
   ctx.linear(hidden, params_.get("candidate_selector.hidden_projection.weight").compute, nullptr, g);
-  SelectorArgs sa{g,
-                  ctx.to_device(cpu_tensor_i32(mrow, {M})),
-                  ctx.to_device(cpu_tensor_i32(mprev, {M})),
-                  ctx.to_device(cpu_tensor_i32(mcand, {M, K})),
-                  ctx.to_device(cpu_tensor(mU, {M, K})),
-                  params_.get("candidate_selector.predecessor_codebook").compute,
-                  params_.get("candidate_selector.successor_codebook").compute};
-  Tensor scores = ctx.empty(DType::F32, {M, K});
+  SelectorArgs sa;
+  sa.g = g;
+  sa.rows = ctx.to_device(cpu_tensor_i32(mrow, {M}));
+  sa.prev = ctx.to_device(cpu_tensor_i32(mprev, {M}));
+  sa.cand = ctx.to_device(cpu_tensor_i32(mcand, {M, K}));
+  sa.cand_logit = ctx.to_device(cpu_tensor(mU, {M, K}), ctx.param_dtype());
+  sa.pred_cb = params_.get("candidate_selector.predecessor_codebook").compute;
+  sa.succ_cb = params_.get("candidate_selector.successor_codebook").compute;
+  Tensor scores = ctx.empty(ctx.param_dtype(), {M, K});
   ctx.candidate_selector(sa, scores);
-  const Tensor e = ctx.to_host(scores);
+  const std::vector<float> e = to_f32_vector(ctx.to_host(scores));
   std::vector<int32_t> out(static_cast<size_t>(n));
   int64_t m = 0;
   for (int64_t t = 0; t < n; ++t) {
-    const float* em = e.ptr<float>() + m * K;
+    const float* em = e.data() + m * K;
     int64_t j = 0;
     for (int64_t i = 1; i < K; ++i)
       if (em[i] > em[j]) j = i;

@@ -13,11 +13,18 @@ namespace dflash {
 
 nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& training) {
   nlohmann::json j;
-  j["architectures"] = {"DFlashDraftModel"};
+  j["architectures"] = {c.dflash2() ? "DFlash2DraftModel" : "DFlashDraftModel"};
   j["model_type"] = "qwen3";
   j["block_size"] = c.block_size;
   j["num_target_layers"] = c.num_target_layers;
   j["dflash_config"] = {{"mask_token_id", c.mask_token_id}, {"target_layer_ids", c.target_layer_ids}};
+  if (c.dflash2()) {  // the keys vLLM's qwen3_dflash2.py reads; the optional scales keep their defaults (absent)
+    j["dflash_config"]["block_size"] = c.block_size;
+    j["dflash_config"]["conv_kernel_size"] = c.conv_kernel_size;
+    j["dflash_config"]["conv_group_size"] = c.conv_group_size;
+    j["dflash_config"]["selector_rank"] = c.selector_rank;
+    j["dflash_config"]["selector_top_k"] = c.selector_top_k;
+  }
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
   j["num_hidden_layers"] = c.num_layers;
@@ -88,10 +95,12 @@ ExportedDrafter read_exported_drafter(const std::string& dir) {
     return j[key];
   };
   const auto& arch = need("architectures");
-  DFLASH_CHECK(arch.is_array() && !arch.empty() && arch[0] == "DFlashDraftModel", path,
-               ": architectures is not [\"DFlashDraftModel\"]: not a DFlash drafter export");
+  DFLASH_CHECK(arch.is_array() && !arch.empty() && (arch[0] == "DFlashDraftModel" || arch[0] == "DFlash2DraftModel"),
+               path, ": architectures is not [\"DFlashDraftModel\"] or [\"DFlash2DraftModel\"]: not a DFlash drafter "
+               "export");
   ExportedDrafter e;
   DrafterConfig& c = e.config;
+  c.arch = arch[0] == "DFlash2DraftModel" ? DraftArch::DFlash2 : DraftArch::DFlash;
   try {
     c.hidden_size = need("hidden_size").get<int64_t>();
     c.intermediate_size = need("intermediate_size").get<int64_t>();
@@ -107,6 +116,24 @@ ExportedDrafter read_exported_drafter(const std::string& dir) {
                  ": dflash_config needs mask_token_id and target_layer_ids");
     c.mask_token_id = dc["mask_token_id"].get<int32_t>();
     c.target_layer_ids = dc["target_layer_ids"].get<std::vector<int64_t>>();
+    if (c.dflash2()) {
+      auto key = [&](const char* k) {
+        DFLASH_CHECK(dc.contains(k), path, ": dflash_config needs ", k, " for a DFlash2DraftModel");
+        return dc[k].get<int64_t>();
+      };
+      c.conv_kernel_size = key("conv_kernel_size");
+      c.conv_group_size = key("conv_group_size");
+      c.selector_rank = key("selector_rank");
+      c.selector_top_k = key("selector_top_k");
+      // optional scales of the served form (vLLM qwen3_dflash2.py): only their defaults are supported here
+      const double in_scale = dc.value("input_embedding_scale", 1.0), out_mult = dc.value("output_multiplier", 1.0);
+      const double softcap = dc.contains("final_logit_softcapping") && !dc["final_logit_softcapping"].is_null()
+                                 ? dc["final_logit_softcapping"].get<double>()
+                                 : 0.0;
+      DFLASH_CHECK(in_scale == 1.0, path, ": dflash_config.input_embedding_scale ", in_scale, " is not supported (1)");
+      DFLASH_CHECK(out_mult == 1.0, path, ": dflash_config.output_multiplier ", out_mult, " is not supported (1)");
+      DFLASH_CHECK(softcap <= 0.0, path, ": dflash_config.final_logit_softcapping ", softcap, " is not supported");
+    }
     c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
     c.rope_theta = j.value("rope_theta", 10000.0);
     c.max_position_embeddings = j.value("max_position_embeddings", int64_t{0});
@@ -124,6 +151,10 @@ ExportedDrafter read_exported_drafter(const std::string& dir) {
         sliding = false;
       }
       if (sliding) {
+        // vLLM reads is_causal first: false makes sliding layers bidirectional inside the block, which the sliding
+        // rule here (spec 2.3: causal inside the block) does not compute
+        DFLASH_CHECK(j.value("is_causal", true), path, ": is_causal false with sliding_attention layers (a "
+                     "bidirectional block under a sliding window) is not supported");
         DFLASH_CHECK(j.contains("sliding_window") && j["sliding_window"].is_number_integer(), path,
                      ": layer_types has sliding_attention layers but sliding_window is not an integer");
         c.sliding_window = j["sliding_window"].get<int64_t>();

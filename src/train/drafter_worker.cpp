@@ -53,7 +53,9 @@ void DrafterWorker::run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queu
   params_step = r.first_step;
   shard_step = r.first_step;
   ParamSet& ps = drafter_.params();
-  std::vector<double> red(static_cast<size_t>(3 + 2 * B + 3));
+  // [loss, ce, kl, sel, covered, correct per slot (B), count per slot (B), grad_sq, stop, total]
+  constexpr size_t kSlots = 5;
+  std::vector<double> red(kSlots + 2 * static_cast<size_t>(B) + 3);
   const size_t kGradSq = red.size() - 3, kStop = red.size() - 2, kTotal = red.size() - 1;
   auto collective = [&](auto&& body) {  // time spent in a collective counts as waiting
     const auto t0 = clock_t::now();
@@ -92,16 +94,18 @@ void DrafterWorker::run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queu
       DraftInputs in = upload_draft_batch(*ctx_, sq.batch, p.features.slice(0, sq.batch.S),
                                           soft ? p.final_hidden.slice(0, sq.batch.S) : Tensor{});
       DraftStepStats st = drafter_.forward_backward(*ctx_, in, embed_, lm_head_, r.kl_weight, grad_scale, true,
-                                                    r.recompute);
+                                                    r.recompute, r.selector_alpha);
       ctx_->record(*p.free);
       queue.release(ticket++);
       red[0] += st.loss_sum;
       red[1] += st.ce_sum;
       red[2] += st.kl_sum;
+      red[3] += st.sel_sum;
+      for (uint8_t c : st.covered) red[4] += c;
       for (size_t k = 0; k < st.correct.size(); ++k) {
         const size_t slot = static_cast<size_t>(sq.batch.slots[k]);
-        red[3 + slot] += st.correct[k];
-        red[3 + static_cast<size_t>(B) + slot] += 1;
+        red[kSlots + slot] += st.correct[k];
+        red[kSlots + static_cast<size_t>(B) + slot] += 1;
       }
       clock.add_busy(clock_t::now() - t0);
     }
@@ -124,8 +128,10 @@ void DrafterWorker::run(const DrafterRun& r, PlanBook& plans, FeatureQueue& queu
     rep.stats.loss_sum = red[0];
     rep.stats.ce_sum = red[1];
     rep.stats.kl_sum = red[2];
-    rep.stats.correct.assign(red.begin() + 3, red.begin() + 3 + B);
-    rep.stats.count.assign(red.begin() + 3 + B, red.begin() + 3 + 2 * B);
+    rep.stats.sel_sum = red[3];
+    rep.stats.covered = red[4];
+    rep.stats.correct.assign(red.begin() + kSlots, red.begin() + kSlots + B);
+    rep.stats.count.assign(red.begin() + kSlots + B, red.begin() + kSlots + 2 * B);
     rep.stats.stop = red[kStop] > 0 || (r.stop_after > 0 && step + 1 >= r.stop_after);
     if (red[kTotal] > 0) total = std::clamp<int64_t>(static_cast<int64_t>(red[kTotal]), step + 1, r.end_step);
     rep.total_steps = total;  // in force from the next step on

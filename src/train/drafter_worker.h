@@ -30,6 +30,7 @@ namespace dflash {
 // The step's statistics summed over all drafters (the stats all-reduce).
 struct StepStats {
   double loss_sum = 0, ce_sum = 0, kl_sum = 0;
+  double sel_sum = 0, covered = 0;     // DFlash2: sum w sel; rows whose label is among the candidates
   std::vector<double> correct, count;  // per slot [B]
   bool stop = false;                   // some worker was asked to stop (signal)
 };
@@ -56,6 +57,7 @@ struct DrafterRun {
                                        // and a stop, always)
   OptimConfig optim;
   float kl_weight = 0;
+  float selector_alpha = 1.0f;  // DFlash2: the selector loss's weight
   bool recompute = false;
   const std::atomic<bool>* stop = nullptr;  // signal flag
   const FaultPlan* fault = nullptr;

@@ -33,7 +33,8 @@ struct ResumeKey {
   nlohmann::json implied;
 };
 const ResumeKey kResumeKeys[] = {
-    {"loss", "decay"}, {"gamma", nullptr}, {"dpace_alpha", kDefaultDPaceAlpha}, {"sliding_window", 0},
+    {"arch", "dflash"}, {"conv_kernel_size", 2}, {"conv_group_size", 16}, {"selector_rank", 256},
+    {"selector_top_k", 16}, {"selector_alpha", 1.0}, {"loss", "decay"}, {"gamma", nullptr}, {"dpace_alpha", kDefaultDPaceAlpha}, {"sliding_window", 0},
     {"layer_types", nlohmann::json::array()}, {"num_layers", nullptr}, {"block_size", nullptr},
     {"target_layer_ids", nullptr}, {"mask_token_id", nullptr}, {"intermediate_size", nullptr},
     {"max_anchors", nullptr}, {"kl_weight", nullptr}, {"max_length", nullptr}, {"lr", nullptr}, {"beta1", nullptr},
@@ -53,6 +54,12 @@ std::string option_for(const char* k, const nlohmann::json& v) {
   std::string list;
   for (const auto& e : v) list += (list.empty() ? "" : ",") + text(e);
   return "--" + flag + " " + list;
+}
+
+// The keys only a DFlash2 drafter has (compared when both runs are DFlash2: "arch" is checked first).
+bool is_dflash2_key(const std::string& k) {
+  return k == "conv_kernel_size" || k == "conv_group_size" || k == "selector_rank" || k == "selector_top_k" ||
+         k == "selector_alpha";
 }
 
 std::vector<int> parse_index_list(const std::string& s, const char* opt) {
@@ -133,6 +140,12 @@ void read_inputs(const TrainConfig& cfg, OpenedRun& r) {
   if (cfg.intermediate_size > 0) dc.intermediate_size = cfg.intermediate_size;
   dc.layer_types = resolve_layer_types(cfg.layer_types, dc.num_layers, cfg.sliding_window);
   dc.sliding_window = dc.layer_types.empty() ? 0 : cfg.sliding_window;
+  dc.arch = parse_draft_arch(cfg.arch, "--arch");
+  dc.conv_kernel_size = cfg.conv_kernel_size;
+  dc.conv_group_size = cfg.conv_group_size;
+  dc.selector_rank = cfg.selector_rank;
+  dc.selector_top_k = cfg.selector_top_k;
+  DFLASH_CHECK(cfg.selector_alpha >= 0, "--selector-alpha ", cfg.selector_alpha, " must be >= 0");
   dc.validate();
   if (dc.sliding_window > 0 && dc.sliding_window < dc.block_size)
     log_warn("train: --sliding-window ", dc.sliding_window, " is smaller than the block (", dc.block_size,
@@ -227,9 +240,11 @@ void resume_point(const TrainConfig& cfg, OpenedRun& r) {
   // a setting that differs names the option that gives the checkpoint's value (a default that changed since, such as
   // --loss, then needs it spelled out)
   const bool dpace = parse_loss_kind(r.cfg_json["loss"].get<std::string>(), "--loss") == LossKind::DPace;
+  const bool dflash2 = r.dc.dflash2();
   for (const auto& [k, implied] : kResumeKeys) {
     // the same loss by now: the other objective's parameter does not change the trajectory
     if (std::string(k) == (dpace ? "gamma" : "dpace_alpha")) continue;
+    if (!dflash2 && is_dflash2_key(k)) continue;  // the same arch by now: a DFlash run has no selector
     DFLASH_CHECK(old.contains(k) || !implied.is_null(), state_path, ": the checkpoint's config has no \"", k, "\"");
     const nlohmann::json& was = old.contains(k) ? old[k] : implied;
     DFLASH_CHECK(was == r.cfg_json[k], r.latest, "/state.json: the checkpoint was made with ", k, " = ", was.dump(),

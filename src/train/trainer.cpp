@@ -42,6 +42,12 @@ void to_json(nlohmann::json& j, const TrainConfig& c) {
                      {"colocate", c.colocate},
                      {"queue_depth", c.queue_depth},
                      {"shard_optimizer", c.shard_optimizer},
+                     {"arch", c.arch},
+                     {"conv_kernel_size", c.conv_kernel_size},
+                     {"conv_group_size", c.conv_group_size},
+                     {"selector_rank", c.selector_rank},
+                     {"selector_top_k", c.selector_top_k},
+                     {"selector_alpha", c.selector_alpha},
                      {"num_layers", c.num_layers},
                      {"block_size", c.block_size},
                      {"target_layer_ids", c.target_layer_ids},
@@ -300,6 +306,12 @@ class StepRecorder {
       rec["loss"] = loss;
       rec["ce"] = rep.stats.ce_sum / plan.sum_w;
       if (r_.soft) rec["kl"] = rep.stats.kl_sum / plan.sum_w;
+      if (r_.dc.dflash2()) {  // the selector: its loss (per unit weight) and how often the label is a candidate
+        double rows = 0;
+        for (double c : rep.stats.count) rows += c;
+        rec["sel_loss"] = rep.stats.sel_sum / plan.sum_w;
+        rec["sel_recall"] = rows > 0 ? rep.stats.covered / rows : 0.0;
+      }
       rec["acc"] = acc;
       rec["eal"] = eal;
       rec["grad_norm"] = rep.grad_norm;
@@ -584,6 +596,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   run.checkpoint_every = cfg.checkpoint_every;
   run.optim = cfg.optim;
   run.kl_weight = static_cast<float>(cfg.kl_weight);
+  run.selector_alpha = static_cast<float>(cfg.selector_alpha);
   run.recompute = cfg.recompute;
   run.stop = stop;
   run.fault = r.fault.index >= 0 ? &r.fault : nullptr;

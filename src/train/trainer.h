@@ -38,6 +38,11 @@ struct TrainConfig {
   std::string inject_fault;        // test aid: KIND:INDEX:STEP (train/target_worker.h FaultPlan)
   bool random_target = false;      // benchmark aid: target weights drawn at random from its config.json alone
   // drafter shape (spec 1)
+  std::string arch = "dflash";  // "dflash" (spec 1) or "dflash2" (spec 1.1-1.2: dynamic convolutions, candidate selector)
+  int64_t conv_kernel_size = 2;  // DFlash2: taps of the dynamic convolutions
+  int64_t conv_group_size = 16;  // DFlash2: channels per dynamic coefficient (divides the hidden size)
+  int64_t selector_rank = 256;   // DFlash2: rank r of the selector's codebooks
+  int64_t selector_top_k = 16;   // DFlash2: candidates per slot
   int64_t num_layers = 1;
   int64_t block_size = 16;
   std::vector<int64_t> target_layer_ids;  // empty = default_target_layer_ids(Lt, num_target_features); else
@@ -60,6 +65,7 @@ struct TrainConfig {
   double gamma = 0;         // 0 = default for the block size (spec 2.4); < 0 = uniform weights
   double dpace_alpha = 0.5; // D-PACE's smoothing alpha in (0, 1] (kDefaultDPaceAlpha); used with loss "dpace"
   double kl_weight = 0;     // > 0 adds the soft-label KL term (with D-PACE weighted by the same w)
+  double selector_alpha = 1.0;  // DFlash2: weight of the selector's loss (SpecForge's dflash2_selector_loss_alpha)
   int64_t max_length = 0;   // truncate sequences to this many tokens (0 = as prepared)
   // optimisation (spec 2.5)
   OptimConfig optim;

@@ -17,7 +17,7 @@ SelectorStats candidate_selector(ThreadPool& tp, const SelectorArgs& a, const Te
     const int32_t* rows = a.rows.ptr<int32_t>();
     const int32_t* prev = a.prev.ptr<int32_t>();
     const int32_t* cand = a.cand.ptr<int32_t>();
-    const float* U = a.cand_logit.ptr<float>();
+    const T* U = a.cand_logit.ptr<T>();
     const T* g = a.g.ptr<T>();
     const T* P = a.pred_cb.ptr<T>();
     const T* S = a.succ_cb.ptr<T>();
@@ -28,7 +28,7 @@ SelectorStats candidate_selector(ThreadPool& tp, const SelectorArgs& a, const Te
         DFLASH_CHECK(cand[m * K + j] >= 0 && cand[m * K + j] < V, "candidate_selector: candidate ", cand[m * K + j],
                      " outside [0, ", V, ")");
     }
-    float* e = scores.ptr<float>();
+    T* e = scores.ptr<T>();
     tp.parallel_for(M, 8, [&](int64_t b, int64_t en) {
       std::vector<T> pg(static_cast<size_t>(r));
       for (int64_t m = b; m < en; ++m) {
@@ -39,7 +39,7 @@ SelectorStats candidate_selector(ThreadPool& tp, const SelectorArgs& a, const Te
           const T* sp = S + static_cast<int64_t>(cand[m * K + j]) * r;
           T acc = 0;
           for (int64_t q = 0; q < r; ++q) acc += pg[q] * sp[q];
-          e[m * K + j] = static_cast<float>(static_cast<T>(U[m * K + j]) + acc);
+          e[m * K + j] = U[m * K + j] + acc;
         }
       }
     });
@@ -51,7 +51,7 @@ SelectorStats candidate_selector(ThreadPool& tp, const SelectorArgs& a, const Te
     std::vector<T> de(static_cast<size_t>(M * K), T(0));
     const bool grad = a.dg.defined();
     for (int64_t m = 0; m < M; ++m) {
-      const float* em = e + m * K;
+      const T* em = e + m * K;
       int64_t am = 0, js = -1;
       for (int64_t j = 0; j < K; ++j) {
         if (em[j] > em[am]) am = j;
@@ -61,12 +61,12 @@ SelectorStats candidate_selector(ThreadPool& tp, const SelectorArgs& a, const Te
       if (js < 0) continue;
       st.covered[m] = 1;
       double se = 0;
-      for (int64_t j = 0; j < K; ++j) se += std::exp(static_cast<double>(em[j]) - em[am]);
+      for (int64_t j = 0; j < K; ++j) se += std::exp(static_cast<double>(em[j]) - static_cast<double>(em[am]));
       st.loss[m] = static_cast<double>(em[am]) + std::log(se) - em[js];
       if (!grad) continue;
       const double w = a.weights.ptr<float>()[m];
       for (int64_t j = 0; j < K; ++j)
-        de[m * K + j] = static_cast<T>(w * (std::exp(static_cast<double>(em[j]) - em[am]) / se - (j == js ? 1.0 : 0.0)));
+        de[m * K + j] = static_cast<T>(w * (std::exp(static_cast<double>(em[j]) - static_cast<double>(em[am])) / se - (j == js ? 1.0 : 0.0)));
     }
     if (!grad) return;
     T* dg = a.dg.ptr<T>();

@@ -32,9 +32,9 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
   const int64_t K = a.topk;
   if (K > 0) {
     DFLASH_CHECK(K <= V, "lm_head_loss: topk ", K, " exceeds the ", V, "-token vocabulary");
-    DFLASH_CHECK(a.topk_ids.dtype == DType::I32 && a.topk_ids.numel() == Rs * K && a.topk_logits.dtype == DType::F32 &&
+    DFLASH_CHECK(a.topk_ids.dtype == DType::I32 && a.topk_ids.numel() == Rs * K && a.topk_logits.dtype == dt &&
                      a.topk_logits.numel() == Rs * K,
-                 "lm_head_loss: topk_ids I32 and topk_logits F32 [", Rs, ", ", K, "]");
+                 "lm_head_loss: topk_ids I32 and topk_logits ", dtype_name(dt), " [", Rs, ", ", K, "]");
   }
   const bool grad = a.dh.defined();
   if (grad) {
@@ -77,7 +77,7 @@ LossStats loss_t(ThreadPool& tp, const LossArgs& a) {
                             [&](int32_t p, int32_t q) { return zr[p] > zr[q] || (zr[p] == zr[q] && p < q); });
           for (int64_t k = 0; k < K; ++k) {
             a.topk_ids.ptr<int32_t>()[gr * K + k] = ids[k];
-            a.topk_logits.ptr<float>()[gr * K + k] = static_cast<float>(zr[ids[k]]);
+            a.topk_logits.ptr<T>()[gr * K + k] = zr[ids[k]];
           }
         }
         int64_t am = 0;
