@@ -1,0 +1,710 @@
+// tests/families/gpt_oss.cpp
+// gpt-oss (issue 36) on the CPU, beside the goldens of tests/test_target.cpp: the published configs (gpt-oss-20b,
+// gpt-oss-120b and GptOssConfig's defaults) and their plan, parameters and MXFP4 bytes; YaRN's frequencies and
+// attention factor (transformers' _compute_yarn_parameters); MXFP4 against the e2m1 table with hand-made bytes; the
+// grouped expert GEMM with MXFP4 weights, biases and the gpt-oss GLU against per-row loops; causal attention with a
+// sliding window and sinks against a direct softmax; a checkpoint in MXFP4 against the same weights dequantised into
+// Hugging Face's bf16 layout (the interleaved gate / up columns); random gpt-oss targets through every forward path;
+// loader refusals; `dflash info`; and speculative decoding and batched generation through the gpt-oss KV cache.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/context.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "io/hf_config.h"
+#include "io/model_family.h"
+#include "io/safetensors.h"
+#include "model/drafter.h"
+#include "model/drafter_init.h"
+#include "model/target.h"
+#include "common/decode_checks.h"
+#include "common/test_util.h"
+
+using namespace dflash;
+using nlohmann::json;
+
+namespace {
+
+// openai/gpt-oss-20b config.json as published (layer_types: 12 x [sliding, full], written out below)
+const char* kGptOss20B = R"({
+  "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0, "eos_token_id": 200002,
+  "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+  "initializer_range": 0.02, "intermediate_size": 2880, "max_position_embeddings": 131072, "model_type": "gpt_oss",
+  "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+  "num_local_experts": 32, "output_router_logits": false, "pad_token_id": 199999,
+  "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                          "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                   "rope_type": "yarn", "truncate": false},
+  "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+  "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0", "use_cache": true, "vocab_size": 201088})";
+
+json gpt_oss_20b() {
+  json j = json::parse(kGptOss20B);
+  j["layer_types"] = json::array();
+  for (int l = 0; l < 24; ++l) j["layer_types"].push_back(l % 2 ? "full_attention" : "sliding_attention");
+  return j;
+}
+
+std::string error_of(const json& j) {
+  try {
+    parse_model_config(j, "/models/gpt-oss/config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+Tensor cpu_tensor_u8(const std::vector<uint8_t>& v, Shape s) {
+  Tensor t = cpu_empty(DType::U8, std::move(s));
+  std::copy(v.begin(), v.end(), t.ptr<uint8_t>());
+  return t;
+}
+
+const std::string& golden(const char* name) {
+  static std::map<std::string, std::string> dirs;
+  auto& d = dirs[name];
+  if (d.empty()) d = test::source_dir() + "/tests/golden/" + name;
+  return d;
+}
+
+}  // namespace
+
+// ---- config, plan, parameters ---------------------------------------------------------------------------------------
+
+TEST(GptOssConfig, Published20B) {
+  const ModelConfig c = parse_model_config(gpt_oss_20b(), "/models/gpt-oss-20b/config.json");
+  EXPECT_EQ(c.arch, Arch::GptOss);
+  EXPECT_STREQ(arch_name(c.arch), "gpt_oss");
+  EXPECT_EQ(c.architecture, "GptOssForCausalLM");
+  EXPECT_EQ(family_of(c.arch).title, std::string("gpt-oss"));
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 150000.0);
+  EXPECT_EQ(c.rope_scaling.kind, "yarn");
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_FALSE(c.rope_scaling.truncate);
+  EXPECT_NEAR(c.rope_scaling.attention_scaling(), 0.1 * std::log(32.0) + 1.0, 1e-15);  // 1.3466
+  EXPECT_EQ(c.quant_method, "mxfp4");
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{200002}));
+  EXPECT_EQ(c.moe.num_experts, 32);
+  EXPECT_EQ(c.moe.top_k, 4);
+  EXPECT_EQ(c.moe.expert_width, 2880);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_TRUE(c.moe.gpt_oss_experts);
+  ASSERT_EQ(c.layers.size(), 24u);
+  for (int64_t l = 0; l < 24; ++l) {
+    const LayerSpec s = c.layer(l);
+    EXPECT_EQ(s.attention.sliding_window, l % 2 == 0 ? 128 : 0) << l;
+    EXPECT_TRUE(s.attention.bias && s.attention.out_bias && s.attention.sinks && !s.attention.qk_norm) << l;
+    EXPECT_EQ(s.mlp, ChannelMixer::MoE);
+    EXPECT_EQ(s.mlp_width, 2880);
+  }
+  // parameters as the model card counts them: 20.91B total, 3.61B active (the unembedding counted, the embedding a
+  // lookup); the experts' weights in MXFP4 make the 12.8 GiB of the published checkpoint
+  const int64_t H = 2880, V = 201088, E = 32;
+  const int64_t attn = 2 * H * 4096 + 2 * H * 512 + (4096 + 2 * 512) + H + 64 + 2 * H;  // + biases, sinks, norms
+  const int64_t expert = 3 * H * 2880 + 2 * 2880 + H, router = E * H + E;
+  const TargetParams p = target_params(c);
+  EXPECT_EQ(p.total, 2 * V * H + H + 24 * (attn + router + E * expert));
+  EXPECT_EQ(p.active, V * H + H + 24 * (attn + router + 4 * expert));
+  EXPECT_EQ(p.mxfp4, 24 * E * 3 * H * 2880);
+  EXPECT_NEAR(p.total / 1e9, 20.91, 0.005);
+  EXPECT_NEAR(p.active / 1e9, 3.61, 0.005);
+  EXPECT_EQ(p.device_bytes(), 2 * (p.total - p.mxfp4) + p.mxfp4 / 32 * 17);
+  EXPECT_NEAR(p.device_bytes() / double(1 << 30), 12.82, 0.01);
+  // the published drafter (z-lab/gpt-oss-20b-DFlash): target layers [1, 6, 11, 16, 21] (the spec's rule), MLP 7680
+  EXPECT_EQ(default_target_layer_ids(c.num_hidden_layers, 5), (std::vector<int64_t>{1, 6, 11, 16, 21}));
+  EXPECT_EQ(default_intermediate_size(c), 7680);
+  const DrafterConfig dc = DrafterConfig::for_target(c, 8, 8, {1, 6, 11, 16, 21}, 200000);
+  EXPECT_EQ(dc.intermediate_size, 7680);
+  EXPECT_EQ(dc.rope_scaling.kind, "yarn");
+  EXPECT_FLOAT_EQ(dc.softmax_scale(), static_cast<float>(1.0 / 8.0 * std::pow(0.1 * std::log(32.0) + 1.0, 2)));
+}
+
+TEST(GptOssConfig, Published120BAndTheConfigClassDefaults) {
+  json j = gpt_oss_20b();
+  j["num_hidden_layers"] = 36;
+  j["num_local_experts"] = 128;
+  j["layer_types"] = json::array();
+  for (int l = 0; l < 36; ++l) j["layer_types"].push_back(l % 2 ? "full_attention" : "sliding_attention");
+  const ModelConfig c = parse_model_config(j, "/models/gpt-oss-120b/config.json");
+  const TargetParams p = target_params(c);
+  EXPECT_NEAR(p.total / 1e9, 116.83, 0.005);  // the model card's 116.83B
+  EXPECT_NEAR(p.active / 1e9, 5.13, 0.005);   // and 5.13B active
+  EXPECT_EQ(default_target_layer_ids(36, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));  // z-lab/gpt-oss-120b-DFlash
+
+  // keys left out take GptOssConfig's defaults (transformers 5.17 default_configs.json: the 120b shapes)
+  const ModelConfig d = parse_model_config(json::parse(R"({"model_type": "gpt_oss", "hidden_size": 2880,
+      "intermediate_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64, "vocab_size": 201088})"), "x");
+  EXPECT_EQ(d.head_dim, 64);
+  EXPECT_EQ(d.num_key_value_heads, 8);
+  EXPECT_EQ(d.moe.num_experts, 128);
+  EXPECT_EQ(d.moe.top_k, 4);
+  EXPECT_EQ(d.max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(d.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(d.rope_theta, 150000.0);
+  EXPECT_EQ(d.rope_scaling.kind, "yarn");
+  EXPECT_DOUBLE_EQ(d.rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(d.rope_scaling.beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(d.rope_scaling.beta_slow, 1.0);
+  EXPECT_FALSE(d.rope_scaling.truncate);
+  EXPECT_EQ(d.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_TRUE(d.attention_bias);
+  EXPECT_EQ(d.sliding_window, 128);
+  EXPECT_TRUE(d.quant_method.empty());  // bf16 experts
+  EXPECT_EQ(d.layer(0).attention.sliding_window, 128);
+  EXPECT_EQ(d.layer(1).attention.sliding_window, 0);
+  EXPECT_EQ(d.layer(35).attention.sliding_window, 0);
+  EXPECT_EQ(target_params(d).mxfp4, 0);
+}
+
+TEST(GptOssConfig, RefusalsNameTheField) {
+  json j = gpt_oss_20b();
+  j["layer_types"].erase(0);
+  std::string m = error_of(j);
+  EXPECT_TRUE(has(m, "layer_types") && has(m, "24") && has(m, "config.json")) << m;
+  j = gpt_oss_20b();
+  j["layer_types"][3] = "linear_attention";
+  m = error_of(j);
+  EXPECT_TRUE(has(m, "layer_types") && has(m, "linear_attention")) << m;
+  j = gpt_oss_20b();
+  j["quantization_config"]["quant_method"] = "fp8";
+  m = error_of(j);
+  EXPECT_TRUE(has(m, "quantization_config.quant_method") && has(m, "fp8")) << m;
+  j = gpt_oss_20b();
+  j["swiglu_limit"] = 10.0;
+  m = error_of(j);
+  EXPECT_TRUE(has(m, "swiglu_limit")) << m;
+  j = gpt_oss_20b();
+  j["num_experts_per_tok"] = 40;
+  m = error_of(j);
+  EXPECT_TRUE(has(m, "num_experts_per_tok")) << m;
+  j = gpt_oss_20b();
+  j["sliding_window"] = 0;
+  m = error_of(j);
+  EXPECT_TRUE(has(m, "sliding_window")) << m;
+  j = gpt_oss_20b();
+  j["rope_scaling"]["attention_factor"] = -1.0;
+  m = error_of(j);
+  EXPECT_TRUE(has(m, "rope_scaling.attention_factor")) << m;
+}
+
+// ---- YaRN -----------------------------------------------------------------------------------------------------------
+
+// gpt-oss's YaRN (head_dim 64, theta 150000, factor 32 over 4096 positions, beta 32 / 1, truncate false): the
+// frequencies of transformers' _compute_yarn_parameters, computed by its formula in Python's double precision.
+TEST(RopeYarn, FrequenciesAndAttentionFactorAsTransformers) {
+  const ModelConfig c = parse_model_config(gpt_oss_20b(), "x");
+  const std::vector<double> want = {
+      1, 0.689044306, 0.474782055, 0.327145872, 0.225418, 0.155322989, 0.107024421, 0.0737445682, 0.0508132748,
+      0.0317056962, 0.0193350011, 0.0115920493, 0.00679495949, 0.00386035932, 0.00209379238, 0.0010526021,
+      0.000456483919, 0.000129318701, 3.83088124e-05, 2.6396469e-05, 1.81883367e-05, 1.25325698e-05, 8.63549588e-06,
+      5.95023926e-06, 4.09997848e-06, 2.82506683e-06, 1.94659621e-06, 1.34129104e-06, 9.2420895e-07, 6.36820915e-07,
+      4.38797825e-07, 3.02351143e-07};
+  const std::vector<double> got = test::to_f64(rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-7 * want[i]) << "frequency " << i;
+  // the attention factor: given, from mscale / mscale_all_dim, or 0.1 ln(factor) + 1; 1 for other kinds
+  RopeScaling rs = c.rope_scaling;
+  rs.attention_factor = 1.25;
+  EXPECT_DOUBLE_EQ(rs.attention_scaling(), 1.25);
+  rs.attention_factor = 0;
+  rs.mscale = 1.0;
+  rs.mscale_all_dim = 0.5;
+  EXPECT_DOUBLE_EQ(rs.attention_scaling(), (0.1 * std::log(32.0) + 1) / (0.05 * std::log(32.0) + 1));
+  rs.kind = "llama3";
+  EXPECT_DOUBLE_EQ(rs.attention_scaling(), 1.0);
+  // truncate (transformers' default) rounds the correction range outwards: [floor(8.09), ceil(17.40)] = [8, 18]
+  RopeScaling t = c.rope_scaling;
+  t.truncate = true;
+  const std::vector<double> tf = test::to_f64(rope_inv_freq(64, 150000.0, t));
+  const double base = 1.0 / std::pow(150000.0, 2.0 * 9 / 64);  // dimension 9: ramp (9 - 8) / 10 = 0.1
+  EXPECT_NEAR(tf[9], base / 32 * 0.1 + base * 0.9, 1e-6 * base);
+  // rope_scaling_json round-trips through parse_rope_scaling (the exported drafter's config.json)
+  const json rj = rope_scaling_json(c.rope_scaling);
+  EXPECT_EQ(rj["rope_type"], "yarn");
+  EXPECT_EQ(rj["truncate"], false);
+  EXPECT_FALSE(rj.contains("attention_factor"));  // not given: not written (serving engines derive it from factor)
+  const RopeScaling back = parse_rope_scaling(rj, "x", "rope_scaling");
+  EXPECT_EQ(test::to_f64(rope_inv_freq(64, 150000.0, back)), got);
+  EXPECT_DOUBLE_EQ(back.attention_scaling(), c.rope_scaling.attention_scaling());
+  EXPECT_TRUE(rope_scaling_json(RopeScaling{}).is_null());
+}
+
+// ---- MXFP4 ---------------------------------------------------------------------------------------------------------
+
+// Hand-made bytes against the e2m1 table of the OCP MX spec (transformers' FP4_VALUES): element 2j in the low nibble,
+// 2j + 1 in the high nibble of byte j, times 2^(scale - 127) per block of 32; the published [*, G, 16] blocks and
+// MoeWeights' [*, 16 G] rows give the same values.
+TEST(Mxfp4, DequantizeHandMadeBytes) {
+  const float fp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  // two rows of two blocks: every code in both nibbles, scales 127 (x1), 128 (x2), 125 (x1/4) and 0 (x2^-127)
+  Tensor blocks = cpu_empty(DType::U8, {2, 2, 16}), scales = cpu_tensor_u8({127, 128, 125, 0}, {2, 2});
+  for (int64_t i = 0; i < 64; ++i) blocks.ptr<uint8_t>()[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+  const Tensor out = mxfp4_dequantize(blocks, scales);
+  ASSERT_EQ(out.shape, (Shape{2, 64}));
+  const int exps[4] = {0, 1, -2, -127};
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t e = 0; e < 64; ++e) {
+      const int64_t blk = e / 32, j = (e % 32) / 2;
+      const int code = e % 2 == 0 ? static_cast<int>(j % 16) : 15 - static_cast<int>(j % 16);
+      const float want = std::ldexp(fp4[code], exps[r * 2 + blk]);
+      EXPECT_EQ(out.ptr<float>()[r * 64 + e], want) << "row " << r << " element " << e;
+      EXPECT_EQ(std::signbit(out.ptr<float>()[r * 64 + e]), std::signbit(want)) << "-0 keeps its sign";
+    }
+  // a few written out: byte 0x21 under scale 128 -> 0.5 * 2, 1 * 2; byte 0xF8 under 127 -> -0, -6
+  Tensor b2 = cpu_zeros(DType::U8, {1, 16}), s2 = cpu_tensor_u8({128}, {1});
+  b2.ptr<uint8_t>()[0] = 0x21;
+  b2.ptr<uint8_t>()[15] = 0xF8;
+  const Tensor o2 = mxfp4_dequantize(b2, s2);
+  EXPECT_EQ(o2.ptr<float>()[0], 1.0f);
+  EXPECT_EQ(o2.ptr<float>()[1], 2.0f);
+  EXPECT_EQ(o2.ptr<float>()[30], -0.0f);
+  EXPECT_EQ(o2.ptr<float>()[31], -12.0f);
+  // [*, 16 G] rows equal [*, G, 16] blocks
+  EXPECT_EQ(to_f32_vector(mxfp4_dequantize(blocks.reshape({2, 32}), scales)), to_f32_vector(out));
+  EXPECT_THROW(mxfp4_dequantize(blocks, cpu_tensor_u8({127, 127}, {2, 1})), Error);  // blocks of 2 groups
+}
+
+namespace {
+
+// Random MXFP4 rows [E, N, K] (codes uniform, scales around 2^-3) and their dequantised values in `dt`.
+struct RandomMxfp4 {
+  MoeWeights w;
+  Tensor plain;
+};
+RandomMxfp4 random_mxfp4(int64_t E, int64_t N, int64_t K, uint64_t seed, DType dt) {
+  Rng rng(seed, RngPurpose::Test);
+  Tensor b = cpu_empty(DType::U8, {E, N, K / 2}), s = cpu_empty(DType::U8, {E, N, K / 32});
+  for (int64_t i = 0; i < b.numel(); ++i) b.ptr<uint8_t>()[i] = static_cast<uint8_t>(rng.below(256));
+  for (int64_t i = 0; i < s.numel(); ++i) s.ptr<uint8_t>()[i] = static_cast<uint8_t>(122 + rng.below(4));
+  RandomMxfp4 r;
+  r.w.w = b;
+  r.w.scales = s;
+  const Tensor f = mxfp4_dequantize(b, s);
+  r.plain = cpu_empty(dt, f.shape);
+  for (int64_t i = 0; i < f.numel(); ++i) {
+    if (dt == DType::F64) r.plain.ptr<double>()[i] = f.ptr<float>()[i];
+    else r.plain.ptr<float>()[i] = f.ptr<float>()[i];
+  }
+  return r;
+}
+
+double gpt_oss_glu(double g, double u) {  // transformers' GptOssExperts._apply_gate, written out
+  g = std::min(g, 7.0);
+  u = std::max(-7.0, std::min(u, 7.0));
+  return (u + 1) * g / (1 + std::exp(-1.702 * g));
+}
+
+}  // namespace
+
+// moe_linear with MXFP4 weights gives the bits of moe_linear with the dequantised weights (the CPU dequantises each
+// expert's rows into the compute dtype, exactly), for every activation, with and without a bias.
+TEST(Mxfp4, GroupedLinearEqualsTheDequantisedWeights) {
+  for (const char* dev : {"cpu", "cpu64"}) {
+    auto ctx = make_context(dev);
+    const DType dt = ctx->compute_dtype();
+    const int64_t T = 7, K = 64, N = 6, E = 3, k = 2;
+    Tensor idx = cpu_tensor_i32({0, 2, 1, 2, 0, 1, 2, 1, 0, 2, 1, 0, 2, 0}, {T, k});
+    Tensor off = cpu_empty(DType::I32, {E + 1}), rows = cpu_empty(DType::I32, {T * k}), slot = cpu_empty(DType::I32, {T * k});
+    ctx->moe_group(idx, off, rows, slot);
+    const Tensor x = test::randn({T, K}, 21, 1.0, dt);
+    for (MoeAct act : {MoeAct::None, MoeAct::SwiGLU, MoeAct::GptOssGLU}) {
+      const int64_t Nw = act == MoeAct::None ? N : 2 * N;
+      RandomMxfp4 m = random_mxfp4(E, Nw, K, 22, dt);
+      for (bool bias : {false, true}) {
+        MoeWeights q = m.w, p = m.plain;
+        if (bias) q.bias = p.bias = test::randn({E, Nw}, 23, 0.5, dt);
+        Tensor yq = cpu_empty(dt, {T * k, N}), yp = cpu_empty(dt, {T * k, N});
+        ctx->moe_linear(x, &rows, q, off, yq, act);
+        ctx->moe_linear(x, &rows, p, off, yp, act);
+        EXPECT_EQ(test::to_f64(yq), test::to_f64(yp)) << dev << " act " << static_cast<int>(act) << " bias " << bias;
+      }
+    }
+    // shapes: MXFP4 needs K % 32 == 0 and scales [E, N', K/32]; a bias [E, N']
+    RandomMxfp4 m = random_mxfp4(E, N, K, 24, dt);
+    Tensor y = cpu_empty(dt, {T * k, N});
+    MoeWeights bad = m.w;
+    bad.scales = cpu_empty(DType::U8, {E, N, 1});
+    EXPECT_THROW(ctx->moe_linear(x, &rows, bad, off, y, MoeAct::None), Error);
+    bad = m.w;
+    bad.bias = cpu_empty(dt, {E, N + 1});
+    EXPECT_THROW(ctx->moe_linear(x, &rows, bad, off, y, MoeAct::None), Error);
+    bad = m.w;
+    bad.w = m.plain;  // plain values with scales: the weights must then be U8
+    EXPECT_THROW(ctx->moe_linear(x, &rows, bad, off, y, MoeAct::None), Error);
+  }
+}
+
+// The gpt-oss GLU with biases against the formula per row, on values that reach both clamps (|g|, |u| up to ~20).
+TEST(GptOssExperts, ClampedGluWithBiasesPerRow) {
+  auto ctx = make_context("cpu64");
+  const int64_t T = 5, K = 8, N = 4, E = 2;
+  Tensor idx = cpu_tensor_i32({0, 1, 1, 0, 1}, {T, 1});
+  Tensor off = cpu_empty(DType::I32, {E + 1}), rows = cpu_empty(DType::I32, {T}), slot = cpu_empty(DType::I32, {T});
+  ctx->moe_group(idx, off, rows, slot);
+  const Tensor x = test::randn({T, K}, 31, 3.0, DType::F64);
+  MoeWeights w = test::randn({E, 2 * N, K}, 32, 1.5, DType::F64);
+  w.bias = test::randn({E, 2 * N}, 33, 2.0, DType::F64);
+  Tensor y = cpu_empty(DType::F64, {T, N});
+  ctx->moe_linear(x, &rows, w, off, y, MoeAct::GptOssGLU);
+  int clamped_g = 0, clamped_u = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t e = idx.ptr<int32_t>()[t], r = slot.ptr<int32_t>()[t];
+    for (int64_t n = 0; n < N; ++n) {
+      double g = w.bias.ptr<double>()[e * 2 * N + n], u = w.bias.ptr<double>()[e * 2 * N + N + n];
+      for (int64_t c = 0; c < K; ++c) {
+        g += x.ptr<double>()[t * K + c] * w.w.ptr<double>()[(e * 2 * N + n) * K + c];
+        u += x.ptr<double>()[t * K + c] * w.w.ptr<double>()[(e * 2 * N + N + n) * K + c];
+      }
+      clamped_g += g > 7;
+      clamped_u += std::fabs(u) > 7;
+      EXPECT_NEAR(y.ptr<double>()[r * N + n], gpt_oss_glu(g, u), 1e-12) << "token " << t << " column " << n;
+    }
+  }
+  EXPECT_GT(clamped_g, 0) << "no gate value reached the clamp: the test would not see it";
+  EXPECT_GT(clamped_u, 0) << "no up value reached the clamp: the test would not see it";
+}
+
+// ---- attention: sliding window and sinks -----------------------------------------------------------------------------
+
+namespace {
+
+// out[t, h] of attention_causal written out directly (double): keys lo..p, p = q_offset + t, one softmax with the sink
+std::vector<double> direct_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, double scale,
+                                     int64_t window, const std::vector<float>& sinks) {
+  const int64_t T = q.shape[0], nh = q.shape[1], d = q.shape[2], nkv = k.shape[1], rep = nh / nkv;
+  const auto Q = test::to_f64(q), Kx = test::to_f64(k), Vx = test::to_f64(v);
+  std::vector<double> out(static_cast<size_t>(T * nh * d), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t p = q_offset + t, lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0, g = h / rep;
+      std::vector<double> x;
+      for (int64_t j = lo; j <= p; ++j) {
+        double s = 0;
+        for (int64_t c = 0; c < d; ++c) s += Q[(t * nh + h) * d + c] * Kx[(j * nkv + g) * d + c];
+        x.push_back(s * scale);
+      }
+      double m = *std::max_element(x.begin(), x.end());
+      if (!sinks.empty()) m = std::max(m, double(sinks[h]));
+      double den = sinks.empty() ? 0 : std::exp(sinks[h] - m);
+      for (double s : x) den += std::exp(s - m);
+      for (int64_t j = lo; j <= p; ++j)
+        for (int64_t c = 0; c < d; ++c)
+          out[(t * nh + h) * d + c] += std::exp(x[j - lo] - m) / den * Vx[(j * nkv + g) * d + c];
+    }
+  return out;
+}
+
+}  // namespace
+
+// Windows of 1, 5 and one longer than the keys (= full attention), with and without sinks, prefill (a tile boundary
+// at 64 rows inside the window) and decode at an offset, against the direct softmax.
+TEST(AttentionCausal, SlidingWindowAndSinksAsTheDirectSoftmax) {
+  auto ctx = make_context("cpu64");
+  const int64_t Tk = 70, nh = 4, nkv = 2, d = 8;
+  const Tensor q = test::randn({Tk, nh, d}, 41, 1.0, DType::F64), k = test::randn({Tk, nkv, d}, 42, 1.0, DType::F64),
+               v = test::randn({Tk, nkv, d}, 43, 1.0, DType::F64);
+  const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  const double scale = 0.3;
+  for (int64_t window : {0, 1, 5, 100})
+    for (bool with_sinks : {false, true}) {
+      CausalAttnOpts o;
+      o.window = window;
+      if (with_sinks) o.sinks = cpu_tensor(sinks, {nh});
+      const std::vector<float> sk = with_sinks ? sinks : std::vector<float>{};
+      Tensor out = cpu_empty(DType::F64, {Tk, nh, d});
+      ctx->attention_causal(q, k, v, out, 0, static_cast<float>(scale), o);
+      const auto want = direct_attention(q, k, v, 0, static_cast<float>(scale), window, sk);
+      EXPECT_LT(test::rel_err(test::to_f64(out), want), 1e-13) << "window " << window << " sinks " << with_sinks;
+      // decode: the last 3 queries against the whole prefix
+      Tensor o3 = cpu_empty(DType::F64, {3, nh, d});
+      ctx->attention_causal(q.slice(Tk - 3, Tk), k, v, o3, Tk - 3, static_cast<float>(scale), o);
+      const auto w3 = direct_attention(q.slice(Tk - 3, Tk), k, v, Tk - 3, static_cast<float>(scale), window, sk);
+      EXPECT_LT(test::rel_err(test::to_f64(o3), w3), 1e-13) << "decode, window " << window;
+    }
+  // a window longer than every prefix is full attention; window 1 sees only the query's own key (out = v without sinks)
+  Tensor full = cpu_empty(DType::F64, {Tk, nh, d}), wide = cpu_empty(DType::F64, {Tk, nh, d});
+  ctx->attention_causal(q, k, v, full, 0, 0.3f);
+  ctx->attention_causal(q, k, v, wide, 0, 0.3f, CausalAttnOpts{Tk, Tensor{}});
+  EXPECT_EQ(test::to_f64(full), test::to_f64(wide));
+  Tensor one = cpu_empty(DType::F64, {Tk, nh, d});
+  ctx->attention_causal(q, k, v, one, 0, 0.3f, CausalAttnOpts{1, Tensor{}});
+  for (int64_t t = 0; t < Tk; ++t)
+    for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(one.ptr<double>()[(t * nh + 3) * d + c], v.ptr<double>()[(t * nkv + 1) * d + c], 1e-15);
+  // refusals: a negative window, sinks of another length or dtype
+  EXPECT_THROW(ctx->attention_causal(q, k, v, full, 0, 0.3f, CausalAttnOpts{-1, Tensor{}}), Error);
+  EXPECT_THROW(ctx->attention_causal(q, k, v, full, 0, 0.3f, CausalAttnOpts{0, cpu_tensor({1.0f}, {1})}), Error);
+  EXPECT_THROW(ctx->attention_causal(q, k, v, full, 0, 0.3f, CausalAttnOpts{0, test::randn({nh}, 1, 1.0, DType::F64)}),
+               Error);
+}
+
+// ---- the loader: MXFP4 and bf16 checkpoints of the same weights -----------------------------------------------------
+
+namespace {
+
+// A temporary directory removed at the end of the test.
+struct TmpDir {
+  std::string path;
+  explicit TmpDir(const std::string& name) : path(cat("/tmp/dflash_test_", getpid(), "_", name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TmpDir() { std::filesystem::remove_all(path); }
+};
+
+// t [E, A, B] F32 host -> [E, B, A]
+Tensor transposed(const Tensor& t) {
+  const int64_t E = t.shape[0], A = t.shape[1], B = t.shape[2];
+  Tensor o = cpu_empty(DType::F32, {E, B, A});
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t a = 0; a < A; ++a)
+      for (int64_t b = 0; b < B; ++b) o.ptr<float>()[(e * B + b) * A + a] = t.ptr<float>()[(e * A + a) * B + b];
+  return o;
+}
+
+// The MXFP4 golden model rewritten as a bf16-style checkpoint: every expert projection dequantised and stored in HF's
+// GptOssExperts layout (gate_up_proj [E, H, 2I] with gate / up interleaved in the columns, down_proj [E, I, H]),
+// config.json without quantization_config.
+void write_dequantised_copy(const std::string& dst) {
+  const std::string src = golden("target_gpt_oss_mxfp4");
+  auto ws = WeightStore::open(src);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const std::string& n : ws.names()) {
+    if (n.ends_with("_scales")) continue;
+    if (n.ends_with("_blocks")) {
+      const std::string base = n.substr(0, n.size() - 7);
+      out.emplace_back(base, transposed(mxfp4_dequantize(ws.view(n), ws.view(base + "_scales"))));
+      continue;
+    }
+    out.emplace_back(n, cpu_clone(ws.view(n)));
+  }
+  write_safetensors(dst + "/model.safetensors", out);
+  json c = json::parse(read_file(src + "/config.json"));
+  c.erase("quantization_config");
+  write_file_atomic(dst + "/config.json", c.dump(2));
+}
+
+}  // namespace
+
+// The MXFP4 checkpoint and its dequantisation in HF's bf16 layout load to the same model: the bf16 loader's transpose
+// and de-interleaving of gate / up columns equal the MXFP4 loader's de-interleaving of rows, value for value.
+TEST(GptOssLoad, Mxfp4EqualsItsDequantisationInTheBf16Layout) {
+  TmpDir tmp("gptoss_deq");
+  write_dequantised_copy(tmp.path);
+  auto ctx = make_context("cpu");
+  auto mx = Target::load(golden("target_gpt_oss_mxfp4"), *ctx);
+  auto bf = Target::load(tmp.path, *ctx);
+  EXPECT_EQ(mx->config().quant_method, "mxfp4");
+  EXPECT_TRUE(bf->config().quant_method.empty());
+  EXPECT_EQ(mx->weights().layers[0].moe.gate_up.w.dtype, DType::U8);  // kept in MXFP4
+  EXPECT_EQ(mx->weights().layers[0].moe.gate_up.w.shape, (Shape{8, 64, 32}));
+  EXPECT_EQ(mx->weights().layers[0].moe.gate_up.scales.shape, (Shape{8, 64, 2}));
+  EXPECT_EQ(bf->weights().layers[0].moe.gate_up.w.dtype, DType::F32);
+  auto g = SafetensorsFile::open(golden("target_gpt_oss_mxfp4") + "/golden.safetensors");
+  const std::vector<int64_t> all = {0, 1, 2, 3};
+  auto a = mx->forward(*ctx, g->view("input_ids"), all, true);
+  auto b = bf->forward(*ctx, g->view("input_ids"), all, true);
+  EXPECT_EQ(to_f32_vector(a.features), to_f32_vector(b.features));
+  EXPECT_EQ(to_f32_vector(a.final_hidden), to_f32_vector(b.final_hidden));
+  // and both are transformers' forward on transformers' dequantisation (the golden)
+  EXPECT_LT(test::rel_err(test::to_f64(b.final_hidden), test::to_f64(g->view("final_hidden"))), 2e-5);
+}
+
+// A checkpoint whose experts disagree with its config.json is refused naming the tensor and the key.
+TEST(GptOssLoad, RefusesExpertsThatDisagreeWithTheConfig) {
+  auto ctx = make_context("cpu");
+  auto msg = [&](const std::string& dir) {
+    try {
+      Target::load(dir, *ctx);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  {  // MXFP4 tensors, config.json without quantization_config
+    TmpDir tmp("gptoss_noquant");
+    std::filesystem::copy(golden("target_gpt_oss_mxfp4") + "/model.safetensors", tmp.path + "/model.safetensors");
+    json c = json::parse(read_file(golden("target_gpt_oss_mxfp4") + "/config.json"));
+    c.erase("quantization_config");
+    write_file_atomic(tmp.path + "/config.json", c.dump());
+    const std::string m = msg(tmp.path);
+    EXPECT_TRUE(has(m, "gate_up_proj_blocks") && has(m, "quantization_config")) << m;
+  }
+  {  // plain tensors, config.json saying mxfp4
+    TmpDir tmp("gptoss_quant");
+    std::filesystem::copy(golden("target_gpt_oss") + "/model.safetensors", tmp.path + "/model.safetensors");
+    json c = json::parse(read_file(golden("target_gpt_oss") + "/config.json"));
+    c["quantization_config"] = {{"quant_method", "mxfp4"}};
+    write_file_atomic(tmp.path + "/config.json", c.dump());
+    const std::string m = msg(tmp.path);
+    EXPECT_TRUE(has(m, "gate_up_proj") && has(m, "mxfp4")) << m;
+  }
+  {  // blocks of the wrong shape
+    TmpDir tmp("gptoss_badblocks");
+    auto ws = WeightStore::open(golden("target_gpt_oss_mxfp4"));
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const std::string& n : ws.names())
+      out.emplace_back(n, n == "model.layers.1.mlp.experts.down_proj_scales" ? cpu_zeros(DType::U8, {8, 64, 2})
+                                                                            : cpu_clone(ws.view(n)));
+    write_safetensors(tmp.path + "/model.safetensors", out);
+    std::filesystem::copy(golden("target_gpt_oss_mxfp4") + "/config.json", tmp.path + "/config.json");
+    const std::string m = msg(tmp.path);
+    EXPECT_TRUE(has(m, "model.layers.1.mlp.experts.down_proj_scales") && has(m, "U8 [8, 64, 1]")) << m;
+  }
+}
+
+// ---- random gpt-oss targets: every forward path agrees --------------------------------------------------------------
+
+TEST(GptOssTarget, RandomTargetRunsEveryPathBf16AndMxfp4) {
+  json j = gpt_oss_20b();
+  j["hidden_size"] = 64;
+  j["intermediate_size"] = 32;
+  j["num_hidden_layers"] = 3;
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 2;
+  j["head_dim"] = 16;
+  j["num_local_experts"] = 4;
+  j["num_experts_per_tok"] = 2;
+  j["vocab_size"] = 64;
+  j["sliding_window"] = 3;
+  j["rope_scaling"]["original_max_position_embeddings"] = 4;
+  j["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention"};
+  const json with_mxfp4 = j;
+  for (bool mxfp4 : {false, true}) {
+    j = with_mxfp4;
+    if (!mxfp4) j.erase("quantization_config");
+    const ModelConfig cfg = parse_model_config(j, "tiny");
+    auto ctx = make_context("cpu64");
+    auto tg = Target::random(cfg, *ctx, 3);
+    EXPECT_EQ(tg->weights().layers[0].moe.down.w.dtype, mxfp4 ? DType::U8 : DType::F64);
+    std::vector<int32_t> a = {1, 5, 9, 13, 2, 7, 7, 30}, b = {3, 3, 60};
+    const std::vector<int64_t> ids = {0, 2};
+    auto fa = test::check_packed_prefill(*ctx, *tg, a, b, ids, 1e-12);
+    const auto pa = test::to_f64(fa.features);
+    EXPECT_EQ(fa.router_topk[1].shape, (Shape{8, 2}));
+    // KV-cached decode past the window of 3 equals the prefill's last rows
+    KVCache cache = KVCache::create(*ctx, cfg, 8);
+    tg->forward(*ctx, cpu_tensor_i32({1, 5, 9, 13}, {4}), {}, true, &cache);
+    for (int t = 4; t < 8; ++t) {
+      auto o = tg->forward(*ctx, cpu_tensor_i32({a[t]}, {1}), {}, true, &cache);
+      const auto lf = test::to_f64(o.final_hidden), full = test::to_f64(fa.final_hidden);
+      for (int64_t c = 0; c < 64; ++c)
+        EXPECT_NEAR(lf[static_cast<size_t>(c)], full[static_cast<size_t>(t * 64 + c)], 1e-10) << "position " << t;
+    }
+    // the window matters: a target without it gives other features from position 3 on
+    json nw = j;
+    nw["sliding_window"] = 100;
+    auto wide = Target::random(parse_model_config(nw, "tiny"), *ctx, 3);
+    const auto fw = test::to_f64(wide->forward(*ctx, cpu_tensor_i32(a, {8}), ids, true).features);
+    for (size_t i = 0; i < 3 * 128; ++i) EXPECT_NEAR(fw[i], pa[i], 1e-12);  // (the experts' groups differ: GEMM order)
+    EXPECT_GT(test::rel_err(fw, pa), 1e-6);
+  }
+}
+
+// ---- dflash info ----------------------------------------------------------------------------------------------------
+
+TEST(GptOssInfo, PlanSlidingAndFullLayersAndMxfp4Bytes) {
+  TmpDir tmp("gptoss_info");
+  write_file_atomic(tmp.path + "/config.json", gpt_oss_20b().dump());
+  const std::string cmd = cat(DFLASH_BINARY, " info ", tmp.path, " --json > ", tmp.path, "/out.json 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp.path + "/out.json");
+  const json o = json::parse(read_file(tmp.path + "/out.json"))["config"];
+  EXPECT_EQ(o["family"], "gpt-oss");
+  // sliding and full alternate: no two neighbours share a plan, so the plan is shown for one period of 2
+  ASSERT_EQ(o["layers"].size(), 2u);
+  EXPECT_EQ(o["layers"][0]["layers"], "0 of every 2");
+  EXPECT_EQ(o["layers"][1]["layers"], "1 of every 2");
+  const std::string sliding = "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of "
+                              "width 2880 (top-k renormalised; gpt-oss GLU, biases; MXFP4)",
+                    full = "attention (q/k/v bias, o bias, sinks) + MoE 32 experts top-4 of width 2880 (top-k "
+                           "renormalised; gpt-oss GLU, biases; MXFP4)";
+  EXPECT_EQ(o["layers"][0]["plan"], sliding);
+  EXPECT_EQ(o["layers"][1]["plan"], full);
+  const TargetParams p = target_params(parse_model_config(gpt_oss_20b(), "x"));
+  EXPECT_EQ(o["params"]["mxfp4"].get<int64_t>(), p.mxfp4);
+  EXPECT_EQ(o["device_weight_bytes"].get<int64_t>(), p.device_bytes());
+  EXPECT_EQ(o["quant_method"], "mxfp4");
+  EXPECT_EQ(o["rope_scaling"]["kind"], "yarn");
+  EXPECT_NEAR(o["rope_scaling"]["attention_factor"].get<double>(), 1.3466, 1e-4);
+  EXPECT_EQ(o["default_target_layer_ids_nf5"], json({1, 6, 11, 16, 21}));
+  EXPECT_EQ(o["drafter_default_intermediate_size"].get<int64_t>(), 7680);
+  // the text form names the MXFP4 share
+  const std::string txt = cat(DFLASH_BINARY, " info ", tmp.path, " > ", tmp.path, "/out.txt 2>&1");
+  ASSERT_EQ(std::system(txt.c_str()), 0);
+  const std::string t = read_file(tmp.path + "/out.txt");
+  EXPECT_TRUE(has(t, "arch: gpt_oss (gpt-oss, GptOssForCausalLM)")) << t;
+  EXPECT_TRUE(has(t, "weights on the device (bf16, experts in MXFP4): 12.82 GiB")) << t;
+  EXPECT_TRUE(has(t, "of which MXFP4")) << t;
+  EXPECT_TRUE(has(t, "layer 0 of every 2 " + sliding + "\n")) << t;  // alternating layers: one line per plan
+  EXPECT_TRUE(has(t, "layer 1 of every 2 " + full + "\n")) << t;
+}
+
+// ---- end to end through the gpt-oss KV cache ------------------------------------------------------------------------
+
+// Real speculative decoding through the gpt-oss target's KV cache (past its window of 16 and YaRN's 16 original
+// positions) reproduces the target-only greedy decode, teacher forcing on that greedy data gives the same cycles, and
+// batched generation equals one sequence at a time: bf16 and MXFP4 experts.
+TEST(GptOssEndToEnd, SpeculativeDecodingAndBatchedGenerationBf16AndMxfp4) {
+  for (const char* name : {"target_gpt_oss", "target_gpt_oss_mxfp4"}) {
+    auto ctx = make_context("cpu", {.threads = 2});
+    auto target = Target::load(golden(name), *ctx);
+    EXPECT_EQ(default_intermediate_size(target->config()), 8 * 64 / 3);  // the drafter's MLP: the family's 8 H / 3
+    EXPECT_GT(test::check_lossless_decoding(*ctx, *target, 19, name), 32u);  // past the window and YaRN's 16
+  }
+}
+
+// dflash capture on the MXFP4 target writes HF's output_hidden_states (the embedding, every layer, the final norm),
+// the logits and the experts chosen, as transformers computes them on its dequantisation.
+TEST(GptOssEndToEnd, CaptureWritesHfHiddenStatesMxfp4) {
+  TmpDir tmp("gptoss_capture");
+  const std::string dir = golden("target_gpt_oss_mxfp4");
+  auto g = SafetensorsFile::open(dir + "/golden.safetensors");
+  const Tensor ids = g->view("input_ids");
+  json row = {{"input_ids", std::vector<int32_t>(ids.ptr<int32_t>(), ids.ptr<int32_t>() + ids.numel())}};
+  write_file_atomic(tmp.path + "/ids.jsonl", row.dump() + "\n");
+  const std::string cmd = cat(DFLASH_BINARY, " capture --target ", dir, " --input ", tmp.path, "/ids.jsonl --out ",
+                              tmp.path, "/f.safetensors --logits --router > ", tmp.path, "/log.txt 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp.path + "/log.txt");
+  auto f = SafetensorsFile::open(tmp.path + "/f.safetensors");
+  for (int i = 0; i <= 4; ++i)
+    EXPECT_LT(test::rel_err(test::to_f64(f->view(cat("row_0.hidden_", i))), test::to_f64(g->view(cat("hidden_states.", i)))),
+              2e-5)
+        << "hidden_" << i;
+  EXPECT_LT(test::rel_err(test::to_f64(f->view("row_0.logits")), test::to_f64(g->view("logits"))), 2e-5);
+  auto i32 = [](const Tensor& t) { return std::vector<int32_t>(t.ptr<int32_t>(), t.ptr<int32_t>() + t.numel()); };
+  for (int l = 0; l < 4; ++l)
+    EXPECT_EQ(i32(f->view(cat("row_0.router_", l))), i32(g->view(cat("router_topk.", l)))) << "layer " << l;
+}
+
+// --init-from-target cannot start a dense draft layer from a gpt-oss layer (its experts): refused by name.
+TEST(GptOssInit, DraftLayersAreNotCopiedFromMoeLayers) {
+  auto ctx = make_context("cpu", {.threads = 1});
+  const ModelConfig tc = load_model_config(golden("target_gpt_oss"));
+  DrafterConfig dc = DrafterConfig::for_target(tc, 1, 4, {0, 1}, 511);
+  Drafter d(*ctx, dc, 3);
+  const WeightStore ws = WeightStore::open(golden("target_gpt_oss"));
+  try {
+    const std::vector<int64_t> layers = {2};
+    init_drafter_from_target(*ctx, d.params(), dc, ws, layers, "last");
+    ADD_FAILURE() << "a gpt-oss MoE layer was copied into a dense draft layer";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), "target layer 2 is a Mixture-of-Experts layer")) << e.what();
+  }
+}
