@@ -1,5 +1,5 @@
 // tests/common/decode_checks.h — end-to-end checks of a target family's forward and cache, shared by the family tests
-// (tests/test_moe.cpp, tests/test_gpt_oss.cpp, tests/test_hybrid.cpp): packed prefill, greedy batched generation, and
+// (tests/families/: qwen3_moe, gpt_oss, qwen3_5, hybrid): packed prefill, greedy batched generation, and
 // real speculative decoding against the target's own greedy decode.
 // defines: check_packed_prefill, random_prompts, greedy_generate, expect_lossless_speculative, check_lossless_decoding
 #pragma once

@@ -1,7 +1,7 @@
-// tests/common/golden_checks.h — a target against its transformers golden (tests/golden/<name>/golden.safetensors: every
-// layer's output, the final norm, the logits and a cached decode), shared by the family tests (tests/test_target.cpp:
-// the dense, Qwen3-MoE and gpt-oss goldens; tests/test_hybrid.cpp: the hybrid ones).
-// defines: GoldenTolerance, check_golden
+// tests/common/golden_checks.h — a target against its transformers golden (tests/golden/<name>/golden.safetensors:
+// every layer's output, the final norm, the logits and a cached decode; the experts each token chose), shared by the
+// family tests (tests/families/<family>.cpp).
+// defines: GoldenTolerance, check_golden, check_hybrid_golden, check_router_topk
 #pragma once
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/context.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/target.h"
 #include "test_util.h"
@@ -42,7 +43,7 @@ inline void check_golden(const std::string& name, const std::string& device, con
   std::vector<int64_t> all(static_cast<size_t>(L));
   std::iota(all.begin(), all.end(), 0);
   // RoPE frequencies (incl. Llama-3 scaling) as transformers computes them (goldens that record them; the others:
-  // checked through every layer's output, and YaRN's in test_target.cpp's RopeYarn)
+  // checked through every layer's output, and YaRN's in tests/ops/rope.cpp's RopeYarn)
   if (g->find("rope_inv_freq")) {
     EXPECT_LT(rel_err(to_f64(target->weights().inv_freq), to_f64(g->view("rope_inv_freq"))), 1e-6) << name;
   }
@@ -86,6 +87,53 @@ inline void check_golden(const std::string& name, const std::string& device, con
   }
   EXPECT_EQ(cache.len, S);
   EXPECT_LT(rel_err(dec, to_f64(g->view("kv_decode_logits"))), tol) << name << " KV-cache decode";
+}
+
+// A hybrid target (linear-attention layers) against its golden: every layer's output, the final norm, the logits, the cached decode (prefill 140, then 10 tokens one at a time)
+// against the golden (check_golden above); the experts chosen per MoE layer equal transformers'. transformers keeps
+// float32 inside its float64 model (the golden's metadata), so fp64 agrees to ~1e-6.
+inline void check_hybrid_golden(const std::string& name, const std::string& device) {
+  const ModelConfig cfg = load_model_config(source_dir() + "/tests/golden/" + name);
+  ASSERT_TRUE(cfg.has_linear_attention()) << name;
+  auto g = SafetensorsFile::open(source_dir() + "/tests/golden/" + name + "/golden.safetensors");
+  ASSERT_GT(g->view("input_ids").numel(), 128) << "the golden must pass two chunks of 64";
+  check_golden(name, device, {.f32 = 3e-5, .f64 = 1e-5, .experts = true});
+}
+
+// The experts each token chose, per MoE layer and in order, equal the golden's router_topk.{l}; returns the target's
+// features and final hidden (for comparisons between layouts) and the number of MoE layers.
+// `name` is the model's directory, `golden` the one with golden.safetensors (the same by default).
+inline int check_router_topk(const std::string& name, std::vector<float>* features = nullptr,
+                      std::vector<float>* final_hidden = nullptr, const std::string& golden = "") {
+  const std::string dir = test::source_dir() + "/tests/golden/" + name;
+  auto ctx = make_context("cpu");
+  auto target = Target::load(dir, *ctx);
+  auto g = SafetensorsFile::open(test::source_dir() + "/tests/golden/" + (golden.empty() ? name : golden) +
+                                 "/golden.safetensors");
+  const ModelConfig& cfg = target->config();
+  std::vector<int64_t> all(static_cast<size_t>(cfg.num_hidden_layers));
+  std::iota(all.begin(), all.end(), 0);
+  auto out = target->forward(*ctx, g->view("input_ids"), all, true);
+  int moe_layers = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const Tensor& r = out.router_topk[static_cast<size_t>(l)];
+    if (cfg.layer(l).mlp == ChannelMixer::Dense) {
+      EXPECT_FALSE(r.defined());
+      continue;
+    }
+    ++moe_layers;
+    const Tensor want = g->view(cat("router_topk.", l));
+    EXPECT_EQ(r.numel(), want.numel()) << name << " layer " << l;
+    for (int64_t i = 0; i < std::min(r.numel(), want.numel()); ++i)
+      if (r.ptr<int32_t>()[i] != want.ptr<int32_t>()[i]) {
+        ADD_FAILURE() << name << " layer " << l << " pair " << i << ": expert " << r.ptr<int32_t>()[i] << ", golden "
+                      << want.ptr<int32_t>()[i];
+        break;
+      }
+  }
+  if (features) *features = to_f32_vector(out.features);
+  if (final_hidden) *final_hidden = to_f32_vector(out.final_hidden);
+  return moe_layers;
 }
 
 }  // namespace dflash::test

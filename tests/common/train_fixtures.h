@@ -1,6 +1,6 @@
-// tests/common/train_fixtures.h — small training runs for the tests: a learnable toy data set for the tiny Qwen3 golden
-// target, a config sized for 2 CPU cores, metrics reading, the 2 + 2 = 1 workers check, temporary directories, child
-// processes.
+// tests/common/train_fixtures.h — small training runs for the tests: a learnable toy data set for the tiny Qwen3
+// golden target, a config sized for 2 CPU cores, metrics reading, the 2 + 2 = 1 workers check, temporary directories,
+// child processes.
 #pragma once
 #include <fcntl.h>
 #include <gtest/gtest.h>

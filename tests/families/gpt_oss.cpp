@@ -1,11 +1,9 @@
-// tests/families/gpt_oss.cpp
-// gpt-oss (issue 36) on the CPU, beside the goldens of tests/test_target.cpp: the published configs (gpt-oss-20b,
-// gpt-oss-120b and GptOssConfig's defaults) and their plan, parameters and MXFP4 bytes; YaRN's frequencies and
-// attention factor (transformers' _compute_yarn_parameters); MXFP4 against the e2m1 table with hand-made bytes; the
-// grouped expert GEMM with MXFP4 weights, biases and the gpt-oss GLU against per-row loops; causal attention with a
-// sliding window and sinks against a direct softmax; a checkpoint in MXFP4 against the same weights dequantised into
-// Hugging Face's bf16 layout (the interleaved gate / up columns); random gpt-oss targets through every forward path;
-// loader refusals; `dflash info`; and speculative decoding and batched generation through the gpt-oss KV cache.
+// tests/families/gpt_oss.cpp — gpt-oss on the CPU: the published configs (gpt-oss-20b, gpt-oss-120b and
+// GptOssConfig's defaults) and their plan, parameters and MXFP4 bytes; the tiny goldens of transformers (bf16 and MXFP4
+// experts, the experts chosen); a checkpoint in MXFP4 against the same weights dequantised into Hugging Face's bf16
+// layout (the interleaved gate / up columns); random gpt-oss targets through every forward path; loader refusals;
+// `dflash info`; speculative decoding and batched generation through the gpt-oss KV cache; `dflash capture`; training,
+// export and eval. Its ops: tests/ops/ (attention_causal: window and sinks; rope: YaRN; mxfp4; moe: the GLU).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -28,34 +26,25 @@
 #include "model/drafter_init.h"
 #include "model/target.h"
 #include "common/decode_checks.h"
+#include "common/golden_checks.h"
+#include "common/published_configs.h"
 #include "common/test_util.h"
+#include "common/train_fixtures.h"
 
 using namespace dflash;
 using nlohmann::json;
+using test::check_golden;
+using test::check_router_topk;
+using test::expect_two_plus_two_as_one;
+using test::gpt_oss_20b;
+using test::make_train_data;
+using test::read_metrics_jsonl;
+using test::source_dir;
+using test::tiny_train_config;
+using test::train_tmpdir;
+namespace fs = std::filesystem;
 
 namespace {
-
-// openai/gpt-oss-20b config.json as published (layer_types: 12 x [sliding, full], written out below)
-const char* kGptOss20B = R"({
-  "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0, "eos_token_id": 200002,
-  "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
-  "initializer_range": 0.02, "intermediate_size": 2880, "max_position_embeddings": 131072, "model_type": "gpt_oss",
-  "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
-  "num_local_experts": 32, "output_router_logits": false, "pad_token_id": 199999,
-  "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                          "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
-  "rms_norm_eps": 1e-05,
-  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
-                   "rope_type": "yarn", "truncate": false},
-  "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
-  "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0", "use_cache": true, "vocab_size": 201088})";
-
-json gpt_oss_20b() {
-  json j = json::parse(kGptOss20B);
-  j["layer_types"] = json::array();
-  for (int l = 0; l < 24; ++l) j["layer_types"].push_back(l % 2 ? "full_attention" : "sliding_attention");
-  return j;
-}
 
 std::string error_of(const json& j) {
   try {
@@ -67,12 +56,6 @@ std::string error_of(const json& j) {
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-Tensor cpu_tensor_u8(const std::vector<uint8_t>& v, Shape s) {
-  Tensor t = cpu_empty(DType::U8, std::move(s));
-  std::copy(v.begin(), v.end(), t.ptr<uint8_t>());
-  return t;
-}
 
 const std::string& golden(const char* name) {
   static std::map<std::string, std::string> dirs;
@@ -205,254 +188,25 @@ TEST(GptOssConfig, RefusalsNameTheField) {
   EXPECT_TRUE(has(m, "rope_scaling.attention_factor")) << m;
 }
 
-// ---- YaRN -----------------------------------------------------------------------------------------------------------
+// ---- goldens of transformers ----------------------------------------------------------------------------------------
 
-// gpt-oss's YaRN (head_dim 64, theta 150000, factor 32 over 4096 positions, beta 32 / 1, truncate false): the
-// frequencies of transformers' _compute_yarn_parameters, computed by its formula in Python's double precision.
-TEST(RopeYarn, FrequenciesAndAttentionFactorAsTransformers) {
-  const ModelConfig c = parse_model_config(gpt_oss_20b(), "x");
-  const std::vector<double> want = {
-      1, 0.689044306, 0.474782055, 0.327145872, 0.225418, 0.155322989, 0.107024421, 0.0737445682, 0.0508132748,
-      0.0317056962, 0.0193350011, 0.0115920493, 0.00679495949, 0.00386035932, 0.00209379238, 0.0010526021,
-      0.000456483919, 0.000129318701, 3.83088124e-05, 2.6396469e-05, 1.81883367e-05, 1.25325698e-05, 8.63549588e-06,
-      5.95023926e-06, 4.09997848e-06, 2.82506683e-06, 1.94659621e-06, 1.34129104e-06, 9.2420895e-07, 6.36820915e-07,
-      4.38797825e-07, 3.02351143e-07};
-  const std::vector<double> got = test::to_f64(rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling));
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-7 * want[i]) << "frequency " << i;
-  // the attention factor: given, from mscale / mscale_all_dim, or 0.1 ln(factor) + 1; 1 for other kinds
-  RopeScaling rs = c.rope_scaling;
-  rs.attention_factor = 1.25;
-  EXPECT_DOUBLE_EQ(rs.attention_scaling(), 1.25);
-  rs.attention_factor = 0;
-  rs.mscale = 1.0;
-  rs.mscale_all_dim = 0.5;
-  EXPECT_DOUBLE_EQ(rs.attention_scaling(), (0.1 * std::log(32.0) + 1) / (0.05 * std::log(32.0) + 1));
-  rs.kind = "llama3";
-  EXPECT_DOUBLE_EQ(rs.attention_scaling(), 1.0);
-  // truncate (transformers' default) rounds the correction range outwards: [floor(8.09), ceil(17.40)] = [8, 18]
-  RopeScaling t = c.rope_scaling;
-  t.truncate = true;
-  const std::vector<double> tf = test::to_f64(rope_inv_freq(64, 150000.0, t));
-  const double base = 1.0 / std::pow(150000.0, 2.0 * 9 / 64);  // dimension 9: ramp (9 - 8) / 10 = 0.1
-  EXPECT_NEAR(tf[9], base / 32 * 0.1 + base * 0.9, 1e-6 * base);
-  // rope_scaling_json round-trips through parse_rope_scaling (the exported drafter's config.json)
-  const json rj = rope_scaling_json(c.rope_scaling);
-  EXPECT_EQ(rj["rope_type"], "yarn");
-  EXPECT_EQ(rj["truncate"], false);
-  EXPECT_FALSE(rj.contains("attention_factor"));  // not given: not written (serving engines derive it from factor)
-  const RopeScaling back = parse_rope_scaling(rj, "x", "rope_scaling");
-  EXPECT_EQ(test::to_f64(rope_inv_freq(64, 150000.0, back)), got);
-  EXPECT_DOUBLE_EQ(back.attention_scaling(), c.rope_scaling.attention_scaling());
-  EXPECT_TRUE(rope_scaling_json(RopeScaling{}).is_null());
-}
+// gpt-oss (tests/golden/target_gpt_oss: 4 layers sliding / full alternating with a window of 16, YaRN factor 4 over 16
+// original positions, attention sinks, q/k/v/o biases, 8 experts top-2 with biases and the clamped GLU; 40 tokens, so
+// positions run past the window and past YaRN's original length), its experts as HF keeps them in bf16 checkpoints
+// (gate_up_proj [E, H, 2I] with interleaved columns), and the same model with MXFP4 experts (the published layout,
+// quantization_config mxfp4) whose golden is transformers' forward on its own dequantisation.
+TEST(TargetGolden, GptOssMatchesTransformers) { check_golden("target_gpt_oss", "cpu"); }
 
-// ---- MXFP4 ---------------------------------------------------------------------------------------------------------
+TEST(TargetGolden, GptOssInFp64) { check_golden("target_gpt_oss", "cpu64"); }
 
-// Hand-made bytes against the e2m1 table of the OCP MX spec (transformers' FP4_VALUES): element 2j in the low nibble,
-// 2j + 1 in the high nibble of byte j, times 2^(scale - 127) per block of 32; the published [*, G, 16] blocks and
-// MoeWeights' [*, 16 G] rows give the same values.
-TEST(Mxfp4, DequantizeHandMadeBytes) {
-  const float fp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
-  // two rows of two blocks: every code in both nibbles, scales 127 (x1), 128 (x2), 125 (x1/4) and 0 (x2^-127)
-  Tensor blocks = cpu_empty(DType::U8, {2, 2, 16}), scales = cpu_tensor_u8({127, 128, 125, 0}, {2, 2});
-  for (int64_t i = 0; i < 64; ++i) blocks.ptr<uint8_t>()[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
-  const Tensor out = mxfp4_dequantize(blocks, scales);
-  ASSERT_EQ(out.shape, (Shape{2, 64}));
-  const int exps[4] = {0, 1, -2, -127};
-  for (int64_t r = 0; r < 2; ++r)
-    for (int64_t e = 0; e < 64; ++e) {
-      const int64_t blk = e / 32, j = (e % 32) / 2;
-      const int code = e % 2 == 0 ? static_cast<int>(j % 16) : 15 - static_cast<int>(j % 16);
-      const float want = std::ldexp(fp4[code], exps[r * 2 + blk]);
-      EXPECT_EQ(out.ptr<float>()[r * 64 + e], want) << "row " << r << " element " << e;
-      EXPECT_EQ(std::signbit(out.ptr<float>()[r * 64 + e]), std::signbit(want)) << "-0 keeps its sign";
-    }
-  // a few written out: byte 0x21 under scale 128 -> 0.5 * 2, 1 * 2; byte 0xF8 under 127 -> -0, -6
-  Tensor b2 = cpu_zeros(DType::U8, {1, 16}), s2 = cpu_tensor_u8({128}, {1});
-  b2.ptr<uint8_t>()[0] = 0x21;
-  b2.ptr<uint8_t>()[15] = 0xF8;
-  const Tensor o2 = mxfp4_dequantize(b2, s2);
-  EXPECT_EQ(o2.ptr<float>()[0], 1.0f);
-  EXPECT_EQ(o2.ptr<float>()[1], 2.0f);
-  EXPECT_EQ(o2.ptr<float>()[30], -0.0f);
-  EXPECT_EQ(o2.ptr<float>()[31], -12.0f);
-  // [*, 16 G] rows equal [*, G, 16] blocks
-  EXPECT_EQ(to_f32_vector(mxfp4_dequantize(blocks.reshape({2, 32}), scales)), to_f32_vector(out));
-  EXPECT_THROW(mxfp4_dequantize(blocks, cpu_tensor_u8({127, 127}, {2, 1})), Error);  // blocks of 2 groups
-}
+TEST(TargetGolden, GptOssMxfp4MatchesTransformers) { check_golden("target_gpt_oss_mxfp4", "cpu"); }
 
-namespace {
+TEST(TargetGolden, GptOssMxfp4InFp64) { check_golden("target_gpt_oss_mxfp4", "cpu64"); }
 
-// Random MXFP4 rows [E, N, K] (codes uniform, scales around 2^-3) and their dequantised values in `dt`.
-struct RandomMxfp4 {
-  MoeWeights w;
-  Tensor plain;
-};
-RandomMxfp4 random_mxfp4(int64_t E, int64_t N, int64_t K, uint64_t seed, DType dt) {
-  Rng rng(seed, RngPurpose::Test);
-  Tensor b = cpu_empty(DType::U8, {E, N, K / 2}), s = cpu_empty(DType::U8, {E, N, K / 32});
-  for (int64_t i = 0; i < b.numel(); ++i) b.ptr<uint8_t>()[i] = static_cast<uint8_t>(rng.below(256));
-  for (int64_t i = 0; i < s.numel(); ++i) s.ptr<uint8_t>()[i] = static_cast<uint8_t>(122 + rng.below(4));
-  RandomMxfp4 r;
-  r.w.w = b;
-  r.w.scales = s;
-  const Tensor f = mxfp4_dequantize(b, s);
-  r.plain = cpu_empty(dt, f.shape);
-  for (int64_t i = 0; i < f.numel(); ++i) {
-    if (dt == DType::F64) r.plain.ptr<double>()[i] = f.ptr<float>()[i];
-    else r.plain.ptr<float>()[i] = f.ptr<float>()[i];
-  }
-  return r;
-}
-
-double gpt_oss_glu(double g, double u) {  // transformers' GptOssExperts._apply_gate, written out
-  g = std::min(g, 7.0);
-  u = std::max(-7.0, std::min(u, 7.0));
-  return (u + 1) * g / (1 + std::exp(-1.702 * g));
-}
-
-}  // namespace
-
-// moe_linear with MXFP4 weights gives the bits of moe_linear with the dequantised weights (the CPU dequantises each
-// expert's rows into the compute dtype, exactly), for every activation, with and without a bias.
-TEST(Mxfp4, GroupedLinearEqualsTheDequantisedWeights) {
-  for (const char* dev : {"cpu", "cpu64"}) {
-    auto ctx = make_context(dev);
-    const DType dt = ctx->compute_dtype();
-    const int64_t T = 7, K = 64, N = 6, E = 3, k = 2;
-    Tensor idx = cpu_tensor_i32({0, 2, 1, 2, 0, 1, 2, 1, 0, 2, 1, 0, 2, 0}, {T, k});
-    Tensor off = cpu_empty(DType::I32, {E + 1}), rows = cpu_empty(DType::I32, {T * k}), slot = cpu_empty(DType::I32, {T * k});
-    ctx->moe_group(idx, off, rows, slot);
-    const Tensor x = test::randn({T, K}, 21, 1.0, dt);
-    for (MoeAct act : {MoeAct::None, MoeAct::SwiGLU, MoeAct::GptOssGLU}) {
-      const int64_t Nw = act == MoeAct::None ? N : 2 * N;
-      RandomMxfp4 m = random_mxfp4(E, Nw, K, 22, dt);
-      for (bool bias : {false, true}) {
-        MoeWeights q = m.w, p = m.plain;
-        if (bias) q.bias = p.bias = test::randn({E, Nw}, 23, 0.5, dt);
-        Tensor yq = cpu_empty(dt, {T * k, N}), yp = cpu_empty(dt, {T * k, N});
-        ctx->moe_linear(x, &rows, q, off, yq, act);
-        ctx->moe_linear(x, &rows, p, off, yp, act);
-        EXPECT_EQ(test::to_f64(yq), test::to_f64(yp)) << dev << " act " << static_cast<int>(act) << " bias " << bias;
-      }
-    }
-    // shapes: MXFP4 needs K % 32 == 0 and scales [E, N', K/32]; a bias [E, N']
-    RandomMxfp4 m = random_mxfp4(E, N, K, 24, dt);
-    Tensor y = cpu_empty(dt, {T * k, N});
-    MoeWeights bad = m.w;
-    bad.scales = cpu_empty(DType::U8, {E, N, 1});
-    EXPECT_THROW(ctx->moe_linear(x, &rows, bad, off, y, MoeAct::None), Error);
-    bad = m.w;
-    bad.bias = cpu_empty(dt, {E, N + 1});
-    EXPECT_THROW(ctx->moe_linear(x, &rows, bad, off, y, MoeAct::None), Error);
-    bad = m.w;
-    bad.w = m.plain;  // plain values with scales: the weights must then be U8
-    EXPECT_THROW(ctx->moe_linear(x, &rows, bad, off, y, MoeAct::None), Error);
-  }
-}
-
-// The gpt-oss GLU with biases against the formula per row, on values that reach both clamps (|g|, |u| up to ~20).
-TEST(GptOssExperts, ClampedGluWithBiasesPerRow) {
-  auto ctx = make_context("cpu64");
-  const int64_t T = 5, K = 8, N = 4, E = 2;
-  Tensor idx = cpu_tensor_i32({0, 1, 1, 0, 1}, {T, 1});
-  Tensor off = cpu_empty(DType::I32, {E + 1}), rows = cpu_empty(DType::I32, {T}), slot = cpu_empty(DType::I32, {T});
-  ctx->moe_group(idx, off, rows, slot);
-  const Tensor x = test::randn({T, K}, 31, 3.0, DType::F64);
-  MoeWeights w = test::randn({E, 2 * N, K}, 32, 1.5, DType::F64);
-  w.bias = test::randn({E, 2 * N}, 33, 2.0, DType::F64);
-  Tensor y = cpu_empty(DType::F64, {T, N});
-  ctx->moe_linear(x, &rows, w, off, y, MoeAct::GptOssGLU);
-  int clamped_g = 0, clamped_u = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t e = idx.ptr<int32_t>()[t], r = slot.ptr<int32_t>()[t];
-    for (int64_t n = 0; n < N; ++n) {
-      double g = w.bias.ptr<double>()[e * 2 * N + n], u = w.bias.ptr<double>()[e * 2 * N + N + n];
-      for (int64_t c = 0; c < K; ++c) {
-        g += x.ptr<double>()[t * K + c] * w.w.ptr<double>()[(e * 2 * N + n) * K + c];
-        u += x.ptr<double>()[t * K + c] * w.w.ptr<double>()[(e * 2 * N + N + n) * K + c];
-      }
-      clamped_g += g > 7;
-      clamped_u += std::fabs(u) > 7;
-      EXPECT_NEAR(y.ptr<double>()[r * N + n], gpt_oss_glu(g, u), 1e-12) << "token " << t << " column " << n;
-    }
-  }
-  EXPECT_GT(clamped_g, 0) << "no gate value reached the clamp: the test would not see it";
-  EXPECT_GT(clamped_u, 0) << "no up value reached the clamp: the test would not see it";
-}
-
-// ---- attention: sliding window and sinks -----------------------------------------------------------------------------
-
-namespace {
-
-// out[t, h] of attention_causal written out directly (double): keys lo..p, p = q_offset + t, one softmax with the sink
-std::vector<double> direct_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, double scale,
-                                     int64_t window, const std::vector<float>& sinks) {
-  const int64_t T = q.shape[0], nh = q.shape[1], d = q.shape[2], nkv = k.shape[1], rep = nh / nkv;
-  const auto Q = test::to_f64(q), Kx = test::to_f64(k), Vx = test::to_f64(v);
-  std::vector<double> out(static_cast<size_t>(T * nh * d), 0.0);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < nh; ++h) {
-      const int64_t p = q_offset + t, lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0, g = h / rep;
-      std::vector<double> x;
-      for (int64_t j = lo; j <= p; ++j) {
-        double s = 0;
-        for (int64_t c = 0; c < d; ++c) s += Q[(t * nh + h) * d + c] * Kx[(j * nkv + g) * d + c];
-        x.push_back(s * scale);
-      }
-      double m = *std::max_element(x.begin(), x.end());
-      if (!sinks.empty()) m = std::max(m, double(sinks[h]));
-      double den = sinks.empty() ? 0 : std::exp(sinks[h] - m);
-      for (double s : x) den += std::exp(s - m);
-      for (int64_t j = lo; j <= p; ++j)
-        for (int64_t c = 0; c < d; ++c)
-          out[(t * nh + h) * d + c] += std::exp(x[j - lo] - m) / den * Vx[(j * nkv + g) * d + c];
-    }
-  return out;
-}
-
-}  // namespace
-
-// Windows of 1, 5 and one longer than the keys (= full attention), with and without sinks, prefill (a tile boundary
-// at 64 rows inside the window) and decode at an offset, against the direct softmax.
-TEST(AttentionCausal, SlidingWindowAndSinksAsTheDirectSoftmax) {
-  auto ctx = make_context("cpu64");
-  const int64_t Tk = 70, nh = 4, nkv = 2, d = 8;
-  const Tensor q = test::randn({Tk, nh, d}, 41, 1.0, DType::F64), k = test::randn({Tk, nkv, d}, 42, 1.0, DType::F64),
-               v = test::randn({Tk, nkv, d}, 43, 1.0, DType::F64);
-  const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f};
-  const double scale = 0.3;
-  for (int64_t window : {0, 1, 5, 100})
-    for (bool with_sinks : {false, true}) {
-      CausalAttnOpts o;
-      o.window = window;
-      if (with_sinks) o.sinks = cpu_tensor(sinks, {nh});
-      const std::vector<float> sk = with_sinks ? sinks : std::vector<float>{};
-      Tensor out = cpu_empty(DType::F64, {Tk, nh, d});
-      ctx->attention_causal(q, k, v, out, 0, static_cast<float>(scale), o);
-      const auto want = direct_attention(q, k, v, 0, static_cast<float>(scale), window, sk);
-      EXPECT_LT(test::rel_err(test::to_f64(out), want), 1e-13) << "window " << window << " sinks " << with_sinks;
-      // decode: the last 3 queries against the whole prefix
-      Tensor o3 = cpu_empty(DType::F64, {3, nh, d});
-      ctx->attention_causal(q.slice(Tk - 3, Tk), k, v, o3, Tk - 3, static_cast<float>(scale), o);
-      const auto w3 = direct_attention(q.slice(Tk - 3, Tk), k, v, Tk - 3, static_cast<float>(scale), window, sk);
-      EXPECT_LT(test::rel_err(test::to_f64(o3), w3), 1e-13) << "decode, window " << window;
-    }
-  // a window longer than every prefix is full attention; window 1 sees only the query's own key (out = v without sinks)
-  Tensor full = cpu_empty(DType::F64, {Tk, nh, d}), wide = cpu_empty(DType::F64, {Tk, nh, d});
-  ctx->attention_causal(q, k, v, full, 0, 0.3f);
-  ctx->attention_causal(q, k, v, wide, 0, 0.3f, CausalAttnOpts{Tk, Tensor{}});
-  EXPECT_EQ(test::to_f64(full), test::to_f64(wide));
-  Tensor one = cpu_empty(DType::F64, {Tk, nh, d});
-  ctx->attention_causal(q, k, v, one, 0, 0.3f, CausalAttnOpts{1, Tensor{}});
-  for (int64_t t = 0; t < Tk; ++t)
-    for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(one.ptr<double>()[(t * nh + 3) * d + c], v.ptr<double>()[(t * nkv + 1) * d + c], 1e-15);
-  // refusals: a negative window, sinks of another length or dtype
-  EXPECT_THROW(ctx->attention_causal(q, k, v, full, 0, 0.3f, CausalAttnOpts{-1, Tensor{}}), Error);
-  EXPECT_THROW(ctx->attention_causal(q, k, v, full, 0, 0.3f, CausalAttnOpts{0, cpu_tensor({1.0f}, {1})}), Error);
-  EXPECT_THROW(ctx->attention_causal(q, k, v, full, 0, 0.3f, CausalAttnOpts{0, test::randn({nh}, 1, 1.0, DType::F64)}),
-               Error);
+// gpt-oss: the router's bias and top-k of the logits choose transformers' experts in every layer, bf16 and MXFP4.
+TEST(TargetGolden, GptOssChoosesTheGoldensExperts) {
+  EXPECT_EQ(check_router_topk("target_gpt_oss"), 4);
+  EXPECT_EQ(check_router_topk("target_gpt_oss_mxfp4"), 4);
 }
 
 // ---- the loader: MXFP4 and bf16 checkpoints of the same weights -----------------------------------------------------
@@ -706,5 +460,46 @@ TEST(GptOssInit, DraftLayersAreNotCopiedFromMoeLayers) {
     ADD_FAILURE() << "a gpt-oss MoE layer was copied into a dense draft layer";
   } catch (const Error& e) {
     EXPECT_TRUE(has(e.what(), "target layer 2 is a Mixture-of-Experts layer")) << e.what();
+  }
+}
+
+// ---- training, export and eval --------------------------------------------------------------------------------------
+
+// gpt-oss targets (tests/golden/target_gpt_oss and _mxfp4: sliding / full layers with a window of 16 under sequences of
+// 40, sinks, YaRN, biased experts in bf16 and in MXFP4): training falls in loss and 2 + 2 workers give 1 + 1's loss;
+// the export is the dense drafter with the family's MLP width (8 H / 3) and the target's YaRN; `dflash eval` runs real
+// speculative decoding with it (lossless: the report's lossless mismatches are 0).
+TEST(Pipeline, GptOssTargetTrainsExportsAndEvaluatesBf16AndMxfp4) {
+  for (const char* name : {"target_gpt_oss", "target_gpt_oss_mxfp4"}) {
+    const std::string root = train_tmpdir(cat("pipe_", name));
+    const std::string data = make_train_data(root);
+    TrainConfig one = tiny_train_config(root, data);
+    one.target_dir = source_dir() + "/tests/golden/" + name;
+    one.max_steps = 10;
+    one.out_dir = root + "/one";
+    one.export_at_end = true;
+    train(one);
+    const auto ex = nlohmann::json::parse(read_file(one.out_dir + "/export/config.json"));
+    EXPECT_EQ(ex["intermediate_size"].get<int64_t>(), 8 * 64 / 3) << name;
+    EXPECT_EQ(ex["rope_scaling"]["rope_type"], "yarn") << name;
+    EXPECT_EQ(ex["rope_scaling"]["factor"].get<double>(), 4.0) << name;
+    EXPECT_EQ(ex["rope_scaling"]["truncate"], false) << name;
+    EXPECT_EQ(ex["dflash_config"]["target_layer_ids"], nlohmann::json({1, 2})) << name;
+    auto m1 = read_metrics_jsonl(one.out_dir);
+    ASSERT_EQ(m1.size(), 10u) << name;
+    EXPECT_LT(m1.back()["loss"].get<double>(), m1.front()["loss"].get<double>()) << name;
+    expect_two_plus_two_as_one(one, root + "/two", name);
+    // dflash eval with the export: real speculative decoding through the gpt-oss KV cache
+    const std::string cmd = cat(DFLASH_BINARY, " eval --target ", one.target_dir, " --drafter ", one.out_dir,
+                                "/export --data ", data, " --max-samples 4 --stop-id 511 --no-progress --json ", root,
+                                "/eval.json > ", root, "/eval.log 2>&1");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(root + "/eval.log");
+    const auto rep = nlohmann::json::parse(read_file(root + "/eval.json"));
+    EXPECT_EQ(rep["evaluated"].get<int64_t>(), 4) << rep.dump();
+    EXPECT_EQ(rep["lossless_mismatches"].get<int64_t>(), 0) << rep.dump();  // = the target-only greedy decode
+    EXPECT_GE(rep["generated"]["tau"].get<double>(), 1.0);
+    EXPECT_GE(rep["teacher_forced"]["tau"].get<double>(), 1.0);  // (= generated only on target-greedy data:
+                                                                  // GptOssEndToEnd above)
+    fs::remove_all(root);
   }
 }

@@ -1,7 +1,7 @@
-// tests/families/qwen3_moe.cpp
-// Tests of the Mixture-of-Experts ops on the CPU (backend/context.h moe_*) with values worked out by hand, the MoE
-// layer (model/target/mlp.h moe_forward) against a per-token loop written out here, the Qwen3-MoE config and plan
-// (io/model_family.cpp), parameter counts of Qwen3-30B-A3B, and the drafter's default width for an MoE target.
+// tests/families/qwen3_moe.cpp — Qwen3-MoE: the config and plan (io/model_family.cpp), parameter counts of
+// Qwen3-30B-A3B, the drafter's default width for an MoE target; random targets through every forward path; the tiny
+// golden of transformers (every layer, the experts chosen in either expert layout); speculative decoding, batched
+// generation, `dflash capture` and `dflash info`; training with 2 + 2 workers. The MoE ops: tests/ops/moe.cpp.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -24,15 +24,22 @@
 #include "model/drafter.h"
 #include "model/target.h"
 #include "common/decode_checks.h"
+#include "common/golden_checks.h"
 #include "common/test_util.h"
+#include "common/train_fixtures.h"
 
 using namespace dflash;
 using nlohmann::json;
+using test::check_golden;
+using test::check_router_topk;
+using test::expect_two_plus_two_as_one;
+using test::make_train_data;
+using test::source_dir;
+using test::tiny_train_config;
+using test::train_tmpdir;
+namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<int32_t> ints(const Tensor& t) { return std::vector<int32_t>(t.ptr<int32_t>(), t.ptr<int32_t>() + t.numel()); }
-std::vector<float> floats(const Tensor& t) { return to_f32_vector(t); }
 
 // Qwen/Qwen3-30B-A3B config.json
 const char* kQwen3_30B_A3B = R"({
@@ -47,139 +54,6 @@ const char* kQwen3_30B_A3B = R"({
   "vocab_size": 151936})";
 
 }  // namespace
-
-TEST(MoeOps, RouteTopKTiesAndWeights) {
-  auto ctx = make_context("cpu");
-  // token 0: experts 1 and 3 tie at 2.0 (lower index first), then 0; token 1: a clear order 2 > 0 > 3
-  Tensor z = cpu_tensor({1.0f, 2.0f, 0.5f, 2.0f, /**/ 0.0f, -1.0f, 3.0f, -0.5f}, {2, 4});
-  Tensor idx = cpu_empty(DType::I32, {2, 3}), w = cpu_empty(DType::F32, {2, 3});
-  ctx->moe_route(z, 3, false, idx, w);
-  EXPECT_EQ(ints(idx), (std::vector<int32_t>{1, 3, 0, 2, 0, 3}));
-  const double s0 = std::exp(1.0) + 2 * std::exp(2.0) + std::exp(0.5);
-  const double s1 = std::exp(0.0) + std::exp(-1.0) + std::exp(3.0) + std::exp(-0.5);
-  const std::vector<double> want = {std::exp(2.0) / s0, std::exp(2.0) / s0, std::exp(1.0) / s0,
-                                    std::exp(3.0) / s1, 1.0 / s1,           std::exp(-0.5) / s1};
-  const std::vector<float> got = floats(w);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6) << i;
-  ctx->moe_route(z, 3, true, idx, w);  // renormalised over the chosen three
-  const std::vector<float> gn = floats(w);
-  const double c0 = want[0] + want[1] + want[2], c1 = want[3] + want[4] + want[5];
-  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(gn[i], want[i] / c0, 1e-6);
-  for (size_t i = 3; i < 6; ++i) EXPECT_NEAR(gn[i], want[i] / c1, 1e-6);
-  EXPECT_NEAR(gn[0] + gn[1] + gn[2], 1.0, 1e-6);
-  EXPECT_THROW(ctx->moe_route(z, 5, true, idx, w), Error);  // k > E
-}
-
-TEST(MoeOps, GroupSortsPairsByExpertThenToken) {
-  auto ctx = make_context("cpu");
-  // pairs (token, slot): (0,0)->2 (0,1)->0 (1,0)->2 (1,1)->1 (2,0)->0 (2,1)->2
-  Tensor idx = cpu_tensor_i32({2, 0, 2, 1, 0, 2}, {3, 2});
-  Tensor off = cpu_empty(DType::I32, {4}), rows = cpu_empty(DType::I32, {6}), slot = cpu_empty(DType::I32, {6});
-  ctx->moe_group(idx, off, rows, slot);
-  EXPECT_EQ(ints(off), (std::vector<int32_t>{0, 2, 3, 6}));        // expert 0: 2 pairs, 1: 1, 2: 3
-  EXPECT_EQ(ints(rows), (std::vector<int32_t>{0, 2, 1, 0, 1, 2}));  // each expert's tokens ascending
-  EXPECT_EQ(ints(slot), (std::vector<int32_t>{3, 0, 4, 2, 1, 5}));  // pair (t, j) -> its grouped row
-  Tensor bad = cpu_tensor_i32({0, 3}, {1, 2});
-  Tensor o2 = cpu_empty(DType::I32, {4}), r2 = cpu_empty(DType::I32, {2}), s2 = cpu_empty(DType::I32, {2});
-  try {
-    ctx->moe_group(bad, o2, r2, s2);
-    ADD_FAILURE() << "expert 3 of 3 accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("expert id 3"), std::string::npos) << e.what();
-  }
-}
-
-TEST(MoeOps, GroupedLinearAndCombineEqualPerRowProducts) {
-  auto ctx = make_context("cpu64");
-  const int64_t T = 5, H = 6, N = 4, E = 3, k = 2;
-  Tensor idx = cpu_tensor_i32({0, 2, 2, 1, 0, 1, 2, 0, 1, 2}, {T, k});
-  Tensor off = cpu_empty(DType::I32, {E + 1}), rows = cpu_empty(DType::I32, {T * k}), slot = cpu_empty(DType::I32, {T * k});
-  ctx->moe_group(idx, off, rows, slot);
-  const Tensor x = test::randn({T, H}, 1, 1.0, DType::F64), w = test::randn({E, 2 * N, H}, 2, 0.5, DType::F64);
-  Tensor y = cpu_empty(DType::F64, {T * k, 2 * N}), a = cpu_empty(DType::F64, {T * k, N});
-  ctx->moe_linear(x, &rows, w, off, y, MoeAct::None);
-  ctx->moe_linear(x, &rows, w, off, a, MoeAct::SwiGLU);
-  const double* X = x.ptr<double>();
-  const double* W = w.ptr<double>();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = idx.ptr<int32_t>()[t * k + j], r = slot.ptr<int32_t>()[t * k + j];
-      ASSERT_EQ(rows.ptr<int32_t>()[r], t);
-      for (int64_t n = 0; n < 2 * N; ++n) {
-        double dot = 0;
-        for (int64_t c = 0; c < H; ++c) dot += X[t * H + c] * W[(e * 2 * N + n) * H + c];
-        EXPECT_NEAR(y.ptr<double>()[r * 2 * N + n], dot, 1e-12);
-      }
-      for (int64_t n = 0; n < N; ++n) {
-        const double g = y.ptr<double>()[r * 2 * N + n], u = y.ptr<double>()[r * 2 * N + N + n];
-        EXPECT_NEAR(a.ptr<double>()[r * N + n], g / (1 + std::exp(-g)) * u, 1e-12);
-      }
-    }
-  // combine: out[t] = 0.5 out[t] + sum_j w_tj a[slot(t, j)]
-  const Tensor wts = test::randn({T, k}, 3, 1.0, DType::F64), o0 = test::randn({T, N}, 4, 1.0, DType::F64);
-  Tensor out = cpu_clone(o0);
-  ctx->moe_combine(a, slot, wts, out, 0.5f);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t n = 0; n < N; ++n) {
-      double want = 0.5 * o0.ptr<double>()[t * N + n];
-      for (int64_t j = 0; j < k; ++j)
-        want += wts.ptr<double>()[t * k + j] * a.ptr<double>()[slot.ptr<int32_t>()[t * k + j] * N + n];
-      EXPECT_NEAR(out.ptr<double>()[t * N + n], want, 1e-12);
-    }
-}
-
-// The MoE layer (router GEMM, route, group, two grouped GEMMs, combine) against transformers' rule written out per
-// token: softmax over all experts, the top k, renormalised, sum_j p_j down_e(silu(gate_e x) * up_e x).
-TEST(MoeLayer, MatchesPerTokenLoop) {
-  auto ctx = make_context("cpu64");
-  MoeConfig m;
-  m.num_experts = 6;
-  m.top_k = 3;
-  m.expert_width = 5;
-  m.norm_topk_prob = true;
-  const int64_t T = 9, H = 8, E = 6, k = 3, I = 5;
-  MoeLayerWeights w;
-  w.router = test::randn({E, H}, 11, 0.7, DType::F64);
-  w.gate_up = test::randn({E, 2 * I, H}, 12, 0.4, DType::F64);
-  w.down = test::randn({E, H, I}, 13, 0.4, DType::F64);
-  const Tensor x = test::randn({T, H}, 14, 1.0, DType::F64), h0 = test::randn({T, H}, 15, 1.0, DType::F64);
-  Tensor h = cpu_clone(h0);
-  const Tensor chosen = moe_forward(*ctx, w, m, x, h);
-  const double* X = x.ptr<double>();
-  for (int64_t t = 0; t < T; ++t) {
-    std::vector<double> z(E), p(E);
-    for (int64_t e = 0; e < E; ++e) {
-      z[e] = 0;
-      for (int64_t c = 0; c < H; ++c) z[e] += X[t * H + c] * w.router.ptr<double>()[e * H + c];
-    }
-    const double mx = *std::max_element(z.begin(), z.end());
-    double s = 0;
-    for (int64_t e = 0; e < E; ++e) s += p[e] = std::exp(z[e] - mx);
-    std::vector<int> order(E);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return z[a] > z[b]; });
-    double cs = 0;
-    for (int64_t j = 0; j < k; ++j) cs += p[order[j]] / s;
-    for (int64_t j = 0; j < k; ++j) EXPECT_EQ(chosen.ptr<int32_t>()[t * k + j], order[j]) << "token " << t;
-    for (int64_t c = 0; c < H; ++c) {
-      double want = h0.ptr<double>()[t * H + c];
-      for (int64_t j = 0; j < k; ++j) {
-        const int e = order[j];
-        double yc = 0;
-        for (int64_t i = 0; i < I; ++i) {
-          double g = 0, u = 0;
-          for (int64_t q = 0; q < H; ++q) {
-            g += X[t * H + q] * w.gate_up.w.ptr<double>()[(e * 2 * I + i) * H + q];
-            u += X[t * H + q] * w.gate_up.w.ptr<double>()[(e * 2 * I + I + i) * H + q];
-          }
-          yc += g / (1 + std::exp(-g)) * u * w.down.w.ptr<double>()[(e * H + c) * I + i];
-        }
-        want += p[e] / s / cs * yc;
-      }
-      EXPECT_NEAR(h.ptr<double>()[t * H + c], want, 1e-11) << "token " << t << " column " << c;
-    }
-  }
-}
 
 TEST(MoeConfig, Qwen3_30B_A3B) {
   const ModelConfig c = parse_model_config(json::parse(kQwen3_30B_A3B), "/models/Qwen3-30B-A3B/config.json");
@@ -301,6 +175,23 @@ TEST(MoeTarget, RandomTargetRunsEveryPath) {
   for (int64_t c = 0; c < 32; ++c) EXPECT_NEAR(lf[static_cast<size_t>(c)], full[static_cast<size_t>(5 * 32 + c)], 1e-10);
 }
 
+// ---- goldens of transformers ----------------------------------------------------------------------------------------
+
+TEST(TargetGolden, Qwen3MoeMatchesTransformers) { check_golden("target_qwen3_moe", "cpu"); }
+
+TEST(TargetGolden, Qwen3MoeInFp64) { check_golden("target_qwen3_moe", "cpu64"); }
+
+// The experts each token chose, per MoE layer and in order, equal the golden's (tools/ref_dflash.py's choice, which
+// transformers' was checked against); the same weights in the other expert layout, sharded over two files with
+// model.safetensors.index.json, give the same bits.
+TEST(TargetGolden, Qwen3MoeChoosesTheGoldensExpertsInAnyLayout) {
+  std::vector<float> f1, h1, f2, h2;
+  EXPECT_EQ(check_router_topk("target_qwen3_moe", &f1, &h1), 3);  // layer 2 is dense (mlp_only_layers)
+  check_router_topk("target_qwen3_moe_sharded", &f2, &h2, "target_qwen3_moe");
+  EXPECT_EQ(f2, f1);
+  EXPECT_EQ(h2, h1);
+}
+
 // ---- end to end with the tiny Qwen3-MoE golden target (tests/golden/target_qwen3_moe) ----------------------------------
 namespace {
 const std::string& moe_dir() {
@@ -370,4 +261,25 @@ TEST(MoeEndToEnd, InfoPrintsThePlanAndParameters) {
   EXPECT_EQ(o["device_weight_bytes_bf16"].get<int64_t>(), 2 * p.total);
   EXPECT_EQ(o["drafter_default_intermediate_size"].get<int64_t>(), 6144);
   std::filesystem::remove_all(tmp);
+}
+
+// The same with a Mixture-of-Experts target (tests/golden/target_qwen3_moe: 8 experts top-2, one dense layer): 2 + 2
+// workers give the loss and parameters of 1 + 1 on the same global batch, and the loss falls.
+TEST(Pipeline, MoeTargetTwoPlusTwoMatchesOneWorker) {
+  const std::string root = train_tmpdir("pipemoe");
+  const std::string data = make_train_data(root);
+  TrainConfig one = tiny_train_config(root, data);
+  one.target_dir = source_dir() + "/tests/golden/target_qwen3_moe";
+  one.max_steps = 12;
+  one.out_dir = root + "/one";
+  one.export_at_end = true;
+  train(one);
+  // the export: a dense Qwen3-style drafter whose MLP is 3 H wide (not the experts' 32)
+  const auto ex = nlohmann::json::parse(read_file(one.out_dir + "/export/config.json"));
+  EXPECT_EQ(ex["intermediate_size"].get<int64_t>(), 3 * 64);
+  EXPECT_EQ(ex["dflash_config"]["target_layer_ids"], nlohmann::json({1, 2}));
+  const auto m1 = expect_two_plus_two_as_one(one, root + "/two", "qwen3_moe").first;
+  ASSERT_EQ(m1.size(), 12u);
+  EXPECT_LT(m1.back()["loss"].get<double>(), m1.front()["loss"].get<double>());
+  fs::remove_all(root);
 }

@@ -1,6 +1,6 @@
-// tests/io/hf_config.cpp
-// Tests of io/hf_config: the published config.json of Llama-3.1-8B-Instruct, Qwen2-7B-Instruct, Qwen3-8B and
-// Qwen3-0.6B, transformers' defaults, old and new RoPE keys, refusals by name, and default_target_layer_ids.
+// tests/io/hf_config.cpp — io/hf_config for every family: transformers' defaults, old and new RoPE keys, refusals by
+// name (edits of published configs, tests/common/published_configs.h), loading from a directory or a file, and
+// default_target_layer_ids. Each family's published configs: tests/families/<family>.cpp.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,128 +12,14 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/hf_config.h"
+#include "common/published_configs.h"
 
 using namespace dflash;
 using nlohmann::json;
+using test::kLlama31_8B;
+using test::kQwen3_8B;
 
 namespace {
-
-const char* kLlama31_8B = R"({
-  "architectures": ["LlamaForCausalLM"],
-  "attention_bias": false,
-  "attention_dropout": 0.0,
-  "bos_token_id": 128000,
-  "eos_token_id": [128001, 128008, 128009],
-  "hidden_act": "silu",
-  "hidden_size": 4096,
-  "initializer_range": 0.02,
-  "intermediate_size": 14336,
-  "max_position_embeddings": 131072,
-  "mlp_bias": false,
-  "model_type": "llama",
-  "num_attention_heads": 32,
-  "num_hidden_layers": 32,
-  "num_key_value_heads": 8,
-  "pretraining_tp": 1,
-  "rms_norm_eps": 1e-05,
-  "rope_scaling": {
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-    "rope_type": "llama3"
-  },
-  "rope_theta": 500000.0,
-  "tie_word_embeddings": false,
-  "torch_dtype": "bfloat16",
-  "transformers_version": "4.42.3",
-  "use_cache": true,
-  "vocab_size": 128256
-})";
-
-const char* kQwen2_7B = R"({
-  "architectures": ["Qwen2ForCausalLM"],
-  "attention_dropout": 0.0,
-  "bos_token_id": 151643,
-  "eos_token_id": 151645,
-  "hidden_act": "silu",
-  "hidden_size": 3584,
-  "initializer_range": 0.02,
-  "intermediate_size": 18944,
-  "max_position_embeddings": 32768,
-  "max_window_layers": 28,
-  "model_type": "qwen2",
-  "num_attention_heads": 28,
-  "num_hidden_layers": 28,
-  "num_key_value_heads": 4,
-  "rms_norm_eps": 1e-06,
-  "rope_theta": 1000000.0,
-  "sliding_window": 131072,
-  "tie_word_embeddings": false,
-  "torch_dtype": "bfloat16",
-  "transformers_version": "4.41.2",
-  "use_cache": true,
-  "use_sliding_window": false,
-  "vocab_size": 152064
-})";
-
-const char* kQwen3_8B = R"({
-  "architectures": ["Qwen3ForCausalLM"],
-  "attention_bias": false,
-  "attention_dropout": 0.0,
-  "bos_token_id": 151643,
-  "eos_token_id": 151645,
-  "head_dim": 128,
-  "hidden_act": "silu",
-  "hidden_size": 4096,
-  "initializer_range": 0.02,
-  "intermediate_size": 12288,
-  "max_position_embeddings": 40960,
-  "max_window_layers": 36,
-  "model_type": "qwen3",
-  "num_attention_heads": 32,
-  "num_hidden_layers": 36,
-  "num_key_value_heads": 8,
-  "rms_norm_eps": 1e-06,
-  "rope_scaling": null,
-  "rope_theta": 1000000,
-  "sliding_window": null,
-  "tie_word_embeddings": false,
-  "torch_dtype": "bfloat16",
-  "transformers_version": "4.51.0",
-  "use_cache": true,
-  "use_sliding_window": false,
-  "vocab_size": 151936
-})";
-
-const char* kQwen3_06B = R"({
-  "architectures": ["Qwen3ForCausalLM"],
-  "attention_bias": false,
-  "attention_dropout": 0.0,
-  "bos_token_id": 151643,
-  "eos_token_id": 151645,
-  "head_dim": 128,
-  "hidden_act": "silu",
-  "hidden_size": 1024,
-  "initializer_range": 0.02,
-  "intermediate_size": 3072,
-  "max_position_embeddings": 40960,
-  "max_window_layers": 28,
-  "model_type": "qwen3",
-  "num_attention_heads": 16,
-  "num_hidden_layers": 28,
-  "num_key_value_heads": 8,
-  "rms_norm_eps": 1e-06,
-  "rope_scaling": null,
-  "rope_theta": 1000000,
-  "sliding_window": null,
-  "tie_word_embeddings": true,
-  "torch_dtype": "bfloat16",
-  "transformers_version": "4.51.0",
-  "use_cache": true,
-  "use_sliding_window": false,
-  "vocab_size": 151936
-})";
 
 ModelConfig parse(const std::string& text) { return parse_model_config(json::parse(text), "test/config.json"); }
 
@@ -152,84 +38,6 @@ std::string error_after(const char* base, const std::function<void(json&)>& edit
 bool has(const std::string& msg, const std::string& part) { return msg.find(part) != std::string::npos; }
 
 }  // namespace
-
-TEST(HfConfig, Llama31_8B) {
-  ModelConfig c = parse(kLlama31_8B);
-  EXPECT_EQ(c.arch, Arch::Llama);
-  EXPECT_STREQ(arch_name(c.arch), "llama");
-  EXPECT_EQ(c.model_type, "llama");
-  EXPECT_EQ(c.hidden_size, 4096);
-  EXPECT_EQ(c.intermediate_size, 14336);
-  EXPECT_EQ(c.num_hidden_layers, 32);
-  EXPECT_EQ(c.num_attention_heads, 32);
-  EXPECT_EQ(c.num_key_value_heads, 8);
-  EXPECT_EQ(c.head_dim, 128);
-  EXPECT_EQ(c.vocab_size, 128256);
-  EXPECT_EQ(c.max_position_embeddings, 131072);
-  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
-  EXPECT_EQ(c.rope_scaling.kind, "llama3");
-  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
-  EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, 1.0);
-  EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, 4.0);
-  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
-  EXPECT_FALSE(c.tie_word_embeddings);
-  EXPECT_FALSE(c.attention_bias);
-  EXPECT_FALSE(c.qk_norm);
-  EXPECT_EQ(c.bos_token_id, 128000);
-  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
-  EXPECT_EQ(c.torch_dtype, "bfloat16");
-  EXPECT_EQ(default_target_layer_ids(c.num_hidden_layers, 5), (std::vector<int64_t>{1, 8, 15, 22, 29}));
-}
-
-TEST(HfConfig, Qwen2_7B) {
-  ModelConfig c = parse(kQwen2_7B);
-  EXPECT_EQ(c.arch, Arch::Qwen2);
-  EXPECT_EQ(c.hidden_size, 3584);
-  EXPECT_EQ(c.intermediate_size, 18944);
-  EXPECT_EQ(c.num_hidden_layers, 28);
-  EXPECT_EQ(c.num_attention_heads, 28);
-  EXPECT_EQ(c.num_key_value_heads, 4);
-  EXPECT_EQ(c.head_dim, 128);  // 3584 / 28
-  EXPECT_EQ(c.vocab_size, 152064);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
-  EXPECT_EQ(c.rope_scaling.kind, "none");
-  EXPECT_TRUE(c.attention_bias);  // Qwen2 always has q/k/v biases
-  EXPECT_FALSE(c.qk_norm);
-  EXPECT_FALSE(c.tie_word_embeddings);
-  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{151645}));
-  EXPECT_EQ(c.bos_token_id, 151643);
-  EXPECT_EQ(default_target_layer_ids(c.num_hidden_layers, 5), (std::vector<int64_t>{1, 7, 13, 19, 25}));
-  // attention_bias false in the file does not turn Qwen2's biases off
-  json j = json::parse(kQwen2_7B);
-  j["attention_bias"] = false;
-  EXPECT_TRUE(parse_model_config(j, "x").attention_bias);
-}
-
-TEST(HfConfig, Qwen3_8B_And_0_6B) {
-  ModelConfig c = parse(kQwen3_8B);
-  EXPECT_EQ(c.arch, Arch::Qwen3);
-  EXPECT_EQ(c.hidden_size, 4096);
-  EXPECT_EQ(c.intermediate_size, 12288);
-  EXPECT_EQ(c.num_hidden_layers, 36);
-  EXPECT_EQ(c.num_key_value_heads, 8);
-  EXPECT_EQ(c.head_dim, 128);
-  EXPECT_EQ(c.vocab_size, 151936);
-  EXPECT_EQ(c.max_position_embeddings, 40960);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);  // an integer in the file
-  EXPECT_EQ(c.rope_scaling.kind, "none");
-  EXPECT_TRUE(c.qk_norm);
-  EXPECT_FALSE(c.attention_bias);
-  EXPECT_FALSE(c.tie_word_embeddings);
-  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{151645}));
-  EXPECT_EQ(default_target_layer_ids(c.num_hidden_layers, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));
-
-  ModelConfig s = parse(kQwen3_06B);
-  EXPECT_EQ(s.hidden_size, 1024);
-  EXPECT_EQ(s.num_attention_heads, 16);
-  EXPECT_EQ(s.head_dim, 128);  // explicit, not 1024 / 16
-  EXPECT_TRUE(s.tie_word_embeddings);
-}
 
 TEST(HfConfig, TransformersDefaults) {
   ModelConfig c = parse(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,

@@ -38,7 +38,7 @@ namespace {
 
 std::string tmpdir(const std::string& name) { return test::train_tmpdir("train_" + name); }
 
-// The toy data set and config of tests/train_fixtures.h, with this file's historical batch of 2 and 2 threads.
+// The toy data set and config of tests/common/train_fixtures.h, with this file's historical batch of 2 and 2 threads.
 std::string make_data(const std::string& root, int samples = 24, int len = 40) {
   return test::make_train_data(root, samples, len);
 }
