@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/context.h"
-#include "core/error.h"
 #include "core/fs.h"
 #include "io/hf_config.h"
 #include "io/model_family.h"

@@ -3,23 +3,15 @@
 // transformers 5.17. What it shares with Qwen3.5 (rollback, speculative decoding, capture, training):
 // tests/families/hybrid.cpp.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "backend/context.h"
 #include "core/error.h"
-#include "core/fs.h"
 #include "io/hf_config.h"
-#include "io/model_family.h"
-#include "model/drafter.h"
 #include "model/target.h"
-#include "common/decode_checks.h"
 #include "common/golden_checks.h"
 #include "common/published_configs.h"
 #include "common/test_util.h"
