@@ -1,4 +1,4 @@
-// gpt-oss (issue 36) on the CPU, beside the goldens of tests/test_target.cpp: the published configs (gpt-oss-20b,
+// gpt-oss on the CPU, beside the goldens of tests/test_target.cpp: the published configs (gpt-oss-20b,
 // gpt-oss-120b and GptOssConfig's defaults) and their plan, parameters and MXFP4 bytes; YaRN's frequencies and
 // attention factor (transformers' _compute_yarn_parameters); MXFP4 against the e2m1 table with hand-made bytes; the
 // grouped expert GEMM with MXFP4 weights, biases and the gpt-oss GLU against per-row loops; causal attention with a

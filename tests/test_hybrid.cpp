@@ -1,4 +1,4 @@
-// Hybrid linear-attention targets (issue 37: Qwen3-Next, Qwen3.5 / Qwen3.6, dense and MoE): the new ops on the CPU
+// Hybrid linear-attention targets (Qwen3-Next, Qwen3.5 / Qwen3.6, dense and MoE): their ops on the CPU
 // against formulas written out here (convolution with its window, the gated delta rule in pieces, gates, norms,
 // partial RoPE), the families' configs (published shapes, image-text checkpoints, refusals), the four goldens of
 // transformers 5.17 (150 tokens, past two chunks of 64: every layer, the logits, the KV/state-cached decode, the

@@ -1474,14 +1474,14 @@ void golden_case(const std::string& name) {
 }
 
 TEST(CudaTarget, Qwen3MoeGolden) { golden_case("target_qwen3_moe"); }
-// gpt-oss (issue 36): sinks, the window of 16 over 40 tokens, YaRN past its 16 original positions, biases, the clamped
+// gpt-oss: sinks, the window of 16 over 40 tokens, YaRN past its 16 original positions, biases, the clamped
 // GLU; bf16 experts and MXFP4 experts (dequantised inside the grouped GEMM).
 TEST(CudaTarget, GptOssGolden) {
   golden_case("target_gpt_oss");
   golden_case("target_gpt_oss_mxfp4");
 }
 
-// ---- hybrid linear-attention ops (issue 37) -------------------------------------------------------------------------
+// ---- hybrid linear-attention ops ----------------------------------------------------------------------------------
 // rmsnorm_gated (zero-centred; gated by silu(z)), sigmoid_gate (per element, per row), partial RoPE, conv1d_causal with
 // and without its window (decode, fewer rows than the window, a prefill), gdn_gate, and the gated delta rule on its
 // two CUDA paths: the recurrent kernel (decode, small or odd heads) and the chunked tensor-core kernels (dk = dv = 128,
