@@ -160,7 +160,7 @@ std::string stderr_of(const std::function<void()>& f) {
 size_t count_lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
 }  // namespace
 
-// Issue 12 item 8: a run that stops right after a printed progress line (SIGINT, the last step) does not print that
+// A run that stops right after a printed progress line (SIGINT, the last step) does not print that
 // line a second time at finish(); a final state not yet printed still is.
 TEST(Progress, FinishDoesNotRepeatThePrintedLine) {
   const std::string a = stderr_of([] {

@@ -266,7 +266,7 @@ TEST(GenerateJob, ResumeAfterInterruptionGivesTheSameFile) {
   write_file_atomic(torn, want.substr(0, cut));
   o.out = torn;
   o.overwrite = false;
-  // Neither --resume nor --overwrite: an existing output is refused and left as it is (item 1 of issue 12).
+  // Neither --resume nor --overwrite: an existing output is refused and left as it is.
   try {
     run_generate(*d.ctx, *d.target, d.tok, o);
     ADD_FAILURE() << "an existing output without --resume / --overwrite must be refused";

@@ -152,7 +152,7 @@ TEST(Jsonl, ParseJsonLineError) {
     const std::string msg = e.what();
     EXPECT_EQ(msg.rfind("/data/train.jsonl:17: invalid JSON: ", 0), 0u) << msg;
     EXPECT_EQ(msg.find("[json.exception"), std::string::npos) << msg;
-    // the position as the file has it (issue 12 item 8), not nlohmann's "line 1, column 15" inside the row
+    // the position as the file has it, not nlohmann's "line 1, column 15" inside the row
     EXPECT_NE(msg.find("parse error at column 15 of line 17: "), std::string::npos) << msg;
     EXPECT_EQ(msg.find("line 1,"), std::string::npos) << msg;
   }

@@ -189,7 +189,7 @@ TEST(Prepare, EverySkipReasonWithLineNumbers) {
   EXPECT_EQ(s.skipped_total(), 13);
 }
 
-// Issue 12 item 8: a bad JSON row says where in the file: "column 90 of line 3", not "line 1, column 90".
+// A bad JSON row says where in the file: "column 90 of line 3", not "line 1, column 90".
 TEST(Prepare, InvalidJsonSaysColumnOfLine) {
   TempDir t;
   write_text(t / "in.jsonl", lines({kValid, kValid, R"({"messages": [{"role": "user", "content": "q"},)"}));
@@ -200,7 +200,7 @@ TEST(Prepare, InvalidJsonSaysColumnOfLine) {
       << s.skipped_rows[0].message;
 }
 
-// Issue 12 item 1: a refused prepare leaves the earlier data set byte for byte; an empty directory is fine.
+// A refused prepare leaves the earlier data set byte for byte; an empty directory is fine.
 TEST(Prepare, RefusalKeepsTheDataSetByteForByte) {
   TempDir t;
   write_text(t / "in.jsonl", lines({kValid, kValid}));
@@ -666,7 +666,7 @@ json messages_row(const Turns& turns) {
   return {{"messages", ms}};
 }
 
-// The two rows of issue 15, as a new user tried them.
+// Two rows as users write them: a ShareGPT from/value and a SpecForge role/content conversation.
 const char* kShareGpt =
     R"({"id": "a1", "conversations": [{"from": "human", "value": "Write a Python function that adds two numbers."}, {"from": "gpt", "value": "def add(a, b):\n    return a + b"}]})";
 const char* kSpecForge =
@@ -712,7 +712,7 @@ std::string error_of(const PrepareOptions& o) {
 
 }  // namespace
 
-// Issue 15: ShareGPT from/value and SpecForge role/content conversations, every role name, give exactly the
+// ShareGPT from/value and SpecForge role/content conversations, every role name, give exactly the
 // tokens and loss mask of the same conversation as "messages".
 TEST(Prepare, ConversationsInBothKeyStylesEqualMessages) {
   TempDir t;
@@ -961,7 +961,7 @@ TEST(Prepare, BrokenJsonFilesFailNamingTheFileAndPlace) {
   EXPECT_EQ(Dataset::open(t / "out").manifest()["inputs"][0]["format"], "jsonl");
 }
 
-// The issue's rows through the CLI, as JSON Lines and as a gzip JSON array; array elements are logged as
+// kShareGpt and kSpecForge through the CLI, as JSON Lines and as a gzip JSON array; array elements are logged as
 // file[index] (line n).
 TEST(Prepare, CliReadsShareGptAndSpecForgeRows) {
   TempDir t;

@@ -14,7 +14,7 @@ using test::randn;
 using test::to_f64;
 
 // The per-op profile (ContextOptions::profile_ops): GEMMs keyed by M x N x K with 2*M*N*K flop per call, attention
-// with the issue-6 FLOP count from the anchors, and nothing at all recorded without the option.
+// with the FlashAttention-convention FLOP count from the anchors, and nothing at all recorded without the option.
 TEST(OpProfile, CountsCallsAndFlopsPerOpOnlyWhenEnabled) {
   auto prof = make_context("cpu", {.threads = 1, .profile_ops = true});
   auto plain = make_context("cpu", {.threads = 1});

@@ -1,5 +1,5 @@
 // tests/train/drafter_init.cpp
-// Starting the drafter from the target's layers (model/drafter_init.h, issue 14): which target layers "next" picks,
+// Starting the drafter from the target's layers (model/drafter_init.h): which target layers "next" picks,
 // the errors for bad lists, that every copied tensor equals the target's (fc the selection of the last feature),
 // and that the trainer applies it to every drafter replica, sharded optimizer included.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// tests/train/interrupt.cpp — issue 39, what an interruption leaves behind (train/open_run.h, train/run_files.h,
+// tests/train/interrupt.cpp — what an interruption leaves behind (train/open_run.h, train/run_files.h,
 // train/run_inputs.h, core/run_lock.h): a checkpoint write killed with SIGKILL leaves its temporary, which the next
 // start removes (saying how many bytes) before a resume that ends bit-identical to a straight run; a full disk during
 // a checkpoint (a write limit, RLIMIT_FSIZE, always; and a real small tmpfs where a mount namespace can be made) stops
@@ -141,7 +141,7 @@ TEST(Interrupt, CheckpointKilledMidWriteIsCleanedUpAndTheResumeIsBitIdentical) {
   for (int i = 0; i < 600 && !file_exists(tmp + "/params.safetensors"); ++i) usleep(50000);
   ASSERT_TRUE(file_exists(tmp + "/params.safetensors")) << read_file(root + "/a.log");
 
-  // item 4: the run directory is held; a second process fails at once naming the holder
+  // the run directory is held; a second process fails at once naming the holder
   const LockHolder h = read_lock_holder(killed);
   EXPECT_EQ(h.pid, a);
   EXPECT_EQ(h.host, host());
@@ -202,7 +202,7 @@ TEST(Interrupt, OnlyTheRunsOwnTemporariesAreRemoved) {
   fs::remove_all(fs::path(out).parent_path());
 }
 
-// Item 2 with a write limit (RLIMIT_FSIZE below the size of params.safetensors: the write fails with EFBIG, as
+// A full disk as a write limit (RLIMIT_FSIZE below the size of params.safetensors: the write fails with EFBIG, as
 // `ulimit -f` does; StopOnSignals ignores SIGXFSZ so the process is not killed by it). The checkpoint of step 4
 // fails: the error names the file, the reason and the bytes needed (the size of a checkpoint), the checkpoint of
 // step 2 is intact byte for byte and loadable, metrics.jsonl ends at step 2; copied elsewhere, the run resumes and
@@ -255,7 +255,7 @@ TEST(Interrupt, CheckpointBeyondAWriteLimitStopsTheRunThePreviousOneIntact) {
   fs::remove_all(root);
 }
 
-// Item 2 on a real file system that fills up: a tmpfs of 1.5 checkpoints, mounted in a mount namespace of its own
+// A full disk on a real file system that fills up: a tmpfs of 1.5 checkpoints, mounted in a mount namespace of its own
 // (`unshare -rm`; skipped where no namespace can be made — the write-limit test above covers the same path). First
 // `--require-space` refuses to start (3 checkpoints will not fit); then a run without it warns, writes the checkpoint
 // of step 2 and stops at step 4 with "No space left on device", the bytes needed and the previous checkpoint
@@ -344,7 +344,7 @@ TEST(Interrupt, SpacePlanCountsTheCheckpointsKeptAndTheExport) {
   fs::remove_all(root);
 }
 
-// Item 3: a resume onto another data set, tokenizer or template variable is refused, naming the field and both
+// A resume onto another data set, tokenizer or template variable is refused, naming the field and both
 // values; the same data read from another place resumes; another target is refused even with --allow-data-change;
 // --allow-data-change continues on the new data and records it in the checkpoints and the export.
 TEST(Interrupt, ResumeOntoOtherInputsIsRefusedNamingTheFieldUnlessAllowed) {
@@ -430,7 +430,7 @@ TEST(Interrupt, ResumeOntoOtherInputsIsRefusedNamingTheFieldUnlessAllowed) {
 }
 
 // json_differences: objects key by key, arrays element by element, absent keys, location keys skipped at any
-// depth; a checkpoint written before the "inputs" record is compared on config.data alone.
+// depth; a checkpoint without an "inputs" record is compared on config.data alone.
 TEST(Interrupt, InputDifferencesAreFoundFieldByField) {
   const json a = {{"x", 1}, {"o", {{"k", "v"}, {"path", "/a"}}}, {"l", {1, 2}}, {"gone", true}};
   const json b = {{"x", 2}, {"o", {{"k", "v"}, {"path", "/b"}}}, {"l", {1, 3, 4}}, {"new", nullptr}};
@@ -488,7 +488,7 @@ TEST(Interrupt, TargetIdentityFollowsTheLoadersFilesAndSeesChangedWeights) {
   fs::remove_all(root);
 }
 
-// Item 4 in one process: the lock names its holder; a second acquire fails at once naming it; released, the
+// The run lock in one process: the lock names its holder; a second acquire fails at once naming it; released, the
 // directory can be taken again; a refused start puts the previous record back byte for byte.
 TEST(Interrupt, RunLockNamesItsHolderAndIsReleased) {
   const std::string dir = tmpdir("lock") + "/run";
@@ -520,7 +520,7 @@ TEST(Interrupt, RunLockNamesItsHolderAndIsReleased) {
   fs::remove_all(fs::path(dir).parent_path());
 }
 
-// Item 5: `dflash demo` interrupted by SIGINT during training writes a checkpoint and exits 130; --resume continues
+// `dflash demo` interrupted by SIGINT during training writes a checkpoint and exits 130; --resume continues
 // it from there (the time budget goes on with what is left) and finishes with the summary and the export.
 TEST(Interrupt, DemoStopsOnSigintAndResumes) {
   const std::string root = tmpdir("demo");

@@ -1,4 +1,4 @@
-// tests/train/output_dir.cpp — the rule every command's output follows (core/output_dir.h, issue 12 item 1): an
+// tests/train/output_dir.cpp — the rule every command's output follows (core/output_dir.h): an
 // earlier result is refused with its entries named and left byte for byte as it was; --resume keeps it; --overwrite
 // removes exactly the command's entries (train, demo) or leaves the replacement to the atomic writer (prepare,
 // export); prepare / export never take a directory holding anything else; a generate output file likewise.

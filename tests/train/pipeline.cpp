@@ -1,5 +1,5 @@
 // tests/train/pipeline.cpp
-// The training system (issue: target workers and drafter workers): the step plan, D drafters = 1 drafter on the same
+// The training system (target workers and drafter workers): the step plan, D drafters = 1 drafter on the same
 // global batch, bit-identical repeats, faults (a worker that throws, a drafter with no anchors, SIGTERM mid-run),
 // resume with the same and with another topology, 2 processes under mpirun = 2 drafters in one process, nothing
 // lazily initialised after the warm-up (case C01), time budgets, runs that cannot learn, `dflash plot`; the

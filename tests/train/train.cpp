@@ -1,6 +1,6 @@
 // tests/train/train.cpp
 // The training loop end to end on a tiny target: loss falls and EAL rises; resume is exact (case C12);
-// SIGINT writes a checkpoint; export (case C11) round-trips. Issue 12: an earlier run is never destroyed unless told
+// SIGINT writes a checkpoint; export (case C11) round-trips. An earlier run is never destroyed unless told
 // to (and pruning keeps the checkpoint LATEST names); target layer ids and mask ids are validated; the export
 // records how its data was prepared and eval warns on a difference; help texts show no flag defaults.
 #include <gtest/gtest.h>
@@ -377,7 +377,7 @@ TEST(TrainCli, DefaultLossIsDPaceAndADecayRunResumesWithTheNamedOption) {
     EXPECT_NE(text.find("(--loss decay)"), std::string::npos) << why << ": " << text;
   };
   refused("checkpoint with loss = decay");
-  // a checkpoint from before the key: its objective was the decayed cross-entropy
+  // a checkpoint without the key: its objective is the decayed cross-entropy
   auto st = nlohmann::json::parse(read_file(state()));
   st["config"].erase("loss");
   write_file_atomic(state(), st.dump(2));
@@ -414,7 +414,7 @@ TEST(TrainCli, ConfigFileSectionAndCommandLineOverride) {
   fs::remove_all(root);
 }
 
-// ---- issue 12: nothing lost, nothing silent ---------------------------------------------------------------------
+// ---- nothing lost, nothing silent -------------------------------------------------------------------------------
 
 namespace {
 
@@ -440,9 +440,10 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 
 }  // namespace
 
-// Item 1: `train --out R` on a finished run, without --resume: refused with the files named, every byte of R as it
-// was (before: metrics.jsonl cut to the new run's rows, export/ replaced, the new final checkpoint pruned while
-// LATEST named it); export and resume still work afterwards; --overwrite replaces exactly the run.
+// `train --out R` on a finished run, without --resume: refused with the files named, every byte of R as it was
+// (what an unguarded start would break: metrics.jsonl cut to the new run's rows, export/ replaced, the new final
+// checkpoint pruned while LATEST names it); export and resume still work afterwards; --overwrite replaces exactly the
+// run.
 TEST(TrainGuard, AFinishedRunIsRefusedAndKeptByteForByte) {
   const std::string root = tmpdir("guard");
   TrainConfig c = tiny_config(root, make_data(root, 8));
@@ -499,8 +500,8 @@ TEST(TrainGuard, AFinishedRunIsRefusedAndKeptByteForByte) {
   fs::remove_all(root);
 }
 
-// Item 1: pruning keeps the newest checkpoints but never the one LATEST names, even when stale higher-numbered ones
-// are there (the old failure: LATEST named step-00000004, pruned; export and resume then failed).
+// Pruning keeps the newest checkpoints but never the one LATEST names, even when stale higher-numbered ones are
+// there (the failure it guards against: LATEST names step-00000004, pruning removes it, export and resume fail).
 TEST(TrainGuard, PruningNeverRemovesTheCheckpointLatestNames) {
   const std::string root = tmpdir("prune");
   TrainConfig c = tiny_config(root, make_data(root, 4));
@@ -523,7 +524,7 @@ TEST(TrainGuard, PruningNeverRemovesTheCheckpointLatestNames) {
   fs::remove_all(root);
 }
 
-// Item 4: duplicate or unsorted target layer ids, and a negative mask id other than -1, are errors.
+// Duplicate or unsorted target layer ids, and a negative mask id other than -1, are errors.
 TEST(TrainValidation, TargetLayerIdsAndMaskTokenId) {
   auto error_of = [](auto f) -> std::string {
     try {
@@ -573,7 +574,7 @@ TEST(TrainValidation, TargetLayerIdsAndMaskTokenId) {
   fs::remove_all(root);
 }
 
-// Item 8: no "{false}" in any help text; --no-export still works.
+// No "{false}" in any help text; --no-export still works.
 TEST(TrainCli, HelpShowsNoFlagDefaultsAndNoExportWorks) {
   std::string out;
   for (const char* cmd : {"train", "prepare", "export", "generate", "eval", "demo"}) {
@@ -596,7 +597,7 @@ TEST(TrainCli, HelpShowsNoFlagDefaultsAndNoExportWorks) {
   fs::remove_all(root);
 }
 
-// Item 5: two data sets prepared from the same chat rows, with thinking on and with --no-thinking, give the same
+// Two data sets prepared from the same chat rows, with thinking on and with --no-thinking, give the same
 // tokens here — and exports that say which is which (tokenizer hash, template, every flag, max length), the same
 // whichever command wrote the export; eval warns, naming the field, when the data differs from the training data.
 TEST(TrainProvenance, TemplateFlagsReachTheExportAndEvalWarns) {
