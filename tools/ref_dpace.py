@@ -5,7 +5,7 @@ decayed cross-entropy and D-PACE, in pure Python (no torch, no numpy: it runs he
 Writes tests/golden/dpace/case.json: a tiny case (final-normed hidden states h [R, H], the frozen lm_head W [V, H],
 teacher hidden rows for the KL term, the rows that carry loss with their labels) and, per objective, the per-row
 cross-entropy, KL, D-PACE confidences / smoothed confidences / prefix products / weights, the loss and its gradient
-dh [R, H]. tests/test_dpace.cpp checks model/draft_loss.h against it on the CPU (fp32 and fp64).
+dh [R, H]. tests/train/dpace.cpp checks model/draft_loss.h against it on the CPU (fp32 and fp64).
 
 D-PACE (arXiv 2605.18810, Eq. 7-9), written here as the trainers write it (vllm-project/speculators
 src/speculators/losses/utils.py dpace_loss_decay, commit c05b95b): over a block's B slots with mask m,

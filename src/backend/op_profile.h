@@ -41,7 +41,7 @@ std::string gemm_key(const char* op, int64_t M, int64_t N, int64_t K);
 std::string rows_key(const char* op, int64_t R, int64_t D);
 
 // Forward FLOPs of DFlash attention counted on the unmasked work: 4 * d * nh * sum over valid blocks of
-// B * (a_j + B) (QK^T and PV; issue 6's convention; the backward is counted as 2.5x this). Needs the anchors and
+// B * (a_j + B) (QK^T and PV; FlashAttention's convention; the backward is counted as 2.5x this). Needs the anchors and
 // valid flags on the host; returns 0 when they are on a device.
 double dflash_attn_fwd_flop(const DFlashAttnArgs& a, int64_t nh, int64_t d);
 

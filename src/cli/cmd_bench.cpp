@@ -6,7 +6,7 @@
 //   bench chat-template --tokenizer DIR --input rows.jsonl [--chat-template FILE] [--repeat N]
 //     Renders every {"messages"} / {"prompt", "completion"} row of the file through the chat template and derives
 //     its supervised spans (the work prepare does before tokenizing), single-threaded, best of --repeat runs; the
-//     same work as bench/chat_template_engine.py does with Python's Jinja2 (the engine choice of issue 35).
+//     same work as bench/chat_template_engine.py does with Python's Jinja2 (bench/RESULTS.md "Chat templates").
 // Other bench subcommands get their own register_bench_* below.
 #include <unistd.h>
 

@@ -134,10 +134,10 @@ void run(const DemoOpts& o) {
   // D-PACE has no gamma (its weights come from the drafter's confidences).
   tc.gamma = dpace ? 0.0 : 2.0;
   if (gpu) {
-    // 8 layers and a schedule long enough that the time budget ends it. Measured on one H200 (bench/RESULTS.md,
-    // issue 14), teacher-forced tau on 300 eval samples: 3 layers 3.53 and 5 layers 3.74 at a 230 s budget; 5 layers
-    // 3.75 and 8 layers 4.14 at 400 s (depth, not steps, is what this target's drafter lacks). 360 s keeps the
-    // whole demo, build included, under 10 minutes on the GPU machine.
+    // 8 layers and a schedule long enough that the time budget ends it. Measured on one H200 (bench/RESULTS.md
+    // "Drafter quality per unit of compute"), teacher-forced tau on 300 eval samples: 3 layers 3.53 and 5 layers 3.74
+    // at a 230 s budget; 5 layers 3.75 and 8 layers 4.14 at 400 s (depth, not steps, is what this target's drafter
+    // lacks). 360 s keeps the whole demo, build included, under 10 minutes on the GPU machine.
     tc.num_layers = 8;
     tc.max_anchors = 128;
     tc.batch_size = 32;
@@ -147,7 +147,8 @@ void run(const DemoOpts& o) {
   } else {
     // Block 4 and 64 anchors per sequence instead of the spec's 16 and 32: on 2 cores the step count is what limits
     // tau, and in a 6-minute run the slots after the third hardly ever get accepted (acc_k ~ 0.1). Measured on this
-    // data at equal wall time (bench/RESULTS.md, issue 14): tau 1.46-1.48 (B 4, N 32-64) against 1.31 (B 16, N 32).
+    // data at equal wall time (bench/RESULTS.md "Drafter quality per unit of compute"): tau 1.46-1.48 (B 4, N 32-64)
+    // against 1.31 (B 16, N 32).
     tc.block_size = 4;
     tc.num_layers = 1;
     tc.max_anchors = 64;

@@ -1,4 +1,4 @@
-// model/drafter_init.h — starting a drafter from the target's own weights instead of random ones (issue 14).
+// model/drafter_init.h — starting a drafter from the target's own weights instead of random ones.
 // defines: DrafterInit, resolve_init_layers, init_drafter_from_target
 //
 // The drafter has the target's hidden size, heads and MLP width (DrafterConfig::for_target), so a target decoder

@@ -13,8 +13,8 @@ namespace dflash {
 
 namespace {
 
-// Layer l's weights from src, in the order in_norm, post_norm, attention, channel mixer (the random target's stream
-// order: a dense layer draws exactly what it drew before the target was built from parts).
+// Layer l's weights from src, in the order in_norm, post_norm, attention, channel mixer (a random target draws its
+// values in this call order, so the order is part of its identity: weights.h; keep it fixed).
 TargetLayer load_layer(WeightSource& src, const ModelConfig& cfg, const WeightNames& n, int64_t l) {
   const std::string p = cat(n.layer, l, ".");
   const int64_t H = cfg.hidden_size;

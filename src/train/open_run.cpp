@@ -25,8 +25,8 @@ namespace {
 // The keys that must agree between a checkpoint and a resumed run (anything that changes the trajectory), in the
 // order they are checked: an option that decides how another is read comes first (the loss before gamma and
 // dpace_alpha, the window before the layer types), so that a refusal names the option to give. `implied`: the value
-// a checkpoint that predates the key was made with (no sliding layers, the decayed cross-entropy); null = the key
-// is in every checkpoint. The topology is not among them: with another number of drafters a resumed run sees the
+// a checkpoint without the key was made with (no sliding layers, the decayed cross-entropy); null = the key is in
+// every checkpoint. The topology is not among them: with another number of drafters a resumed run sees the
 // same batches and anchors.
 struct ResumeKey {
   const char* key;
@@ -237,8 +237,8 @@ void resume_point(const TrainConfig& cfg, OpenedRun& r) {
     DFLASH_FAIL(state_path, ": invalid JSON: ", e.what());
   }
   const auto& old = info["config"];
-  // a setting that differs names the option that gives the checkpoint's value (a default that changed since, such as
-  // --loss, then needs it spelled out)
+  // a setting that differs names the option that gives the checkpoint's value (a checkpoint trained with a value
+  // that is not today's default, such as --loss decay, resumes only with it spelled out)
   const bool dpace = parse_loss_kind(r.cfg_json["loss"].get<std::string>(), "--loss") == LossKind::DPace;
   const bool dflash2 = r.dc.dflash2();
   for (const auto& [k, implied] : kResumeKeys) {

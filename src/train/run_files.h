@@ -62,7 +62,7 @@ struct RemovedTemporary {
 std::vector<RemovedTemporary> remove_run_temporaries(const std::string& out_dir);
 
 // The number of trainable parameters of a drafter of config dc (the tensors of model/drafter.cpp's constructor;
-// tests/test_train.cpp checks it against a built drafter), and the number of those tensors.
+// tests/train/train.cpp checks it against a built drafter), and the number of those tensors.
 int64_t drafter_param_count(const DrafterConfig& dc, int64_t* tensors = nullptr);
 // About the bytes of one checkpoint of that drafter (train/checkpoint.h): F32 masters and both AdamW moments, the
 // safetensors headers and state.json. An upper estimate within a few KiB per tensor.

@@ -17,10 +17,11 @@
 //           keys it has: a field a later prepare adds is covered without a change here.
 // Why this identity of the weights: hashing them whole costs a full read of the target at every start (16 GB for an
 // 8B target: about 26 s at the 606 MB/s measured on the CI machine from a cold cache, minutes on a network file
-// system; the identity of a 4 GiB file took 6 ms there: bench/RESULTS.md, issue 39). A file's size and the sha256 of its
-// safetensors header pin every tensor's name, dtype, shape and byte range; the sha256 of 16 blocks of 64 KiB spread
-// evenly over its data catches another training of the same architecture (a fine-tune changes essentially every
-// weight). It reads at most 1 MiB per file. What it misses: a change confined to bytes outside the samples.
+// system; the identity of a 4 GiB file took 6 ms there: bench/RESULTS.md "what an interruption leaves behind"). A
+// file's size and the sha256 of its safetensors header pin every tensor's name, dtype, shape and byte range; the
+// sha256 of 16 blocks of 64 KiB spread evenly over its data catches another training of the same architecture (a
+// fine-tune changes essentially every weight). It reads at most 1 MiB per file. What it misses: a change confined
+// to bytes outside the samples.
 // Where a file was read from is not its identity: keys named "path" or "origin" (at any depth) are not compared,
 // so a target or data set moved or copied elsewhere resumes.
 #pragma once
@@ -54,8 +55,8 @@ struct ResumeInputs {
 };
 
 // Checks this run's inputs (`now`: run_inputs; `provenance_now`: data_provenance of its manifest) against what the
-// checkpoint recorded (`state`: its state.json; "inputs" and config.data / config.data_changes; a checkpoint from
-// before the "inputs" record is compared on config.data alone, with a note). Errors (naming ckpt_dir, each differing
+// checkpoint recorded (`state`: its state.json; "inputs" and config.data / config.data_changes; a checkpoint
+// without an "inputs" record is compared on config.data alone, with a note). Errors (naming ckpt_dir, each differing
 // field with both values, at most 12 lines): any difference in the target; a difference in the tokenizer or the
 // data unless allow_data_change. With allow_data_change and differences: a warning listing them, and a new entry
 // {"step": step, "differences": [...], "before": the checkpoint's config.data} appended to the history.

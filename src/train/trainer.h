@@ -60,8 +60,8 @@ struct TrainConfig {
   // objective (spec 2.1-2.4)
   int64_t max_anchors = 512;
   std::string loss = "dpace";  // the loss weights (model/draft_loss.h): "dpace" (D-PACE, spec 2.4: from the drafter's
-                               // own confidences; gamma unused; the default since bench/RESULTS.md "The training
-                               // objectives") or "decay" (spec 2.4's exp(-(i-1)/gamma))
+                               // own confidences; gamma unused; the default, as bench/RESULTS.md "The training
+                               // objectives" measured) or "decay" (spec 2.4's exp(-(i-1)/gamma))
   double gamma = 0;         // 0 = default for the block size (spec 2.4); < 0 = uniform weights
   double dpace_alpha = 0.5; // D-PACE's smoothing alpha in (0, 1] (kDefaultDPaceAlpha); used with loss "dpace"
   double kl_weight = 0;     // > 0 adds the soft-label KL term (with D-PACE weighted by the same w)

@@ -10,7 +10,7 @@
 //             rounded to the output dtype (CUTLASS's rule);
 //      nmse : normalized MSE sum (cuda - ref)^2 / sum ref^2 <= 2 nmse(cpu) + tol, for reductions through a BF16
 //             intermediate (ggml's rule), tol stated per case.
-//  * the whole tiny drafter of tests/test_drafter.cpp on CPU and CUDA: loss, every gradient, a 20-step training run;
+//  * the whole tiny drafter of tests/model/drafter.cpp on CPU and CUDA: loss, every gradient, a 20-step training run;
 //  * case C01 (4 contexts on 4 threads at once = the same steps one at a time, bitwise), C03 (memory limit, linear
 //    attention workspace), C05 (one-tile problems), C07 (a capped shared-memory budget), device-side index errors.
 // A compact table of every comparison is printed at the end. Built with -DDFLASH_CUDA_EMU (tests/cuda/emu/run.sh)
@@ -952,7 +952,7 @@ TEST(CudaOps, LmHeadLoss) {
 }
 
 // ---- the whole drafter -----------------------------------------------------------------------------------------
-DrafterConfig tiny_config() {  // the drafter of tests/test_drafter.cpp
+DrafterConfig tiny_config() {  // the drafter of tests/model/drafter.cpp
   DrafterConfig c;
   c.hidden_size = 16;
   c.intermediate_size = 24;
@@ -1474,14 +1474,14 @@ void golden_case(const std::string& name) {
 }
 
 TEST(CudaTarget, Qwen3MoeGolden) { golden_case("target_qwen3_moe"); }
-// gpt-oss (issue 36): sinks, the window of 16 over 40 tokens, YaRN past its 16 original positions, biases, the clamped
+// gpt-oss: sinks, the window of 16 over 40 tokens, YaRN past its 16 original positions, biases, the clamped
 // GLU; bf16 experts and MXFP4 experts (dequantised inside the grouped GEMM).
 TEST(CudaTarget, GptOssGolden) {
   golden_case("target_gpt_oss");
   golden_case("target_gpt_oss_mxfp4");
 }
 
-// ---- hybrid linear-attention ops (issue 37) -------------------------------------------------------------------------
+// ---- hybrid linear-attention ops ----------------------------------------------------------------------------------
 // rmsnorm_gated (zero-centred; gated by silu(z)), sigmoid_gate (per element, per row), partial RoPE, conv1d_causal with
 // and without its window (decode, fewer rows than the window, a prefill), gdn_gate, and the gated delta rule on its
 // two CUDA paths: the recurrent kernel (decode, small or odd heads) and the chunked tensor-core kernels (dk = dv = 128,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# tests/oracle/render_chat.py — the chat-template oracle of tests/test_chat_template.cpp: renders chat templates
+# tests/oracle/render_chat.py — the chat-template oracle of tests/io/chat_template.cpp: renders chat templates
 # with Python's Jinja2 in the environment Hugging Face's apply_chat_template builds (transformers
 # utils/chat_template_utils.py: ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
 # extensions=[AssistantTracker, loopcontrols]), its tojson (ensure_ascii=False), raise_exception, strftime_now),

@@ -163,8 +163,8 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // dQ's grid, rows_grid(query tiles, head groups): blockIdx.x the head group (kv head x split), blockIdx.z the query
 // tile counted from the last (the persistent forward, k_fwd_wg, numbers its items in the same order). CTAs start in
 // linear block order (x fastest), so the whole grid runs query tile slowest, the tiles with the most keys first over
-// every head group: one longest-first list (with the head group slowest, each group's short tiles ran before the
-// next group's long ones and the launch ended on a sawtooth; bench/NOTES.md 15).
+// every head group: one longest-first list (with the head group slowest, each group's short tiles would run before
+// the next group's long ones and the launch would end on a sawtooth; bench/NOTES.md 15).
 // false (grid untouched) past 65535 query tiles (grid.z's limit: 2M queries at 32 per tile, 1M at 16): the caller
 // leaves the call to attention_tc.cu's kernels.
 bool rows_grid(int64_t qtiles, int64_t head_groups, dim3& grid) {
@@ -264,8 +264,8 @@ __device__ __forceinline__ unsigned long long tl_ns() {
 // has executed pdl_trigger, or exited). pdl_wait blocks the calling thread until every such prerequisite grid has
 // completed and its memory operations are visible; without the launch attribute both are no-ops. k_fwd_wg triggers
 // at its start (so the next forward's CTAs take the SMs this one's leave, set up and wait: back to back, as a
-// prefill's layers run) and waits before its first global access (bench/NOTES.md 19: causal 4 x 1024 +1%; the same
-// for the backward's two kernels bought nothing and was not kept).
+// prefill's layers run) and waits before its first global access (bench/NOTES.md 19: causal 4 x 1024 +1%). The
+// backward's two kernels launch plainly: the same there measured within the noise (bench/NOTES.md 19).
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 

@@ -4,9 +4,9 @@
 // bf16 on the device (fp32 runs the same templates), fp32 accumulation, one rounding per output.
 //
 // Memory-bound: the ideal moves x once and y once (Qwen3.5-35B-A3B's prefill: T = 3072, C = 8192, K = 4, bf16: 2 x 48
-// MiB, ~25 us at the H200's ~4 TB/s; the first version, one thread per (t, c) with 2-byte loads, int64 divisions and
-// each input read K times, took ~0.7 ms). So k_conv1d_run gives each thread V channels (one 16-byte access: 8 bf16 or
-// 4 fp32) and a run of kRun consecutive tokens:
+// MiB, ~25 us at the H200's ~4 TB/s; one thread per (t, c) with 2-byte loads, int64 divisions and each input read K
+// times, as k_conv1d does, takes ~0.7 ms: bench/NOTES.md 26). So k_conv1d_run gives each thread V channels (one
+// 16-byte access: 8 bf16 or 4 fp32) and a run of kRun consecutive tokens:
 //   * its V x K weights in registers (loaded once);
 //   * the last K - 1 input rows in registers, a window that slides down the run: each row of x is loaded once per run,
 //     plus K - 1 halo rows above the run (read by the run before as well: L2 hits, the runs of one row of blocks
@@ -17,8 +17,8 @@
 //   * several sequences (a packed prefill, seqs): each is cut into its own runs (a run never straddles two sequences,
 //     each sequence's window starts at zero) and blockIdx.y walks the runs of all of them (RunSeqs: up to kMaxSeqs
 //     sequences per launch), so the prefill is one launch per layer, not one per sequence (bench/NOTES.md 26).
-// The arithmetic per output is the first version's, in the same order (acc = 0; acc += w[c, j] xin[t + j, c] for
-// j = 0..K-1; acc / (1 + expf(-acc)); one rounding), so the results are bit-identical to it and to k_conv1d. That
+// The arithmetic per output is k_conv1d's, in the same order (acc = 0; acc += w[c, j] xin[t + j, c] for
+// j = 0..K-1; acc / (1 + expf(-acc)); one rounding), so the results are bit-identical to k_conv1d's. That
 // arithmetic is ~24 instructions per output (4 FFMA, expf ~9, the IEEE division ~9, bf16 unpack / pack ~2), so the
 // prefill's call is about as much issue time (~20 us on 132 SMs) as memory time (~100 MB: ~25 us); bf16, K = 4: 113
 // registers, no spills, 4 blocks of 128 per SM.

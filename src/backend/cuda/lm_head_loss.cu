@@ -166,7 +166,7 @@ __device__ __forceinline__ void row_for_each(const bf16* row, int64_t V, F8 f8, 
 }
 
 // Blocks walk the rows (r = blockIdx.x, + gridDim.x, ...), two passes over each: (1) online max / first argmax / sum
-// of exp of z (and of zt), (2) KL and dz. Was four passes with accurate expf (bench/NOTES.md 10).
+// of exp of z (and of zt), (2) KL and dz: each row read twice, at memory bandwidth (bench/NOTES.md 10).
 __global__ void __launch_bounds__(kRowThreads) k_loss_row(LossRowParams p) {
   __shared__ float s_m[32], s_s[32];
   __shared__ int s_i[32];

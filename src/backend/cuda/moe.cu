@@ -122,8 +122,9 @@ __global__ void k_moe_count(const int32_t* __restrict__ idx, int64_t n, int k, i
 // One block of kMaxExperts threads turns counts [chunks, E] into each chunk's first row per expert and writes the
 // experts' offsets [E + 1]. Thread t takes expert e = t % E over the chunks of group t / E (G = kMaxExperts / E groups
 // of consecutive chunks: at E = 256 four threads share a column), and loads kScanBatch counts before it uses them.
-// (One thread per expert walking its column, each count's load behind the store before it, was two chains of
-// `chunks` dependent L2 round trips plus a serial scan of E: ~60 us at 12288 tokens x top-8, 256 experts.)
+// (One thread per expert walking its column, each count's load behind the store before it, would be two chains of
+// `chunks` dependent L2 round trips plus a serial scan of E: ~60 us at 12288 tokens x top-8, 256 experts;
+// bench/NOTES.md 30.)
 constexpr int kScanBatch = 16;
 __global__ void __launch_bounds__(kMaxExperts)
     k_moe_scan(int32_t* __restrict__ counts, int chunks, int E, int32_t* __restrict__ offsets) {

@@ -1,0 +1,329 @@
+// tests/model/drafter.cpp
+// Tests of the drafter's forward/backward (fp64 finite differences), recompute, the draft batch rules (C08, C09)
+// and the inference cache path.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "backend/context.h"
+#include "model/drafter.h"
+#include "common/test_util.h"
+#include "train/draft_batch.h"
+
+using namespace dflash;
+using dflash::test::randn;
+using dflash::test::to_f64;
+
+namespace {
+
+DrafterConfig tiny_config() {
+  DrafterConfig c;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.vocab_size = 40;
+  c.block_size = 4;
+  c.target_layer_ids = {0, 2};
+  c.num_target_layers = 4;
+  c.mask_token_id = 39;
+  c.rope_theta = 100.0;
+  return c;
+}
+
+struct Fixture {
+  std::unique_ptr<Context> ctx;
+  DrafterConfig cfg;
+  std::unique_ptr<Drafter> drafter;
+  Tensor embed, lm_head, features, teacher;
+  DraftBatch batch;
+  DraftInputs in;
+  explicit Fixture(const std::string& device, DrafterConfig c = tiny_config(), double dpace_alpha = 0)
+      : cfg(std::move(c)) {
+    ctx = make_context(device, {.threads = 2});
+    const DType dt = ctx->compute_dtype();
+    drafter = std::make_unique<Drafter>(*ctx, cfg, 1234, 0.3);
+    // norms away from 1 so their gradients matter
+    int idx = 0;
+    for (auto& p : drafter->params().all())
+      if (p.shape.size() == 1) {
+        Tensor t = randn(p.shape, 500 + idx++, 0.2, DType::F64);
+        for (double& x : t.span<double>()) x += 1.0;
+        ctx->copy(p.master, ctx->to_device(t, p.master.dtype));
+      }
+    const int64_t S = 21, H = cfg.hidden_size, V = cfg.vocab_size;
+    embed = ctx->to_device(randn({V, H}, 1, 1.0, DType::F64), dt);
+    lm_head = ctx->to_device(randn({V, H}, 2, 0.5, DType::F64), dt);
+    features = ctx->to_device(randn({S, cfg.nf() * H}, 3, 1.0, DType::F64), dt);
+    teacher = ctx->to_device(randn({S, H}, 4, 1.0, DType::F64), dt);
+    std::vector<int32_t> tokens(S);
+    std::vector<uint8_t> mask(S, 0);
+    for (int64_t p = 0; p < S; ++p) tokens[p] = static_cast<int32_t>((p * 7 + 3) % 38);
+    for (int64_t p = 5; p < S; ++p) mask[p] = p == 11 ? 0 : 1;
+    std::vector<int32_t> anchors = {5, 8, 12, 18};  // 18: block runs past S-1; one padding block added
+    batch = make_draft_batch(tokens, mask, anchors, 5, cfg.block_size, cfg.mask_token_id, 7.0, dpace_alpha);
+    in = upload_draft_batch(*ctx, batch, features, teacher);
+  }
+  double loss(float kl) {
+    drafter->params().sync_compute(*ctx);
+    auto st = drafter->forward_backward(*ctx, in, embed, lm_head, kl, 1.0f, false);
+    return st.loss_sum / batch.sum_w;
+  }
+};
+
+}  // namespace
+
+// Every parameter's gradient against central differences of the loss (fp64 backend).
+void expect_fd_gradients(Fixture& f, float kl) {
+  f.drafter->params().zero_grad(*f.ctx);
+  f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, kl, static_cast<float>(1.0 / f.batch.sum_w), true);
+  Rng pick(9, RngPurpose::Test);
+  for (auto& p : f.drafter->params().all()) {
+    std::vector<double> g = to_f64(p.grad);
+    ASSERT_GT(dflash::test::max_abs(g), 1e-8) << p.name << " has an all-zero gradient";
+    double* w = p.master.ptr<double>();
+    const int checks = std::min<int64_t>(p.master.numel(), 12);
+    for (int c = 0; c < checks; ++c) {
+      const int64_t i = static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.master.numel())));
+      const double w0 = w[i], h = 1e-5;
+      w[i] = w0 + h;
+      const double lp = f.loss(kl);
+      w[i] = w0 - h;
+      const double lm = f.loss(kl);
+      w[i] = w0;
+      const double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(g[i], fd, 1e-7 + 1e-5 * std::fabs(fd)) << p.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(Drafter, GradientsMatchFiniteDifferencesInFp64) {
+  Fixture f("cpu64");
+  expect_fd_gradients(f, std::getenv("KL") ? std::atof(std::getenv("KL")) : 0.3f);
+}
+
+// Sliding-window layers (spec 2.3): layer 0 slides with W 3, layer 1 is full. The window reaches the attention of
+// both passes (the gradients match the loss), and it changes the loss (it is not ignored).
+TEST(Drafter, SlidingWindowLayersGradientsMatchAndTheWindowApplies) {
+  DrafterConfig c = tiny_config();
+  c.layer_types = {"sliding_attention", "full_attention"};
+  c.sliding_window = 3;
+  c.validate();
+  EXPECT_EQ(c.window_of(0), 3);
+  EXPECT_EQ(c.window_of(1), 0);
+  Fixture f("cpu64", c);
+  expect_fd_gradients(f, 0.3f);
+  Fixture full("cpu64");
+  EXPECT_GT(std::fabs(f.loss(0.3f) - full.loss(0.3f)), 1e-6);
+}
+
+TEST(DrafterConfig, LayerTypesFromTheCommandLine) {
+  EXPECT_TRUE(resolve_layer_types({}, 3, 0).empty());
+  EXPECT_EQ(resolve_layer_types({}, 2, 512), (std::vector<std::string>{"sliding_attention", "sliding_attention"}));
+  EXPECT_EQ(resolve_layer_types({"sliding", "full_attention"}, 2, 64),
+            (std::vector<std::string>{"sliding_attention", "full_attention"}));
+  EXPECT_TRUE(resolve_layer_types({"full", "full"}, 2, 64).empty());  // no sliding layer: all full
+  EXPECT_THROW(resolve_layer_types({"sliding"}, 2, 64), Error);      // one type per layer
+  EXPECT_THROW(resolve_layer_types({"sliding", "full"}, 2, 0), Error);  // sliding without a window
+  EXPECT_THROW(resolve_layer_types({"local", "full"}, 2, 64), Error);
+  DrafterConfig c = tiny_config();
+  c.layer_types = {"sliding_attention", "full_attention"};
+  EXPECT_THROW(c.validate(), Error);  // sliding_window 0
+  c.sliding_window = 8;
+  EXPECT_NO_THROW(c.validate());
+  c.layer_types = {"sliding_attention"};
+  EXPECT_THROW(c.validate(), Error);  // 1 type for 2 layers
+}
+
+TEST(Drafter, RecomputeGivesIdenticalGradients) {  // case C06
+  Fixture f("cpu");
+  const float scale = static_cast<float>(1.0 / f.batch.sum_w);
+  f.drafter->params().zero_grad(*f.ctx);
+  auto a = f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, 0.f, scale, true, false);
+  std::vector<std::vector<double>> g1;
+  for (auto& p : f.drafter->params().all()) g1.push_back(to_f64(p.grad));
+  f.drafter->params().zero_grad(*f.ctx);
+  auto b = f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, 0.f, scale, true, true);
+  EXPECT_EQ(a.loss_sum, b.loss_sum);
+  size_t k = 0;
+  for (auto& p : f.drafter->params().all()) EXPECT_EQ(to_f64(p.grad), g1[k++]) << p.name;
+}
+
+// D-PACE through the whole drafter (fp64): the batch carries the mask m as weights and the row count as normaliser,
+// and the gradients equal those of the fixed-weight path run with D-PACE's weights (they are detached: arXiv
+// 2605.18810 Eq. 9), whose gradients the finite-difference test above checks; with and without the KL term.
+TEST(Drafter, DPaceGradientsAreTheFixedWeightGradientsOfItsWeights) {
+  for (float kl : {0.0f, 0.3f}) {
+    Fixture d("cpu64", tiny_config(), 0.5);
+    ASSERT_EQ(d.batch.sum_w, static_cast<double>(d.batch.rows.size()));
+    for (float w : d.batch.weights) ASSERT_EQ(w, 1.0f);
+    const float scale = static_cast<float>(1.0 / d.batch.sum_w);
+    d.drafter->params().zero_grad(*d.ctx);
+    const DraftStepStats a = d.drafter->forward_backward(*d.ctx, d.in, d.embed, d.lm_head, kl, scale, true);
+    Fixture f("cpu64");  // the same drafter and inputs, fixed weights
+    ASSERT_EQ(f.batch.rows, d.batch.rows);
+    ASSERT_EQ(a.w.size(), f.batch.rows.size());
+    double moved = 0;
+    for (size_t r = 0; r < a.w.size(); ++r) {
+      moved = std::max(moved, std::fabs(a.w[r] - f.batch.weights[r]));
+      f.batch.weights[r] = static_cast<float>(a.w[r]);
+    }
+    EXPECT_GT(moved, 0.1) << "D-PACE's weights should differ from the decay's";
+    f.in.weights = f.ctx->to_device(cpu_tensor(f.batch.weights, {static_cast<int64_t>(a.w.size())}));
+    f.drafter->params().zero_grad(*f.ctx);
+    const DraftStepStats b = f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, kl, scale, true);
+    EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-7 * std::fabs(b.loss_sum)) << "kl " << kl;  // w rounded to F32 in b
+    auto& fp = f.drafter->params().all();
+    size_t k = 0;
+    for (auto& p : d.drafter->params().all()) {
+      const double e = dflash::test::rel_err(to_f64(p.grad), to_f64(fp[k++].grad));
+      EXPECT_LT(e, 1e-6) << p.name << " kl " << kl;
+    }
+  }
+}
+
+TEST(DraftBatch, LabelAlignmentCaseC09) {
+  std::vector<int32_t> x(40);
+  for (int p = 0; p < 40; ++p) x[p] = p;
+  std::vector<uint8_t> m(40, 1);
+  std::vector<int32_t> anchors = {20};
+  DraftBatch b = make_draft_batch(x, m, anchors, 1, 4, 99, 7.0);
+  EXPECT_EQ(b.block_ids, (std::vector<int32_t>{20, 99, 99, 99}));
+  EXPECT_EQ(b.block_pos, (std::vector<int32_t>{20, 21, 22, 23}));
+  EXPECT_EQ(b.rows, (std::vector<int32_t>{1, 2, 3}));  // slot 0 carries no weight
+  EXPECT_EQ(b.labels, (std::vector<int32_t>{21, 22, 23}));
+  EXPECT_EQ(b.teacher_pos, (std::vector<int32_t>{20, 21, 22}));
+  EXPECT_FLOAT_EQ(b.weights[0], 1.0f);
+  EXPECT_FLOAT_EQ(b.weights[1], static_cast<float>(std::exp(-1.0 / 7.0)));
+  EXPECT_FLOAT_EQ(b.weights[2], static_cast<float>(std::exp(-2.0 / 7.0)));
+}
+
+TEST(DraftBatch, CandidatesMaskAndPadding) {
+  // loss mask 0 0 1 1 1 0 1 1 : candidates need m[a] = m[a+1] = 1 and a <= S-2
+  std::vector<uint8_t> m = {0, 0, 1, 1, 1, 0, 1, 1};
+  EXPECT_EQ(candidate_anchors(m), (std::vector<int32_t>{2, 3, 6}));
+  std::vector<int32_t> x = {10, 11, 12, 13, 14, 15, 16, 17};
+  std::vector<int32_t> anchors = {3, 6};
+  DraftBatch b = make_draft_batch(x, m, anchors, 3, 4, 99, 0.0);  // uniform weights, one padding block
+  EXPECT_EQ(b.valid, (std::vector<uint8_t>{1, 1, 0}));
+  // block 0 (a=3): slots 1..3 -> positions 4 (m=1), 5 (m=0), 6 (m=1); block 1 (a=6): slot 1 -> 7, slots 2,3 past S
+  EXPECT_EQ(b.rows, (std::vector<int32_t>{1, 3, 5}));
+  EXPECT_EQ(b.labels, (std::vector<int32_t>{14, 16, 17}));
+  EXPECT_DOUBLE_EQ(b.sum_w, 3.0);
+  Rng rng(1, RngPurpose::Anchors);
+  auto s = sample_anchors(m, 2, rng);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_LT(s[0], s[1]);
+  EXPECT_TRUE(sample_anchors(std::vector<uint8_t>{1, 0, 1, 0}, 4, rng).empty());
+}
+
+TEST(Drafter, NoContextLeakCaseC08) {
+  // B = 4, anchors at 10 and 12, S = 32: block j's output must not depend on any context feature at k >= a_j,
+  // and must depend on the one at a_j - 1.
+  DrafterConfig cfg = tiny_config();
+  auto ctx = make_context("cpu64");
+  Drafter d(*ctx, cfg, 7, 0.3);
+  const int64_t S = 32, H = cfg.hidden_size;
+  std::vector<int32_t> x(S);
+  for (int p = 0; p < S; ++p) x[p] = p % 30;
+  std::vector<uint8_t> m(S, 1);
+  std::vector<int32_t> anchors = {10, 12};
+  DraftBatch b = make_draft_batch(x, m, anchors, 2, 4, cfg.mask_token_id, 7.0);
+  Tensor embed = randn({cfg.vocab_size, H}, 1, 1.0, DType::F64);
+  Tensor F = randn({S, cfg.nf() * H}, 2, 1.0, DType::F64);
+  auto run = [&](const Tensor& feats) { return to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, feats), embed)); };
+  const std::vector<double> base = run(F);
+  auto block_diff = [&](const std::vector<double>& o, int j) {
+    double m2 = 0;
+    for (int64_t r = j * 4; r < (j + 1) * 4; ++r)
+      for (int64_t c = 0; c < H; ++c) m2 = std::max(m2, std::fabs(o[r * H + c] - base[r * H + c]));
+    return m2;
+  };
+  for (int64_t k : {10, 11, 12, 20, 31}) {
+    Tensor G = cpu_clone(F);
+    for (int64_t c = 0; c < cfg.nf() * H; ++c) G.ptr<double>()[k * cfg.nf() * H + c] += 5.0;
+    auto o = run(G);
+    if (k >= 10) {
+      EXPECT_EQ(block_diff(o, 0), 0.0) << "block 0 (anchor 10) sees context position " << k;
+    }
+    if (k >= 12) {
+      EXPECT_EQ(block_diff(o, 1), 0.0) << "block 1 (anchor 12) sees context position " << k;
+    }
+    if (k == 11) {
+      EXPECT_GT(block_diff(o, 1), 1e-6) << "block 1 must see position 11";
+    }
+  }
+  Tensor G = cpu_clone(F);
+  for (int64_t c = 0; c < cfg.nf() * H; ++c) G.ptr<double>()[9 * cfg.nf() * H + c] += 5.0;
+  EXPECT_GT(block_diff(run(G), 0), 1e-6) << "block 0 must see position 9";
+}
+
+DrafterConfig sliding_config() {  // every layer a sliding-window layer, W 3
+  DrafterConfig c = tiny_config();
+  c.layer_types = {"sliding_attention", "sliding_attention"};
+  c.sliding_window = 3;
+  return c;
+}
+
+// One sequence of S tokens with random embeddings and features, and the draft batch of one block at anchor p.
+struct OneBlock {
+  Tensor embed, F;
+  std::vector<int32_t> x;
+  DraftBatch b;
+};
+OneBlock one_block(const DrafterConfig& cfg, int64_t S, int64_t p) {
+  OneBlock o;
+  o.embed = randn({cfg.vocab_size, cfg.hidden_size}, 1, 1.0, DType::F64);
+  o.F = randn({S, cfg.nf() * cfg.hidden_size}, 2, 1.0, DType::F64);
+  o.x.resize(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) o.x[i] = static_cast<int32_t>((i * 5) % 37);
+  const std::vector<uint8_t> m(static_cast<size_t>(S), 1);
+  const std::vector<int32_t> anchors = {static_cast<int32_t>(p)};
+  o.b = make_draft_batch(o.x, m, anchors, 1, cfg.block_size, cfg.mask_token_id, 7.0);
+  return o;
+}
+
+TEST(Drafter, CachedDraftEqualsFullForward) {
+  // The inference path (context K/V cached incrementally, one block at anchor p = cache length) must give the
+  // same hidden states as the training forward with anchor p over a context of length p; with full and with
+  // sliding-window layers.
+  for (const DrafterConfig& cfg : {tiny_config(), sliding_config()}) {
+    SCOPED_TRACE(cfg.sliding_window ? "sliding window" : "full attention");
+    auto ctx = make_context("cpu64");
+    Drafter d(*ctx, cfg, 11, 0.3);
+    const int64_t S = 30, p = 17;
+    const auto [embed, F, x, b] = one_block(cfg, S, p);
+    auto full = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), embed));
+    auto cache = d.make_cache(*ctx, S);
+    d.extend_cache(*ctx, cache, F.slice(0, 5));
+    d.extend_cache(*ctx, cache, F.slice(5, p));
+    auto inc = to_f64(d.draft_block(*ctx, cache, x[p], embed));
+    ASSERT_EQ(inc.size(), full.size());
+    for (size_t i = 0; i < inc.size(); ++i) EXPECT_NEAR(inc[i], full[i], 1e-12) << i;
+  }
+}
+
+TEST(Drafter, SlidingWindowLayersSeeOnlyTheWindow) {
+  // W 3 in every layer: the block at anchor a sees context positions a-2 and a-1 (slot 0's window; later slots see
+  // less, and reach no further through the block's own causal keys), never a-3 or anything earlier.
+  DrafterConfig cfg = sliding_config();
+  auto ctx = make_context("cpu64");
+  Drafter d(*ctx, cfg, 11, 0.3);
+  const int64_t S = 30, H = cfg.hidden_size, a = 17;
+  const auto [embed, F, x, b] = one_block(cfg, S, a);
+  const auto base = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, F), embed));
+  for (int64_t k : {0, 10, 14, 15, 16}) {
+    Tensor G = cpu_clone(F);
+    for (int64_t c = 0; c < cfg.nf() * H; ++c) G.ptr<double>()[k * cfg.nf() * H + c] += 5.0;
+    const auto o = to_f64(d.forward_hidden(*ctx, upload_draft_batch(*ctx, b, G), embed));
+    double diff = 0;
+    for (size_t i = 0; i < o.size(); ++i) diff = std::max(diff, std::fabs(o[i] - base[i]));
+    if (k < a - 2)
+      EXPECT_EQ(diff, 0.0) << "context position " << k << " is outside the window of the block at " << a;
+    else
+      EXPECT_GT(diff, 1e-6) << "context position " << k << " is inside the window of the block at " << a;
+  }
+}
