@@ -50,13 +50,13 @@ template <int W>
 struct Raw;
 template <>
 struct Raw<8> {
-  uint4 v;
+  uint4 v{};
   __device__ __forceinline__ void load(const bf16* p) { v = *reinterpret_cast<const uint4*>(p); }
   __device__ __forceinline__ void to_f(float (&x)[8]) const { bf16x8_to_f(v, x); }
 };
 template <>
 struct Raw<1> {
-  bf16 v;
+  bf16 v{};
   __device__ __forceinline__ void load(const bf16* p) { v = *p; }
   __device__ __forceinline__ void to_f(float (&x)[1]) const { x[0] = __bfloat162float(v); }
 };
