@@ -505,7 +505,7 @@ void Drafter::layer_backward(Context& ctx, int64_t l, const DraftInputs& in, con
 
 DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, const Tensor& embed,
                                          const Tensor& lm_head, float kl_weight, float grad_scale, bool backward,
-                                         bool recompute) {
+                                         bool recompute, float selector_alpha) {
   const int64_t S = in.S, NB = in.block_ids.numel(), H = cfg_.hidden_size, L = cfg_.num_layers;
   const DType dt = ctx.compute_dtype(), st = ctx.param_dtype();
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
