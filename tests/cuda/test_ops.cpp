@@ -127,6 +127,12 @@ Tensor nan_out(Context& c, Shape s, bool act = true) {
   for (float& x : h.span<float>()) x = std::numeric_limits<float>::quiet_NaN();
   return c.to_device(h, act ? c.compute_dtype() : c.param_dtype());
 }
+// The same in F32 on every backend (outputs whose dtype is F32 by contract: scores, top-k logits).
+Tensor nan_f32(Context& c, Shape s) {
+  Tensor h = cpu_empty(DType::F32, s);
+  for (float& x : h.span<float>()) x = std::numeric_limits<float>::quiet_NaN();
+  return c.to_device(h);
+}
 std::vector<double> get(Context& c, const Tensor& t) {
   Tensor h = c.to_host(t);
   std::vector<double> v(static_cast<size_t>(h.numel()));
@@ -951,6 +957,268 @@ TEST(CudaOps, LmHeadLoss) {
   }
 }
 
+// lm_head_loss with LossArgs::topk (DFlash2's candidates). Small integers as in LmHeadLoss: every logit is exact in
+// bf16 and fp32, ties are frequent, and the ids (ties to the lower id) and values must equal the CPU's. Then N(0, 1)
+// hidden rows: the values within the bf16 rounding of the logits (TwoX with the bf16 allowance), the ids those of
+// the fp64 reference except where the two logits lie within rounding of each other (2^-7 relative).
+TEST(CudaOps, LmHeadLossTopk) {
+  struct S {
+    int64_t R, H, V, k, chunk;
+  };
+  const std::vector<S> shapes = kEmu ? std::vector<S>{{12, 16, 301, 16, 5}, {9, 16, 64, 32, 1024}}
+                                     : std::vector<S>{{40, 64, 1000, 16, 7},    {40, 64, 1000, 32, 1024},
+                                                      {40, 64, 1000, 5, 1024},  {96, 128, 32000, 16, 1024},
+                                                      {20, 64, 151936, 16, 8}, {10, 64, 999, 16, 4}};
+  for (const S& s : shapes) {
+    const Tensor h = rint({s.R, s.H}, 90, -2, 2), W = rint({s.V, s.H}, 91, -1, 1);
+    std::vector<int32_t> rows, labels;
+    std::vector<float> w;
+    Rng r(92, RngPurpose::Test);
+    for (int64_t i = s.R - 1; i >= 0; --i)
+      if (i % 4 != 2) {  // a subset of the rows, in descending order
+        rows.push_back(static_cast<int32_t>(i));
+        labels.push_back(static_cast<int32_t>(r.below(static_cast<uint64_t>(s.V))));
+        w.push_back(static_cast<float>(0.1 + r.uniform()));
+      }
+    const int64_t Rs = static_cast<int64_t>(rows.size());
+    check_case(cat("lm_head_loss topk ", s.k, " R", s.R, " rows ", Rs, " H", s.H, " V", s.V, " chunk ", s.chunk),
+               {{"topk_ids", Kind::Exact, false}, {"topk_logits", Kind::Exact, false},
+                {"ce", Kind::TwoX, false, double(s.V + s.H)}, {"dh", Kind::Nmse, true, 1, 2 * std::ldexp(1.0, -16)}},
+               [&](Context& c) {
+                 LossArgs a;
+                 a.h = put(c, h);
+                 a.lm_head = put(c, W);
+                 a.rows = put_i32(c, rows);
+                 a.labels = put_i32(c, labels);
+                 a.weights = c.to_device(cpu_tensor(w, {Rs}));
+                 a.chunk_rows = s.chunk;
+                 a.grad_scale = 0.05f;
+                 a.dh = c.zeros(c.compute_dtype(), {s.R, s.H});
+                 a.topk = s.k;
+                 a.topk_ids = c.to_device(cpu_tensor_i32(std::vector<int32_t>(static_cast<size_t>(Rs * s.k), -7),
+                                                         {Rs, s.k}));
+                 a.topk_logits = nan_f32(c, {Rs, s.k});
+                 const LossStats st = c.lm_head_loss(a);
+                 return Outs{get(c, a.topk_ids), get(c, a.topk_logits), st.ce, get(c, a.dh)};
+               });
+  }
+  // N(0, 1) rows against N(0, 0.05) weights: logits of a few units, rounded to bf16 on CUDA
+  const int64_t R = kEmu ? 6 : 64, H = kEmu ? 32 : 256, V = kEmu ? 500 : 50000, k = 16;
+  const Tensor h = rnd({R, H}, 93), W = rnd({V, H}, 94, 0.05);
+  std::vector<int32_t> rows(static_cast<size_t>(R)), labels(static_cast<size_t>(R), 0);
+  for (int64_t i = 0; i < R; ++i) rows[i] = static_cast<int32_t>(i);
+  auto run = [&](Context& c) {
+    LossArgs a;
+    a.h = put(c, h);
+    a.lm_head = put(c, W);
+    a.rows = put_i32(c, rows);
+    a.labels = put_i32(c, labels);
+    a.weights = c.to_device(cpu_tensor(std::vector<float>(static_cast<size_t>(R), 0.f), {R}));
+    a.chunk_rows = 24;
+    a.topk = k;
+    a.topk_ids = c.empty(DType::I32, {R, k});
+    a.topk_logits = nan_f32(c, {R, k});
+    c.lm_head_loss(a);
+    return Outs{get(c, a.topk_ids), get(c, a.topk_logits)};
+  };
+  Backends& b = Backends::get();
+  const auto ref = run(*b.c64), c32 = run(*b.c32), gpu = run(*b.gpu);
+  const std::string nm = cat("lm_head_loss topk ", k, " N(0,1) R", R, " H", H, " V", V);
+  compare(nm, {"topk_logits", Kind::TwoX, true, double(H)}, gpu[1], c32[1], ref[1]);
+  auto z64 = [&](int64_t row, int64_t v) {
+    double z = 0;
+    for (int64_t i = 0; i < H; ++i) z += double(h.ptr<float>()[row * H + i]) * W.ptr<float>()[v * H + i];
+    return z;
+  };
+  int bad = 0, differ = 0;
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t a = static_cast<int64_t>(gpu[0][i * k + j]), want = static_cast<int64_t>(ref[0][i * k + j]);
+      if (a == want) continue;
+      ++differ;
+      const double za = a >= 0 && a < V ? z64(i, a) : INFINITY, zw = z64(i, want);
+      if (!(std::fabs(za - zw) <= std::ldexp(1.0, -7) * std::max(std::fabs(za), std::fabs(zw)))) ++bad;
+    }
+  EXPECT_EQ(bad, 0) << nm << ": " << bad << " ids differ from fp64's beyond rounding";
+  record(cat(nm, " topk_ids (", differ, " near-ties swapped)"), bad, 0, bad == 0);
+}
+
+// DFlash2's grouped dynamic convolution (DynConvArgs): forward without the residual, with it, and in place (res = y);
+// backward: du, d_delta (the side's columns poisoned and written, the other side's kept), d_base (the side
+// accumulated, the other kept). Small integers: every sum is exact in bf16 (|y| <= 256) and in fp32 (d_base), so
+// CUDA must equal the CPU (Exact); one N(0, 1) case (TwoX). Covers W = 8 (C % 8 == 0) and W = 1, group lanes
+// g / W = 1, 2, 4, 16 and the generic d_delta kernel (g % 8 != 0 with W = 8; g / W = 5), T = 1 .. 5 (register
+// windows of 2, 4, 8), B = 4, 8, 16, both sides, and blocks walked several per thread (R = 8192, C = 4096).
+struct ConvCase {
+  int64_t R, C, T, g, B;
+  int side;
+  bool ints = true;
+};
+void dynconv_case(const ConvCase& s) {
+  const int64_t G = s.C / s.g, D = 2 * s.T * G;
+  auto mk = [&](Shape sh, uint64_t seed, int lim) { return s.ints ? rint(sh, seed, -lim, lim) : rnd(sh, seed); };
+  const Tensor u = mk({s.R, s.C}, 80, 2), delta = mk({s.R, D}, 81, 2), base = mk({2, s.T, s.C}, 82, 2);
+  const Tensor res = mk({s.R, s.C}, 83, 4), dy = mk({s.R, s.C}, 84, 2), db0 = mk({2, s.T, s.C}, 85, 9);
+  Tensor dd0 = mk({s.R, D}, 86, 9);
+  for (int64_t r = 0; r < s.R; ++r)
+    for (int64_t j = s.side * s.T * G; j < (s.side + 1) * s.T * G; ++j)
+      dd0.ptr<float>()[r * D + j] = std::numeric_limits<float>::quiet_NaN();
+  const Kind k = s.ints ? Kind::Exact : Kind::TwoX;
+  const double T = static_cast<double>(s.T);
+  check_case(cat("dynamic_conv R", s.R, " C", s.C, " T", s.T, " g", s.g, " B", s.B, " side ", s.side,
+                 s.ints ? "" : " N(0,1)"),
+             {{"y", k, true, T},
+              {"y+res", k, true, T + 1},
+              {"y+res in place", k, true, T + 1},
+              {"du", k, true, T},
+              {"d_delta", k, true, double(s.g)},
+              {"d_base", k, false, double(s.R)}},
+             [&](Context& c) {
+               DynConvArgs a;
+               a.u = put(c, u);
+               a.delta = put(c, delta);
+               a.base = put(c, base);
+               a.side = s.side;
+               a.block_size = s.B;
+               a.group = s.g;
+               Tensor y = nan_out(c, {s.R, s.C}), yr = nan_out(c, {s.R, s.C}), rd = put(c, res), yi = put(c, res);
+               c.dynamic_conv(a, y, nullptr);
+               c.dynamic_conv(a, yr, &rd);
+               c.dynamic_conv(a, yi, &yi);
+               Tensor du = nan_out(c, {s.R, s.C}), ddl = put(c, dd0), dbs = put(c, db0, false);
+               c.dynamic_conv_backward(a, put(c, dy), du, ddl, dbs);
+               return Outs{get(c, y), get(c, yr), get(c, yi), get(c, du), get(c, ddl), get(c, dbs)};
+             });
+}
+
+TEST(CudaOps, DynamicConv) {
+  dynconv_case({32, 64, 1, 16, 4, 0});
+  dynconv_case({48, 64, 2, 16, 8, 1});
+  dynconv_case({48, 192, 3, 8, 16, 1});   // g / W = 1
+  dynconv_case({40, 72, 2, 4, 8, 0});     // g % 8 != 0: per-channel coefficients, the generic d_delta kernel
+  dynconv_case({36, 36, 3, 4, 4, 1});     // C % 8 != 0: W = 1, 4 lanes a group
+  dynconv_case({32, 80, 2, 40, 16, 0});   // g / W = 5: the generic d_delta kernel
+  dynconv_case({32, 128, 5, 16, 16, 1});  // T = 5: the 8-row window
+  dynconv_case({32, 64, 2, 16, 16, 0, false});
+  if (kEmu) return;
+  dynconv_case({64, 4096, 2, 16, 16, 0});
+  dynconv_case({96, 256, 2, 128, 8, 1});   // g / W = 16
+  dynconv_case({128, 4096, 3, 16, 4, 1});
+  dynconv_case({8192, 4096, 2, 16, 16, 1});  // 512 blocks over 16 x 33 CTAs: several blocks per thread
+  dynconv_case({4096, 1024, 2, 16, 8, 0, false});
+}
+
+// DFlash2's candidate selector (SelectorArgs). P, g, S in {-1, 0, 1} and integer unary logits: every score is exact
+// (Exact), so the argmax / coverage statistics must equal the CPU's, ties included; the loss and the gradients
+// through the softmax are TwoX. Rows ascend (a subset of [0, R)), predecessors and candidates repeat across rows
+// (the codebook gradients' scatter-add), every third row's label is not a candidate. Also the scores without
+// labels, and the inference lattice (rows repeated, statistics without gradients).
+struct SelCase {
+  int64_t R, r, V, K, H, M;
+};
+void selector_case(const SelCase& s) {
+  Rng rng(95, RngPurpose::Test);
+  std::vector<int32_t> rows, prev, cand, labels;
+  std::vector<float> U, w;
+  const int64_t pool = std::max<int64_t>(s.K + 3, s.V / 4);  // candidates from a few ids: repeats across rows
+  for (int64_t i = 0, m = 0; i < s.R && m < s.M; ++i) {
+    if (rng.below(4) == 0 && s.R - i > s.M - m) continue;  // a subset of the rows
+    rows.push_back(static_cast<int32_t>(i));
+    prev.push_back(static_cast<int32_t>(rng.below(7) * (s.V / 7)));
+    std::vector<int32_t> cs;
+    while (static_cast<int64_t>(cs.size()) < s.K) {
+      const auto id = static_cast<int32_t>(rng.below(static_cast<uint64_t>(pool)));
+      if (std::find(cs.begin(), cs.end(), id) == cs.end()) cs.push_back(id);
+    }
+    cand.insert(cand.end(), cs.begin(), cs.end());
+    for (int64_t j = 0; j < s.K; ++j) U.push_back(static_cast<float>(static_cast<int>(rng.below(9)) - 4));
+    labels.push_back(m % 3 == 0 ? static_cast<int32_t>(s.V - 1) : cs[rng.below(static_cast<uint64_t>(s.K))]);
+    w.push_back(round_bf16(static_cast<float>(0.1 + rng.uniform())));
+    ++m;
+  }
+  const int64_t M = static_cast<int64_t>(rows.size()), K = s.K;
+  const Tensor g = rint({s.R, s.r}, 96, -1, 1), P = rint({s.V, s.r}, 97, -1, 1), S = rint({s.V, s.r}, 98, -1, 1);
+  const Tensor lm = rnd({s.V, s.H}, 99), dg0 = rnd({s.R, s.r}, 100), dh0 = rnd({s.R, s.H}, 101);
+  const Tensor dP0 = rnd({s.V, s.r}, 102), dS0 = rnd({s.V, s.r}, 103);
+  const double nk = static_cast<double>(K), nmk = static_cast<double>(M * K);
+  check_case(cat("candidate_selector R", s.R, " r", s.r, " V", s.V, " K", K, " H", s.H, " M", M),
+             {{"scores", Kind::Exact, false},
+              {"scores (no labels)", Kind::Exact, false},
+              {"loss", Kind::TwoX, false, nk},
+              {"covered", Kind::Exact, false},
+              {"correct", Kind::Exact, false},
+              {"dg", Kind::TwoX, true, nk},
+              {"dh", Kind::TwoX, true, nk},
+              {"d_pred_cb", Kind::TwoX, false, nmk},
+              {"d_succ_cb", Kind::TwoX, false, nmk}},
+             [&](Context& c) {
+               SelectorArgs a;
+               a.g = put(c, g);
+               a.rows = put_i32(c, rows);
+               a.prev = put_i32(c, prev);
+               a.cand = c.to_device(cpu_tensor_i32(cand, {M, K}));
+               a.cand_logit = c.to_device(cpu_tensor(U, {M, K}));
+               a.pred_cb = put(c, P);
+               a.succ_cb = put(c, S);
+               Tensor e0 = nan_f32(c, {M, K});
+               c.candidate_selector(a, e0);
+               a.labels = put_i32(c, labels);
+               a.weights = c.to_device(cpu_tensor(w, {M}));
+               a.lm_head = put(c, lm);
+               a.dg = put(c, dg0);
+               a.dh = put(c, dh0);
+               a.d_pred_cb = put(c, dP0, false);
+               a.d_succ_cb = put(c, dS0, false);
+               Tensor e = nan_f32(c, {M, K});
+               const SelectorStats st = c.candidate_selector(a, e);
+               return Outs{get(c, e),
+                           get(c, e0),
+                           st.loss,
+                           std::vector<double>(st.covered.begin(), st.covered.end()),
+                           std::vector<double>(st.correct.begin(), st.correct.end()),
+                           get(c, a.dg),
+                           get(c, a.dh),
+                           get(c, a.d_pred_cb),
+                           get(c, a.d_succ_cb)};
+             });
+  // the inference lattice: every row scored K times after different predecessors (rows repeat), statistics only
+  std::vector<int32_t> lrows, lprev, lcand, llab;
+  std::vector<float> lU;
+  for (int64_t m = 0; m < std::min<int64_t>(M, 3 * K); ++m) {
+    lrows.push_back(rows[m / K]);
+    lprev.push_back(cand[m]);
+    lcand.insert(lcand.end(), cand.begin() + (m / K) * K, cand.begin() + (m / K + 1) * K);
+    lU.insert(lU.end(), U.begin() + (m / K) * K, U.begin() + (m / K + 1) * K);
+    llab.push_back(labels[m / K]);
+  }
+  const int64_t LM = static_cast<int64_t>(lrows.size());
+  check_case(cat("candidate_selector lattice (rows repeated) r", s.r, " K", K, " M", LM),
+             {{"scores", Kind::Exact, false}, {"loss", Kind::TwoX, false, nk}, {"correct", Kind::Exact, false}},
+             [&](Context& c) {
+               SelectorArgs a;
+               a.g = put(c, g);
+               a.rows = put_i32(c, lrows);
+               a.prev = put_i32(c, lprev);
+               a.cand = c.to_device(cpu_tensor_i32(lcand, {LM, K}));
+               a.cand_logit = c.to_device(cpu_tensor(lU, {LM, K}));
+               a.pred_cb = put(c, P);
+               a.succ_cb = put(c, S);
+               a.labels = put_i32(c, llab);
+               Tensor e = nan_f32(c, {LM, K});
+               const SelectorStats st = c.candidate_selector(a, e);
+               return Outs{get(c, e), st.loss, std::vector<double>(st.correct.begin(), st.correct.end())};
+             });
+}
+
+TEST(CudaOps, CandidateSelector) {
+  selector_case({40, 256, 300, 16, 64, 30});
+  selector_case({30, 36, 120, 5, 100, 20});  // r % 8 != 0 and H % 8 != 0: the scalar kernels
+  selector_case({50, 64, 400, 40, 48, 33});  // K > 32: lanes take several candidates
+  if (kEmu) return;
+  selector_case({3000, 256, 151936, 16, 256, 2000});
+  selector_case({700, 256, 5000, 16, 4096, 600});   // Qwen3-8B's hidden size: the lm_head gather of dh
+}
+
 // ---- the whole drafter -----------------------------------------------------------------------------------------
 DrafterConfig tiny_config() {  // the drafter of tests/model/drafter.cpp
   DrafterConfig c;
@@ -1686,6 +1954,19 @@ TEST(CudaErrors, BadTokenIdIsReported) {
   // scale_rows: rows that do not ascend (two threads could write one row)
   Tensor x = put(*g, rnd({4, 8}, 71));
   expect_reported([&] { g->scale_rows(x, put_i32(*g, {2, 1}), put(*g, rnd({2}, 72), false)); }, "scale_rows");
+  // candidate_selector: a candidate id outside [0, V) (scores only: reported at the next synchronising call)
+  {
+    SelectorArgs a;
+    a.g = put(*g, rnd({2, 8}, 73));
+    a.rows = put_i32(*g, {0, 1});
+    a.prev = put_i32(*g, {3, 4});
+    a.cand = g->to_device(cpu_tensor_i32({1, 2, 10, 0}, {2, 2}));
+    a.cand_logit = g->to_device(cpu_tensor(std::vector<float>{0.f, 1.f, 2.f, 3.f}, {2, 2}));
+    a.pred_cb = put(*g, rnd({10, 8}, 74));
+    a.succ_cb = put(*g, rnd({10, 8}, 75));
+    Tensor e = g->empty(DType::F32, {2, 2});
+    expect_reported([&] { g->candidate_selector(a, e); }, "candidate_selector");
+  }
   record("context: " + g->describe(), 0, 0, true);
 }
 

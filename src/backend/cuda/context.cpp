@@ -432,6 +432,32 @@ class CudaContext final : public Context {
     check_device_errors();
     return st;
   }
+  void dynamic_conv(const DynConvArgs& a, const Tensor& y, const Tensor* res) override {
+    const DynConvDims d = check_dynamic_conv(a, y, res, DType::BF16);
+    const OpScope scope = op("dynamic_conv", 2.0 * double(d.R) * double(d.C) * double(d.T));
+    cuda::dynamic_conv(env_, a, y, res, d);
+  }
+  void dynamic_conv_backward(const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
+                             const Tensor& d_base) override {
+    const DynConvDims d = check_dynamic_conv(a, dy, nullptr, DType::BF16);
+    const OpScope scope = op("dynamic_conv_backward", 6.0 * double(d.R) * double(d.C) * double(d.T));
+    cuda::dynamic_conv_backward(env_, a, dy, du, d_delta, d_base, d);
+  }
+  SelectorStats candidate_selector(const SelectorArgs& a, const Tensor& scores) override {
+    const SelectorDims d = check_candidate_selector(a, scores, DType::BF16, DType::F32);
+    const OpScope scope =
+        op("candidate_selector", (a.dg.defined() ? 6.0 : 2.0) * double(d.M) * double(d.K) * double(d.r));
+    SelectorArgs s = a;
+    s.rows = on_device(a.rows);
+    s.prev = on_device(a.prev);
+    s.cand = on_device(a.cand);
+    s.cand_logit = on_device(a.cand_logit);
+    s.labels = on_device(a.labels);
+    s.weights = on_device(a.weights);
+    SelectorStats st = cuda::candidate_selector(env_, s, scores, d);
+    if (a.labels.defined()) check_device_errors();
+    return st;
+  }
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
              const Tensor& pc) override {
     const OpScope scope = op("adamw");

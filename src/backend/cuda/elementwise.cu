@@ -35,6 +35,9 @@ std::string describe_error_bits(int bits) {
   add(kErrAnchor, "dflash_attention: a valid block's anchor is outside [0, S]");
   add(kErrExpertId, "moe_group: an expert id is outside [0, num_experts)");
   add(kErrScaleRow, "scale_rows: a row index is outside [0, rows) or not after the previous one (rows must ascend)");
+  add(kErrSelectorId,
+      "candidate_selector: a row index is outside [0, rows) (with gradients: or not after the previous one), or a "
+      "predecessor / candidate id is outside [0, vocab)");
   if (s.empty()) s = cat("unknown device error bits ", bits);
   return s;
 }

@@ -2,6 +2,8 @@
 // For each chunk of at most chunk_rows selected rows (so at most chunk_rows x V logits exist at once):
 //   hx = h[rows]                                   (gather)
 //   z  = hx W^T  (BF16 [c, V], cuBLASLt, fp32 accumulation),  zt = teacher_h W^T when soft labels are on
+//   k_topk (LossArgs::topk > 0), one block per row: the topk largest logits, the fp32 values of the bf16 z the loss
+//                       sees (descending, ties to the lower id; z is never modified: dz has its own buffer)
 //   k_loss_row, one block per row (a grid of num_sms blocks walking the rows), two passes over the row: online
 //   log-sum-exp, then KL and dz:
 //                       ce = logsumexp(z) - z_y;  correct = (argmax z == y, first index on ties)
@@ -233,6 +235,109 @@ __global__ void __launch_bounds__(kRowThreads) k_loss_row(LossRowParams p) {
   }
 }
 
+// ---- top-k (LossArgs::topk: DFlash2's candidates) ------------------------------------------------------------------
+// k_topk: one CTA of kTopkThreads per row of the chunk's bf16 logits, read once (row_for_each: 16-byte loads, each
+// thread its groups of 8 in increasing id). Each thread keeps the KM >= k largest values of its slice sorted in
+// registers (descending; a value enters only above the list's last one and goes after equal ones, which have lower
+// ids: ties to the lower id). Then k rounds of a block-wide (value descending, id ascending) argmax over the
+// threads' list heads write the winner and pop it from its thread's list. Work per thread: V / 256 compares plus an
+// insertion of ~KM selects for each value that beats its current KM-th largest (about KM ln(V / 256 KM) + KM of
+// them for logits in no particular id order). NaN logits are never picked.
+constexpr int kTopkThreads = 256;
+
+template <int KM>
+struct TopList {
+  float v[KM];
+  int id[KM];
+  __device__ __forceinline__ void init() {
+    DFLASH_UNROLL
+    for (int i = 0; i < KM; ++i) {
+      v[i] = -INFINITY;
+      id[i] = 0x7fffffff;
+    }
+  }
+  // x with an id above every id in the list
+  __device__ __forceinline__ void add(float x, int xi) {
+    if (!(x > v[KM - 1])) return;
+    DFLASH_UNROLL
+    for (int i = KM - 1; i > 0; --i) {  // v[i] is still the old value when step i reads it
+      if (x > v[i - 1]) {
+        v[i] = v[i - 1];
+        id[i] = id[i - 1];
+      } else if (x > v[i]) {
+        v[i] = x;
+        id[i] = xi;
+      }
+    }
+    if (x > v[0]) {
+      v[0] = x;
+      id[0] = xi;
+    }
+  }
+  __device__ __forceinline__ void pop() {
+    DFLASH_UNROLL
+    for (int i = 0; i + 1 < KM; ++i) {
+      v[i] = v[i + 1];
+      id[i] = id[i + 1];
+    }
+    v[KM - 1] = -INFINITY;
+    id[KM - 1] = 0x7fffffff;
+  }
+};
+
+// (v, i) = the larger of the warp's pairs, by value, then by lower id; every lane gets it.
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+// Row r of z [rows, V]: ids / vals [rows, k] (the chunk's rows).
+template <int KM>
+__global__ void __launch_bounds__(kTopkThreads) k_topk(const bf16* z, int64_t V, int k, int* ids, float* vals) {
+  __shared__ float s_v[32];
+  __shared__ int s_i[32];
+  __shared__ int s_win;
+  const int64_t r = blockIdx.x;
+  TopList<KM> t;
+  t.init();
+  row_for_each<false>(
+      z + r * V, V,
+      [&](int v, const float (&x)[8]) {
+        DFLASH_UNROLL
+        for (int u = 0; u < 8; ++u) t.add(x[u], v + u);
+      },
+      [&](int v, float x) { t.add(x, v); });
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int j = 0; j < k; ++j) {
+    float bv = t.v[0];
+    int bi = t.id[0];
+    warp_argmax(bv, bi);
+    if (lane == 0) {
+      s_v[w] = bv;
+      s_i[w] = bi;
+    }
+    __syncthreads();
+    if (w == 0) {
+      bv = lane < nw ? s_v[lane] : -INFINITY;
+      bi = lane < nw ? s_i[lane] : 0x7fffffff;
+      warp_argmax(bv, bi);
+      if (lane == 0) {
+        s_win = bi;
+        ids[r * k + j] = bi;
+        vals[r * k + j] = bv;
+      }
+    }
+    __syncthreads();
+    if (t.id[0] == s_win) t.pop();  // ids are distinct: one thread holds the winner
+  }
+}
+
 }  // namespace
 
 LossStats lm_head_loss(Env& e, const LossArgs& a) {
@@ -252,6 +357,16 @@ LossStats lm_head_loss(Env& e, const LossArgs& a) {
     check_dev(op, a.teacher_h, "teacher_h", DType::BF16);
     DFLASH_CHECK(a.teacher_h.rows() == Rs && a.teacher_h.dim(-1) == H, op, ": teacher_h ",
                  shape_str(a.teacher_h.shape), " for ", Rs, " rows");
+  }
+  const int64_t K = a.topk;
+  if (K > 0) {
+    DFLASH_CHECK(K <= V && K <= 32, op, ": topk ", K, " for a ", V,
+                 "-token vocabulary (the CUDA top-k takes at most 32)");
+    check_dev(op, a.topk_ids, "topk_ids", DType::I32);
+    check_dev(op, a.topk_logits, "topk_logits", DType::F32);
+    DFLASH_CHECK(a.topk_ids.numel() == Rs * K && a.topk_logits.numel() == Rs * K, op, ": topk_ids ",
+                 shape_str(a.topk_ids.shape), " and topk_logits ", shape_str(a.topk_logits.shape), ", expected [", Rs,
+                 ", ", K, "]");
   }
   const bool grad = a.dh.defined();
   if (grad) {
@@ -277,6 +392,17 @@ LossStats lm_head_loss(Env& e, const LossArgs& a) {
     const Tensor hx_c = hx.slice(0, c);
     gather_rows(e, hx_c, a.h.reshape({R, H}), rows_c);
     gemm(e, false, true, c, V, H, hx_c.data, H, a.lm_head.data, H, 0.f, z.data, DType::BF16, V);
+    if (K > 0) {
+      const bf16* zc = static_cast<const bf16*>(z.data);
+      int* ids = a.topk_ids.ptr<int>() + c0 * K;
+      float* vals = a.topk_logits.ptr<float>() + c0 * K;
+      const unsigned grid = static_cast<unsigned>(c);
+      if (K <= 16)
+        DFLASH_LAUNCH(grid, kTopkThreads, 0, e.stream, k_topk<16>)(zc, V, static_cast<int>(K), ids, vals);
+      else
+        DFLASH_LAUNCH(grid, kTopkThreads, 0, e.stream, k_topk<32>)(zc, V, static_cast<int>(K), ids, vals);
+      check_launch("lm_head_loss_topk");
+    }
     if (teacher) {
       const Tensor th = a.teacher_h.reshape({Rs, H}).slice(c0, c0 + c);
       gemm(e, false, true, c, V, H, th.data, H, a.lm_head.data, H, 0.f, zt.data, DType::BF16, V);

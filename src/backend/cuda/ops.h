@@ -36,6 +36,8 @@ enum ErrBits : int {
   kErrAnchor = 8,        // dflash_attention: a valid block's anchor outside [0, S]
   kErrExpertId = 16,     // moe_group: an expert id outside [0, E)
   kErrScaleRow = 32,     // scale_rows: a row outside [0, R) or not after the previous one
+  kErrSelectorId = 64,   // candidate_selector: a row outside [0, R) (with gradients: or not after the previous
+                         // one), or a predecessor / candidate id outside [0, V)
 };
 // "embedding: token id outside [0, V); ..." for the bits set.
 std::string describe_error_bits(int bits);
@@ -156,9 +158,22 @@ void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64
 void gated_delta_init_attributes(int smem_optin);
 
 // ---- loss and optimizer -------------------------------------------------------------------------------------
-LossStats lm_head_loss(Env& e, const LossArgs& a);  // synchronises (the stats are host vectors)
+// Synchronises (the stats are host vectors). With a.topk > 0 (at most 32; topk_ids / topk_logits on the device) the
+// per-row top-k of the bf16 logits.
+LossStats lm_head_loss(Env& e, const LossArgs& a);
 void adamw(Env& e, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a,
            const Tensor& param_compute);
+
+// ---- DFlash2 (dynamic_conv.cu, candidate_selector.cu) ----------------------------------------------------------
+// Arguments checked by check_dynamic_conv / check_candidate_selector (whose dims they take). dynamic_conv takes at
+// most 8 taps. candidate_selector: index tensors, cand_logit, labels and weights on the device; a bad index zeroes
+// its row's scores and statistics, adds no gradient and sets kErrSelectorId. Synchronises when a.labels is defined
+// (the statistics are host vectors). The codebook gradients are scattered with fp32 atomics (their order, hence the
+// last bits, may vary from run to run).
+void dynamic_conv(Env& e, const DynConvArgs& a, const Tensor& y, const Tensor* res, const DynConvDims& d);
+void dynamic_conv_backward(Env& e, const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
+                           const Tensor& d_base, const DynConvDims& d);
+SelectorStats candidate_selector(Env& e, const SelectorArgs& a, const Tensor& scores, const SelectorDims& d);
 
 // A CUDA context whose shared-memory budget is capped at smem_cap_bytes (> 0) instead of the device's opt-in
 // limit: case C07 tests that a valid smaller configuration is chosen.
