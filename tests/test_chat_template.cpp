@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/sha256.h"
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "oracle_util.h"

@@ -17,6 +17,7 @@
 
 #include "backend/context.h"
 #include "core/fs.h"
+#include "core/sha256.h"
 #include "io/dataset.h"
 #include "io/hf_config.h"
 #include "io/prepare.h"
