@@ -6,9 +6,9 @@
 #include <cstdlib>
 
 #include "backend/context.h"
+#include "model/draft_batch.h"
 #include "model/drafter.h"
 #include "test_util.h"
-#include "train/draft_batch.h"
 
 using namespace dflash;
 using dflash::test::randn;

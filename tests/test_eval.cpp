@@ -14,9 +14,9 @@
 #include "eval/tau.h"
 #include "io/jsonl.h"
 #include "io/tokenizer.h"
+#include "model/draft_batch.h"
 #include "model/target.h"
 #include "test_util.h"
-#include "train/draft_batch.h"
 #include "train/optimizer.h"
 
 using namespace dflash;

@@ -7,10 +7,10 @@
 #include <thread>
 
 #include "backend/context.h"
+#include "model/draft_batch.h"
 #include "model/drafter.h"
 #include "model/target.h"
 #include "test_util.h"
-#include "train/draft_batch.h"
 #include "train/optimizer.h"
 
 using namespace dflash;

@@ -23,11 +23,11 @@
 #include "io/prepare.h"
 #include "io/tokenizer.h"
 #include "io/safetensors.h"
+#include "model/draft_batch.h"
 #include "model/export.h"
 #include "model/target.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
-#include "train/draft_batch.h"
 #include "train/trainer.h"
 #include "train_fixtures.h"
 
