@@ -43,17 +43,7 @@ namespace {
 
 using Fields = JsonFields;
 
-// transformers' get_mscale of _compute_yarn_parameters.
-double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
-
 }  // namespace
-
-double RopeScaling::attention_scaling() const {
-  if (kind != "yarn") return 1.0;
-  if (attention_factor > 0) return attention_factor;
-  if (mscale != 0 && mscale_all_dim != 0) return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
-  return yarn_mscale(factor, 1.0);
-}
 
 RopeScaling parse_rope_scaling(const json& r, const std::string& src, const std::string& name, int64_t max_positions) {
   DFLASH_CHECK(r.is_object(), src, ": ", name, ": expected an object, got ", r.dump());
