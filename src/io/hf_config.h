@@ -1,6 +1,7 @@
 // io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
 // defines: Arch, AttentionSpec, TokenMixer, LayerSpec, MoeConfig, LinearAttnConfig, ModelConfig,
-//          load_model_config, parse_model_config, parse_rope_scaling, rope_scaling_json, default_target_layer_ids,
+//          load_model_config, parse_model_config, parse_rope_scaling, rope_scaling_json, to_json / from_json
+//          (RopeScaling), default_target_layer_ids,
 //          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
 //
 // What differs between architectures (their config keys and defaults, nested text_config, weight names, which
@@ -152,6 +153,11 @@ RopeScaling parse_rope_scaling(const nlohmann::json& r, const std::string& src, 
 // The Hugging Face rope_scaling object of `rs` (rope_type and the keys of its kind; yarn's optional keys only when
 // given), null for kind "none": what an exported drafter's config.json carries.
 nlohmann::json rope_scaling_json(const RopeScaling& rs);
+// RopeScaling as dflash's checkpoints store it (DrafterConfig's "rope_scaling", model/drafter.cpp): every member
+// under its own name. Reading: kind, factor, low_freq_factor, high_freq_factor and original_max_position_embeddings
+// are required; YaRN's keys, absent in checkpoints written before YaRN, keep the struct's defaults.
+void to_json(nlohmann::json& j, const RopeScaling& rs);
+void from_json(const nlohmann::json& j, RopeScaling& rs);
 
 // Spec 1: nf == 1 -> [Lt/2]; else ids[i] = round(1 + i*(Lt-4)/(nf-1)).
 std::vector<int64_t> default_target_layer_ids(int64_t num_target_layers, int64_t nf);
