@@ -6,7 +6,7 @@
 #include <cmath>
 #include <mutex>
 
-#include "io/hf_config.h"
+#include "core/rope_scaling.h"
 
 namespace dflash {
 

@@ -1,6 +1,7 @@
 // io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
-// defines: Arch, RopeScaling, AttentionSpec, TokenMixer, LayerSpec, MoeConfig, LinearAttnConfig, ModelConfig,
-//          load_model_config, parse_model_config, parse_rope_scaling, rope_scaling_json, default_target_layer_ids,
+// defines: Arch, AttentionSpec, TokenMixer, LayerSpec, MoeConfig, LinearAttnConfig, ModelConfig,
+//          load_model_config, parse_model_config, parse_rope_scaling, rope_scaling_json, to_json / from_json
+//          (RopeScaling), default_target_layer_ids,
 //          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
 //
 // What differs between architectures (their config keys and defaults, nested text_config, weight names, which
@@ -13,6 +14,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/rope_scaling.h"  // RopeScaling
+
 namespace dflash {
 
 // The target families (io/model_family.h describes each).
@@ -24,29 +27,6 @@ enum class Arch {
 };
 // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next", ...
 const char* arch_name(Arch a);
-
-// rope_scaling of config.json. kind "none" = plain RoPE; "llama3" = Llama-3.1 frequency-dependent scaling
-// (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); "linear" = positions / factor;
-// "yarn" = YaRN (arXiv 2309.00071; transformers' _compute_yarn_parameters: factor, original_max_position_embeddings,
-// beta_fast, beta_slow, truncate, and attention_factor or mscale / mscale_all_dim). Any other rope_type is refused
-// by name.
-struct RopeScaling {
-  std::string kind = "none";
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
-  // yarn only, with transformers' defaults (beta_fast 32, beta_slow 1, truncate true); 0 = a key not given
-  double beta_fast = 32.0, beta_slow = 1.0;
-  bool truncate = true;
-  double attention_factor = 0.0, mscale = 0.0, mscale_all_dim = 0.0;
-  // YaRN's attention factor: the attention_factor given, else get_mscale(factor, mscale) /
-  // get_mscale(factor, mscale_all_dim) when both are given, else get_mscale(factor) = 0.1 ln(factor) + 1 (1 for
-  // factor <= 1); 1 for every other kind. transformers multiplies cos and sin by it, i.e. q and k, so the attention
-  // scores grow by its square: dflash folds that square into the softmax scale (model/target/attention.cpp,
-  // model/drafter.cpp) and leaves the RoPE op plain.
-  double attention_scaling() const;
-};
 
 // The token mixer of one target layer: causal softmax attention (GQA, RoPE) and its options. The options later
 // families add (an output gate, partial rotary; linear attention as another mixer) join here. YaRN's attention
@@ -173,6 +153,11 @@ RopeScaling parse_rope_scaling(const nlohmann::json& r, const std::string& src, 
 // The Hugging Face rope_scaling object of `rs` (rope_type and the keys of its kind; yarn's optional keys only when
 // given), null for kind "none": what an exported drafter's config.json carries.
 nlohmann::json rope_scaling_json(const RopeScaling& rs);
+// RopeScaling as dflash's checkpoints store it (DrafterConfig's "rope_scaling", model/drafter.cpp): every member
+// under its own name. Reading: kind, factor, low_freq_factor, high_freq_factor and original_max_position_embeddings
+// are required; YaRN's keys, absent in checkpoints written before YaRN, keep the struct's defaults.
+void to_json(nlohmann::json& j, const RopeScaling& rs);
+void from_json(const nlohmann::json& j, RopeScaling& rs);
 
 // Spec 1: nf == 1 -> [Lt/2]; else ids[i] = round(1 + i*(Lt-4)/(nf-1)).
 std::vector<int64_t> default_target_layer_ids(int64_t num_target_layers, int64_t nf);

@@ -32,10 +32,10 @@
 #include "backend/cuda/ops.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "model/draft_batch.h"
 #include "model/draft_loss.h"
 #include "model/drafter.h"
 #include "model/target.h"
-#include "train/draft_batch.h"
 #include "train/optimizer.h"
 
 using namespace dflash;
