@@ -324,7 +324,7 @@ TEST(Mxfp4, GroupedLinearEqualsTheDequantisedWeights) {
     Tensor off = cpu_empty(DType::I32, {E + 1}), rows = cpu_empty(DType::I32, {T * k}), slot = cpu_empty(DType::I32, {T * k});
     ctx->moe_group(idx, off, rows, slot);
     const Tensor x = test::randn({T, K}, 21, 1.0, dt);
-    for (MoeAct act : {MoeAct::None, MoeAct::SwiGLU, MoeAct::GptOssGLU}) {
+    for (MoeAct act : {MoeAct::None, MoeAct::SwiGLU, MoeAct::ClampedSwiGLU}) {
       const int64_t Nw = act == MoeAct::None ? N : 2 * N;
       RandomMxfp4 m = random_mxfp4(E, Nw, K, 22, dt);
       for (bool bias : {false, true}) {
@@ -362,7 +362,7 @@ TEST(GptOssExperts, ClampedGluWithBiasesPerRow) {
   MoeWeights w = test::randn({E, 2 * N, K}, 32, 1.5, DType::F64);
   w.bias = test::randn({E, 2 * N}, 33, 2.0, DType::F64);
   Tensor y = cpu_empty(DType::F64, {T, N});
-  ctx->moe_linear(x, &rows, w, off, y, MoeAct::GptOssGLU);
+  ctx->moe_linear(x, &rows, w, off, y, MoeAct::ClampedSwiGLU);
   int clamped_g = 0, clamped_u = 0;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t e = idx.ptr<int32_t>()[t], r = slot.ptr<int32_t>()[t];
