@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
     }
 
     // ---- the grouped expert GEMM alone, on the routing of the packed tokens at layer 0's router ----
-    if (cfg.moe.gpt_oss_experts) {  // (biases, MXFP4: the rows of --experts measure gpt-oss's GEMMs)
+    if (cfg.moe.expert_bias) {  // (biases, MXFP4: the rows of --experts measure gpt-oss's GEMMs)
       note("gpt-oss experts: the expert GEMM rows are bench_moe --experts H,I,E,k");
       return 0;
     }

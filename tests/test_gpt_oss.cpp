@@ -1,7 +1,7 @@
 // gpt-oss (issue 36) on the CPU, beside the goldens of tests/test_target.cpp: the published configs (gpt-oss-20b,
 // gpt-oss-120b and GptOssConfig's defaults) and their plan, parameters and MXFP4 bytes; YaRN's frequencies and
 // attention factor (transformers' _compute_yarn_parameters); MXFP4 against the e2m1 table with hand-made bytes; the
-// grouped expert GEMM with MXFP4 weights, biases and the gpt-oss GLU against per-row loops; causal attention with a
+// grouped expert GEMM with MXFP4 weights, biases and the clamped SwiGLU against per-row loops; causal attention with a
 // sliding window and sinks against a direct softmax; a checkpoint in MXFP4 against the same weights dequantised into
 // Hugging Face's bf16 layout (the interleaved gate / up columns); random gpt-oss targets through every forward path;
 // loader refusals; `dflash info`; and speculative decoding and batched generation through the gpt-oss KV cache.
@@ -99,13 +99,16 @@ TEST(GptOssConfig, Published20B) {
   EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
   EXPECT_FALSE(c.rope_scaling.truncate);
   EXPECT_NEAR(c.rope_scaling.attention_scaling(), 0.1 * std::log(32.0) + 1.0, 1e-15);  // 1.3466
-  EXPECT_EQ(c.quant_method, "mxfp4");
+  EXPECT_EQ(c.moe.expert_format, WeightFormat::MXFP4);
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{200002}));
   EXPECT_EQ(c.moe.num_experts, 32);
   EXPECT_EQ(c.moe.top_k, 4);
   EXPECT_EQ(c.moe.expert_width, 2880);
   EXPECT_TRUE(c.moe.norm_topk_prob);
-  EXPECT_TRUE(c.moe.gpt_oss_experts);
+  EXPECT_EQ(c.moe.router, RouterKind::TopKSoftmax);
+  EXPECT_TRUE(c.moe.router_bias && c.moe.expert_bias);
+  EXPECT_EQ(c.moe.act, ExpertAct::ClampedSwiGLU);
+  EXPECT_EQ(family_of(c.arch).names.experts_layout, ExpertsLayout::InterleavedColumns);
   ASSERT_EQ(c.layers.size(), 24u);
   for (int64_t l = 0; l < 24; ++l) {
     const LayerSpec s = c.layer(l);
@@ -166,7 +169,7 @@ TEST(GptOssConfig, Published120BAndTheConfigClassDefaults) {
   EXPECT_EQ(d.rope_scaling.original_max_position_embeddings, 4096);
   EXPECT_TRUE(d.attention_bias);
   EXPECT_EQ(d.sliding_window, 128);
-  EXPECT_TRUE(d.quant_method.empty());  // bf16 experts
+  EXPECT_EQ(d.moe.expert_format, WeightFormat::Plain);  // bf16 experts
   EXPECT_EQ(d.layer(0).attention.sliding_window, 128);
   EXPECT_EQ(d.layer(1).attention.sliding_window, 0);
   EXPECT_EQ(d.layer(35).attention.sliding_window, 0);
@@ -351,7 +354,8 @@ TEST(Mxfp4, GroupedLinearEqualsTheDequantisedWeights) {
   }
 }
 
-// The gpt-oss GLU with biases against the formula per row, on values that reach both clamps (|g|, |u| up to ~20).
+// The clamped SwiGLU (gpt-oss's) with biases against the formula per row, on values that reach both clamps (|g|, |u|
+// up to ~20).
 TEST(GptOssExperts, ClampedGluWithBiasesPerRow) {
   auto ctx = make_context("cpu64");
   const int64_t T = 5, K = 8, N = 4, E = 2;
@@ -510,8 +514,8 @@ TEST(GptOssLoad, Mxfp4EqualsItsDequantisationInTheBf16Layout) {
   auto ctx = make_context("cpu");
   auto mx = Target::load(golden("target_gpt_oss_mxfp4"), *ctx);
   auto bf = Target::load(tmp.path, *ctx);
-  EXPECT_EQ(mx->config().quant_method, "mxfp4");
-  EXPECT_TRUE(bf->config().quant_method.empty());
+  EXPECT_EQ(mx->config().moe.expert_format, WeightFormat::MXFP4);
+  EXPECT_EQ(bf->config().moe.expert_format, WeightFormat::Plain);
   EXPECT_EQ(mx->weights().layers[0].moe.gate_up.w.dtype, DType::U8);  // kept in MXFP4
   EXPECT_EQ(mx->weights().layers[0].moe.gate_up.w.shape, (Shape{8, 64, 32}));
   EXPECT_EQ(mx->weights().layers[0].moe.gate_up.scales.shape, (Shape{8, 64, 2}));
@@ -631,9 +635,9 @@ TEST(GptOssInfo, PlanSlidingAndFullLayersAndMxfp4Bytes) {
   EXPECT_EQ(o["layers"][0]["layers"], "0 of every 2");
   EXPECT_EQ(o["layers"][1]["layers"], "1 of every 2");
   const std::string sliding = "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of "
-                              "width 2880 (top-k renormalised; gpt-oss GLU, biases; MXFP4)",
+                              "width 2880 (top-k renormalised; clamped SwiGLU, biases; MXFP4)",
                     full = "attention (q/k/v bias, o bias, sinks) + MoE 32 experts top-4 of width 2880 (top-k "
-                           "renormalised; gpt-oss GLU, biases; MXFP4)";
+                           "renormalised; clamped SwiGLU, biases; MXFP4)";
   EXPECT_EQ(o["layers"][0]["plan"], sliding);
   EXPECT_EQ(o["layers"][1]["plan"], full);
   const TargetParams p = target_params(parse_model_config(gpt_oss_20b(), "x"));
