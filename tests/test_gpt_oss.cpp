@@ -531,6 +531,29 @@ TEST(GptOssLoad, Mxfp4EqualsItsDequantisationInTheBf16Layout) {
 }
 
 // A checkpoint whose experts disagree with its config.json is refused naming the tensor and the key.
+// The layout conversions of ExpertsLayout::InterleavedColumns (io/model_family.h): gate / up rows interleaved
+// (GptOssExperts._apply_gate's ::2 / 1::2) to gate rows first, in any dtype; columns [E, K, N] to rows [E, N, K].
+TEST(GptOssLoad, InterleavedColumnsLayoutConversions) {
+  const int64_t E = 2, I = 3, C = 5;
+  Tensor t = cpu_empty(DType::U8, {E, 2 * I, C});
+  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<uint8_t>()[i] = static_cast<uint8_t>(i / C);  // its row e 2I + j
+  const Tensor g = gate_up_rows_first(t);
+  ASSERT_EQ(g.shape, t.shape);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t j = 0; j < 2 * I; ++j)
+      for (int64_t c = 0; c < C; ++c)
+        EXPECT_EQ(g.ptr<uint8_t>()[(e * 2 * I + j) * C + c], e * 2 * I + (j < I ? 2 * j : 2 * (j - I) + 1))
+            << "expert " << e << " row " << j;
+  Tensor cols = cpu_empty(DType::F32, {E, 3, 4});
+  for (int64_t i = 0; i < cols.numel(); ++i) cols.ptr<float>()[i] = static_cast<float>(i);
+  const Tensor rows = columns_to_rows(cols);
+  ASSERT_EQ(rows.shape, (Shape{E, 4, 3}));
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t n = 0; n < 4; ++n)
+      for (int64_t k = 0; k < 3; ++k)
+        EXPECT_EQ(rows.ptr<float>()[(e * 4 + n) * 3 + k], cols.ptr<float>()[(e * 3 + k) * 4 + n]);
+}
+
 TEST(GptOssLoad, RefusesExpertsThatDisagreeWithTheConfig) {
   auto ctx = make_context("cpu");
   auto msg = [&](const std::string& dir) {

@@ -171,18 +171,18 @@ SplitLinearAttnProjections split_grouped_qkvz(const Tensor& qkvz, const Tensor& 
   out.ba = cpu_empty(ba.dtype, {2 * nv, H});
   const size_t row = qkvz.nbytes() / static_cast<size_t>(qkvz.shape[0]);
   // n rows from row s of `from` to row d of `to`
-  auto move = [row](const Tensor& to, int64_t d, const Tensor& from, int64_t s, int64_t n) {
+  auto copy_rows = [row](const Tensor& to, int64_t d, const Tensor& from, int64_t s, int64_t n) {
     std::memcpy(static_cast<uint8_t*>(to.data) + d * row, static_cast<const uint8_t*>(from.data) + s * row,
                 static_cast<size_t>(n) * row);
   };
   for (int64_t g = 0; g < nk; ++g) {
     const int64_t s = g * group;
-    move(out.qkv, g * dk, qkvz, s, dk);                   // q_g
-    move(out.qkv, kd + g * dk, qkvz, s + dk, dk);         // k_g
-    move(out.qkv, 2 * kd + g * vd, qkvz, s + 2 * dk, vd); // v_g
-    move(out.z, g * vd, qkvz, s + 2 * dk + vd, vd);       // z_g
-    move(out.ba, g * r, ba, g * 2 * r, r);                // b_g
-    move(out.ba, nv + g * r, ba, g * 2 * r + r, r);       // a_g
+    copy_rows(out.qkv, g * dk, qkvz, s, dk);                    // q_g
+    copy_rows(out.qkv, kd + g * dk, qkvz, s + dk, dk);          // k_g
+    copy_rows(out.qkv, 2 * kd + g * vd, qkvz, s + 2 * dk, vd);  // v_g
+    copy_rows(out.z, g * vd, qkvz, s + 2 * dk + vd, vd);        // z_g
+    copy_rows(out.ba, g * r, ba, g * 2 * r, r);                 // b_g
+    copy_rows(out.ba, nv + g * r, ba, g * 2 * r + r, r);        // a_g
   }
   return out;
 }
