@@ -17,6 +17,14 @@ using nlohmann::json;
 
 const char* arch_name(Arch a) { return family_of(a).model_type; }
 
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Plain: return "plain";
+    case WeightFormat::MXFP4: return "mxfp4";
+  }
+  return "plain";
+}
+
 LayerSpec ModelConfig::layer(int64_t l) const {
   DFLASH_CHECK(l >= 0 && l < num_hidden_layers, "layer ", l, " outside [0, ", num_hidden_layers, ")");
   if (!layers.empty()) return layers[static_cast<size_t>(l)];
