@@ -24,7 +24,8 @@
 //
 // --experts H,I,E,k (issue 36: gpt-oss-20b is 2880,2880,32,4; 120b 2880,2880,128,4): instead of the above, the
 // expert GEMMs of gpt-oss alone on synthetic weights, R = seqs x T tokens routed by random logits: rows
-//   gptoss_gemm_glu_{bf16,mxfp4}   gate+up with biases and the clamped GLU epilogue (MoeAct::GptOssGLU), x gathered;
+//   gptoss_gemm_glu_{bf16,mxfp4}   gate+up with biases and the clamped SwiGLU epilogue (MoeAct::ClampedSwiGLU), x
+//                                  gathered;
 //   gptoss_gemm_down_{bf16,mxfp4}  down with biases on the grouped rows;
 // bf16 weights N(0, 0.02); MXFP4 weights random e2m1 codes with e8m0 scales 2^-8 .. 2^-5 (the same bytes per
 // element as the published checkpoints: half a byte plus 1/32 of a scale byte).
@@ -127,8 +128,9 @@ void expert_gemms(Context& ctx, const std::string& spec, int64_t R, double budge
            flops / t.median_s / 1e12, flops / t.median_s / 1e12 / kPeakTflops, t.reps, (long long)(R * k));
     return t.median_s;
   };
-  const double g16 = row("gptoss_gemm_glu_bf16", [&] { ctx.moe_linear(x, &rows, gu, off, a, MoeAct::GptOssGLU); }, f_gu);
-  const double g4 = row("gptoss_gemm_glu_mxfp4", [&] { ctx.moe_linear(x, &rows, guq, off, a, MoeAct::GptOssGLU); }, f_gu);
+  const MoeAct glu = MoeAct::ClampedSwiGLU;
+  const double g16 = row("gptoss_gemm_glu_bf16", [&] { ctx.moe_linear(x, &rows, gu, off, a, glu); }, f_gu);
+  const double g4 = row("gptoss_gemm_glu_mxfp4", [&] { ctx.moe_linear(x, &rows, guq, off, a, glu); }, f_gu);
   const double d16 = row("gptoss_gemm_down_bf16", [&] { ctx.moe_linear(a, nullptr, dn, off, y, MoeAct::None); }, f_dn);
   const double d4 = row("gptoss_gemm_down_mxfp4", [&] { ctx.moe_linear(a, nullptr, dnq, off, y, MoeAct::None); }, f_dn);
   result("name=gptoss_gemm_mxfp4_vs_bf16 impl=dflash glu=%.3f down=%.3f both=%.3f", g16 / g4, d16 / d4,
@@ -206,7 +208,7 @@ int main(int argc, char** argv) {
     }
 
     // ---- the grouped expert GEMM alone, on the routing of the packed tokens at layer 0's router ----
-    if (cfg.moe.gpt_oss_experts) {  // (biases, MXFP4: the rows of --experts measure gpt-oss's GEMMs)
+    if (cfg.moe.expert_bias) {  // (biases, MXFP4: the rows of --experts measure gpt-oss's GEMMs)
       note("gpt-oss experts: the expert GEMM rows are bench_moe --experts H,I,E,k");
       return 0;
     }

@@ -36,8 +36,8 @@
 
 #include "bench_util.h"
 #include "core/rng.h"
+#include "model/draft_batch.h"
 #include "model/drafter.h"
-#include "train/draft_batch.h"
 #include "train/optimizer.h"
 
 using namespace dflash;

@@ -28,7 +28,7 @@ import sys
 
 # ---- the case -----------------------------------------------------------------------------------------------------
 H, V, B, N = 8, 13, 4, 4  # hidden, vocab, block size, blocks (the last one a padding block)
-GAMMA = 4.0  # spec 2.4's gamma for B = 8 and below (train/draft_batch.h default_gamma)
+GAMMA = 4.0  # spec 2.4's gamma for B = 8 and below (model/draft_batch.h default_gamma)
 KL_WEIGHT = 0.15
 ALPHAS = [0.5, 0.3]  # the default, and another to show alpha's effect
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <mutex>
 
-#include "io/hf_config.h"
+#include "core/rope_scaling.h"
 
 namespace dflash {
 
@@ -84,7 +84,7 @@ MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWei
   need(w.defined() && w.dtype == (mx ? DType::U8 : dt) && w.ndim() == 3, op, "w", w,
        mx ? std::string("U8 [E, N', K/2] (MXFP4 with scales)") : cat(dtype_name(dt), " [E, N', K]"));
   const int64_t E = w.shape[0], Nw = w.shape[1], K = mx ? 2 * w.shape[2] : w.shape[2], N = gated ? Nw / 2 : Nw;
-  DFLASH_CHECK(!gated || Nw % 2 == 0, op, ": ", act == MoeAct::SwiGLU ? "SwiGLU" : "GptOssGLU",
+  DFLASH_CHECK(!gated || Nw % 2 == 0, op, ": ", act == MoeAct::SwiGLU ? "SwiGLU" : "ClampedSwiGLU",
                " needs w [E, 2N, K], got ", shape_str(w.shape));
   if (mx) {
     DFLASH_CHECK(K % 32 == 0, op, ": MXFP4 weights need K % 32 == 0 (one scale per 32 elements), got K = ", K);
@@ -112,7 +112,7 @@ const char* moe_linear_op_name(MoeAct act, const MoeWeights& w) {
   switch (act) {
     case MoeAct::None: return mx ? "moe_linear_mxfp4" : "moe_linear";
     case MoeAct::SwiGLU: return mx ? "moe_linear_swiglu_mxfp4" : "moe_linear_swiglu";
-    case MoeAct::GptOssGLU: return mx ? "moe_linear_gptoss_glu_mxfp4" : "moe_linear_gptoss_glu";
+    case MoeAct::ClampedSwiGLU: return mx ? "moe_linear_clamped_swiglu_mxfp4" : "moe_linear_clamped_swiglu";
   }
   return "moe_linear";
 }

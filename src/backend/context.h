@@ -153,11 +153,14 @@ class Event {
 enum class MoeAct {
   None,       // y = a W_e^T (+ b_e)
   SwiGLU,     // y = silu(g) * u,  g = a G_e^T (+ b_g), u = a U_e^T (+ b_u); W_e = [G_e ; U_e] (gate rows first)
-  GptOssGLU,  // gpt-oss (transformers' GptOssExperts._apply_gate), g and u as SwiGLU (biases added first):
-              //   g = min(g, 7), u = clamp(u, -7, 7), y = (u + 1) * g * sigmoid(1.702 g)
-              // (the checkpoint's interleaved gate/up columns ::2 / 1::2 are de-interleaved by the loader into the
-              // gate-rows-first layout)
+  ClampedSwiGLU,  // g and u as SwiGLU (biases added first), clamped at L = kClampedSwiGLULimit, alpha =
+                  // kClampedSwiGLUAlpha: g = min(g, L), u = clamp(u, -L, L), y = (u + 1) * g * sigmoid(alpha g)
+                  // (vLLM's "swigluoai", llama.cpp's SWIGLU_OAI; gpt-oss's experts use it: transformers'
+                  // GptOssExperts._apply_gate)
 };
+// The parameters of MoeAct::ClampedSwiGLU, fixed at compile time (the kernels' epilogue constants).
+inline constexpr double kClampedSwiGLUAlpha = 1.702;
+inline constexpr double kClampedSwiGLULimit = 7.0;
 
 // The expert weights of Context::moe_linear: plain, or MXFP4 (OCP Microscaling Formats v1.0: e2m1 elements, one
 // e8m0 scale per 32 consecutive elements along K), each with an optional bias. N' = N for MoeAct::None, 2N for the
@@ -356,7 +359,7 @@ class Context {
   // MoeWeights), b = w.bias[e] or 0, and
   //   act None:      y[r] = a W^T + b                          W [N, K],   y [R, N]
   //   act SwiGLU:    y[r] = silu(g) * u                        W [2N, K]:  g = a W[0:N]^T + b[0:N], u = a W[N:2N]^T + b[N:2N]
-  //   act GptOssGLU: y[r] = (clamp(u, -7, 7) + 1) * min(g, 7) * sigmoid(1.702 min(g, 7)), g, u as SwiGLU
+  //   act ClampedSwiGLU: y[r] = (clamp(u, -7, 7) + 1) * min(g, 7) * sigmoid(1.702 min(g, 7)), g, u as SwiGLU
   // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host.
   virtual void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                           const Tensor& y, MoeAct act) = 0;
@@ -465,8 +468,8 @@ void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& row
 // moe_linear: MXFP4 weights need U8 w [E, N', K/2] and scales [E, N', K/32] with K % 32 == 0; a bias [E, N'] of dt.
 MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                                const Tensor& y, MoeAct act, DType dt);
-// The name moe_linear is profiled under: "moe_linear", "moe_linear_swiglu" or "moe_linear_gptoss_glu", with "_mxfp4"
-// for MXFP4 weights.
+// The name moe_linear is profiled under: "moe_linear", "moe_linear_swiglu" or "moe_linear_clamped_swiglu", with
+// "_mxfp4" for MXFP4 weights.
 const char* moe_linear_op_name(MoeAct act, const MoeWeights& w);
 // attention_causal's options (CausalAttnOpts): window >= 0, sinks undefined or F32 [nh] (nh = q's heads). `op` names
 // the op in the error.

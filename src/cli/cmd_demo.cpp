@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/output_dir.h"
 #include "core/run_lock.h"
+#include "core/sha256.h"
 #include "eval/generate.h"
 #include "eval/tau.h"
 #include "io/dataset.h"

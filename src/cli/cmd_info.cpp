@@ -26,7 +26,7 @@ using ojson = nlohmann::ordered_json;
 
 // One layer's plan in words: "attention (qk-norm) + MoE 128 experts top-8 of width 768",
 // "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of width 2880 (top-k
-// renormalised; gpt-oss GLU, biases; MXFP4)".
+// renormalised; clamped SwiGLU, biases; MXFP4)".
 std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   std::string a = "attention";
   std::vector<std::string> opts;
@@ -46,8 +46,10 @@ std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense SwiGLU of width ", s.mlp_width);
   std::vector<std::string> notes;
   if (c.moe.norm_topk_prob) notes.push_back("top-k renormalised");
-  if (c.moe.gpt_oss_experts) notes.push_back("gpt-oss GLU, biases");
-  if (c.quant_method == "mxfp4") notes.push_back("MXFP4");
+  std::string act = c.moe.act == ExpertAct::ClampedSwiGLU ? "clamped SwiGLU" : "";
+  if (c.moe.router_bias || c.moe.expert_bias) act += act.empty() ? "biases" : ", biases";
+  if (!act.empty()) notes.push_back(act);
+  if (c.moe.expert_format == WeightFormat::MXFP4) notes.push_back("MXFP4");
   std::string m = cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width);
   for (size_t i = 0; i < notes.size(); ++i) m += (i ? "; " : " (") + notes[i] + (i + 1 == notes.size() ? ")" : "");
   if (c.moe.shared_expert_width > 0) m += cat(" + shared expert of width ", c.moe.shared_expert_width);
@@ -137,7 +139,7 @@ ojson config_json(const ModelConfig& c) {
   const TargetParams p = target_params(c);
   j["params"] = {{"total", p.total}, {"active_per_token", p.active}, {"embedding", p.embedding}};
   j["device_weight_bytes_bf16"] = p.bf16_bytes();
-  if (!c.quant_method.empty()) j["quant_method"] = c.quant_method;
+  if (c.moe.expert_format != WeightFormat::Plain) j["quant_method"] = weight_format_name(c.moe.expert_format);
   j["params"]["mxfp4"] = p.mxfp4;
   j["device_weight_bytes"] = p.device_bytes();  // MXFP4 experts kept in MXFP4
   try {

@@ -1,5 +1,5 @@
 // core/fs.h — files: read-only memory maps, crash-safe writes, small helpers.
-// defines: MappedFile, AtomicFile, write_file_atomic, read_file, file_exists, make_dirs, sha256_hex, free_bytes,
+// defines: MappedFile, AtomicFile, write_file_atomic, read_file, file_exists, make_dirs, free_bytes,
 //          tree_size, format_bytes
 #pragma once
 #include <cstdint>
@@ -55,8 +55,6 @@ bool dir_exists(const std::string& path);
 void make_dirs(const std::string& path);  // mkdir -p
 // Flushes a directory entry (after rename) to disk.
 void fsync_dir(const std::string& dir);
-// SHA-256 of bytes as 64 lower-case hex digits (libcrypto).
-std::string sha256_hex(std::string_view bytes);
 // "dir/name" with exactly one separator.
 std::string path_join(const std::string& dir, const std::string& name);
 // Bytes an unprivileged writer may still write on the file system that holds `path` (statvfs: f_bavail x

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
-#include "train/draft_batch.h"
+#include "model/draft_batch.h"
 
 namespace dflash {
 

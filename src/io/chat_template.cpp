@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/fs.h"
+#include "core/sha256.h"
 #include "io/jinja/template.h"
 #include "io/tokenizer.h"
 #include "io/unicode_nfc.h"

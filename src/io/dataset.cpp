@@ -2,7 +2,6 @@
 #include "io/dataset.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/output_dir.h"
+#include "core/sha256.h"
 
 namespace dflash {
 
@@ -36,35 +36,22 @@ std::string shard_name(size_t k, const char* ext) {
   return buf;
 }
 
-std::string hex(const unsigned char* md, unsigned len) {
-  static const char* h = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) {
-    out.push_back(h[md[i] >> 4]);
-    out.push_back(h[md[i] & 15]);
-  }
-  return out;
-}
-
 // A buffered output file that hashes what it writes (SHA-256).
 class HashedOut {
  public:
   explicit HashedOut(std::string path) : path_(std::move(path)) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     DFLASH_CHECK(fd_ >= 0, path_, ": cannot create: ", std::strerror(errno));
-    ctx_ = EVP_MD_CTX_new();
-    DFLASH_CHECK(ctx_ && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1, "SHA-256 init failed");
     buf_.reserve(kBuf);
   }
   ~HashedOut() {
     if (fd_ >= 0) ::close(fd_);
-    if (ctx_) EVP_MD_CTX_free(ctx_);
   }
   HashedOut(const HashedOut&) = delete;
   HashedOut& operator=(const HashedOut&) = delete;
 
   void write(const void* p, size_t n) {
-    DFLASH_CHECK(EVP_DigestUpdate(ctx_, p, n) == 1, "SHA-256 update failed");
+    sha_.update(p, n);
     bytes_ += n;
     const char* c = static_cast<const char*>(p);
     if (buf_.size() + n > kBuf) flush();
@@ -80,10 +67,7 @@ class HashedOut {
     DFLASH_CHECK(::fsync(fd_) == 0, path_, ": fsync failed: ", std::strerror(errno));
     ::close(fd_);
     fd_ = -1;
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned len = 0;
-    DFLASH_CHECK(EVP_DigestFinal_ex(ctx_, md, &len) == 1, "SHA-256 final failed");
-    return hex(md, len);
+    return sha_.hex_digest();
   }
   uint64_t bytes() const { return bytes_; }
 
@@ -104,7 +88,7 @@ class HashedOut {
   }
   std::string path_;
   int fd_ = -1;
-  EVP_MD_CTX* ctx_ = nullptr;
+  Sha256 sha_;
   std::vector<char> buf_;
   uint64_t bytes_ = 0;
 };

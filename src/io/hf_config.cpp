@@ -17,6 +17,14 @@ using nlohmann::json;
 
 const char* arch_name(Arch a) { return family_of(a).model_type; }
 
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Plain: return "plain";
+    case WeightFormat::MXFP4: return "mxfp4";
+  }
+  return "plain";
+}
+
 LayerSpec ModelConfig::layer(int64_t l) const {
   DFLASH_CHECK(l >= 0 && l < num_hidden_layers, "layer ", l, " outside [0, ", num_hidden_layers, ")");
   if (!layers.empty()) return layers[static_cast<size_t>(l)];
@@ -43,17 +51,25 @@ namespace {
 
 using Fields = JsonFields;
 
-// transformers' get_mscale of _compute_yarn_parameters.
-double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+// RopeScaling's checkpoint keys, for both directions (fields_to_json / fields_from_json): f(key, member, required).
+const auto rope_scaling_fields = [](auto& rs, auto&& f) {
+  f("kind", rs.kind, true);
+  f("factor", rs.factor, true);
+  f("low_freq_factor", rs.low_freq_factor, true);
+  f("high_freq_factor", rs.high_freq_factor, true);
+  f("original_max_position_embeddings", rs.original_max_position_embeddings, true);
+  f("beta_fast", rs.beta_fast, false);  // YaRN's keys: absent in checkpoints written before YaRN
+  f("beta_slow", rs.beta_slow, false);
+  f("truncate", rs.truncate, false);
+  f("attention_factor", rs.attention_factor, false);
+  f("mscale", rs.mscale, false);
+  f("mscale_all_dim", rs.mscale_all_dim, false);
+};
 
 }  // namespace
 
-double RopeScaling::attention_scaling() const {
-  if (kind != "yarn") return 1.0;
-  if (attention_factor > 0) return attention_factor;
-  if (mscale != 0 && mscale_all_dim != 0) return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
-  return yarn_mscale(factor, 1.0);
-}
+void to_json(json& j, const RopeScaling& rs) { fields_to_json(j, rs, rope_scaling_fields); }
+void from_json(const json& j, RopeScaling& rs) { fields_from_json(j, rs, rope_scaling_fields); }
 
 RopeScaling parse_rope_scaling(const json& r, const std::string& src, const std::string& name, int64_t max_positions) {
   DFLASH_CHECK(r.is_object(), src, ": ", name, ": expected an object, got ", r.dump());

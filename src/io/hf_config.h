@@ -1,6 +1,7 @@
 // io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
-// defines: Arch, RopeScaling, AttentionSpec, TokenMixer, LayerSpec, MoeConfig, LinearAttnConfig, ModelConfig,
-//          load_model_config, parse_model_config, parse_rope_scaling, rope_scaling_json, default_target_layer_ids,
+// defines: Arch, AttentionSpec, TokenMixer, ChannelMixer, LayerSpec, WeightFormat, weight_format_name, RouterKind,
+//          ExpertAct, MoeConfig, LinearAttnConfig, LayerType, ModelConfig, load_model_config, parse_model_config,
+//          parse_rope_scaling, rope_scaling_json, to_json / from_json (RopeScaling), default_target_layer_ids,
 //          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
 //
 // What differs between architectures (their config keys and defaults, nested text_config, weight names, which
@@ -13,6 +14,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/rope_scaling.h"  // RopeScaling
+
 namespace dflash {
 
 // The target families (io/model_family.h describes each).
@@ -24,29 +27,6 @@ enum class Arch {
 };
 // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next", ...
 const char* arch_name(Arch a);
-
-// rope_scaling of config.json. kind "none" = plain RoPE; "llama3" = Llama-3.1 frequency-dependent scaling
-// (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); "linear" = positions / factor;
-// "yarn" = YaRN (arXiv 2309.00071; transformers' _compute_yarn_parameters: factor, original_max_position_embeddings,
-// beta_fast, beta_slow, truncate, and attention_factor or mscale / mscale_all_dim). Any other rope_type is refused
-// by name.
-struct RopeScaling {
-  std::string kind = "none";
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
-  // yarn only, with transformers' defaults (beta_fast 32, beta_slow 1, truncate true); 0 = a key not given
-  double beta_fast = 32.0, beta_slow = 1.0;
-  bool truncate = true;
-  double attention_factor = 0.0, mscale = 0.0, mscale_all_dim = 0.0;
-  // YaRN's attention factor: the attention_factor given, else get_mscale(factor, mscale) /
-  // get_mscale(factor, mscale_all_dim) when both are given, else get_mscale(factor) = 0.1 ln(factor) + 1 (1 for
-  // factor <= 1); 1 for every other kind. transformers multiplies cos and sin by it, i.e. q and k, so the attention
-  // scores grow by its square: dflash folds that square into the softmax scale (model/target/attention.cpp,
-  // model/drafter.cpp) and leaves the RoPE op plain.
-  double attention_scaling() const;
-};
 
 // The token mixer of one target layer: causal softmax attention (GQA, RoPE) and its options. The options later
 // families add (an output gate, partial rotary; linear attention as another mixer) join here. YaRN's attention
@@ -82,12 +62,33 @@ struct LayerSpec {
   int64_t mlp_width = 0;  // Dense: its intermediate size; MoE: each expert's (moe.expert_width)
 };
 
-// Mixture-of-Experts keys (Qwen3-MoE: transformers' Qwen3MoeSparseMoeBlock). Router: p = softmax(x Wr^T) in fp32
-// over all experts, the top_k largest chosen, their p renormalised to sum 1 when norm_topk_prob; output =
-// sum_j p_j expert_j(x), expert = down(silu(gate(x)) * up(x)) of width expert_width.
-// gpt-oss (GptOssMLP, gpt_oss_experts): logits = x Wr^T + br, the top_k logits, softmax over those k (exactly the
-// renormalised top-k of the softmax over all: norm_topk_prob true); expert = down(glu(gate(x) + bg, up(x) + bu)) + bd
-// with the clamped GLU of MoeAct::GptOssGLU (backend/context.h).
+// How a group of weights is stored on the device (decided once from config.json's quantization_config by the
+// family: io/model_family.cpp). Room for FP8 with block or per-channel scales and INT4 in groups.
+enum class WeightFormat {
+  Plain,  // the compute dtype (bf16), converted from the checkpoint's dtype when loaded
+  MXFP4,  // OCP MX: e2m1 elements with one e8m0 scale per 32 (backend/context.h MoeWeights), kept so on the device
+};
+// "plain" / "mxfp4" (quantization_config.quant_method's value for MXFP4).
+const char* weight_format_name(WeightFormat f);
+
+// How a MoE router turns the logits z = x Wr^T (+ br) into the weights of the top_k experts.
+enum class RouterKind {
+  SoftmaxTopK,  // p = softmax(z) over all experts, the top_k largest, renormalised to sum 1 when norm_topk_prob
+  TopKSoftmax,  // the top_k largest z, softmax over those k: the renormalised SoftmaxTopK, exp(z_j - m) /
+                // sum_{i in top k} exp(z_i - m) either way (gpt-oss's router)
+};
+
+// The gated activation of an expert (backend/context.h MoeAct of the same names).
+enum class ExpertAct {
+  SwiGLU,         // silu(g) * u
+  ClampedSwiGLU,  // (clamp(u, -7, 7) + 1) * min(g, 7) * sigmoid(1.702 min(g, 7)) (vLLM's swigluoai; gpt-oss)
+};
+
+// Mixture-of-Experts keys and features (Qwen3-MoE: transformers' Qwen3MoeSparseMoeBlock). Router: p = softmax(x Wr^T)
+// in fp32 over all experts, the top_k largest chosen, their p renormalised to sum 1 when norm_topk_prob; output =
+// sum_j p_j expert_j(x), expert = down(act(gate(x), up(x))) of width expert_width. With router_bias the logits are
+// x Wr^T + br; with expert_bias expert = down(act(gate(x) + bg, up(x) + bu)) + bd (gpt-oss: TopKSoftmax, both biases,
+// ClampedSwiGLU).
 struct MoeConfig {
   int64_t num_experts = 0;        // E (0: no MoE layer)
   int64_t top_k = 0;              // num_experts_per_tok
@@ -95,7 +96,11 @@ struct MoeConfig {
   bool norm_topk_prob = false;
   int64_t decoder_sparse_step = 1;     // layer l is MoE when (l + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;  // ... and l is not listed here (those are dense of intermediate_size)
-  bool gpt_oss_experts = false;   // gpt-oss: router and expert biases, the clamped GLU, HF's gpt-oss tensor layouts
+  RouterKind router = RouterKind::SoftmaxTopK;
+  bool router_bias = false;       // the router has a bias [E]
+  bool expert_bias = false;       // every expert's gate / up and down projections have biases
+  ExpertAct act = ExpertAct::SwiGLU;
+  WeightFormat expert_format = WeightFormat::Plain;  // the experts' projection weights (not their biases)
   // A shared expert beside the routed ones (Qwen3-Next, Qwen3.5-MoE: Qwen3NextSparseMoeBlock): every token also goes
   // through a SwiGLU of this width, scaled by sigmoid(x Wsg^T) (Wsg [1, H]) and added. 0 = none.
   int64_t shared_expert_width = 0;
@@ -112,6 +117,10 @@ struct LinearAttnConfig {
   int64_t value_dim() const { return num_value_heads * value_head_dim; }
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels of the convolution: q, k, v
 };
+
+// The kind of one layer's token mixer as config.json's layer_types names it ("full_attention", "sliding_attention",
+// "linear_attention"), read by the family (io/model_family*.cpp) into its LayerSpec.
+enum class LayerType { FullAttention, SlidingAttention, LinearAttention };
 
 struct ModelConfig {
   Arch arch = Arch::Qwen3;
@@ -138,15 +147,12 @@ struct ModelConfig {
   bool zero_centred_norms = false;
   MoeConfig moe;
   LinearAttnConfig linear_attn;      // layers whose mixer is LinearAttention
-  // config.json layer_types as given, one per layer ("sliding_attention" / "full_attention": gpt-oss;
-  // "linear_attention" / "full_attention": the hybrid families, derived from full_attention_interval when absent;
-  // empty: absent and not derived), and the window of the sliding layers (gpt-oss: AttentionSpec::sliding_window of
-  // those layers). The family's plan reads them (io/model_family.cpp).
-  std::vector<std::string> layer_types;
+  // config.json layer_types, one per layer (SlidingAttention / FullAttention: gpt-oss; LinearAttention /
+  // FullAttention: the hybrid families, derived from full_attention_interval when absent; empty: absent and not
+  // derived), and the window of the sliding layers (gpt-oss: AttentionSpec::sliding_window of those layers). The
+  // family's plan reads them (io/model_family.cpp).
+  std::vector<LayerType> layer_types;
   int64_t sliding_window = 0;
-  // quantization_config.quant_method: "" (none) or "mxfp4" (gpt-oss: the experts' weights as *_blocks / *_scales,
-  // kept in MXFP4 on the device: backend/context.h MoeWeights).
-  std::string quant_method;
   // The per-layer plan [num_hidden_layers], made by the family from the keys above (io/model_family.cpp). A config
   // built by hand with `layers` empty means every layer is dense attention + SwiGLU of intermediate_size with the
   // attention_bias / qk_norm flags (the Llama / Qwen2 / Qwen3 plan): see layer().
@@ -173,6 +179,11 @@ RopeScaling parse_rope_scaling(const nlohmann::json& r, const std::string& src, 
 // The Hugging Face rope_scaling object of `rs` (rope_type and the keys of its kind; yarn's optional keys only when
 // given), null for kind "none": what an exported drafter's config.json carries.
 nlohmann::json rope_scaling_json(const RopeScaling& rs);
+// RopeScaling as dflash's checkpoints store it (DrafterConfig's "rope_scaling", model/drafter.cpp): every member
+// under its own name. Reading: kind, factor, low_freq_factor, high_freq_factor and original_max_position_embeddings
+// are required; YaRN's keys, absent in checkpoints written before YaRN, keep the struct's defaults.
+void to_json(nlohmann::json& j, const RopeScaling& rs);
+void from_json(const nlohmann::json& j, RopeScaling& rs);
 
 // Spec 1: nf == 1 -> [Lt/2]; else ids[i] = round(1 + i*(Lt-4)/(nf-1)).
 std::vector<int64_t> default_target_layer_ids(int64_t num_target_layers, int64_t nf);

@@ -1,9 +1,10 @@
 // io/json_fields.h — typed access to the fields of one JSON object (a config.json or an object inside it), with
-// errors that name the file and the field.
-// defines: JsonFields
+// errors that name the file and the field; a struct's JSON mapping written once for both directions.
+// defines: JsonFields, fields_to_json, fields_from_json
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -70,5 +71,22 @@ struct JsonFields {
     return out;
   }
 };
+
+// A struct's to_json and from_json from one list of its fields: `fields(obj, f)` calls f(key, member, required) for
+// every member (obj is const when writing). Reading starts from a default-constructed T, so an optional key that is
+// absent keeps the struct's default; a required one that is absent throws nlohmann's out_of_range.
+template <class T, class Fields>
+void fields_to_json(nlohmann::json& j, const T& v, Fields&& fields) {
+  j = nlohmann::json::object();
+  fields(v, [&j](const char* key, const auto& member, bool) { j[key] = member; });
+}
+template <class T, class Fields>
+void fields_from_json(const nlohmann::json& j, T& v, Fields&& fields) {
+  T out;
+  fields(out, [&j](const char* key, auto& member, bool required) {
+    if (required || j.contains(key)) j.at(key).get_to(member);
+  });
+  v = std::move(out);
+}
 
 }  // namespace dflash

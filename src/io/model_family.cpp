@@ -4,6 +4,7 @@
 #include "io/model_family.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 #include "io/model_family_hybrid.h"
@@ -125,32 +126,37 @@ void read_gpt_oss(const JsonFields& f, ModelConfig& c) {
     for (const auto& e : *lt) {
       DFLASH_CHECK(e.is_string() && (e == "sliding_attention" || e == "full_attention"), f.src, ": ", f.prefix,
                    "layer_types: entry ", e.dump(), " is not \"sliding_attention\" or \"full_attention\"");
-      c.layer_types.push_back(e.get<std::string>());
+      c.layer_types.push_back(e == "sliding_attention" ? LayerType::SlidingAttention : LayerType::FullAttention);
     }
   } else {  // GptOssConfig: sliding, full, sliding, ...
     c.layer_types.clear();
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-      c.layer_types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+      c.layer_types.push_back(l % 2 == 0 ? LayerType::SlidingAttention : LayerType::FullAttention);
   }
   MoeConfig& m = c.moe;
   m.num_experts = f.opt_int("num_local_experts", 128);
   m.top_k = f.opt_int("num_experts_per_tok", 4);
   m.expert_width = c.intermediate_size;  // every layer is MoE; intermediate_size is the experts' width
-  m.norm_topk_prob = true;  // softmax over the top-k logits == the softmax over all, renormalised over the top k
-  m.gpt_oss_experts = true;
+  m.router = RouterKind::TopKSoftmax;  // GptOssTopKRouter: softmax over the top-k logits ...
+  m.norm_topk_prob = true;  // ... == the softmax over all, renormalised over the top k
+  m.router_bias = true;
+  m.expert_bias = true;
+  m.act = ExpertAct::ClampedSwiGLU;  // GptOssExperts._apply_gate (alpha 1.702, limit swiglu_limit)
   DFLASH_CHECK(m.num_experts >= 1, f.src, ": num_local_experts: must be >= 1, got ", m.num_experts);
   DFLASH_CHECK(m.top_k >= 1 && m.top_k <= m.num_experts, f.src, ": num_experts_per_tok: ", m.top_k,
                " must be in [1, num_local_experts = ", m.num_experts, "]");
   // the GLU's clamp: transformers' GptOssExperts fixes 7.0 (its MXFP4 kernels read swiglu_limit); so does dflash
+  // (backend/context.h kClampedSwiGLULimit)
   const double limit = f.opt_num("swiglu_limit", 7.0);
   DFLASH_CHECK(limit == 7.0, f.src, ": swiglu_limit: ", limit, " is not supported (the gpt-oss GLU clamps at 7.0, as "
                "transformers' GptOssExperts)");
   if (const nlohmann::json* q = f.get("quantization_config")) {
     DFLASH_CHECK(q->is_object(), f.src, ": quantization_config: expected an object, got ", q->dump());
     const JsonFields qf{*q, f.src, f.prefix + "quantization_config."};
-    c.quant_method = qf.opt_str("quant_method", "");
-    DFLASH_CHECK(c.quant_method == "mxfp4", f.src, ": quantization_config.quant_method: '", c.quant_method,
+    const std::string method = qf.opt_str("quant_method", "");
+    DFLASH_CHECK(method == "mxfp4", f.src, ": quantization_config.quant_method: '", method,
                  "' is not supported (gpt-oss: \"mxfp4\", the published experts, or no quantization_config: bf16)");
+    m.expert_format = WeightFormat::MXFP4;  // the experts only: modules_to_not_convert names the rest
   }
 }
 
@@ -159,7 +165,8 @@ LayerSpec gpt_oss_layer(const ModelConfig& c, int64_t l) {
   s.attention.bias = c.attention_bias;
   s.attention.out_bias = c.attention_bias;
   s.attention.sinks = true;
-  s.attention.sliding_window = c.layer_types[static_cast<size_t>(l)] == "sliding_attention" ? c.sliding_window : 0;
+  s.attention.sliding_window =
+      c.layer_types[static_cast<size_t>(l)] == LayerType::SlidingAttention ? c.sliding_window : 0;
   s.mlp = ChannelMixer::MoE;
   s.mlp_width = c.moe.expert_width;
   return s;
@@ -177,6 +184,7 @@ WeightNames gpt_oss_names() {
   WeightNames n;
   n.router = "mlp.router.weight";
   n.router_bias = "mlp.router.bias";
+  n.experts_layout = ExpertsLayout::InterleavedColumns;
   return n;
 }
 
@@ -241,6 +249,31 @@ std::string supported_model_types() {
   std::string s;
   for (const ModelFamily& f : model_families()) s += (s.empty() ? "" : ", ") + std::string(f.model_type);
   return s;
+}
+
+Tensor gate_up_rows_first(const Tensor& t) {
+  const int64_t E = t.shape[0], N2 = t.shape[1], I = N2 / 2;
+  const size_t row = t.nbytes() / static_cast<size_t>(E * N2);
+  Tensor out = cpu_empty(t.dtype, t.shape);
+  const auto* in = static_cast<const uint8_t*>(t.data);
+  auto* o = static_cast<uint8_t*>(out.data);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < N2; ++r) {
+      const int64_t src = r < I ? 2 * r : 2 * (r - I) + 1;  // row r of the output: gate r or up r - I
+      std::memcpy(o + (e * N2 + r) * row, in + (e * N2 + src) * row, row);
+    }
+  return out;
+}
+
+Tensor columns_to_rows(const Tensor& t) {
+  const int64_t E = t.shape[0], A = t.shape[1], B = t.shape[2];
+  Tensor out = cpu_empty(DType::F32, {E, B, A});
+  const float* in = t.ptr<float>();
+  float* o = out.ptr<float>();
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t a = 0; a < A; ++a)
+      for (int64_t b = 0; b < B; ++b) o[(e * B + b) * A + a] = in[(e * A + a) * B + b];
+  return out;
 }
 
 }  // namespace dflash

@@ -2,17 +2,29 @@
 // its own (beyond those every family shares, read by io/hf_config.cpp), the per-layer plan made from them, the
 // Hugging Face weight names and the default target layer ids. A new family is one more entry in
 // io/model_family.cpp, plus a mixer in model/target/ when it brings a new kind of layer.
-// defines: WeightNames, DrafterDefaults, ModelFamily, model_families, family_by_architecture, family_by_model_type,
-//          family_of, read_sparse_layers, is_sparse_layer
+// defines: ExpertsLayout, WeightNames, DrafterDefaults, ModelFamily, model_families, family_by_architecture,
+//          family_by_model_type, family_of, read_sparse_layers, is_sparse_layer, gate_up_rows_first, columns_to_rows
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "io/hf_config.h"
 #include "io/json_fields.h"
 
 namespace dflash {
+
+// How a family's checkpoint stores its experts; the MoE loader (model/target/mlp.cpp) takes either and converts the
+// second with the layout conversions below.
+enum class ExpertsLayout {
+  // per expert: expert + "{e}.gate_proj.weight", ..., or fused rows: gate_up_proj [E, 2I, H] (gate rows first) and
+  // down_proj [E, H, I]
+  Rows,
+  // fused columns, gate / up interleaved: gate_up_proj [E, H, 2I] (gate / up in columns ::2 / 1::2), down_proj
+  // [E, I, H], each with a bias; or as MXFP4 rows with gate / up rows interleaved likewise (gpt-oss: below)
+  InterleavedColumns,
+};
 
 // Tensor names of a family's safetensors. A layer's tensor is layer + "{l}." + one of the per-layer names; the
 // projections take ".weight" (and ".bias") after their name. Experts: per expert expert + "{e}." + gate_proj.weight,
@@ -36,6 +48,7 @@ struct WeightNames {
   // down_proj_blocks [E, H, I/32, 16] + down_proj_scales [E, H, I/32].
   std::string sinks = "self_attn.sinks";
   std::string router_bias = "mlp.gate.bias";
+  ExpertsLayout experts_layout = ExpertsLayout::Rows;
   // Hybrid families: the Gated DeltaNet's tensors are layer + "{l}." + linear_attn + in_proj_qkv.weight, ...
   // (model/target/linear_attention.h); the shared expert's shared_expert + gate_proj.weight, ... and its gate.
   std::string linear_attn = "linear_attn.";
@@ -87,5 +100,12 @@ bool is_sparse_layer(const MoeConfig& m, int64_t l);
 // "LlamaForCausalLM, Qwen2ForCausalLM, ..." and "llama, qwen2, ...": the lists the refusals name.
 std::string supported_architectures();
 std::string supported_model_types();
+
+// ---- Layout conversions of ExpertsLayout::InterleavedColumns into MoeWeights' rows [E, N', K], gate rows first ----
+// t [E, 2I, C] on the host (any dtype) with gate / up rows interleaved (row 2r: gate r, row 2r + 1: up r) -> gate rows
+// 0 .. I-1, then up rows (GptOssExperts._apply_gate: gate_up[..., ::2], gate_up[..., 1::2]).
+Tensor gate_up_rows_first(const Tensor& t);
+// t [E, K, N] F32 on the host (a projection stored as columns) -> [E, N, K].
+Tensor columns_to_rows(const Tensor& t);
 
 }  // namespace dflash

@@ -3,6 +3,8 @@
 // configuration_qwen3_5_moe.py) and the per-layer plan.
 #include "io/model_family_hybrid.h"
 
+#include <cstring>
+
 #include "core/error.h"
 
 namespace dflash {
@@ -46,7 +48,7 @@ void read_hybrid_common(const JsonFields& f, ModelConfig& c) {
 
   // layer_types (kept in c.layer_types, "attention" read as "full_attention"), else every full_attention_interval-th
   // layer is full attention
-  c.layer_types.assign(static_cast<size_t>(c.num_hidden_layers), "full_attention");
+  c.layer_types.assign(static_cast<size_t>(c.num_hidden_layers), LayerType::FullAttention);
   if (const nlohmann::json* lt = f.get("layer_types")) {
     DFLASH_CHECK(lt->is_array() && static_cast<int64_t>(lt->size()) == c.num_hidden_layers, f.src, ": ", f.prefix,
                  "layer_types: expected a list of ", c.num_hidden_layers, " strings (one per layer), got ", lt->dump());
@@ -55,13 +57,13 @@ void read_hybrid_common(const JsonFields& f, ModelConfig& c) {
       const std::string t = e.is_string() ? e.get<std::string>() : e.dump();
       DFLASH_CHECK(t == "linear_attention" || t == "full_attention" || t == "attention", f.src, ": ", f.prefix,
                    "layer_types[", l, "]: '", t, "' is not linear_attention or full_attention");
-      if (t == "linear_attention") c.layer_types[l] = t;
+      if (t == "linear_attention") c.layer_types[l] = LayerType::LinearAttention;
     }
   } else {
     const int64_t interval = f.opt_int("full_attention_interval", 4);
     DFLASH_CHECK(interval >= 1, f.src, ": ", f.prefix, "full_attention_interval: must be >= 1, got ", interval);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-      if ((l + 1) % interval != 0) c.layer_types[static_cast<size_t>(l)] = "linear_attention";
+      if ((l + 1) % interval != 0) c.layer_types[static_cast<size_t>(l)] = LayerType::LinearAttention;
   }
 }
 
@@ -85,8 +87,8 @@ void read_hybrid_moe(const JsonFields& f, ModelConfig& c, int64_t experts, int64
 
 LayerSpec hybrid_layer(const ModelConfig& c, int64_t l) {
   LayerSpec s;
-  const bool linear =
-      l < static_cast<int64_t>(c.layer_types.size()) && c.layer_types[static_cast<size_t>(l)] == "linear_attention";
+  const bool linear = l < static_cast<int64_t>(c.layer_types.size()) &&
+                      c.layer_types[static_cast<size_t>(l)] == LayerType::LinearAttention;
   s.mixer = linear ? TokenMixer::LinearAttention : TokenMixer::Attention;
   s.attention.bias = c.attention_bias;
   s.attention.qk_norm = true;
@@ -154,6 +156,35 @@ DrafterDefaults hybrid_drafter(const ModelConfig& c) {
   d.head_dim = 128;
   d.num_kv_heads = c.has_moe() ? 4 : 8;
   return d;
+}
+
+SplitLinearAttnProjections split_grouped_qkvz(const Tensor& qkvz, const Tensor& ba, const LinearAttnConfig& a) {
+  const int64_t nk = a.num_key_heads, dk = a.key_head_dim, nv = a.num_value_heads, r = nv / nk;
+  const int64_t vd = r * a.value_head_dim, group = 2 * dk + 2 * vd, kd = a.key_dim(), H = qkvz.shape.back();
+  DFLASH_CHECK(qkvz.ndim() == 2 && qkvz.shape[0] == nk * group && ba.ndim() == 2 && ba.shape[0] == 2 * nv &&
+                   ba.shape[1] == H && ba.dtype == qkvz.dtype,
+               "split_grouped_qkvz: qkvz ", shape_str(qkvz.shape), " and ba ", shape_str(ba.shape), " for ", nk,
+               " key heads of ", dk, " and ", nv, " value heads of ", a.value_head_dim);
+  SplitLinearAttnProjections out;
+  out.qkv = cpu_empty(qkvz.dtype, {a.conv_dim(), H});
+  out.z = cpu_empty(qkvz.dtype, {a.value_dim(), H});
+  out.ba = cpu_empty(ba.dtype, {2 * nv, H});
+  const size_t row = qkvz.nbytes() / static_cast<size_t>(qkvz.shape[0]);
+  // n rows from row s of `from` to row d of `to`
+  auto copy_rows = [row](const Tensor& to, int64_t d, const Tensor& from, int64_t s, int64_t n) {
+    std::memcpy(static_cast<uint8_t*>(to.data) + d * row, static_cast<const uint8_t*>(from.data) + s * row,
+                static_cast<size_t>(n) * row);
+  };
+  for (int64_t g = 0; g < nk; ++g) {
+    const int64_t s = g * group;
+    copy_rows(out.qkv, g * dk, qkvz, s, dk);                    // q_g
+    copy_rows(out.qkv, kd + g * dk, qkvz, s + dk, dk);          // k_g
+    copy_rows(out.qkv, 2 * kd + g * vd, qkvz, s + 2 * dk, vd);  // v_g
+    copy_rows(out.z, g * vd, qkvz, s + 2 * dk + vd, vd);        // z_g
+    copy_rows(out.ba, g * r, ba, g * 2 * r, r);                 // b_g
+    copy_rows(out.ba, nv + g * r, ba, g * 2 * r + r, r);        // a_g
+  }
+  return out;
 }
 
 }  // namespace dflash

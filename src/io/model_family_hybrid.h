@@ -4,7 +4,7 @@
 // (Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration: the language model's config under
 // text_config, its weights under model.language_model.; the vision tower and the MTP head are ignored by name).
 // defines: read_qwen3_next, qwen3_next_layer, read_qwen3_5, qwen3_5_layer, read_qwen3_5_moe, qwen3_5_moe_layer,
-//          hybrid_names, hybrid_drafter
+//          hybrid_names, hybrid_drafter, SplitLinearAttnProjections, split_grouped_qkvz
 //
 // What every one of them is (transformers 5.17, models/qwen3_next, qwen3_5, qwen3_5_moe): layer l's token mixer is
 // layer_types[l] ("linear_attention": Gated DeltaNet; "full_attention": gated attention with q/k norm); without
@@ -43,5 +43,16 @@ WeightNames hybrid_names(bool image_text);
 // targets and 4 for the MoE ones (z-lab/Qwen3.5-4B/27B-DFlash, Qwen3.5-35B-A3B-DFlash: SpecForge configs/); the MLP
 // width is the general rule.
 DrafterDefaults hybrid_drafter(const ModelConfig& c);
+
+// The Gated DeltaNet's input projections in the split layout (Qwen3.5's in_proj_qkv [2 nk dk + nv dv, H], in_proj_z
+// [nv dv, H], and [in_proj_b ; in_proj_a] [2 nv, H]), host tensors.
+struct SplitLinearAttnProjections {
+  Tensor qkv, z, ba;
+};
+// The projections as Qwen3-Next stores them, fused and grouped per key head (transformers'
+// fix_query_key_value_ordering; r = nv / nk): qkvz [nk (2 dk + 2 r dv), H] as [q_g (dk), k_g (dk), v_g (r dv),
+// z_g (r dv)] and ba [nk 2 r, H] as [b_g (r), a_g (r)] for key head g, on the host (any dtype) -> the split layout:
+// a permutation of rows.
+SplitLinearAttnProjections split_grouped_qkvz(const Tensor& qkvz, const Tensor& ba, const LinearAttnConfig& a);
 
 }  // namespace dflash

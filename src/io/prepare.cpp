@@ -1,8 +1,6 @@
 // io/prepare.cpp — see prepare.h.
 #include "io/prepare.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +12,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/sha256.h"
 #include "core/thread_pool.h"
 #include "io/dataset.h"
 #include "io/jsonl.h"
@@ -24,38 +23,6 @@ namespace dflash {
 using nlohmann::json;
 
 namespace {
-
-// SHA-256 of a file's bytes, streamed.
-std::string sha256_file(const std::string& path, uint64_t* bytes) {
-  std::ifstream in(path, std::ios::binary);
-  DFLASH_CHECK(in.good(), path, ": cannot open for reading");
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  DFLASH_CHECK(ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1, "SHA-256 init failed");
-  std::vector<char> buf(1 << 20);
-  uint64_t n = 0;
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const std::streamsize got = in.gcount();
-    if (got > 0) {
-      EVP_DigestUpdate(ctx, buf.data(), static_cast<size_t>(got));
-      n += static_cast<uint64_t>(got);
-    }
-  }
-  const bool bad = in.bad();
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_DigestFinal_ex(ctx, md, &len);
-  EVP_MD_CTX_free(ctx);
-  DFLASH_CHECK(!bad, path, ": read error");
-  static const char* h = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) {
-    out.push_back(h[md[i] >> 4]);
-    out.push_back(h[md[i] & 15]);
-  }
-  *bytes = n;
-  return out;
-}
 
 bool has_supervised_pair(const std::vector<uint8_t>& m) {
   for (size_t a = 0; a + 1 < m.size(); ++a) {

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/sha256.h"
 #include "io/tokenizer/added_vocabulary.h"
 #include "io/tokenizer/bpe_model.h"
 #include "io/tokenizer/decoder.h"

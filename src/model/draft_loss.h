@@ -1,6 +1,6 @@
 // model/draft_loss.h — the drafter's loss head (spec 2.4): the per-row loss weights, the fused lm_head + loss, and
 // the gradient of the final-normed hidden states, for the two objectives of `train --loss`:
-//   decay: the paper's w = m exp(-(i-1)/gamma), fixed, known before the step (train/draft_batch.h);
+//   decay: the paper's w = m exp(-(i-1)/gamma), fixed, known before the step (model/draft_batch.h);
 //   dpace (the default, bench/RESULTS.md "The training objectives"): D-PACE (arXiv 2605.18810): w from the drafter's
 //          own per-slot confidences, known only after the forward.
 // Both are divided by a normaliser planned on the host before the step (train/step_plan.h): sum of w for decay,

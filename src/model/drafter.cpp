@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
+#include "io/json_fields.h"  // fields_to_json, fields_from_json
 #include "io/model_family.h"
 #include "model/draft_loss.h"  // loss_head: the loss weights (decay or D-PACE) and the lm_head + loss
 
@@ -134,73 +135,45 @@ int DrafterConfig::window_of(int64_t l) const {
   return sliding ? static_cast<int>(sliding_window) : 0;
 }
 
+namespace {
+
+// DrafterConfig's checkpoint keys, for both directions (io/json_fields.h fields_to_json / fields_from_json):
+// f(key, member, required). rope_scaling is RopeScaling's own mapping (io/hf_config.h).
+const auto drafter_config_fields = [](auto& c, auto&& f) {
+  f("hidden_size", c.hidden_size, true);
+  f("intermediate_size", c.intermediate_size, true);
+  f("num_layers", c.num_layers, true);
+  f("num_heads", c.num_heads, true);
+  f("num_kv_heads", c.num_kv_heads, true);
+  f("head_dim", c.head_dim, true);
+  f("vocab_size", c.vocab_size, true);
+  f("block_size", c.block_size, true);
+  f("target_layer_ids", c.target_layer_ids, true);
+  f("num_target_layers", c.num_target_layers, true);
+  f("mask_token_id", c.mask_token_id, true);
+  f("rms_norm_eps", c.rms_norm_eps, true);
+  f("rope_theta", c.rope_theta, true);
+  f("rope_scaling", c.rope_scaling, true);
+  f("max_position_embeddings", c.max_position_embeddings, true);
+  f("layer_types", c.layer_types, false);  // absent in checkpoints written before sliding windows
+  f("sliding_window", c.sliding_window, false);
+};
+
+}  // namespace
+
+// DFlash2's keys follow the fields, only in a DFlash2 drafter's config: a DFlash checkpoint keeps the keys it always
+// had (and one without "arch" is DFlash).
 void to_json(nlohmann::json& j, const DrafterConfig& c) {
-  j = nlohmann::json{{"hidden_size", c.hidden_size},
-                     {"intermediate_size", c.intermediate_size},
-                     {"num_layers", c.num_layers},
-                     {"num_heads", c.num_heads},
-                     {"num_kv_heads", c.num_kv_heads},
-                     {"head_dim", c.head_dim},
-                     {"vocab_size", c.vocab_size},
-                     {"block_size", c.block_size},
-                     {"target_layer_ids", c.target_layer_ids},
-                     {"num_target_layers", c.num_target_layers},
-                     {"mask_token_id", c.mask_token_id},
-                     {"rms_norm_eps", c.rms_norm_eps},
-                     {"rope_theta", c.rope_theta},
-                     {"rope_scaling",
-                      {{"kind", c.rope_scaling.kind},
-                       {"factor", c.rope_scaling.factor},
-                       {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                       {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                       {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings},
-                       {"beta_fast", c.rope_scaling.beta_fast},
-                       {"beta_slow", c.rope_scaling.beta_slow},
-                       {"truncate", c.rope_scaling.truncate},
-                       {"attention_factor", c.rope_scaling.attention_factor},
-                       {"mscale", c.rope_scaling.mscale},
-                       {"mscale_all_dim", c.rope_scaling.mscale_all_dim}}},
-                     {"max_position_embeddings", c.max_position_embeddings},
-                     {"layer_types", c.layer_types},
-                     {"sliding_window", c.sliding_window}};
-  if (c.dflash2())  // a DFlash checkpoint keeps the keys it always had
+  fields_to_json(j, c, drafter_config_fields);
+  if (c.dflash2())
     j.update({{"arch", draft_arch_name(c.arch)},
               {"conv_kernel_size", c.conv_kernel_size},
               {"conv_group_size", c.conv_group_size},
               {"selector_rank", c.selector_rank},
               {"selector_top_k", c.selector_top_k}});
 }
-
 void from_json(const nlohmann::json& j, DrafterConfig& c) {
-  j.at("hidden_size").get_to(c.hidden_size);
-  j.at("intermediate_size").get_to(c.intermediate_size);
-  j.at("num_layers").get_to(c.num_layers);
-  j.at("num_heads").get_to(c.num_heads);
-  j.at("num_kv_heads").get_to(c.num_kv_heads);
-  j.at("head_dim").get_to(c.head_dim);
-  j.at("vocab_size").get_to(c.vocab_size);
-  j.at("block_size").get_to(c.block_size);
-  j.at("target_layer_ids").get_to(c.target_layer_ids);
-  j.at("num_target_layers").get_to(c.num_target_layers);
-  j.at("mask_token_id").get_to(c.mask_token_id);
-  j.at("rms_norm_eps").get_to(c.rms_norm_eps);
-  j.at("rope_theta").get_to(c.rope_theta);
-  const auto& rs = j.at("rope_scaling");
-  rs.at("kind").get_to(c.rope_scaling.kind);
-  rs.at("factor").get_to(c.rope_scaling.factor);
-  rs.at("low_freq_factor").get_to(c.rope_scaling.low_freq_factor);
-  rs.at("high_freq_factor").get_to(c.rope_scaling.high_freq_factor);
-  rs.at("original_max_position_embeddings").get_to(c.rope_scaling.original_max_position_embeddings);
-  // YaRN's keys (absent in checkpoints before YaRN: the defaults)
-  c.rope_scaling.beta_fast = rs.value("beta_fast", 32.0);
-  c.rope_scaling.beta_slow = rs.value("beta_slow", 1.0);
-  c.rope_scaling.truncate = rs.value("truncate", true);
-  c.rope_scaling.attention_factor = rs.value("attention_factor", 0.0);
-  c.rope_scaling.mscale = rs.value("mscale", 0.0);
-  c.rope_scaling.mscale_all_dim = rs.value("mscale_all_dim", 0.0);
-  j.at("max_position_embeddings").get_to(c.max_position_embeddings);
-  c.layer_types = j.value("layer_types", std::vector<std::string>{});  // absent in checkpoints before sliding windows
-  c.sliding_window = j.value("sliding_window", int64_t{0});
+  fields_from_json(j, c, drafter_config_fields);
   c.arch = parse_draft_arch(j.value("arch", std::string("dflash")), "drafter config arch");
   if (c.dflash2()) {
     j.at("conv_kernel_size").get_to(c.conv_kernel_size);

@@ -94,7 +94,7 @@ std::vector<std::string> resolve_layer_types(const std::vector<std::string>& giv
 void to_json(nlohmann::json& j, const DrafterConfig& c);
 void from_json(const nlohmann::json& j, DrafterConfig& c);
 
-// One sequence's drafter inputs, on the drafter's device (built from a DraftBatch by train/draft_batch.h).
+// One sequence's drafter inputs, on the drafter's device (built from a DraftBatch by model/draft_batch.h).
 struct DraftInputs {
   int64_t S = 0, N = 0;
   Tensor features;    // [S, nf*H] act: the fused target features F of spec 1

@@ -30,7 +30,7 @@ TargetLayer load_layer(WeightSource& src, const ModelConfig& cfg, const WeightNa
   if (L.spec.mlp == ChannelMixer::Dense) {
     L.mlp = load_dense_mlp(src, p, n, H, L.spec.mlp_width);
   } else {
-    L.moe = load_moe(src, p, n, H, cfg.moe, cfg.quant_method == "mxfp4");
+    L.moe = load_moe(src, p, n, H, cfg.moe);
     if (cfg.moe.shared_expert_width > 0) L.shared = load_shared_expert(src, p, n, H, cfg.moe.shared_expert_width);
   }
   return L;

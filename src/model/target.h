@@ -59,7 +59,7 @@ TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t see
 
 // Parameter counts of a target config: all of them, and those one token's forward uses (the router and its top_k
 // experts of each MoE layer; the embedding row counted as one lookup: not at all); mxfp4 = those of total held in
-// MXFP4 (gpt-oss's expert weights when quant_method is mxfp4). `bf16_bytes` = 2 * total, the weights in bf16;
+// MXFP4 (the expert weights when moe.expert_format is MXFP4: gpt-oss's). `bf16_bytes` = 2 * total, the weights in bf16;
 // `device_bytes` what they take on a CUDA device: 2 bytes per bf16 parameter and 17/32 byte per MXFP4 one (half a
 // byte, plus one scale byte per 32).
 struct TargetParams {

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "train/draft_batch.h"
+#include "model/draft_batch.h"
 
 namespace dflash {
 

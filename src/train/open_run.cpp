@@ -11,10 +11,10 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/output_dir.h"      // claim_output_dir
+#include "model/draft_batch.h"    // default_gamma
 #include "model/draft_loss.h"     // parse_loss_kind, check_dpace_alpha
 #include "model/drafter_init.h"   // resolve_init_layers
 #include "train/checkpoint.h"     // latest_checkpoint
-#include "train/draft_batch.h"    // default_gamma
 #include "train/run_inputs.h"     // run_inputs, check_resume_inputs
 #include "train/step_plan.h"      // count_trainable_samples
 

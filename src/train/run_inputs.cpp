@@ -12,6 +12,7 @@
 
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/sha256.h"
 
 namespace dflash {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "io/dataset.h"
-#include "train/draft_batch.h"
+#include "model/draft_batch.h"
 
 namespace dflash {
 

@@ -1,5 +1,5 @@
 // tests/core/core.cpp
-// Tests of core/: dtype conversion, tensor views, counter-based RNG, atomic files, the plain progress lines.
+// Tests of core/: dtype conversion, tensor views, counter-based RNG, atomic files, SHA-256, the plain progress lines.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -15,6 +15,7 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "core/sha256.h"
 #include "core/tensor.h"
 
 using namespace dflash;
@@ -138,6 +139,26 @@ TEST(Files, AtomicWriteReplacesWholeFileOnlyOnCommit) {
   EXPECT_EQ(read_file(p), "new");
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   std::filesystem::remove_all(dir);
+}
+
+// The streaming hasher, the one-shot digest and the file digest agree (FIPS 180-2's "abc" vector).
+TEST(Files, Sha256StreamBytesAndFileAgree) {
+  const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+  Sha256 h;
+  h.update("a");
+  h.update("");
+  h.update("bc", 2);
+  EXPECT_EQ(h.hex_digest(), abc);
+  const std::string p = (std::filesystem::temp_directory_path() / "dflash_test_sha256.bin").string();
+  write_file_atomic(p, "abc");
+  uint64_t bytes = 0;
+  EXPECT_EQ(sha256_file(p, &bytes), abc);
+  EXPECT_EQ(bytes, 3u);
+  const std::string big(3 << 20 | 5, 'x');  // several 1 MiB reads and a partial one
+  write_file_atomic(p, big);
+  EXPECT_EQ(sha256_file(p), sha256_hex(big));
+  std::filesystem::remove(p);
+  EXPECT_THROW(sha256_file(p), Error);
 }
 
 namespace {

@@ -32,10 +32,10 @@
 #include "backend/cuda/ops.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "model/draft_batch.h"
 #include "model/draft_loss.h"
 #include "model/drafter.h"
 #include "model/target.h"
-#include "train/draft_batch.h"
 #include "train/optimizer.h"
 
 using namespace dflash;
@@ -1563,7 +1563,7 @@ void moe_gptoss_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, int 
                gu.bias = put(c, bgu);
                dn.bias = put(c, bd);
                Tensor g1 = nan_out(c, {T * k, I}), d1 = nan_out(c, {T * k, H});
-               c.moe_linear(put(c, x), &rows, gu, off, g1, MoeAct::GptOssGLU);
+               c.moe_linear(put(c, x), &rows, gu, off, g1, MoeAct::ClampedSwiGLU);
                c.moe_linear(put(c, a2), nullptr, dn, off, d1, MoeAct::None);
                MoeWeights gq, dq;
                gq.w = put_raw(c, qgu.reshape({E, 2 * I, H / 2}));
@@ -1573,7 +1573,7 @@ void moe_gptoss_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, int 
                dq.scales = put_raw(c, sd.reshape({E, H, I / 32}));
                dq.bias = dn.bias;
                Tensor g2 = nan_out(c, {T * k, I}), d2 = nan_out(c, {T * k, H});
-               c.moe_linear(put(c, x), &rows, gq, off, g2, MoeAct::GptOssGLU);
+               c.moe_linear(put(c, x), &rows, gq, off, g2, MoeAct::ClampedSwiGLU);
                c.moe_linear(put(c, a2), nullptr, dq, off, d2, MoeAct::None);
                return Outs{get(c, g1), get(c, d1), get(c, g2), get(c, d2)};
              });

@@ -15,9 +15,10 @@
 #include "eval/tau.h"
 #include "io/jsonl.h"
 #include "io/tokenizer.h"
+#include "model/draft_batch.h"
 #include "model/target.h"
 #include "common/test_util.h"
-#include "train/draft_batch.h"
+#include "model/draft_batch.h"
 #include "train/optimizer.h"
 
 using namespace dflash;

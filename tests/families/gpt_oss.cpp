@@ -83,13 +83,16 @@ TEST(GptOssConfig, Published20B) {
   EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
   EXPECT_FALSE(c.rope_scaling.truncate);
   EXPECT_NEAR(c.rope_scaling.attention_scaling(), 0.1 * std::log(32.0) + 1.0, 1e-15);  // 1.3466
-  EXPECT_EQ(c.quant_method, "mxfp4");
+  EXPECT_EQ(c.moe.expert_format, WeightFormat::MXFP4);
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{200002}));
   EXPECT_EQ(c.moe.num_experts, 32);
   EXPECT_EQ(c.moe.top_k, 4);
   EXPECT_EQ(c.moe.expert_width, 2880);
   EXPECT_TRUE(c.moe.norm_topk_prob);
-  EXPECT_TRUE(c.moe.gpt_oss_experts);
+  EXPECT_EQ(c.moe.router, RouterKind::TopKSoftmax);
+  EXPECT_TRUE(c.moe.router_bias && c.moe.expert_bias);
+  EXPECT_EQ(c.moe.act, ExpertAct::ClampedSwiGLU);
+  EXPECT_EQ(family_of(c.arch).names.experts_layout, ExpertsLayout::InterleavedColumns);
   ASSERT_EQ(c.layers.size(), 24u);
   for (int64_t l = 0; l < 24; ++l) {
     const LayerSpec s = c.layer(l);
@@ -150,7 +153,7 @@ TEST(GptOssConfig, Published120BAndTheConfigClassDefaults) {
   EXPECT_EQ(d.rope_scaling.original_max_position_embeddings, 4096);
   EXPECT_TRUE(d.attention_bias);
   EXPECT_EQ(d.sliding_window, 128);
-  EXPECT_TRUE(d.quant_method.empty());  // bf16 experts
+  EXPECT_EQ(d.moe.expert_format, WeightFormat::Plain);  // bf16 experts
   EXPECT_EQ(d.layer(0).attention.sliding_window, 128);
   EXPECT_EQ(d.layer(1).attention.sliding_window, 0);
   EXPECT_EQ(d.layer(35).attention.sliding_window, 0);
@@ -265,8 +268,8 @@ TEST(GptOssLoad, Mxfp4EqualsItsDequantisationInTheBf16Layout) {
   auto ctx = make_context("cpu");
   auto mx = Target::load(golden("target_gpt_oss_mxfp4"), *ctx);
   auto bf = Target::load(tmp.path, *ctx);
-  EXPECT_EQ(mx->config().quant_method, "mxfp4");
-  EXPECT_TRUE(bf->config().quant_method.empty());
+  EXPECT_EQ(mx->config().moe.expert_format, WeightFormat::MXFP4);
+  EXPECT_EQ(bf->config().moe.expert_format, WeightFormat::Plain);
   EXPECT_EQ(mx->weights().layers[0].moe.gate_up.w.dtype, DType::U8);  // kept in MXFP4
   EXPECT_EQ(mx->weights().layers[0].moe.gate_up.w.shape, (Shape{8, 64, 32}));
   EXPECT_EQ(mx->weights().layers[0].moe.gate_up.scales.shape, (Shape{8, 64, 2}));
@@ -282,6 +285,29 @@ TEST(GptOssLoad, Mxfp4EqualsItsDequantisationInTheBf16Layout) {
 }
 
 // A checkpoint whose experts disagree with its config.json is refused naming the tensor and the key.
+// The layout conversions of ExpertsLayout::InterleavedColumns (io/model_family.h): gate / up rows interleaved
+// (GptOssExperts._apply_gate's ::2 / 1::2) to gate rows first, in any dtype; columns [E, K, N] to rows [E, N, K].
+TEST(GptOssLoad, InterleavedColumnsLayoutConversions) {
+  const int64_t E = 2, I = 3, C = 5;
+  Tensor t = cpu_empty(DType::U8, {E, 2 * I, C});
+  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<uint8_t>()[i] = static_cast<uint8_t>(i / C);  // its row e 2I + j
+  const Tensor g = gate_up_rows_first(t);
+  ASSERT_EQ(g.shape, t.shape);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t j = 0; j < 2 * I; ++j)
+      for (int64_t c = 0; c < C; ++c)
+        EXPECT_EQ(g.ptr<uint8_t>()[(e * 2 * I + j) * C + c], e * 2 * I + (j < I ? 2 * j : 2 * (j - I) + 1))
+            << "expert " << e << " row " << j;
+  Tensor cols = cpu_empty(DType::F32, {E, 3, 4});
+  for (int64_t i = 0; i < cols.numel(); ++i) cols.ptr<float>()[i] = static_cast<float>(i);
+  const Tensor rows = columns_to_rows(cols);
+  ASSERT_EQ(rows.shape, (Shape{E, 4, 3}));
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t n = 0; n < 4; ++n)
+      for (int64_t k = 0; k < 3; ++k)
+        EXPECT_EQ(rows.ptr<float>()[(e * 4 + n) * 3 + k], cols.ptr<float>()[(e * 3 + k) * 4 + n]);
+}
+
 TEST(GptOssLoad, RefusesExpertsThatDisagreeWithTheConfig) {
   auto ctx = make_context("cpu");
   auto msg = [&](const std::string& dir) {
@@ -386,9 +412,9 @@ TEST(GptOssInfo, PlanSlidingAndFullLayersAndMxfp4Bytes) {
   EXPECT_EQ(o["layers"][0]["layers"], "0 of every 2");
   EXPECT_EQ(o["layers"][1]["layers"], "1 of every 2");
   const std::string sliding = "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of "
-                              "width 2880 (top-k renormalised; gpt-oss GLU, biases; MXFP4)",
+                              "width 2880 (top-k renormalised; clamped SwiGLU, biases; MXFP4)",
                     full = "attention (q/k/v bias, o bias, sinks) + MoE 32 experts top-4 of width 2880 (top-k "
-                           "renormalised; gpt-oss GLU, biases; MXFP4)";
+                           "renormalised; clamped SwiGLU, biases; MXFP4)";
   EXPECT_EQ(o["layers"][0]["plan"], sliding);
   EXPECT_EQ(o["layers"][1]["plan"], full);
   const TargetParams p = target_params(parse_model_config(gpt_oss_20b(), "x"));

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/hf_config.h"
+#include "io/model_family_hybrid.h"
 #include "model/target.h"
 #include "common/golden_checks.h"
 #include "common/published_configs.h"
@@ -63,3 +64,42 @@ TEST(HybridConfig, DefaultsLayerTypesAndRefusals) {
 }
 
 TEST(HybridGolden, Qwen3NextMatchesTransformers) { check_hybrid_golden("target_qwen3_next", "cpu"); }
+
+// Qwen3-Next's fused projections split by io's layout conversion (transformers' fix_query_key_value_ordering): qkvz
+// viewed as [nk, q (dk) | k (dk) | v (r dv) | z (r dv)] and ba as [nk, b (r) | a (r)]; the split layout concatenates
+// all key heads' q, then k, then v (and z, b, a alone). Every value names its source row.
+TEST(HybridConfig, GroupedQkvzSplitsPerKeyHead) {
+  LinearAttnConfig a;
+  a.num_key_heads = 2, a.num_value_heads = 4, a.key_head_dim = 3, a.value_head_dim = 2, a.conv_kernel = 4;
+  const int64_t nk = 2, dk = 3, r = 2, vd = r * 2, group = 2 * dk + 2 * vd, nv = 4, H = 2;
+  Tensor qkvz = cpu_empty(DType::F32, {nk * group, H}), ba = cpu_empty(DType::F32, {2 * nv, H});
+  for (int64_t i = 0; i < qkvz.numel(); ++i) qkvz.ptr<float>()[i] = static_cast<float>(i / H);
+  for (int64_t i = 0; i < ba.numel(); ++i) ba.ptr<float>()[i] = static_cast<float>(100 + i / H);
+  const SplitLinearAttnProjections s = split_grouped_qkvz(qkvz, ba, a);
+  ASSERT_EQ(s.qkv.shape, (Shape{a.conv_dim(), H}));
+  ASSERT_EQ(s.z.shape, (Shape{a.value_dim(), H}));
+  ASSERT_EQ(s.ba.shape, (Shape{2 * nv, H}));
+  std::vector<float> qkv, z, b, av;  // the expected source rows, in order
+  for (int64_t part = 0; part < 3; ++part)  // q, k, v
+    for (int64_t g = 0; g < nk; ++g)
+      for (int64_t i = 0; i < (part < 2 ? dk : vd); ++i) qkv.push_back(static_cast<float>(g * group + part * dk + i));
+  for (int64_t g = 0; g < nk; ++g)
+    for (int64_t i = 0; i < vd; ++i) z.push_back(static_cast<float>(g * group + 2 * dk + vd + i));
+  for (int64_t g = 0; g < nk; ++g)
+    for (int64_t i = 0; i < r; ++i) {
+      b.push_back(static_cast<float>(100 + g * 2 * r + i));
+      av.push_back(static_cast<float>(100 + g * 2 * r + r + i));
+    }
+  b.insert(b.end(), av.begin(), av.end());
+  auto rows = [H](const Tensor& t) {
+    std::vector<float> v;
+    for (int64_t i = 0; i < t.shape[0]; ++i) {
+      EXPECT_EQ(t.ptr<float>()[i * H], t.ptr<float>()[i * H + 1]) << "row " << i << " mixes two source rows";
+      v.push_back(t.ptr<float>()[i * H]);
+    }
+    return v;
+  };
+  EXPECT_EQ(rows(s.qkv), qkv);
+  EXPECT_EQ(rows(s.z), z);
+  EXPECT_EQ(rows(s.ba), b);
+}

@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/sha256.h"
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "common/oracle_util.h"

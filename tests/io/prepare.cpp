@@ -26,6 +26,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/sha256.h"
 #include "io/chat_template.h"
 #include "io/dataset.h"
 #include "io/prepare.h"

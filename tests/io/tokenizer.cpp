@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/sha256.h"
 #include "io/tokenizer.h"
 #include "io/unicode_nfc.h"
 

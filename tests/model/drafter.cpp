@@ -1,15 +1,18 @@
 // tests/model/drafter.cpp
-// Tests of the drafter's forward/backward (fp64 finite differences), recompute, the draft batch rules (C08, C09)
-// and the inference cache path.
+// Tests of the drafter's forward/backward (fp64 finite differences), recompute, the draft batch rules (C08, C09),
+// the inference cache path and the checkpoint JSON of its config.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/context.h"
+#include "model/draft_batch.h"
 #include "model/drafter.h"
 #include "common/test_util.h"
-#include "train/draft_batch.h"
+#include "model/draft_batch.h"
 
 using namespace dflash;
 using dflash::test::randn;
@@ -136,6 +139,48 @@ TEST(DrafterConfig, LayerTypesFromTheCommandLine) {
   EXPECT_NO_THROW(c.validate());
   c.layer_types = {"sliding_attention"};
   EXPECT_THROW(c.validate(), Error);  // 1 type for 2 layers
+}
+
+// The config as checkpoints store it: these exact bytes, and a checkpoint without the keys later versions added
+// (YaRN's, layer_types, sliding_window) loads with their defaults.
+TEST(DrafterConfig, CheckpointJsonBytesAndOlderKeys) {
+  DrafterConfig c = tiny_config();
+  c.max_position_embeddings = 128;
+  c.rope_scaling.kind = "yarn";
+  c.rope_scaling.factor = 4.0;
+  c.rope_scaling.original_max_position_embeddings = 64;
+  c.rope_scaling.truncate = false;
+  c.layer_types = {"sliding_attention", "full_attention"};
+  c.sliding_window = 5;
+  const nlohmann::json j = c;
+  EXPECT_EQ(j.dump(),
+            R"({"block_size":4,"head_dim":8,"hidden_size":16,"intermediate_size":24,)"
+            R"("layer_types":["sliding_attention","full_attention"],"mask_token_id":39,"max_position_embeddings":128,)"
+            R"("num_heads":4,"num_kv_heads":2,"num_layers":2,"num_target_layers":4,"rms_norm_eps":1e-06,)"
+            R"("rope_scaling":{"attention_factor":0.0,"beta_fast":32.0,"beta_slow":1.0,"factor":4.0,)"
+            R"("high_freq_factor":4.0,"kind":"yarn","low_freq_factor":1.0,"mscale":0.0,"mscale_all_dim":0.0,)"
+            R"("original_max_position_embeddings":64,"truncate":false},"rope_theta":100.0,"sliding_window":5,)"
+            R"("target_layer_ids":[0,2],"vocab_size":40})");
+  EXPECT_EQ(nlohmann::json(j.get<DrafterConfig>()), j);
+
+  nlohmann::json old = j;
+  old.erase("layer_types");
+  old.erase("sliding_window");
+  for (const char* k : {"beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"})
+    old["rope_scaling"].erase(k);
+  const DrafterConfig o = old.get<DrafterConfig>();
+  EXPECT_TRUE(o.layer_types.empty());
+  EXPECT_EQ(o.sliding_window, 0);
+  RopeScaling want;  // the keys the older checkpoint has, the struct's defaults for the rest (truncate true)
+  want.kind = "yarn";
+  want.factor = 4.0;
+  want.original_max_position_embeddings = 64;
+  EXPECT_EQ(nlohmann::json(o.rope_scaling), nlohmann::json(want));
+  old.erase("rope_theta");  // a key every checkpoint has is required
+  EXPECT_THROW(old.get<DrafterConfig>(), nlohmann::json::out_of_range);
+  old = j;
+  old["rope_scaling"].erase("factor");
+  EXPECT_THROW(old.get<DrafterConfig>(), nlohmann::json::out_of_range);
 }
 
 TEST(Drafter, RecomputeGivesIdenticalGradients) {  // case C06

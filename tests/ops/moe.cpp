@@ -108,7 +108,8 @@ TEST(MoeOps, GroupedLinearAndCombineEqualPerRowProducts) {
     }
 }
 
-// The gpt-oss GLU with biases against the formula per row, on values that reach both clamps (|g|, |u| up to ~20).
+// The clamped SwiGLU (gpt-oss's) with biases against the formula per row, on values that reach both clamps (|g|, |u|
+// up to ~20).
 TEST(GptOssExperts, ClampedGluWithBiasesPerRow) {
   auto ctx = make_context("cpu64");
   const int64_t T = 5, K = 8, N = 4, E = 2;
@@ -119,7 +120,7 @@ TEST(GptOssExperts, ClampedGluWithBiasesPerRow) {
   MoeWeights w = test::randn({E, 2 * N, K}, 32, 1.5, DType::F64);
   w.bias = test::randn({E, 2 * N}, 33, 2.0, DType::F64);
   Tensor y = cpu_empty(DType::F64, {T, N});
-  ctx->moe_linear(x, &rows, w, off, y, MoeAct::GptOssGLU);
+  ctx->moe_linear(x, &rows, w, off, y, MoeAct::ClampedSwiGLU);
   int clamped_g = 0, clamped_u = 0;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t e = idx.ptr<int32_t>()[t], r = slot.ptr<int32_t>()[t];

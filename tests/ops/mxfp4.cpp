@@ -94,7 +94,7 @@ TEST(Mxfp4, GroupedLinearEqualsTheDequantisedWeights) {
     Tensor off = cpu_empty(DType::I32, {E + 1}), rows = cpu_empty(DType::I32, {T * k}), slot = cpu_empty(DType::I32, {T * k});
     ctx->moe_group(idx, off, rows, slot);
     const Tensor x = test::randn({T, K}, 21, 1.0, dt);
-    for (MoeAct act : {MoeAct::None, MoeAct::SwiGLU, MoeAct::GptOssGLU}) {
+    for (MoeAct act : {MoeAct::None, MoeAct::SwiGLU, MoeAct::ClampedSwiGLU}) {
       const int64_t Nw = act == MoeAct::None ? N : 2 * N;
       RandomMxfp4 m = random_mxfp4(E, Nw, K, 22, dt);
       for (bool bias : {false, true}) {

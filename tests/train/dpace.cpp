@@ -128,7 +128,7 @@ TEST(DPace, GoldenLossAndGradient) {
       a.lm_head = ctx->to_device(W, dt);
       a.rows = ctx->to_device(cpu_tensor_i32(rows, {Rs}));
       a.labels = ctx->to_device(cpu_tensor_i32(labels, {Rs}));
-      // decay: the batch's weights (exp(-(i-1)/gamma) in F32, as train/draft_batch.h stores them); D-PACE: m = 1
+      // decay: the batch's weights (exp(-(i-1)/gamma) in F32, as model/draft_batch.h stores them); D-PACE: m = 1
       std::vector<float> given(static_cast<size_t>(Rs), 1.0f);
       if (!dpace)
         for (size_t r = 0; r < given.size(); ++r) given[r] = static_cast<float>(w_ref[r]);

@@ -26,6 +26,7 @@
 #include "core/fs.h"
 #include "core/job_control.h"  // StopOnSignals
 #include "core/run_lock.h"
+#include "core/sha256.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/export.h"

@@ -14,11 +14,12 @@
 #include "backend/context.h"
 #include "core/fs.h"
 #include "io/safetensors.h"
+#include "model/draft_batch.h"
 #include "model/drafter.h"
 #include "model/export.h"
 #include "model/target.h"
 #include "common/test_util.h"
-#include "train/draft_batch.h"
+#include "model/draft_batch.h"
 #include "train/optimizer.h"
 
 using namespace dflash;

@@ -8,10 +8,11 @@
 #include <thread>
 
 #include "backend/context.h"
+#include "model/draft_batch.h"
 #include "model/drafter.h"
 #include "model/target.h"
 #include "common/test_util.h"
-#include "train/draft_batch.h"
+#include "model/draft_batch.h"
 #include "train/optimizer.h"
 
 using namespace dflash;

@@ -18,16 +18,17 @@
 
 #include "backend/context.h"
 #include "core/fs.h"
+#include "core/sha256.h"
 #include "io/dataset.h"
 #include "io/hf_config.h"
 #include "io/prepare.h"
 #include "io/tokenizer.h"
 #include "io/safetensors.h"
+#include "model/draft_batch.h"
 #include "model/export.h"
 #include "model/target.h"
 #include "common/test_util.h"
 #include "train/checkpoint.h"
-#include "train/draft_batch.h"
 #include "train/trainer.h"
 #include "common/train_fixtures.h"
 

@@ -1,5 +1,5 @@
 // cpu/moe.cpp — the Mixture-of-Experts ops (backend/context.h): routing, grouping by expert, the grouped expert GEMM
-// (plain or MXFP4 weights, biases, the SwiGLU and gpt-oss GLU epilogues) and the weighted combine; the host MXFP4
+// (plain or MXFP4 weights, biases, the SwiGLU and clamped SwiGLU epilogues) and the weighted combine; the host MXFP4
 // dequantisation (mxfp4_dequantize). The reference of the CUDA kernels (backend/cuda/moe.cu): plain loops, one
 // OpenBLAS product per expert (an MXFP4 expert dequantised row by row into a buffer first).
 #include <algorithm>
@@ -76,12 +76,13 @@ void mxfp4_row(const uint8_t* q, const uint8_t* s, int64_t K, T* out) {
   }
 }
 
-// gpt-oss's gate (transformers GptOssExperts: alpha 1.702, limit 7.0).
+// MoeAct::ClampedSwiGLU (backend/context.h: alpha kClampedSwiGLUAlpha, limit kClampedSwiGLULimit).
 template <class T>
-T gpt_oss_glu(T g, T u) {
-  g = std::min(g, T(7));
-  u = std::clamp(u, T(-7), T(7));
-  return (u + T(1)) * (g / (T(1) + std::exp(T(-1.702) * g)));
+T clamped_swiglu(T g, T u) {
+  constexpr T limit = T(kClampedSwiGLULimit), alpha = T(kClampedSwiGLUAlpha);
+  g = std::min(g, limit);
+  u = std::clamp(u, -limit, limit);
+  return (u + T(1)) * (g / (T(1) + std::exp(-alpha * g)));
 }
 
 }  // namespace
@@ -141,7 +142,7 @@ void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWe
             gv += bias[c];
             uv += bias[d.N + c];
           }
-          Y[i * d.N + c] = act == MoeAct::SwiGLU ? gv * (T(1) / (T(1) + std::exp(-gv))) * uv : gpt_oss_glu(gv, uv);
+          Y[i * d.N + c] = act == MoeAct::SwiGLU ? gv * (T(1) / (T(1) + std::exp(-gv))) * uv : clamped_swiglu(gv, uv);
         }
     }
   });

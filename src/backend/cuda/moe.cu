@@ -262,15 +262,17 @@ __device__ __forceinline__ int tile_expert(const MoeGemmParams& p, int mt) {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
-// The epilogue's activation of a gate / up pair (MoeAct, backend/context.h): kActSwiGLU silu(g) u; kActGptOss the
-// clamped form of transformers' GptOssExperts._apply_gate (alpha 1.702, limit 7).
-enum : int { kActNone = 0, kActSwiGLU = 1, kActGptOss = 2 };
+// The epilogue's activation of a gate / up pair (MoeAct, backend/context.h): kActSwiGLU silu(g) u; kActClampedSwiGLU
+// the clamped SwiGLU (alpha kClampedSwiGLUAlpha, limit kClampedSwiGLULimit).
+enum : int { kActNone = 0, kActSwiGLU = 1, kActClampedSwiGLU = 2 };
+constexpr float kClampAlpha = static_cast<float>(kClampedSwiGLUAlpha);
+constexpr float kClampLimit = static_cast<float>(kClampedSwiGLULimit);
 template <int ACT>
 __device__ __forceinline__ float moe_act(float g, float u) {
-  if (ACT == kActGptOss) {
-    g = fminf(g, 7.f);
-    u = fminf(fmaxf(u, -7.f), 7.f);
-    return (u + 1.f) * g / (1.f + expf(-1.702f * g));
+  if (ACT == kActClampedSwiGLU) {
+    g = fminf(g, kClampLimit);
+    u = fminf(fmaxf(u, -kClampLimit), kClampLimit);
+    return (u + 1.f) * g / (1.f + expf(-kClampAlpha * g));
   }
   return silu(g) * u;
 }
@@ -437,7 +439,8 @@ __device__ __forceinline__ void quad_store(bf16* row, const uint32_t (&pk)[4], i
   }
 }
 
-// BN columns per tile (128 or 256: wgmma m64nBNk16), NS stages; ACT the epilogue (kActNone / kActSwiGLU / kActGptOss).
+// BN columns per tile (128 or 256: wgmma m64nBNk16), NS stages; ACT the epilogue (kActNone / kActSwiGLU /
+// kActClampedSwiGLU).
 // bf16 weights (MXFP4 weights: k_moe_gemm_fp4 below).
 template <int ACT, int BN, int NS>
 __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, const __grid_constant__ CUtensorMap wmap) {
@@ -878,7 +881,7 @@ void launch_fp4_t(Env& e, const MoeGemmParams& p, int64_t blocks) {
 // (2 runs as 1). The tile schedule (tile_off) must be k_moe_tiles' of kWgBM rows.
 template <int ACT>
 void launch_wg(Env& e, MoeGemmParams p, int64_t R, int v, int64_t w_rows) {
-  constexpr bool kAll = ACT != kActGptOss;
+  constexpr bool kAll = ACT != kActClampedSwiGLU;
   if (!kAll && v == 2) v = 1;
   const WgVariant& wv = kWgVariants[v];
   const int cols = ACT != kActNone ? wv.bn / 2 : wv.bn;  // output columns per tile
@@ -1027,7 +1030,7 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
   if (mw.bias.defined()) check_on_dev("moe_linear", mw.bias, "bias");
   if (d.R == 0 || d.N == 0) return;
   const bool fp4 = mw.mxfp4();
-  const int a = act == MoeAct::None ? kActNone : act == MoeAct::SwiGLU ? kActSwiGLU : kActGptOss;
+  const int a = act == MoeAct::None ? kActNone : act == MoeAct::SwiGLU ? kActSwiGLU : kActClampedSwiGLU;
   DFLASH_CHECK(d.E <= (int64_t{1} << 20), "moe_linear (cuda): ", d.E, " experts");
   MoeGemmParams p;
   p.x = static_cast<bf16*>(x.data);
@@ -1055,7 +1058,7 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
     if (fp4) {
       if (a == kActNone) launch_fp4<kActNone>(e, p, d.R, v);
       else if (a == kActSwiGLU) launch_fp4<kActSwiGLU>(e, p, d.R, v);
-      else launch_fp4<kActGptOss>(e, p, d.R, v);
+      else launch_fp4<kActClampedSwiGLU>(e, p, d.R, v);
       return;
     }
     DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, kWgBM, tile_off.ptr<int32_t>());
@@ -1064,7 +1067,7 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
     DFLASH_CHECK(w_rows < (int64_t{1} << 31), "moe_linear (cuda): ", w_rows, " weight rows");
     if (a == kActNone) launch_wg<kActNone>(e, p, d.R, v, w_rows);
     else if (a == kActSwiGLU) launch_wg<kActSwiGLU>(e, p, d.R, v, w_rows);
-    else launch_wg<kActGptOss>(e, p, d.R, v, w_rows);
+    else launch_wg<kActClampedSwiGLU>(e, p, d.R, v, w_rows);
     return;
   }
 #else
@@ -1080,10 +1083,10 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
   switch (a + 3 * fp4) {
     case 0: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActNone, false>)(p); break;
     case 1: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActSwiGLU, false>)(p); break;
-    case 2: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActGptOss, false>)(p); break;
+    case 2: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActClampedSwiGLU, false>)(p); break;
     case 3: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActNone, true>)(p); break;
     case 4: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActSwiGLU, true>)(p); break;
-    default: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActGptOss, true>)(p); break;
+    default: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActClampedSwiGLU, true>)(p); break;
   }
   check_launch("k_moe_gemm_simt");
 }
@@ -1115,10 +1118,10 @@ void moe_init_attributes(int smem_optin) {
   allow_dynamic_smem(smem_optin, k_moe_gemm_wg<kActSwiGLU, 128, 4>, k_moe_gemm_wg<kActNone, 128, 4>,
                      k_moe_gemm_wg<kActSwiGLU, 256, 4>, k_moe_gemm_wg<kActNone, 256, 4>,
                      k_moe_gemm_wg<kActSwiGLU, 128, 6>, k_moe_gemm_wg<kActNone, 128, 6>,
-                     k_moe_gemm_wg<kActGptOss, 128, 4>, k_moe_gemm_wg<kActGptOss, 256, 4>,
+                     k_moe_gemm_wg<kActClampedSwiGLU, 128, 4>, k_moe_gemm_wg<kActClampedSwiGLU, 256, 4>,
                      k_moe_gemm_fp4<kActNone, 128, 4>, k_moe_gemm_fp4<kActNone, 256, 4>,
                      k_moe_gemm_fp4<kActSwiGLU, 128, 4>, k_moe_gemm_fp4<kActSwiGLU, 256, 4>,
-                     k_moe_gemm_fp4<kActGptOss, 128, 4>, k_moe_gemm_fp4<kActGptOss, 256, 4>);
+                     k_moe_gemm_fp4<kActClampedSwiGLU, 128, 4>, k_moe_gemm_fp4<kActClampedSwiGLU, 256, 4>);
 #else
   (void)smem_optin;
 #endif

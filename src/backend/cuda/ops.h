@@ -128,7 +128,7 @@ void attention_init_attributes(int smem_optin);
 // experts and k <= 32.
 void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights);
 void moe_group(Env& e, const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
-// w: bf16 or MXFP4 (MoeWeights; on the device), optional bias; act None, SwiGLU or GptOssGLU.
+// w: bf16 or MXFP4 (MoeWeights; on the device), optional bias; act None, SwiGLU or ClampedSwiGLU.
 void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                 const Tensor& y, MoeAct act, const MoeLinearDims& d);
 void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta);

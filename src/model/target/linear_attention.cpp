@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "io/model_family_hybrid.h"
 #include "model/target/attention.h"
 
 namespace dflash {
@@ -17,24 +18,6 @@ Tensor clone(Context& ctx, const Tensor& t) {
   return c;
 }
 
-// Qwen3-Next's grouped projections permuted into the Qwen3.5 layout (linear_attention.h): per key head g the rows
-// [q_g, k_g, v_g, z_g] of qkvz go to q, k, v of w_qkv and to w_z; [b_g, a_g] of ba to the b and a halves of w_ba.
-void ungroup_qwen3_next(Context& ctx, const Tensor& qkvz, const Tensor& ba, const LinearAttnConfig& a,
-                        LinearAttnWeights& w) {
-  const int64_t nk = a.num_key_heads, dk = a.key_head_dim, r = a.num_value_heads / nk, vd = r * a.value_head_dim;
-  const int64_t group = 2 * dk + 2 * vd, kd = a.key_dim();
-  for (int64_t g = 0; g < nk; ++g) {
-    const int64_t s = g * group;
-    ctx.copy(w.w_qkv.slice(g * dk, (g + 1) * dk), qkvz.slice(s, s + dk));
-    ctx.copy(w.w_qkv.slice(kd + g * dk, kd + (g + 1) * dk), qkvz.slice(s + dk, s + 2 * dk));
-    ctx.copy(w.w_qkv.slice(2 * kd + g * vd, 2 * kd + (g + 1) * vd), qkvz.slice(s + 2 * dk, s + 2 * dk + vd));
-    ctx.copy(w.w_z.slice(g * vd, (g + 1) * vd), qkvz.slice(s + 2 * dk + vd, s + group));
-    const int64_t nv = a.num_value_heads;
-    ctx.copy(w.w_ba.slice(g * r, (g + 1) * r), ba.slice(g * 2 * r, g * 2 * r + r));
-    ctx.copy(w.w_ba.slice(nv + g * r, nv + (g + 1) * r), ba.slice(g * 2 * r + r, (g + 1) * 2 * r));
-  }
-}
-
 }  // namespace
 
 LinearAttnWeights load_linear_attention(WeightSource& src, const std::string& prefix, const WeightNames& n,
@@ -45,14 +28,13 @@ LinearAttnWeights load_linear_attention(WeightSource& src, const std::string& pr
   Context& ctx = src.ctx();
   const DType dt = ctx.compute_dtype();
   LinearAttnWeights w;
-  if (src.has(p + "in_proj_qkvz.weight")) {  // Qwen3-Next
-    const Tensor qkvz = src.matrix(p + "in_proj_qkvz.weight", {C + VD, H});
-    const Tensor ba = src.matrix(p + "in_proj_ba.weight", {2 * nv, H});
-    w.w_qkv = ctx.empty(dt, {C, H});
-    w.w_z = ctx.empty(dt, {VD, H});
-    w.w_ba = ctx.empty(dt, {2 * nv, H});
-    ungroup_qwen3_next(ctx, qkvz, ba, a, w);
-  } else {  // Qwen3.5
+  if (src.has(p + "in_proj_qkvz.weight")) {  // fused and grouped per key head: split by io's layout conversion
+    const SplitLinearAttnProjections s = split_grouped_qkvz(src.host_f32(p + "in_proj_qkvz.weight", {C + VD, H}),
+                                                            src.host_f32(p + "in_proj_ba.weight", {2 * nv, H}), a);
+    w.w_qkv = ctx.to_device(s.qkv, dt);
+    w.w_z = ctx.to_device(s.z, dt);
+    w.w_ba = ctx.to_device(s.ba, dt);
+  } else {  // split
     w.w_qkv = src.matrix(p + "in_proj_qkv.weight", {C, H});
     w.w_z = src.matrix(p + "in_proj_z.weight", {VD, H});
     w.w_ba = ctx.empty(dt, {2 * nv, H});

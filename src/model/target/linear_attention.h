@@ -15,9 +15,9 @@
 // Checkpoint layouts (names under layer + "{l}." + names.linear_attn): Qwen3.5 stores in_proj_qkv [2 nk dk + nv dv, H],
 // in_proj_z [nv dv, H], in_proj_b, in_proj_a [nv, H]; Qwen3-Next stores in_proj_qkvz [nk (2 dk + 2 r dv), H] grouped
 // by key head g as [q_g (dk), k_g (dk), v_g (r dv), z_g (r dv)] and in_proj_ba [nk 2 r, H] as [b_g (r), a_g (r)]
-// (r = nv / nk; transformers' fix_query_key_value_ordering): these are permuted into the Qwen3.5 layout when loaded,
-// so one forward serves both. Both: conv1d.weight [C, 1, K], A_log, dt_bias [nv], norm.weight [dv],
-// out_proj.weight [H, nv dv].
+// (r = nv / nk; transformers' fix_query_key_value_ordering): these are permuted into the Qwen3.5 layout when loaded
+// (io/model_family_hybrid.h split_grouped_qkvz), so one forward serves both. Both: conv1d.weight [C, 1, K], A_log,
+// dt_bias [nv], norm.weight [dv], out_proj.weight [H, nv dv].
 //
 // Cache and rollback. A sequence's cache (KVCache::lin[l]) holds, per linear layer, the convolution's window (the K - 1
 // inputs before the next position) and the recurrent state [nv, dk, dv] after the last position: constant in the

@@ -5,10 +5,13 @@
 // MoE (Qwen3MoeSparseMoeBlock):     p = softmax(x Wr^T) (fp32, all E experts); the top_k experts of largest p,
 //                                   their p renormalised to sum 1 when norm_topk_prob;
 //                                   h += sum_j p_j down_e(silu(gate_e(x)) * up_e(x))         width expert_width
-// MoE (gpt-oss, GptOssMLP):         z = x Wr^T + br; p = softmax over the top_k logits (= moe_route's renormalised
-//                                   softmax: exp(z_j - m) / sum_{i in top k} exp(z_i - m) either way);
-//                                   h += sum_j p_j (down_e(glu(gate_e(x) + bg, up_e(x) + bu)) + bd_e), glu =
-//                                   MoeAct::GptOssGLU; expert weights plain or MXFP4 (kept so on every backend)
+// MoE features (io/hf_config.h MoeConfig; gpt-oss's GptOssMLP has all of them):
+//   router_bias                     z = x Wr^T + br
+//   RouterKind::TopKSoftmax         p = softmax over the top_k logits (= moe_route's renormalised softmax:
+//                                   exp(z_j - m) / sum_{i in top k} exp(z_i - m) either way)
+//   expert_bias, ExpertAct          h += sum_j p_j (down_e(act(gate_e(x) + bg, up_e(x) + bu)) + bd_e), act SwiGLU or
+//                                   MoeAct::ClampedSwiGLU
+//   WeightFormat                    expert weights plain or MXFP4 (kept so on every backend)
 // The MoE runs as five ops on the stacked rows (backend/context.h): the router GEMM, moe_route (top-k and weights),
 // moe_group (the (token, slot) pairs sorted by expert), moe_linear twice (one grouped GEMM per projection: gate and
 // up together with the SwiGLU in its epilogue, then down) and moe_combine (the weighted sum into h). None of them
@@ -28,10 +31,10 @@ struct DenseMlpWeights {
 
 struct MoeLayerWeights {
   Tensor router;        // [E, H]
-  Tensor router_bias;   // [E] (gpt-oss); else undefined
+  Tensor router_bias;   // [E] (MoeConfig::router_bias); else undefined
   MoeWeights gate_up;   // [E, 2 I, H]: expert e's gate rows 0..I-1, then its up rows (transformers 5's Qwen3-MoE
-                        // layout); gpt-oss: + bias [E, 2 I], plain or MXFP4 (backend/context.h MoeWeights)
-  MoeWeights down;      // [E, H, I]; gpt-oss: + bias [E, H], plain or MXFP4
+                        // layout); + bias [E, 2 I] with expert_bias; plain or MXFP4 (backend/context.h MoeWeights)
+  MoeWeights down;      // [E, H, I]; + bias [E, H] with expert_bias; plain or MXFP4
 };
 
 // Calls in this order: gate, up, down.
@@ -40,22 +43,23 @@ DenseMlpWeights load_dense_mlp(WeightSource& src, const std::string& prefix, con
 // h [R, H] += down(silu(gate(x)) * up(x)); x [R, H] act.
 void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, const Tensor& h);
 
-// The experts of a checkpoint in either layout: per expert (prefix + names.expert + "{e}.gate_proj.weight", ...: the
-// published checkpoints) or fused (prefix + names.expert + "gate_up_proj" [E, 2I, H] and "down_proj" [E, H, I]:
-// what transformers 5 holds in memory). Calls: router, gate (+up), down.
-// gpt-oss (moe.gpt_oss_experts; io/model_family.h WeightNames): router, router bias, then gate_up and down in HF's
-// gpt-oss layout (gate_up_proj [E, H, 2I] with gate / up interleaved in its columns, down_proj [E, I, H], biases),
-// or as MXFP4 rows (`mxfp4`: *_blocks / *_scales, gate / up interleaved in the rows), each followed by its bias:
-// rearranged on the host into MoeWeights' layout (rows [E, N', K], gate rows first) and uploaded; MXFP4 stays MXFP4.
+// The experts in the family's layout (io/model_family.h ExpertsLayout). Rows: per expert (prefix + names.expert +
+// "{e}.gate_proj.weight", ...: the published checkpoints) or fused (prefix + names.expert + "gate_up_proj"
+// [E, 2I, H] and "down_proj" [E, H, I]: what transformers 5 holds in memory). Calls: router (+ router bias), gate
+// (+ up), down.
+// InterleavedColumns (gpt-oss): router, router bias, then gate_up and down as columns (gate_up_proj [E, H, 2I] with
+// gate / up interleaved, down_proj [E, I, H]) or as MXFP4 rows (moe.expert_format: *_blocks / *_scales, gate / up
+// interleaved in the rows), each followed by its bias: rearranged on the host by io's layout conversions into
+// MoeWeights' layout (rows [E, N', K], gate rows first) and uploaded; MXFP4 stays MXFP4.
 // Throws Error naming the tensor when one is missing, of another shape or dtype, or MXFP4 where the config has no
 // quantization_config (and the reverse).
 MoeLayerWeights load_moe(WeightSource& src, const std::string& prefix, const WeightNames& names, int64_t H,
-                         const MoeConfig& moe, bool mxfp4 = false);
+                         const MoeConfig& moe);
 // h [R, H] += MoE(x); x [R, H] act. Returns the experts chosen, idx [R, k] I32 (on ctx's device).
 Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& moe, const Tensor& x, const Tensor& h);
 
 // Parameters of one layer's channel mixer: all of them, and those each token uses (router + top_k experts); mxfp4 =
-// those of total held in MXFP4 when the config's quant_method is mxfp4 (the experts' weights, not their biases).
+// those of total held in MXFP4 when moe.expert_format is MXFP4 (the experts' weights, not their biases).
 struct MlpParams {
   int64_t total = 0, active = 0, mxfp4 = 0;
 };

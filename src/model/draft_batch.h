@@ -1,4 +1,4 @@
-// train/draft_batch.h — anchors, block inputs, labels and loss weights of one training sequence (spec 2.1-2.4).
+// model/draft_batch.h — anchors, block inputs, labels and loss weights of one training sequence (spec 2.1-2.4).
 // defines: candidate_anchors, sample_anchors, default_gamma, DraftBatch, make_draft_batch, upload_draft_batch
 #pragma once
 #include <cstdint>

@@ -1,4 +1,5 @@
-#include "train/draft_batch.h"
+// model/draft_batch.cpp — see draft_batch.h.
+#include "model/draft_batch.h"
 
 #include <algorithm>
 #include <cmath>
