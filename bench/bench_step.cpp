@@ -23,7 +23,10 @@
 //
 //   bench_step [--modes normal,recompute | --recompute] [--seqs 4] [--S 3072] [--N 512] [--layers 5]
 //              [--budget-s 15] [--max-reps 5] [--max-seconds 100] [--gemm-n 8192] [--seed 1] [--profile]
-//              [--c02-steps 50]
+//              [--c02-steps 50] [--arch dflash|dflash2]
+// --arch dflash2: the DFlash2 drafter (docs/spec.md 1.1-1.2; published shapes: 2 taps, groups of 16, rank 256, top 16):
+// its FLOPs add per layer the two kernel projections (3 * 2*NB*H*2TG each) and per step the selector's projection
+// (3 * 2*NB*H*r); the convolutions and the pair scores are memory-bound and not counted.
 // --c02-steps: case C02, steps whose sequences have random lengths (RESULT name=c02; 0 skips it).
 // --profile: after each mode's timed steps, one more step with the per-op profile (Context::op_profile) printed
 // as a table: where the step's device time goes, op by op.
@@ -119,7 +122,9 @@ int main(int argc, char** argv) {
     big.rms_norm_eps = 1e-6;
     big.rope_theta = 1e6;
     big.max_position_embeddings = 40960;
+    big.arch = parse_draft_arch(args.s("arch", "dflash"), "--arch");
     big.validate();
+    const std::string impl = big.dflash2() ? "dflash2" : "dflash";
     Drafter drafter(*ctx, big, seed);  // the library's constructor: weights drawn on the device (fill_normal)
     ParamSet& ps = drafter.params();
     ps.flatten_grads(*ctx);  // the gradients in one buffer and AdamW's moments now, as the trainer's drafter worker
@@ -145,6 +150,9 @@ int main(int argc, char** argv) {
       f += L * 3.0 * 2.0 * Sq * double(H) * double(2 * nkv * d);                                  // context K/V
       f += 3.5 * fa * L;                                                                           // attention
       f += 4.0 * double(V) * double(H) * Rs;                                                       // lm_head
+      if (big.dflash2())  // kernel projections (2 per layer) and the selector's hidden projection
+        f += L * 2.0 * 3.0 * 2.0 * NBq * double(H) * double(big.conv_coefficients()) +
+             3.0 * 2.0 * NBq * double(H) * double(big.selector_rank);
       return f;
     };
     {
@@ -231,9 +239,9 @@ int main(int argc, char** argv) {
       const double ts = median(tt);
       const double peak = double(ctx->memory().peak_bytes);
       const double tflops = flops / ts / 1e12;
-      result("name=%s impl=dflash ms=%.1f tokens_per_s=%.0f tflops=%.1f mfu_989=%.4f peak_gib=%.2f fb_ms=%.1f "
+      result("name=%s impl=%s ms=%.1f tokens_per_s=%.0f tflops=%.1f mfu_989=%.4f peak_gib=%.2f fb_ms=%.1f "
              "opt_ms=%.1f reps=%d loss=%.4f seqs=%lld draft_tokens=%.0f layout=per_sequence",
-             rc ? "step_recompute" : "step", ts * 1e3, draft_tokens / ts, tflops, tflops / kPeakTflops, gib(peak),
+             rc ? "step_recompute" : "step", impl.c_str(), ts * 1e3, draft_tokens / ts, tflops, tflops / kPeakTflops, gib(peak),
              median(tfb) * 1e3, median(topt) * 1e3, reps, loss, (long long)seqs, draft_tokens);
       if (profile) {  // one more step, op by op (backend/op_profile.h); the timed steps above include the events
         ctx->reset_op_profile();

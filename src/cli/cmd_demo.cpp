@@ -46,6 +46,7 @@ struct DemoOpts {
   // the objective and the seed (defaults: train's): train's --loss, --dpace-alpha, --kl-weight, --seed;
   // bench/dpace_demo.sh compares objectives over seeds with them
   std::string loss = TrainConfig{}.loss;
+  std::string arch = TrainConfig{}.arch;
   double dpace_alpha = TrainConfig{}.dpace_alpha;
   double kl_weight = TrainConfig{}.kl_weight;
   uint64_t seed = 0;
@@ -127,6 +128,7 @@ void run(const DemoOpts& o) {
   tc.resume = o.resume;
   tc.checkpoint_every = 100;
   tc.loss = o.loss;
+  tc.arch = o.arch;
   tc.dpace_alpha = o.dpace_alpha;
   tc.kl_weight = o.kl_weight;
   // gamma 2 instead of the spec's 7 for B = 16: in a run this short the drafter first predicts one "average"
@@ -170,6 +172,7 @@ void run(const DemoOpts& o) {
   // tau before training: an untrained drafter of the same shape
   const std::vector<int64_t> ids = default_target_layer_ids(target->config().num_hidden_layers, tc.num_target_features);
   DrafterConfig dc = DrafterConfig::for_target(target->config(), tc.num_layers, tc.block_size, ids, *tok->mask_id());
+  dc.arch = parse_draft_arch(tc.arch, "--arch");  // DFlash2's other settings: TrainConfig's defaults, as in the run
   Drafter untrained(*ctx, dc, tc.seed, tc.init_std);
   log_info("demo: tau of the untrained drafter on ", eval_n, " eval samples ...");
   TauReport before = measure(*ctx, *target, untrained, eval_data, eval_n, false, eos);
@@ -197,6 +200,7 @@ void run(const DemoOpts& o) {
   nlohmann::json summary = {
       {"device", ctx->describe()},
       {"drafter", {{"layers", dc.num_layers}, {"block_size", dc.block_size}, {"target_layer_ids", ids}}},
+      {"arch", tc.arch},
       {"objective", objective},
       {"seed", o.seed},
       {"train", {{"steps", ts.steps_done}, {"seconds", ts.seconds}, {"last_loss", ts.last_loss}, {"last_eal", ts.last_eal}}},
@@ -256,6 +260,7 @@ void register_demo(CLI::App& app) {
   sub->add_option("--generated-samples", o->generated_samples,
                   "eval samples decoded speculatively (default 20 CPU / 100 GPU)");
   sub->add_option("--threads", o->threads, "CPU threads (0 = all cores)");
+  sub->add_option("--arch", o->arch, "drafter architecture, as train --arch: dflash or dflash2")->capture_default_str();
   sub->add_option("--loss", o->loss, "training objective, as train --loss: dpace or decay (gamma 2 here)")
       ->capture_default_str();
   sub->add_option("--dpace-alpha", o->dpace_alpha, "D-PACE's smoothing alpha (with --loss dpace)")
