@@ -32,7 +32,9 @@ struct PlotOptions {
 };
 
 struct RunTables {
-  std::string curves;  // one row per step: x, loss, eal, lr, ctx tok/s, draft tok/s (NaN where absent)
+  std::string curves;  // one row per step: x, loss, eal, lr, ctx tok/s, draft tok/s, DFlash2's selector loss and
+                       // recall (NaN where absent)
+  bool selector = false;  // a DFlash2 run: its rows have sel_loss / sel_recall
   std::string slots;   // one row per slot i >= 1: i, mean acc_i, prod_{k<=i} of the means
 };
 
@@ -62,6 +64,7 @@ RunTables metrics_table(const std::string& run, const std::string& x, double tai
   std::istringstream in(read_file(path));
   std::string line, out;
   std::vector<std::vector<double>> accs;
+  bool selector = false;
   double seconds = 0;
   int64_t lineno = 0, rows = 0;
   while (std::getline(in, line)) {
@@ -76,8 +79,10 @@ RunTables metrics_table(const std::string& run, const std::string& x, double tai
     seconds += j.value("step_s", 0.0);
     auto num = [&](const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : NAN; };
     char b[256];
-    std::snprintf(b, sizeof b, "%.6g\t%.6g\t%.6g\t%.6g\t%.6g\t%.6g\n", x == "seconds" ? seconds : num("step"),
-                  num("loss"), num("eal"), num("lr"), num("ctx_tokens_per_s"), num("draft_tokens_per_s"));
+    std::snprintf(b, sizeof b, "%.6g\t%.6g\t%.6g\t%.6g\t%.6g\t%.6g\t%.6g\t%.6g\n",
+                  x == "seconds" ? seconds : num("step"), num("loss"), num("eal"), num("lr"), num("ctx_tokens_per_s"),
+                  num("draft_tokens_per_s"), num("sel_loss"), num("sel_recall"));
+    selector |= j.contains("sel_loss");
     out += b;
     ++rows;
     if (j.contains("acc") && j["acc"].is_array()) {
@@ -87,7 +92,7 @@ RunTables metrics_table(const std::string& run, const std::string& x, double tai
     }
   }
   DFLASH_CHECK(rows > 0, path, ": no steps recorded yet");
-  return {out, slot_table(accs, tail)};
+  return {out, slot_table(accs, tail), selector};
 }
 
 std::string gp_quote(const std::string& s) {
@@ -103,8 +108,10 @@ void plot(const PlotOptions& o) {
   const std::string tmp = cat(out, ".tmp-", getpid());
   make_dirs(tmp);
   std::vector<std::string> tables, slots;
+  std::vector<size_t> selector_runs;  // the DFlash2 runs among them
   for (size_t i = 0; i < o.runs.size(); ++i) {
     const RunTables t = metrics_table(o.runs[i], o.x, o.tail);
+    if (t.selector) selector_runs.push_back(i);
     tables.push_back(path_join(tmp, cat("run", i, ".tsv")));
     write_file_atomic(tables.back(), t.curves);
     slots.push_back(path_join(tmp, cat("slots", i, ".tsv")));
@@ -152,8 +159,24 @@ void plot(const PlotOptions& o) {
     ++panel;
     return cat("set origin ", 0.5 * c, ",", top - panel_h * (r + 1), "\nset size 0.5,", panel_h, "\n");
   };
-  gp += at() + cat("set title 'loss'\nplot ", series_of(tables, 2, "loss", "lines"), "\n");
-  gp += at() + cat("set title 'expected acceptance length (EAL)'\nplot ", series_of(tables, 3, "EAL", "lines"), "\n");
+  // DFlash2 runs add their selector's loss (dashed, in the loss panel) and the share of labels among its candidates
+  // (dashed, on the EAL panel's right axis); only theirs, so that no series is all NaN
+  std::vector<std::string> sel_tables;
+  for (size_t i : selector_runs) sel_tables.push_back(tables[i]);
+  auto sel_series = [&](int col, const char* what, const char* axes) {
+    std::string s;
+    for (size_t k = 0; k < selector_runs.size(); ++k)
+      s += cat(", ", gp_quote(sel_tables[k]), " using 1:", col, " axes ", axes, " with lines ",
+               style(selector_runs[k], 2), " lw 1.5 ", shared_key ? std::string("notitle") : "title " + gp_quote(what));
+    return s;
+  };
+  gp += at() + cat("set title '", selector_runs.empty() ? "loss" : "loss (dashed: the selector's)", "'\nplot ",
+                   series_of(tables, 2, "loss", "lines"), sel_series(7, "selector loss", "x1y1"), "\n");
+  if (!selector_runs.empty()) gp += "set y2tics\nset y2range [0:1]\n";
+  gp += at() + cat("set title '", selector_runs.empty() ? "expected acceptance length (EAL)"
+                                                       : "EAL (dashed, right axis: label among the candidates)",
+                   "'\nplot ", series_of(tables, 3, "EAL", "lines"), sel_series(8, "selector recall", "x1y2"), "\n");
+  if (!selector_runs.empty()) gp += "unset y2tics\nset autoscale y2\n";
   gp += at() + cat("set title 'learning rate'\nplot ", series_of(tables, 4, "lr", "lines"), "\n");
   gp += at() + cat("set title 'throughput (tokens/s; solid: context, dashed: draft)'\nplot ",
                    series_of(tables, 5, "context tok/s", "lines"), ", ", series_of(tables, 6, "draft tok/s", "lines", 2),
