@@ -34,8 +34,8 @@ struct PlotOptions {
 struct RunTables {
   std::string curves;  // one row per step: x, loss, eal, lr, ctx tok/s, draft tok/s, DFlash2's selector loss and
                        // recall (NaN where absent)
-  bool selector = false;  // a DFlash2 run: its rows have sel_loss / sel_recall
   std::string slots;   // one row per slot i >= 1: i, mean acc_i, prod_{k<=i} of the means
+  bool selector = false;  // a DFlash2 run: its rows have sel_loss / sel_recall
 };
 
 // The per-slot table: acc_i averaged over the last `tail` of the rows that have one (at least one row).
