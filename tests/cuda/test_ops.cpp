@@ -127,12 +127,6 @@ Tensor nan_out(Context& c, Shape s, bool act = true) {
   for (float& x : h.span<float>()) x = std::numeric_limits<float>::quiet_NaN();
   return c.to_device(h, act ? c.compute_dtype() : c.param_dtype());
 }
-// The same in F32 on every backend (outputs whose dtype is F32 by contract: scores, top-k logits).
-Tensor nan_f32(Context& c, Shape s) {
-  Tensor h = cpu_empty(DType::F32, s);
-  for (float& x : h.span<float>()) x = std::numeric_limits<float>::quiet_NaN();
-  return c.to_device(h);
-}
 std::vector<double> get(Context& c, const Tensor& t) {
   Tensor h = c.to_host(t);
   std::vector<double> v(static_cast<size_t>(h.numel()));
@@ -997,7 +991,7 @@ TEST(CudaOps, LmHeadLossTopk) {
                  a.topk = s.k;
                  a.topk_ids = c.to_device(cpu_tensor_i32(std::vector<int32_t>(static_cast<size_t>(Rs * s.k), -7),
                                                          {Rs, s.k}));
-                 a.topk_logits = nan_f32(c, {Rs, s.k});
+                 a.topk_logits = nan_out(c, {Rs, s.k}, false);
                  const LossStats st = c.lm_head_loss(a);
                  return Outs{get(c, a.topk_ids), get(c, a.topk_logits), st.ce, get(c, a.dh)};
                });
@@ -1017,7 +1011,7 @@ TEST(CudaOps, LmHeadLossTopk) {
     a.chunk_rows = 24;
     a.topk = k;
     a.topk_ids = c.empty(DType::I32, {R, k});
-    a.topk_logits = nan_f32(c, {R, k});
+    a.topk_logits = nan_out(c, {R, k}, false);
     c.lm_head_loss(a);
     return Outs{get(c, a.topk_ids), get(c, a.topk_logits)};
   };
@@ -1157,10 +1151,10 @@ void selector_case(const SelCase& s) {
                a.rows = put_i32(c, rows);
                a.prev = put_i32(c, prev);
                a.cand = c.to_device(cpu_tensor_i32(cand, {M, K}));
-               a.cand_logit = c.to_device(cpu_tensor(U, {M, K}));
+               a.cand_logit = c.to_device(cpu_tensor(U, {M, K}), c.param_dtype());
                a.pred_cb = put(c, P);
                a.succ_cb = put(c, S);
-               Tensor e0 = nan_f32(c, {M, K});
+               Tensor e0 = nan_out(c, {M, K}, false);
                c.candidate_selector(a, e0);
                a.labels = put_i32(c, labels);
                a.weights = c.to_device(cpu_tensor(w, {M}));
@@ -1169,7 +1163,7 @@ void selector_case(const SelCase& s) {
                a.dh = put(c, dh0);
                a.d_pred_cb = put(c, dP0, false);
                a.d_succ_cb = put(c, dS0, false);
-               Tensor e = nan_f32(c, {M, K});
+               Tensor e = nan_out(c, {M, K}, false);
                const SelectorStats st = c.candidate_selector(a, e);
                return Outs{get(c, e),
                            get(c, e0),
@@ -1200,11 +1194,11 @@ void selector_case(const SelCase& s) {
                a.rows = put_i32(c, lrows);
                a.prev = put_i32(c, lprev);
                a.cand = c.to_device(cpu_tensor_i32(lcand, {LM, K}));
-               a.cand_logit = c.to_device(cpu_tensor(lU, {LM, K}));
+               a.cand_logit = c.to_device(cpu_tensor(lU, {LM, K}), c.param_dtype());
                a.pred_cb = put(c, P);
                a.succ_cb = put(c, S);
                a.labels = put_i32(c, llab);
-               Tensor e = nan_f32(c, {LM, K});
+               Tensor e = nan_out(c, {LM, K}, false);
                const SelectorStats st = c.candidate_selector(a, e);
                return Outs{get(c, e), st.loss, std::vector<double>(st.correct.begin(), st.correct.end())};
              });
