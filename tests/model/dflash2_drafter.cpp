@@ -15,7 +15,7 @@
 #include "io/safetensors.h"
 #include "model/drafter.h"
 #include "model/export.h"
-#include "train/draft_batch.h"
+#include "model/draft_batch.h"
 
 using namespace dflash;
 using dflash::test::randn;
