@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/context.h"
+#include "common/drafter_fixture.h"
 #include "common/test_util.h"
 #include "core/fs.h"
 #include "io/safetensors.h"
@@ -19,25 +20,14 @@
 
 using namespace dflash;
 using dflash::test::randn;
+using dflash::test::expect_fd_gradients;
 using dflash::test::to_f64;
 
 namespace {
 
 DrafterConfig tiny_dflash2() {
-  DrafterConfig c;
+  DrafterConfig c = test::tiny_drafter_config();
   c.arch = DraftArch::DFlash2;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.vocab_size = 40;
-  c.block_size = 4;
-  c.target_layer_ids = {0, 2};
-  c.num_target_layers = 4;
-  c.mask_token_id = 39;
-  c.rope_theta = 100.0;
   c.conv_kernel_size = 2;
   c.conv_group_size = 4;
   c.selector_rank = 6;
@@ -45,77 +35,11 @@ DrafterConfig tiny_dflash2() {
   return c;
 }
 
-struct D2Fixture {
-  std::unique_ptr<Context> ctx;
-  DrafterConfig cfg;
-  std::unique_ptr<Drafter> drafter;
-  Tensor embed, lm_head, features, teacher;
-  DraftBatch batch;
-  DraftInputs in;
+// The tiny drafter fixture with every parameter perturbed (or as initialised)
+struct D2Fixture : test::DrafterFixture {
   D2Fixture(const std::string& device, DrafterConfig c, double dpace_alpha = 0, bool perturb = true)
-      : cfg(std::move(c)) {
-    ctx = make_context(device, {.threads = 2});
-    const DType dt = ctx->compute_dtype();
-    drafter = std::make_unique<Drafter>(*ctx, cfg, 1234, 0.3);
-    int idx = 0;
-    if (perturb)  // every parameter away from its init (the identity convolutions, the zero successor codebook)
-      for (auto& p : drafter->params().all()) {
-        Tensor t = randn(p.shape, 700 + idx++, p.shape.size() == 1 ? 0.2 : 0.15, DType::F64);
-        const std::vector<double> m = to_f64(p.master);
-        for (int64_t i = 0; i < t.numel(); ++i) t.ptr<double>()[i] += m[i];
-        ctx->copy(p.master, ctx->to_device(t, p.master.dtype));
-      }
-    const int64_t S = 21, H = cfg.hidden_size, V = cfg.vocab_size;
-    embed = ctx->to_device(randn({V, H}, 1, 1.0, DType::F64), dt);
-    lm_head = ctx->to_device(randn({V, H}, 2, 0.5, DType::F64), dt);
-    features = ctx->to_device(randn({S, cfg.nf() * H}, 3, 1.0, DType::F64), dt);
-    teacher = ctx->to_device(randn({S, H}, 4, 1.0, DType::F64), dt);
-    std::vector<int32_t> tokens(S);
-    std::vector<uint8_t> mask(S, 0);
-    for (int64_t p = 0; p < S; ++p) tokens[p] = static_cast<int32_t>((p * 7 + 3) % 38);
-    for (int64_t p = 5; p < S; ++p) mask[p] = p == 11 ? 0 : 1;
-    std::vector<int32_t> anchors = {5, 8, 12, 18};
-    batch = make_draft_batch(tokens, mask, anchors, 5, cfg.block_size, cfg.mask_token_id, 7.0, dpace_alpha);
-    in = upload_draft_batch(*ctx, batch, features, teacher);
-    drafter->params().sync_compute(*ctx);
-  }
-  float alpha = 1.0f;  // the selector loss's weight
-  double loss(float kl) {
-    drafter->params().sync_compute(*ctx);
-    auto st = drafter->forward_backward(*ctx, in, embed, lm_head, kl, 1.0f, false, false, alpha);
-    return st.loss_sum / batch.sum_w;
-  }
+      : DrafterFixture(device, std::move(c), dpace_alpha, perturb ? Perturb::All : Perturb::None) {}
 };
-
-void expect_fd_gradients(D2Fixture& f, float kl) {
-  SCOPED_TRACE(testing::Message() << "alpha " << f.alpha << " kl " << kl << " dpace " << f.batch.dpace_alpha);
-  f.drafter->params().zero_grad(*f.ctx);
-  f.drafter->forward_backward(*f.ctx, f.in, f.embed, f.lm_head, kl, static_cast<float>(1.0 / f.batch.sum_w), true,
-                              false, f.alpha);
-  Rng pick(9, RngPurpose::Test);
-  for (auto& p : f.drafter->params().all()) {
-    std::vector<double> g = to_f64(p.grad);
-    if (f.alpha == 0 && p.name.rfind("candidate_selector.", 0) == 0) continue;  // no selector loss, no gradient
-    ASSERT_GT(dflash::test::max_abs(g), 1e-8) << p.name << " has an all-zero gradient";
-    double* w = p.master.ptr<double>();
-    // the codebooks' gradients are sparse (the rows of the predecessors and candidates): check those rows
-    std::vector<int64_t> nz;
-    for (int64_t i = 0; i < p.master.numel(); ++i)
-      if (g[i] != 0) nz.push_back(i);
-    const int checks = std::min<int64_t>(static_cast<int64_t>(nz.size()), 12);
-    for (int c = 0; c < checks; ++c) {
-      const int64_t i = nz[pick.below(static_cast<uint64_t>(nz.size()))];
-      const double w0 = w[i], h = 1e-5;
-      w[i] = w0 + h;
-      const double lp = f.loss(kl);
-      w[i] = w0 - h;
-      const double lm = f.loss(kl);
-      w[i] = w0;
-      const double fd = (lp - lm) / (2 * h);
-      EXPECT_NEAR(g[i], fd, 1e-7 + 1e-5 * std::fabs(fd)) << p.name << "[" << i << "]";
-    }
-  }
-}
 
 }  // namespace
 
@@ -123,7 +47,7 @@ void expect_fd_gradients(D2Fixture& f, float kl) {
 // the decayed weights, and with D-PACE's weights.
 TEST(DFlash2Drafter, GradientsMatchFiniteDifferencesInFp64) {
   D2Fixture c("cpu64", tiny_dflash2());
-  c.alpha = 0;  // the backbone and its convolutions alone
+  c.selector_alpha = 0;  // the backbone and its convolutions alone
   expect_fd_gradients(c, 0.3f);
   D2Fixture f("cpu64", tiny_dflash2());
   expect_fd_gradients(f, 0.3f);

@@ -8,15 +8,25 @@
 
 using namespace dflash;
 
-// A DFlash2 run learns: the cross-entropy falls, the EAL (the selector's teacher-forced choices) and the share of
-// labels among the candidates rise (TrainLoop.LossFallsAndEalRises' run, with D-PACE, the default objective).
-TEST(DFlash2Train, CrossEntropyFallsAndEalAndRecallRise) {
-  const std::string root = test::train_tmpdir("d2learn");
-  TrainConfig c = test::tiny_train_config(root, test::make_train_data(root));
+namespace {
+
+// The tiny training run of common/train_fixtures.h as DFlash2, with a selector that fits its 512-token vocabulary.
+TrainConfig tiny_dflash2_run(const std::string& root, const std::string& data) {
+  TrainConfig c = test::tiny_train_config(root, data);
   c.arch = "dflash2";
   c.conv_group_size = 8;
   c.selector_rank = 16;
   c.selector_top_k = 8;
+  return c;
+}
+
+}  // namespace
+
+// A DFlash2 run learns: the cross-entropy falls, the EAL (the selector's teacher-forced choices) and the share of
+// labels among the candidates rise (TrainLoop.LossFallsAndEalRises' run, with D-PACE, the default objective).
+TEST(DFlash2Train, CrossEntropyFallsAndEalAndRecallRise) {
+  const std::string root = test::train_tmpdir("d2learn");
+  TrainConfig c = tiny_dflash2_run(root, test::make_train_data(root));
   c.threads = 2;
   c.batch_size = 2;
   c.max_steps = 300;
@@ -41,11 +51,7 @@ TEST(DFlash2Train, CrossEntropyFallsAndEalAndRecallRise) {
 // like every other gradient; ZeRO-1 shards them).
 TEST(DFlash2Train, TwoPlusTwoMatchesOneWorker) {
   const std::string root = test::train_tmpdir("d2pipe");
-  TrainConfig one = test::tiny_train_config(root, test::make_train_data(root));
-  one.arch = "dflash2";
-  one.conv_group_size = 8;
-  one.selector_rank = 16;
-  one.selector_top_k = 8;
+  TrainConfig one = tiny_dflash2_run(root, test::make_train_data(root));
   one.max_steps = 12;
   one.out_dir = root + "/one";
   train(one);
@@ -56,11 +62,7 @@ TEST(DFlash2Train, TwoPlusTwoMatchesOneWorker) {
 // A DFlash2 checkpoint is not continued as DFlash (nor the reverse): the refusal names --arch.
 TEST(DFlash2Train, ResumeAsAnotherArchIsRefusedNamingArch) {
   const std::string root = test::train_tmpdir("d2resume");
-  TrainConfig c = test::tiny_train_config(root, test::make_train_data(root, 8));
-  c.arch = "dflash2";
-  c.conv_group_size = 8;
-  c.selector_rank = 16;
-  c.selector_top_k = 8;
+  TrainConfig c = tiny_dflash2_run(root, test::make_train_data(root, 8));
   c.max_steps = 4;
   c.stop_after = 2;
   train(c);

@@ -45,35 +45,6 @@ struct SelParams {
   int* err;
 };
 
-// W bf16 values, kept raw between the load and the conversion.
-template <int W>
-struct Raw;
-template <>
-struct Raw<8> {
-  uint4 v{};
-  __device__ __forceinline__ void load(const bf16* p) { v = *reinterpret_cast<const uint4*>(p); }
-  __device__ __forceinline__ void to_f(float (&x)[8]) const { bf16x8_to_f(v, x); }
-};
-template <>
-struct Raw<1> {
-  bf16 v{};
-  __device__ __forceinline__ void load(const bf16* p) { v = *p; }
-  __device__ __forceinline__ void to_f(float (&x)[1]) const { x[0] = __bfloat162float(v); }
-};
-template <int W>
-__device__ __forceinline__ void load_f(const bf16* p, float (&x)[W]) {
-  Raw<W> r;
-  r.load(p);
-  r.to_f(x);
-}
-template <int W>
-__device__ __forceinline__ void store_f(bf16* p, const float (&x)[W]) {
-  if constexpr (W == 8)
-    *reinterpret_cast<uint4*>(p) = f_to_bf16x8(x);
-  else
-    p[0] = __float2bfloat16(x[0]);
-}
-
 template <int W>
 __global__ void __launch_bounds__(kWarps * 32) k_sel_rows(SelParams p) {
   const int lane = threadIdx.x & 31;

@@ -1,6 +1,6 @@
 // backend/cuda/common.cuh — what every CUDA op file shares.
 // defines: check_launch, DFLASH_LAUNCH, DFLASH_DYN_SMEM, DFLASH_UNROLL,
-//          bf16 <-> float helpers, warp / block reductions, grid sizing
+//          bf16 <-> float helpers (Raw, load_f, store_f: 1 or 8 values), warp / block reductions, grid sizing
 //
 // The kernels are written in a small subset of CUDA C++ (no <<< >>> outside DFLASH_LAUNCH, shared memory only via
 // __shared__ arrays of plain types or DFLASH_DYN_SMEM, full-warp shuffles) so that the same files also compile as
@@ -89,6 +89,36 @@ __device__ __forceinline__ uint4 f_to_bf16x8(const float (&f)[8]) {
   DFLASH_UNROLL
   for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
   return v;
+}
+
+// W bf16 values (8: one 16-byte load, the pointer 16-byte aligned; 1: a scalar), kept raw between the load and the
+// conversion so that a prefetch stays in flight; load_f / store_f convert to / from fp32 at once.
+template <int W>
+struct Raw;
+template <>
+struct Raw<8> {
+  uint4 v{};
+  __device__ __forceinline__ void load(const bf16* p) { v = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void to_f(float (&x)[8]) const { bf16x8_to_f(v, x); }
+};
+template <>
+struct Raw<1> {
+  bf16 v{};
+  __device__ __forceinline__ void load(const bf16* p) { v = *p; }
+  __device__ __forceinline__ void to_f(float (&x)[1]) const { x[0] = __bfloat162float(v); }
+};
+template <int W>
+__device__ __forceinline__ void load_f(const bf16* p, float (&x)[W]) {
+  Raw<W> r;
+  r.load(p);
+  r.to_f(x);
+}
+template <int W>
+__device__ __forceinline__ void store_f(bf16* p, const float (&x)[W]) {
+  if constexpr (W == 8)
+    *reinterpret_cast<uint4*>(p) = f_to_bf16x8(x);
+  else
+    p[0] = __float2bfloat16(x[0]);
 }
 // Whether a bf16 elementwise op over n elements can move 8 at a time: n % 8 == 0 and every pointer 16-byte aligned.
 template <class... P>

@@ -48,35 +48,6 @@ struct ConvParams {
   int lanes;  // backward: lanes per group (g / W, a power of two <= 32), or 0: d_delta by k_conv_ddelta
 };
 
-// W bf16 values of a row, kept raw between the load and the conversion (so that a prefetch stays in flight).
-template <int W>
-struct Raw;
-template <>
-struct Raw<8> {
-  uint4 v{};
-  __device__ __forceinline__ void load(const bf16* p) { v = *reinterpret_cast<const uint4*>(p); }
-  __device__ __forceinline__ void to_f(float (&x)[8]) const { bf16x8_to_f(v, x); }
-};
-template <>
-struct Raw<1> {
-  bf16 v{};
-  __device__ __forceinline__ void load(const bf16* p) { v = *p; }
-  __device__ __forceinline__ void to_f(float (&x)[1]) const { x[0] = __bfloat162float(v); }
-};
-template <int W>
-__device__ __forceinline__ void load_f(const bf16* p, float (&x)[W]) {
-  Raw<W> r;
-  r.load(p);
-  r.to_f(x);
-}
-template <int W>
-__device__ __forceinline__ void store_f(bf16* p, const float (&x)[W]) {
-  if constexpr (W == 8)
-    *reinterpret_cast<uint4*>(p) = f_to_bf16x8(x);
-  else
-    p[0] = __float2bfloat16(x[0]);
-}
-
 // acc[i] += (bs[i] + delta coefficient of channel c0 + i) * x[i]; dl points at the tap's G coefficients of the row.
 template <int W>
 __device__ __forceinline__ void tap(float (&acc)[W], const float (&bs)[W], const float (&x)[W], const bf16* dl,
