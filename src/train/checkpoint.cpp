@@ -1,10 +1,14 @@
 // train/checkpoint.cpp — see checkpoint.h.
 #include "train/checkpoint.h"
 
+#include <fcntl.h>   // AT_FDCWD
+#include <stdio.h>   // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "core/fs.h"
@@ -32,6 +36,32 @@ Tensor host_state(Context& ctx, const Param& p, const Tensor& flat, const Tensor
   }
   if (own.defined()) return ctx.to_host(own, false);
   return cpu_zeros(p.master.dtype, p.shape);
+}
+}  // namespace
+
+// Puts the complete directory `tmp` in place as `dir`. A step saved again (a fault checkpoint of the step a run resumed
+// at, a finished run resumed) replaces its directory in one step: renameat2's RENAME_EXCHANGE swaps the two names
+// atomically, so that `dir` (which LATEST may name) holds the old or the new checkpoint at every moment, never
+// neither; `tmp` then holds the old one and goes (a crash before that leaves a temporary that resume removes). A file
+// system without the exchange (EINVAL, ENOSYS) takes the old directory away first, the window in which a crash
+// leaves `dir` missing.
+namespace {
+void publish_dir(const std::string& tmp, const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir)) {
+    fs::rename(tmp, dir, ec);
+    DFLASH_CHECK(!ec, dir, ": cannot publish checkpoint: ", ec.message());
+    return;
+  }
+  if (renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(tmp, ec);
+    return;
+  }
+  const int err = errno;
+  DFLASH_CHECK(err == EINVAL || err == ENOSYS, dir, ": cannot publish checkpoint: ", std::strerror(err));
+  fs::remove_all(dir, ec);
+  fs::rename(tmp, dir, ec);
+  DFLASH_CHECK(!ec, dir, ": cannot publish checkpoint: ", ec.message());
 }
 }  // namespace
 
@@ -75,10 +105,7 @@ std::string save_checkpoint(Context& ctx, const std::string& out_dir, const Para
                 " free there. ", prev.empty() ? std::string("There is no earlier checkpoint") :
                 cat("The previous checkpoint ", prev, " is intact (continue from it with --resume once there is room)"));
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  fs::rename(tmp, dir, ec);
-  DFLASH_CHECK(!ec, dir, ": cannot publish checkpoint: ", ec.message());
+  publish_dir(tmp, dir);
   fsync_dir(root);
   write_file_atomic(path_join(root, "LATEST"), std::string(name) + "\n");
   return dir;

@@ -5,8 +5,9 @@
 // The same format whether the optimizer state was replicated or sharded over the drafters (train/optimizer.h): a
 // sharded run gathers the moments before saving, and a load re-splits them for any drafter count, so checkpoints
 // move freely between replicated and sharded runs of any topology.
-// written into "<dir>.tmp-<pid>" and renamed; then <out>/checkpoints/LATEST (one line: the directory name) is
-// replaced atomically. RNG needs no saved state: every stream is counter-based on (seed, purpose, step, index).
+// written into "<dir>.tmp-<pid>" and renamed (a step saved again swaps the two directories atomically: the step's
+// directory holds the old or the new checkpoint at every moment); then <out>/checkpoints/LATEST (one line: the
+// directory name) is replaced atomically. RNG needs no saved state: every stream is counter-based on (seed, purpose, step, index).
 // A write that fails (a full or unwritable disk) removes its temporary directory and leaves every earlier checkpoint
 // and LATEST as they were; a process killed mid-write leaves "<dir>.tmp-<pid>", which the next start of the run
 // removes (train/run_files.h remove_run_temporaries).

@@ -525,6 +525,36 @@ TEST(TrainGuard, PruningNeverRemovesTheCheckpointLatestNames) {
   fs::remove_all(root);
 }
 
+// A step saved again replaces its directory whole (the two directories swap names in one rename): the new state is
+// there, nothing of the old one or of the temporary stays, and LATEST names it.
+TEST(TrainGuard, ASavedStepSavedAgainIsReplacedWhole) {
+  const std::string root = tmpdir("resave");
+  auto ctx = make_context("cpu");
+  ParamSet ps;
+  ps.add(*ctx, "w", cpu_tensor(std::vector<float>{1, 2, 3}, {3}));
+  ps.flatten_grads(*ctx);
+  ps.flatten_masters(*ctx);
+  const std::string dir = save_checkpoint(*ctx, root, ps, {3, {{"note", "first"}}});
+  ASSERT_TRUE(fs::exists(dir + "/params.safetensors"));
+  write_file_atomic(dir + "/stray", "from the first save\n");  // a file only the old directory has
+  ctx->copy(ps.get("w").master, cpu_tensor(std::vector<float>{7, 8, 9}, {3}));
+  EXPECT_EQ(save_checkpoint(*ctx, root, ps, {3, {{"note", "second"}}}), dir);
+  EXPECT_FALSE(fs::exists(dir + "/stray"));
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/state.json"))["note"], "second");
+  EXPECT_EQ(latest_checkpoint(root), dir);
+  ParamSet back;
+  back.add(*ctx, "w", cpu_tensor(std::vector<float>{0, 0, 0}, {3}));
+  load_checkpoint(*ctx, dir, back);
+  EXPECT_EQ(to_f32_vector(back.get("w").master), (std::vector<float>{7, 8, 9}));
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(root + "/checkpoints")) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 2u);  // step-00000003 and LATEST
+  fs::remove_all(root);
+}
+
 // Duplicate or unsorted target layer ids, and a negative mask id other than -1, are errors.
 TEST(TrainValidation, TargetLayerIdsAndMaskTokenId) {
   auto error_of = [](auto f) -> std::string {
