@@ -221,8 +221,9 @@ void run(const DemoOpts& o) {
       {"export", ts.export_dir}};
   write_file_atomic(path_join(o.out, "summary.json"), summary.dump(2) + "\n");
   std::printf("\n== dflash demo (%s) ==\n", ctx->describe().c_str());
-  std::printf("  drafter          %lld layer(s), B %lld, target layers %s\n", static_cast<long long>(dc.num_layers),
-              static_cast<long long>(dc.block_size), nlohmann::json(ids).dump().c_str());
+  std::printf("  drafter          %s, %lld layer(s), B %lld, target layers %s\n", draft_arch_name(dc.arch),
+              static_cast<long long>(dc.num_layers), static_cast<long long>(dc.block_size),
+              nlohmann::json(ids).dump().c_str());
   std::printf("  objective        %s\n", objective.dump().c_str());
   std::printf("  training         %lld steps in %.0f s (last loss %.3f, EAL %.2f)\n",
               static_cast<long long>(ts.steps_done), ts.seconds, ts.last_loss, ts.last_eal);

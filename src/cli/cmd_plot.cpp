@@ -170,12 +170,12 @@ void plot(const PlotOptions& o) {
                style(selector_runs[k], 2), " lw 1.5 ", shared_key ? std::string("notitle") : "title " + gp_quote(what));
     return s;
   };
-  gp += at() + cat("set title '", selector_runs.empty() ? "loss" : "loss (dashed: the selector's)", "'\nplot ",
+  gp += at() + cat("set title ", gp_quote(selector_runs.empty() ? "loss" : "loss (dashed: the selector's)"), "\nplot ",
                    series_of(tables, 2, "loss", "lines"), sel_series(7, "selector loss", "x1y1"), "\n");
   if (!selector_runs.empty()) gp += "set y2tics\nset y2range [0:1]\n";
-  gp += at() + cat("set title '", selector_runs.empty() ? "expected acceptance length (EAL)"
-                                                       : "EAL (dashed, right axis: label among the candidates)",
-                   "'\nplot ", series_of(tables, 3, "EAL", "lines"), sel_series(8, "selector recall", "x1y2"), "\n");
+  gp += at() + cat("set title ", gp_quote(selector_runs.empty() ? "expected acceptance length (EAL)"
+                                                              : "EAL (dashed, right axis: label among the candidates)"),
+                   "\nplot ", series_of(tables, 3, "EAL", "lines"), sel_series(8, "selector recall", "x1y2"), "\n");
   if (!selector_runs.empty()) gp += "unset y2tics\nset autoscale y2\n";
   gp += at() + cat("set title 'learning rate'\nplot ", series_of(tables, 4, "lr", "lines"), "\n");
   gp += at() + cat("set title 'throughput (tokens/s; solid: context, dashed: draft)'\nplot ",

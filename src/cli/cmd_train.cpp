@@ -143,6 +143,11 @@ void register_train(CLI::App& app) {
     const StopOnSignals signals;  // SIGINT/SIGTERM: a checkpoint after the current step, then exit status 130
     TrainSummary s = train(*cfg, signals.flag());
     if (s.interrupted && signals.stopped()) throw ExitCode{130};
+    if (s.steps_done == s.start_step && s.start_step >= s.total_steps) {  // a finished run resumed as it was
+      log_info("the run had finished at step ", s.steps_done, " of ", s.total_steps, ": nothing to train (to train it ",
+               "further: --resume --max-steps N with N > ", s.total_steps, ")");
+      return;
+    }
     log_info("trained ", s.steps_done, " steps in ", s.seconds, " s; last loss ", s.last_loss, ", EAL ", s.last_eal);
   });
 }

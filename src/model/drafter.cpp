@@ -47,8 +47,9 @@ void DrafterConfig::validate() const {
   DFLASH_CHECK(!sliding || (sliding_window > 0 && sliding_window < (int64_t{1} << 30)), "drafter config: sliding_window ",
                sliding_window, " must be a positive number of tokens for the sliding_attention layers");
   if (dflash2()) {
-    DFLASH_CHECK(conv_group_size > 0 && hidden_size % conv_group_size == 0, "drafter config: conv_group_size ",
-                 conv_group_size, " does not divide hidden_size ", hidden_size);
+    DFLASH_CHECK(conv_group_size > 0, "drafter config: conv_group_size ", conv_group_size, " must be > 0");
+    DFLASH_CHECK(hidden_size % conv_group_size == 0, "drafter config: conv_group_size ", conv_group_size,
+                 " does not divide hidden_size ", hidden_size);
     DFLASH_CHECK(conv_kernel_size >= 1 && conv_kernel_size <= block_size, "drafter config: conv_kernel_size ",
                  conv_kernel_size, " must be in [1, block_size = ", block_size, "]");
     DFLASH_CHECK(selector_rank > 0, "drafter config: selector_rank ", selector_rank, " must be > 0");

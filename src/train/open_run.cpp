@@ -146,6 +146,15 @@ void read_inputs(const TrainConfig& cfg, OpenedRun& r) {
   dc.selector_rank = cfg.selector_rank;
   dc.selector_top_k = cfg.selector_top_k;
   DFLASH_CHECK(cfg.selector_alpha >= 0, "--selector-alpha ", cfg.selector_alpha, " must be >= 0");
+  {  // the DFlash2 options mean nothing to a DFlash drafter: say so rather than ignore them silently
+    const TrainConfig dflt;
+    if (!dc.dflash2() &&
+        (cfg.conv_kernel_size != dflt.conv_kernel_size || cfg.conv_group_size != dflt.conv_group_size ||
+         cfg.selector_rank != dflt.selector_rank || cfg.selector_top_k != dflt.selector_top_k ||
+         cfg.selector_alpha != dflt.selector_alpha))
+      log_warn("train: --conv-kernel-size, --conv-group-size, --selector-rank, --selector-top-k and --selector-alpha "
+               "apply to --arch dflash2 only; this run trains a dflash drafter and ignores them");
+  }
   dc.validate();
   if (dc.sliding_window > 0 && dc.sliding_window < dc.block_size)
     log_warn("train: --sliding-window ", dc.sliding_window, " is smaller than the block (", dc.block_size,
@@ -256,6 +265,18 @@ void resume_point(const TrainConfig& cfg, OpenedRun& r) {
   r.cfg_json["data_changes"] = ri.data_changes;
   r.start_updates = info.value("updates", r.start);
   r.total_steps = info.value("total_steps", r.total_steps);
+  // A larger --max-steps extends the run: from the step it resumes at, the learning rate follows the schedule of the
+  // new count (its warm-up and cosine over all of its steps, lr_at), the data order and anchors go on as those of a
+  // run of the new count from step 0 would. Each extension is recorded in the config ("extensions"), so that the
+  // checkpoints and the export say how the run was trained.
+  nlohmann::json extensions = old.value("extensions", nlohmann::json::array());
+  if (cfg.max_steps > r.total_steps) {
+    log_info("resume: extending the run from ", r.total_steps, " to ", cfg.max_steps, " steps (--max-steps); from step ",
+             r.start, " on the learning rate follows the schedule of ", cfg.max_steps, " steps");
+    extensions.push_back({{"step", r.start}, {"from_total_steps", r.total_steps}, {"to_total_steps", cfg.max_steps}});
+    r.total_steps = cfg.max_steps;
+  }
+  if (!extensions.empty()) r.cfg_json["extensions"] = extensions;
   // a time budget goes on with what is left of it (a checkpoint from before "train_seconds" keeps its step count)
   r.budgeted = r.budgeted && info.contains("train_seconds");
   r.seconds_before = info.value("train_seconds", 0.0);

@@ -584,6 +584,7 @@ TrainSummary train_impl(const TrainConfig& cfg, const std::atomic<bool>* stop) {
   JobSource jobs(plans, r.start, r.total_steps, w->rank0, w->D, w->control);
   TrainSummary sum;
   sum.total_steps = r.total_steps;
+  sum.start_step = r.start;
   sum.targets = w->T;
   sum.drafters = w->D;
   StepRecorder rec(cfg, r, *w, sum);

@@ -70,7 +70,8 @@ struct TrainConfig {
   // optimisation (spec 2.5)
   OptimConfig optim;
   double epochs = 6;
-  int64_t max_steps = 0;    // > 0 overrides epochs
+  int64_t max_steps = 0;    // > 0 overrides epochs; with resume, more than the checkpoint's step count extends the run
+                            // (open_run.h resume_point: the learning rate follows the new count's schedule)
   double time_budget_s = 0; // > 0 (and no max_steps): plan the step count to fit this many seconds of training,
                             // measured on two calibration steps; never more than `epochs` allow
   int64_t batch_size = 8;   // sequences per optimizer step
@@ -95,6 +96,7 @@ struct TrainConfig {
 
 struct TrainSummary {
   int64_t steps_done = 0, total_steps = 0;
+  int64_t start_step = 0;           // the step this call started at (a resume's checkpoint; 0 for a new run)
   int64_t updates = 0;              // AdamW updates (steps with at least one supervised pair)
   int64_t lazy_inits_after_warmup = 0;  // case C01: must stay 0
   int targets = 0, drafters = 0;    // workers of this process

@@ -44,6 +44,19 @@ TEST(DFlash2Train, CrossEntropyFallsAndEalAndRecallRise) {
   EXPECT_LT(mean(280, 300, "ce"), 0.75 * mean(0, 20, "ce"));
   EXPECT_GT(mean(280, 300, "eal"), mean(0, 20, "eal") + 0.3);
   EXPECT_GT(mean(280, 300, "sel_recall"), mean(0, 20, "sel_recall") + 0.2);
+  // dflash plot draws the selector's curves: this run alone, and beside a DFlash run (whose rows have none)
+  TrainConfig d = test::tiny_train_config(root, c.data_dir);
+  d.max_steps = 4;
+  d.out_dir = root + "/dflash";
+  train(d);
+  for (const std::vector<std::string>& runs : {std::vector<std::string>{c.out_dir}, {c.out_dir, d.out_dir}}) {
+    const std::string png = root + "/curves" + std::to_string(runs.size()) + ".png";
+    std::vector<std::string> args = {DFLASH_BINARY, "plot"};
+    args.insert(args.end(), runs.begin(), runs.end());
+    args.insert(args.end(), {"--out", png});
+    ASSERT_EQ(test::run_binary(args, nullptr, root + "/plot.log"), 0) << read_file(root + "/plot.log");
+    EXPECT_EQ(read_file(png).substr(1, 3), "PNG");
+  }
   std::filesystem::remove_all(root);
 }
 

@@ -525,6 +525,48 @@ TEST(TrainGuard, PruningNeverRemovesTheCheckpointLatestNames) {
   fs::remove_all(root);
 }
 
+// A finished run resumed with a larger --max-steps goes on to the new count: the steps it adds have the learning rate
+// of the new count's schedule and the data of a run of that count (its loss at the first added step equals the loss
+// a straight run of the new count has there only if the weights agree, so the check is on lr and the step rows),
+// the extension is recorded in the export's provenance, and a resume with no larger count trains nothing and says so.
+TEST(TrainLoop, AFinishedRunIsExtendedByALargerMaxSteps) {
+  const std::string root = tmpdir("extend");
+  TrainConfig c = tiny_config(root, make_data(root, 8));
+  c.max_steps = 4;
+  c.export_at_end = true;
+  TrainSummary s1 = train(c);
+  ASSERT_EQ(s1.steps_done, 4);
+  c.resume = true;
+  c.max_steps = 8;
+  TrainSummary s2 = train(c);
+  EXPECT_EQ(s2.start_step, 4);
+  EXPECT_EQ(s2.steps_done, 8);
+  EXPECT_EQ(s2.total_steps, 8);
+  EXPECT_GT(s2.last_loss, 0.0);
+  auto m = read_metrics(c.out_dir);
+  ASSERT_EQ(m.size(), 8u);
+  for (int64_t k = 4; k < 8; ++k) {
+    EXPECT_EQ(m[k]["step"], k + 1);
+    EXPECT_DOUBLE_EQ(m[k]["lr"].get<double>(), lr_at(c.optim, k, 8)) << "step " << k + 1;
+  }
+  const auto exp = nlohmann::json::parse(read_file(c.out_dir + "/export/config.json"));
+  const auto& ext = exp["dflash_training"]["config"]["extensions"];
+  ASSERT_EQ(ext.size(), 1u);
+  EXPECT_EQ(ext[0], (nlohmann::json{{"step", 4}, {"from_total_steps", 4}, {"to_total_steps", 8}}));
+  // resumed again at its own count: nothing to train, the summary says where it stands (the CLI says so, exit 0)
+  TrainSummary s3 = train(c);
+  EXPECT_EQ(s3.start_step, 8);
+  EXPECT_EQ(s3.steps_done, 8);
+  EXPECT_FALSE(s3.interrupted);
+  const std::string cmd = tiny_train_cmd(root, c.data_dir) + " --seed 3 --lr 0.003 --max-anchors 8 --resume --max-steps 8 > " +
+                          root + "/again.log 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string out = read_file(root + "/again.log");
+  EXPECT_NE(out.find("nothing to train"), std::string::npos) << out;
+  EXPECT_NE(out.find("--max-steps N with N > 8"), std::string::npos) << out;
+  fs::remove_all(root);
+}
+
 // A step saved again replaces its directory whole (the two directories swap names in one rename): the new state is
 // there, nothing of the old one or of the temporary stays, and LATEST names it.
 TEST(TrainGuard, ASavedStepSavedAgainIsReplacedWhole) {
