@@ -24,7 +24,7 @@ namespace dflash::cli {
 namespace {
 
 struct EvalCli {
-  std::string target, drafter, data, device = "cpu", mode = "both", json_out;
+  std::string target, drafter, data, device = "cpu", mode = "both", json_out, arch = "dflash";
   int64_t max_samples = 0, max_new_tokens = 0, anchors_per_forward = 256;
   bool untrained = false, no_baseline = false, no_progress = false;
   uint64_t seed = 0;
@@ -61,6 +61,7 @@ void run(const EvalCli& c) {
     const int64_t nf = c.num_target_layers > 0 ? c.num_target_layers : std::min<int64_t>(5, tc.num_hidden_layers);
     DrafterConfig dc = DrafterConfig::for_target(tc, c.draft_layers, c.block_size,
                                                  default_target_layer_ids(tc.num_hidden_layers, nf), mask);
+    dc.arch = parse_draft_arch(c.arch, "--arch");  // DFlash2's other settings: the published defaults
     dc.validate();
     drafter = std::make_unique<Drafter>(*ctx, dc, c.seed);
     drafter_desc = {{"untrained", true}, {"seed", c.seed}, {"config", dc}};
@@ -148,6 +149,8 @@ void register_eval(CLI::App& app) {
   sub->add_option("--stop-id", c->stop_ids, "extra stop token id (repeatable); defaults: tokenizer eos, config.json "
                   "and generation_config.json eos_token_id");
   sub->add_option("--seed", c->seed, "--untrained-drafter: init seed")->capture_default_str();
+  sub->add_option("--arch", c->arch, "--untrained-drafter: dflash or dflash2 (its published defaults)")
+      ->capture_default_str();
   sub->add_option("--block-size", c->block_size, "--untrained-drafter: block size B")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{256}));

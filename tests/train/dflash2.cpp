@@ -96,3 +96,21 @@ TEST(DFlash2Train, ResumeAsAnotherArchIsRefusedNamingArch) {
   EXPECT_EQ(s.steps_done, 4);
   std::filesystem::remove_all(root);
 }
+
+// `dflash eval --untrained-drafter --arch dflash2`: a DFlash2 baseline drafts through its selector (the untrained
+// selector's path is the argmax of the logits, so speculative decoding is lossless there too).
+TEST(DFlash2Train, EvalOfAnUntrainedDFlash2Drafter) {
+  const std::string root = test::train_tmpdir("d2eval");
+  const std::string data = test::make_train_data(root, 3);
+  const std::string json = root + "/eval.json", log = root + "/eval.log";
+  ASSERT_EQ(test::run_binary({DFLASH_BINARY, "eval", "--target", test::source_dir() + "/tests/golden/target_qwen3",
+                              "--data", data, "--untrained-drafter", "--arch", "dflash2", "--block-size", "4",
+                              "--mask-token-id", "511", "--num-target-layers", "1", "--mode", "teacher", "--no-progress", "--json", json},
+                             nullptr, log),
+            0)
+      << read_file(log);
+  const auto j = nlohmann::json::parse(read_file(json));
+  EXPECT_EQ(j["drafter"]["config"]["arch"], "dflash2");
+  EXPECT_EQ(j["drafter"]["config"]["selector_top_k"], 16);
+  std::filesystem::remove_all(root);
+}
