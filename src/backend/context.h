@@ -1,7 +1,7 @@
 // backend/context.h — the per-device, per-worker execution context and the op interface.
 // defines: Context (abstract), Event, RopeArgs, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, MoeAct, MoeWeights,
 //          CausalAttnOpts, GatedDeltaArgs, make_context, ContextOptions, lazy_init_count, note_lazy_init,
-//          mxfp4_dequantize
+//          mxfp4_dequantize, LinearWeight, check_linear_weight, fp8_dequantize
 //
 // One Context per device per worker thread. It owns everything mutable that executing ops needs: on the CPU a
 // thread pool; on CUDA the stream, the cuBLASLt handle, its workspace and a stream-ordered memory pool. There is
@@ -177,6 +177,32 @@ struct MoeWeights {
   bool mxfp4() const { return scales.defined(); }
 };
 
+// The weight of Context::linear: plain, or FP8 with block scales. Plain: w [N, K] in the act dtype. FP8: w F8E4M3
+// [N, K] and scale F32 [ceil(N / block_n), ceil(K / block_k)], element (n, k) = fp8(w[n, k]) * scale[n / block_n,
+// k / block_k] (an FP8 checkpoint's weight and weight_scale_inv / weight_scale: io/hf_config.h Fp8Format; per
+// channel is block 1 x K, per tensor N x K). Partial blocks at the edges.
+struct LinearWeight {
+  Tensor w;
+  Tensor scale;  // undefined = plain
+  int64_t block_n = 0, block_k = 0;
+  LinearWeight() = default;
+  LinearWeight(const Tensor& w_) : w(w_) {}  // implicit: a plain weight tensor
+  bool fp8() const { return scale.defined(); }
+  bool defined() const { return w.defined(); }
+  int64_t rows() const { return w.shape[0]; }
+  int64_t cols() const { return w.shape[1]; }
+  // Bytes on the device (elements and scales).
+  int64_t nbytes() const { return w.nbytes() + (scale.defined() ? scale.nbytes() : 0); }
+};
+
+// Checks an FP8 LinearWeight (Error naming `op` and the shapes): w F8E4M3 [N, K], block sizes positive, scale F32
+// [ceil(N / block_n), ceil(K / block_k)]. A plain one must be 2-D. Used by every backend.
+void check_linear_weight(const char* op, const LinearWeight& w);
+
+// Host dequantisation of an FP8 LinearWeight (host tensors) -> F32 [N, K] on the host, exact (an e4m3 value times an
+// F32 scale is one f32 product). Throws Error as check_linear_weight.
+Tensor fp8_dequantize(const LinearWeight& w);
+
 // Host dequantisation of MXFP4 rows (the layout of MoeWeights): blocks U8 [*, G, 16] (a published checkpoint's
 // `*_blocks`) or [*, 16 G], scales U8 [*, G] (`*_scales`), on the host -> F32 [*, 32 G] on the host, element
 // 2j + h of a row = FP4[(byte j >> 4h) & 15] * 2^(scale - 127) of its block of 32 (ldexp, exact while in range).
@@ -274,8 +300,16 @@ class Context {
   // ---- dense algebra ------------------------------------------------------------------------------------
   // y[M,N] = x[M,K] @ w[N,K]^T (+ bias[N]) + beta * c, with c[M,N] of y's dtype, or y itself when c is null (an
   // accumulation). c != y: a residual add without a copy (the drafter's h_mid = h_in + o Wo^T; h_in is kept).
-  virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta = 0.f,
+  // w plain or FP8 (LinearWeight). FP8: the CPU multiplies by the dequantised weight (the reference); CUDA quantizes
+  // x per row and 128 columns to e4m3 (scale amax / 448) and runs the FP8 tensor cores with both scales applied in
+  // the fp32 accumulation where it can (Hopper, block 128 x 128), else multiplies by the dequantised weight.
+  virtual void linear(const Tensor& x, const LinearWeight& w, const Tensor* bias, const Tensor& y, float beta = 0.f,
                       const Tensor* c = nullptr) = 0;
+  // FP8 E4M3 quantization of w [N, K] (act dtype) in blocks of block_n x block_k (>= 1; partial blocks at the
+  // edges): scale = amax(|block|) / 448 (1 for an all-zero block), q = e4m3(w / scale) rounded to nearest even,
+  // the scheme of FP8 checkpoints and of transformers' FineGrainedFP8 act_quant. Returns the LinearWeight on this
+  // context's device.
+  virtual LinearWeight quantize_fp8(const Tensor& w, int64_t block_n, int64_t block_k) = 0;
   // dx[M,K] = dy[M,N] @ w[N,K] + beta * dx
   virtual void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta = 0.f) = 0;
   // dw[N,K] += dy[M,N]^T @ x[M,K] (F32);  db[N] += sum_rows dy (F32) when db != nullptr

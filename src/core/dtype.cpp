@@ -1,5 +1,9 @@
 #include "core/dtype.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 namespace dflash {
 
 const char* dtype_name(DType t) {
@@ -12,6 +16,7 @@ const char* dtype_name(DType t) {
     case DType::U8: return "U8";
     case DType::Bool: return "BOOL";
     case DType::F64: return "F64";
+    case DType::F8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -19,7 +24,8 @@ const char* dtype_name(DType t) {
 bool dtype_from_name(std::string_view n, DType* out) {
   static constexpr struct { const char* name; DType t; } kNames[] = {
       {"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16}, {"I32", DType::I32},
-      {"I64", DType::I64}, {"U8", DType::U8},     {"BOOL", DType::Bool}, {"F64", DType::F64}};
+      {"I64", DType::I64}, {"U8", DType::U8},     {"BOOL", DType::Bool}, {"F64", DType::F64},
+      {"F8_E4M3", DType::F8E4M3}};
   for (const auto& e : kNames)
     if (n == e.name) {
       *out = e.t;
@@ -73,6 +79,34 @@ float f16_to_f32(uint16_t h) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+float f8e4m3_to_f32(uint8_t v) {
+  const int e = (v >> 3) & 15, m = v & 7;
+  const float sign = (v & 0x80) ? -1.f : 1.f;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);
+  return sign * std::ldexp(static_cast<float>(8 + m), e - 10);
+}
+
+uint8_t f32_to_f8e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  float a = std::fabs(f);
+  if (a >= 448.f) return sign | 0x7e;  // 448 = 1.75 * 2^8, the largest finite
+  // the spacing of e4m3 around a: 2^(floor(log2 a) - 3), and 2^-9 among the subnormals (a < 2^-6)
+  int ex;
+  std::frexp(a, &ex);  // a = f * 2^ex, f in [0.5, 1)
+  const int step_exp = std::max(ex - 1, -6) - 3;
+  const float q = std::nearbyint(std::ldexp(a, -step_exp));  // round half to even (the default rounding mode)
+  a = std::ldexp(q, step_exp);
+  if (a >= 448.f) return sign | 0x7e;
+  if (a == 0.f) return sign;
+  std::frexp(a, &ex);
+  if (ex - 1 < -6) return sign | static_cast<uint8_t>(std::ldexp(a, 9));  // subnormal: m * 2^-9
+  const int e = ex - 1 + 7;
+  const int m = static_cast<int>(std::ldexp(a, -(ex - 1) + 3)) - 8;
+  return sign | static_cast<uint8_t>(e << 3) | static_cast<uint8_t>(m);
 }
 
 }  // namespace dflash

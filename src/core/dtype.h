@@ -1,5 +1,5 @@
 // core/dtype.h — element types, their sizes and names, and bf16/f16 <-> f32 conversion.
-// defines: DType, dtype_size, dtype_name, dtype_from_safetensors, bf16/f16 conversions
+// defines: DType, dtype_size, dtype_name, dtype_from_name, bf16/f16/fp8 (e4m3) conversions
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -8,7 +8,10 @@
 
 namespace dflash {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, I64, U8, Bool, F64 };
+// F8E4M3: OCP FP8 E4M3 ("e4m3fn": bias 7, no infinities, S.1111.111 = NaN, largest finite 448), the element of
+// FP8 checkpoints (safetensors "F8_E4M3"); it holds no value alone, its scales travel beside it (backend/context.h
+// LinearWeight).
+enum class DType : uint8_t { F32, BF16, F16, I32, I64, U8, Bool, F64, F8E4M3 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -20,11 +23,12 @@ constexpr size_t dtype_size(DType t) {
     case DType::U8: return 1;
     case DType::Bool: return 1;
     case DType::F64: return 8;
+    case DType::F8E4M3: return 1;
   }
   return 0;
 }
 
-// Names as written in safetensors headers: "F32", "BF16", "F16", "I32", "I64", "U8", "BOOL", "F64".
+// Names as written in safetensors headers: "F32", "BF16", "F16", "I32", "I64", "U8", "BOOL", "F64", "F8_E4M3".
 const char* dtype_name(DType t);
 // Returns false for a name not in the list above.
 bool dtype_from_name(std::string_view name, DType* out);
@@ -49,5 +53,11 @@ inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 // IEEE binary16, round to nearest even, with subnormals, inf and NaN.
 uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
+
+// FP8 E4M3 (e4m3fn) -> f32, exact (subnormals 2^-9 .. 7 * 2^-9; NaN for the two NaN codes).
+float f8e4m3_to_f32(uint8_t v);
+// f32 -> FP8 E4M3, round to nearest even, saturating to +-448 (CUDA's __NV_SATFINITE; a scaled quantiser keeps
+// |f| <= 448 anyway); NaN -> NaN.
+uint8_t f32_to_f8e4m3(float f);
 
 }  // namespace dflash

@@ -56,7 +56,8 @@ struct Tensor {
   // Product of all dims but the last: the number of rows of a [..., D] tensor.
   int64_t rows() const { return ndim() == 0 ? 1 : numel() / shape.back(); }
 
-  // Typed pointer; throws if T does not match dtype (uint16_t is accepted for BF16 and F16).
+  // Typed pointer; throws if T does not match dtype (uint16_t is accepted for BF16 and F16, uint8_t for BOOL and the
+  // F8_E4M3 codes).
   template <class T>
   T* ptr() const {
     if constexpr (std::is_same_v<T, uint16_t>) {
@@ -64,7 +65,7 @@ struct Tensor {
                    " accessed as 16-bit float");
     } else if constexpr (std::is_same_v<T, void>) {
     } else {
-      DFLASH_CHECK(dtype == dtype_of<std::remove_const_t<T>>::value || (dtype == DType::Bool && std::is_same_v<std::remove_const_t<T>, uint8_t>),
+      DFLASH_CHECK(dtype == dtype_of<std::remove_const_t<T>>::value || ((dtype == DType::Bool || dtype == DType::F8E4M3) && std::is_same_v<std::remove_const_t<T>, uint8_t>),
                    "tensor dtype ", dtype_name(dtype), " accessed as ", dtype_name(dtype_of<std::remove_const_t<T>>::value));
     }
     return static_cast<T*>(data);

@@ -14,6 +14,7 @@
 namespace dflash {
 
 using nlohmann::json;
+using Fields = JsonFields;
 
 const char* arch_name(Arch a) { return family_of(a).model_type; }
 
@@ -21,8 +22,134 @@ const char* weight_format_name(WeightFormat f) {
   switch (f) {
     case WeightFormat::Plain: return "plain";
     case WeightFormat::MXFP4: return "mxfp4";
+    case WeightFormat::FP8: return "fp8";
   }
   return "plain";
+}
+
+std::string Fp8Format::granularity() const {
+  if (block_n == 0 && block_k == 0) return "per tensor";
+  if (block_n == 1 && block_k == 0) return "per channel";
+  return cat("block ", block_n, "x", block_k);
+}
+
+namespace {
+
+// A list of strings (absent: empty), for modules_to_not_convert / ignore.
+std::vector<std::string> string_list(const Fields& f, const char* key) {
+  std::vector<std::string> out;
+  const json* v = f.get(key);
+  if (!v) return out;
+  DFLASH_CHECK(v->is_array(), f.src, ": ", f.prefix, key, ": expected a list of strings, got ", v->dump());
+  for (const auto& e : *v) {
+    DFLASH_CHECK(e.is_string(), f.src, ": ", f.prefix, key, ": expected a list of strings, got ", v->dump());
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+// transformers' FineGrainedFP8Config (integrations/finegrained_fp8.py): fmt, activation_scheme, weight_block_size.
+void parse_fp8(const Fields& q, Fp8Format& fp8) {
+  const std::string fmt = q.opt_str("fmt", "e4m3");
+  DFLASH_CHECK(fmt == "e4m3", q.src, ": ", q.prefix, "fmt: '", fmt, "' is not supported (FP8 weights in \"e4m3\")");
+  const std::string act = q.opt_str("activation_scheme", "dynamic");
+  DFLASH_CHECK(act == "dynamic", q.src, ": ", q.prefix, "activation_scheme: '", act,
+               "' is not supported (only \"dynamic\": activations scaled per token as they come; static input "
+               "scales are not read)");
+  if (q.get("weight_block_size")) {
+    const std::vector<int64_t> b = q.opt_int_list("weight_block_size");
+    DFLASH_CHECK(b.size() == 2 && b[0] > 0 && b[1] > 0, q.src, ": ", q.prefix,
+                 "weight_block_size: expected two positive integers [rows, columns], got ",
+                 q.get("weight_block_size")->dump());
+    fp8.block_n = b[0];
+    fp8.block_k = b[1];
+  }
+  fp8.method = "fp8";
+  fp8.scale_name = "weight_scale_inv";
+  fp8.not_converted = string_list(q, "modules_to_not_convert");
+}
+
+// compressed-tensors' QuantizationConfig with format "float-quantized" (llm-compressor's FP8 schemes): every
+// config group must quantize weights to 8-bit floats, symmetric, by channel, tensor or block, with dynamic (or no)
+// input activation quantization; all groups alike.
+void parse_compressed_fp8(const Fields& q, Fp8Format& fp8) {
+  const std::string format = q.opt_str("format", "");
+  DFLASH_CHECK(format == "float-quantized", q.src, ": ", q.prefix, "format: '", format,
+               "' is not supported (compressed-tensors \"float-quantized\": FP8 weights; INT4 / INT8 "
+               "pack-quantized and int-quantized checkpoints are not read)");
+  DFLASH_CHECK(q.get("kv_cache_scheme") == nullptr, q.src, ": ", q.prefix,
+               "kv_cache_scheme: a quantized KV cache is not supported (dflash keeps the cache in bf16)");
+  const json* groups = q.get("config_groups");
+  DFLASH_CHECK(groups && groups->is_object() && !groups->empty(), q.src, ": ", q.prefix,
+               "config_groups: expected an object of one or more groups");
+  bool first = true;
+  for (const auto& [name, g] : groups->items()) {
+    const std::string gp = q.prefix + "config_groups." + name + ".";
+    DFLASH_CHECK(g.is_object(), q.src, ": ", gp, ": expected an object, got ", g.dump());
+    const Fields gf{g, q.src, gp};
+    const json* w = gf.get("weights");
+    DFLASH_CHECK(w && w->is_object(), q.src, " missing ", gp, "weights");
+    const Fields wf{*w, q.src, gp + "weights."};
+    DFLASH_CHECK(wf.opt_int("num_bits", 0) == 8 && wf.opt_str("type", "") == "float", q.src, ": ", gp,
+                 "weights: num_bits ", wf.opt_int("num_bits", 0), " type '", wf.opt_str("type", ""),
+                 "' is not supported (8-bit float weights)");
+    DFLASH_CHECK(wf.opt_bool("symmetric", true), q.src, ": ", gp, "weights.symmetric: false is not supported");
+    DFLASH_CHECK(!wf.opt_bool("dynamic", false), q.src, ": ", gp, "weights.dynamic: true is not supported");
+    const std::string strategy = wf.opt_str("strategy", "");
+    int64_t bn = 0, bk = 0;
+    if (strategy == "channel") {
+      bn = 1;
+    } else if (strategy == "block") {
+      const std::vector<int64_t> b = wf.opt_int_list("block_structure");
+      DFLASH_CHECK(b.size() == 2 && b[0] > 0 && b[1] > 0, q.src, ": ", gp,
+                   "weights.block_structure: expected two positive integers [rows, columns]");
+      bn = b[0];
+      bk = b[1];
+    } else {
+      DFLASH_CHECK(strategy == "tensor", q.src, ": ", gp, "weights.strategy: '", strategy,
+                   "' is not supported (channel, tensor or block)");
+    }
+    if (const json* a = gf.get("input_activations")) {
+      const Fields af{*a, q.src, gp + "input_activations."};
+      DFLASH_CHECK(af.opt_bool("dynamic", false), q.src, ": ", gp,
+                   "input_activations.dynamic: false is not supported (static input scales; only dynamic "
+                   "activation quantization)");
+    }
+    DFLASH_CHECK(gf.get("output_activations") == nullptr, q.src, ": ", gp,
+                 "output_activations: quantized outputs are not supported");
+    for (const std::string& t : string_list(gf, "targets"))
+      DFLASH_CHECK(t == "Linear" || t.rfind("re:", 0) == 0, q.src, ": ", gp, "targets: '", t,
+                   "' is not supported (Linear layers)");
+    DFLASH_CHECK(first || (bn == fp8.block_n && bk == fp8.block_k), q.src, ": ", gp,
+                 "weights: groups with different strategies are not supported");
+    fp8.block_n = bn;
+    fp8.block_k = bk;
+    first = false;
+  }
+  fp8.method = "compressed-tensors";
+  fp8.scale_name = "weight_scale";
+  fp8.not_converted = string_list(q, "ignore");
+}
+
+}  // namespace
+
+void parse_quantization_config(const json& qj, const std::string& src, ModelConfig& c) {
+  DFLASH_CHECK(qj.is_object(), src, ": quantization_config: expected an object, got ", qj.dump());
+  const Fields q{qj, src, "quantization_config."};
+  const std::string method = q.opt_str("quant_method", "");
+  if (method == "mxfp4") {  // the experts only (gpt-oss): modules_to_not_convert names the rest
+    c.moe.expert_format = WeightFormat::MXFP4;
+  } else if (method == "fp8") {
+    parse_fp8(q, c.fp8);
+    c.linear_format = WeightFormat::FP8;
+  } else if (method == "compressed-tensors") {
+    parse_compressed_fp8(q, c.fp8);
+    c.linear_format = WeightFormat::FP8;
+  } else {
+    DFLASH_FAIL(src, ": quantization_config.quant_method: '", method, "' is not supported (\"fp8\" and "
+                "compressed-tensors \"float-quantized\": FP8 linears; \"mxfp4\": gpt-oss's experts; or no "
+                "quantization_config: bf16)");
+  }
 }
 
 LayerSpec ModelConfig::layer(int64_t l) const {
@@ -49,7 +176,6 @@ bool ModelConfig::has_linear_attention() const {
 
 namespace {
 
-using Fields = JsonFields;
 
 // RopeScaling's checkpoint keys, for both directions (fields_to_json / fields_from_json): f(key, member, required).
 const auto rope_scaling_fields = [](auto& rs, auto&& f) {
@@ -224,6 +350,7 @@ ModelConfig parse_model_config(const json& top, const std::string& src) {
   c.torch_dtype = f0.opt_str("torch_dtype", f0.opt_str("dtype", "bfloat16"));
 
   fam->read(f, c);  // the family's own keys and defaults (head_dim, biases, qk-norm, MoE, BOS / EOS defaults)
+  if (const json* q = either("quantization_config").get("quantization_config")) parse_quantization_config(*q, src, c);
   DFLASH_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, src, ": head_dim: must be a positive even number, got ",
                c.head_dim);
   // Sliding-window attention in the target (Qwen2 / Qwen3 use_sliding_window) is not run yet: refused rather than

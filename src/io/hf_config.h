@@ -1,5 +1,6 @@
 // io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
-// defines: Arch, AttentionSpec, TokenMixer, ChannelMixer, LayerSpec, WeightFormat, weight_format_name, RouterKind,
+// defines: Arch, AttentionSpec, TokenMixer, ChannelMixer, LayerSpec, WeightFormat, weight_format_name, Fp8Format,
+//          parse_quantization_config, RouterKind,
 //          ExpertAct, MoeConfig, LinearAttnConfig, LayerType, ModelConfig, load_model_config, parse_model_config,
 //          parse_rope_scaling, rope_scaling_json, to_json / from_json (RopeScaling), default_target_layer_ids,
 //          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
@@ -62,14 +63,39 @@ struct LayerSpec {
   int64_t mlp_width = 0;  // Dense: its intermediate size; MoE: each expert's (moe.expert_width)
 };
 
-// How a group of weights is stored on the device (decided once from config.json's quantization_config by the
-// family: io/model_family.cpp). Room for FP8 with block or per-channel scales and INT4 in groups.
+// How a group of weights is stored on the device (decided once from config.json's quantization_config:
+// parse_quantization_config). Room for INT4 in groups.
 enum class WeightFormat {
   Plain,  // the compute dtype (bf16), converted from the checkpoint's dtype when loaded
   MXFP4,  // OCP MX: e2m1 elements with one e8m0 scale per 32 (backend/context.h MoeWeights), kept so on the device
+  FP8,    // FP8 E4M3 elements with F32 scales per block (backend/context.h LinearWeight), kept so on the device
 };
-// "plain" / "mxfp4" (quantization_config.quant_method's value for MXFP4).
+// "plain" / "mxfp4" / "fp8".
 const char* weight_format_name(WeightFormat f);
+
+// FP8 linear weights as a checkpoint declares them (ModelConfig::fp8): each quantized linear's `weight` is F8_E4M3
+// [N, K] beside a scale tensor `scale_name` (F32 or BF16) of one value per block of block_n rows x block_k columns
+// (partial blocks at the edges), w = q * scale. A linear stored in another dtype is a plain one (the modules the
+// config leaves unconverted). Activations are quantized on the fly, per token (and per 128 channels on the FP8
+// tensor cores); only the dynamic scheme exists.
+//   quant_method "fp8" (transformers' FineGrainedFP8Config; Qwen's and DeepSeek's -FP8 checkpoints): fmt "e4m3",
+//     activation_scheme "dynamic", weight_block_size [bn, bk] (absent: one scale per tensor), scale
+//     "weight_scale_inv", modules_to_not_convert.
+//   quant_method "compressed-tensors", format "float-quantized" (llm-compressor's FP8 / FP8-dynamic / FP8-block):
+//     config_groups' weights {num_bits 8, type float, symmetric, strategy channel | tensor | block with
+//     block_structure [bn, bk]}, input_activations dynamic (or absent), scale "weight_scale", `ignore`.
+struct Fp8Format {
+  std::string method;      // "fp8" or "compressed-tensors"
+  std::string scale_name;  // the scale tensor's name in place of "weight": "weight_scale_inv" or "weight_scale"
+  int64_t block_n = 0;     // rows per scale; 0 = all rows of the tensor
+  int64_t block_k = 0;     // columns per scale; 0 = all columns (per channel: block_n 1, block_k 0)
+  std::vector<std::string> not_converted;  // modules_to_not_convert / ignore, as written (shown by dflash info)
+  // The scale grid of a weight [N, K]: {ceil(N / bn), ceil(K / bk)} with 0 read as the whole dimension.
+  int64_t rows_per_scale(int64_t N) const { return block_n > 0 ? block_n : N; }
+  int64_t cols_per_scale(int64_t K) const { return block_k > 0 ? block_k : K; }
+  // "block 128x128", "per channel", "per tensor" (dflash info).
+  std::string granularity() const;
+};
 
 // How a MoE router turns the logits z = x Wr^T (+ br) into the weights of the top_k experts.
 enum class RouterKind {
@@ -164,7 +190,16 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
   std::string torch_dtype = "bfloat16";
+  // The linears' storage (quantization_config): Plain, or FP8 with `fp8` (MXFP4 is the experts' alone:
+  // moe.expert_format).
+  WeightFormat linear_format = WeightFormat::Plain;
+  Fp8Format fp8;
 };
+
+// config.json's quantization_config object `q` of file `src` into c (c.linear_format and c.fp8, or
+// c.moe.expert_format for "mxfp4"). Throws Error naming the file and the field for an unsupported quant_method,
+// fmt, activation scheme (static scales), compressed-tensors format or strategy, or an ill-formed value.
+void parse_quantization_config(const nlohmann::json& q, const std::string& src, ModelConfig& c);
 
 // Parses `<dir>/config.json` (or a path to the file). Throws Error naming the file and the missing or
 // ill-typed field; refuses unknown `architectures` / `model_type` by name.

@@ -150,14 +150,6 @@ void read_gpt_oss(const JsonFields& f, ModelConfig& c) {
   const double limit = f.opt_num("swiglu_limit", 7.0);
   DFLASH_CHECK(limit == 7.0, f.src, ": swiglu_limit: ", limit, " is not supported (the gpt-oss GLU clamps at 7.0, as "
                "transformers' GptOssExperts)");
-  if (const nlohmann::json* q = f.get("quantization_config")) {
-    DFLASH_CHECK(q->is_object(), f.src, ": quantization_config: expected an object, got ", q->dump());
-    const JsonFields qf{*q, f.src, f.prefix + "quantization_config."};
-    const std::string method = qf.opt_str("quant_method", "");
-    DFLASH_CHECK(method == "mxfp4", f.src, ": quantization_config.quant_method: '", method,
-                 "' is not supported (gpt-oss: \"mxfp4\", the published experts, or no quantization_config: bf16)");
-    m.expert_format = WeightFormat::MXFP4;  // the experts only: modules_to_not_convert names the rest
-  }
 }
 
 LayerSpec gpt_oss_layer(const ModelConfig& c, int64_t l) {

@@ -21,7 +21,7 @@ constexpr uint64_t kMaxHeader = 100'000'000;  // the limit of the reference impl
 
 // Safetensors dtype names this project does not load (so the error can say "unsupported", not "unknown").
 bool is_other_safetensors_dtype(const std::string& s) {
-  static const char* kOther[] = {"I8", "I16", "U16", "U32", "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
+  static const char* kOther[] = {"I8", "I16", "U16", "U32", "U64", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
                                  "F6_E3M2", "C64"};
   for (const char* o : kOther)
     if (s == o) return true;
@@ -268,6 +268,9 @@ Tensor WeightStore::f32(const std::string& name, const Shape& expect) const {
       for (size_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
       break;
     }
+    case DType::F8E4M3:
+      DFLASH_FAIL(source_, ": tensor '", name, "' is F8_E4M3: an FP8 weight is read with its scale (model/target/"
+                  "weights.h), not alone");
     default:
       DFLASH_FAIL(source_, ": tensor '", name, "': dtype ", dtype_name(v.dtype), " is not a float type");
   }

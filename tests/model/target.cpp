@@ -43,7 +43,7 @@ TEST(Target, LayerIndexCaseC10) {
     bv[0] = 1.0f;
     L.attn.bv = cpu_tensor(bv, {d});
     L.attn.wo = cpu_zeros(DType::F32, {H, 2 * d});
-    for (int64_t r = 0; r < H; ++r) L.attn.wo.ptr<float>()[r * 2 * d] = static_cast<float>(l + 1);  // head 0, dim 0
+    for (int64_t r = 0; r < H; ++r) L.attn.wo.w.ptr<float>()[r * 2 * d] = static_cast<float>(l + 1);  // head 0, dim 0
     L.mlp.w_gate = cpu_zeros(DType::F32, {4, H});
     L.mlp.w_up = cpu_zeros(DType::F32, {4, H});
     L.mlp.w_down = cpu_zeros(DType::F32, {H, 4});

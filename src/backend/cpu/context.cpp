@@ -64,9 +64,17 @@ class CpuContext final : public Context {
   void reset_peak_memory() override {}
 
   // ---- ops: the dispatch point (each timed when profiling) -------------------------------------------------
-  void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta, const Tensor* c) override {
-    const OpScope scope = op_gemm("linear", x.numel() / w.shape.back(), w.shape[0], w.shape.back());
-    cpu::linear(pool_, x, w, b, y, beta, c);
+  void linear(const Tensor& x, const LinearWeight& w, const Tensor* b, const Tensor& y, float beta,
+              const Tensor* c) override {
+    check_linear_weight("linear", w);
+    const OpScope scope = op_gemm(w.fp8() ? "linear_fp8" : "linear", x.numel() / w.cols(), w.rows(), w.cols());
+    if (!w.fp8()) return cpu::linear(pool_, x, w.w, b, y, beta, c);
+    const Tensor wd = fp8_dequantize(w);  // the reference: the dequantised weight, x unquantized
+    cpu::linear(pool_, x, to_device(wd, dt_), b, y, beta, c);
+  }
+  LinearWeight quantize_fp8(const Tensor& w, int64_t block_n, int64_t block_k) override {
+    const OpScope scope = op("quantize_fp8");
+    return cpu::fp8_quantize(w, block_n, block_k);
   }
   void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
     const OpScope scope = op_gemm("linear_dx", dy.numel() / w.shape[0], w.shape[0], w.shape.back());

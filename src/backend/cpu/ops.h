@@ -8,6 +8,8 @@
 
 namespace dflash::cpu {
 
+// FP8 E4M3 block quantization of a host F32 / F64 [N, K] (Context::quantize_fp8; backend/fp8.cpp).
+LinearWeight fp8_quantize(const Tensor& w, int64_t block_n, int64_t block_k);
 void linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta,
             const Tensor* c);
 void linear_dx(ThreadPool& tp, const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);

@@ -281,9 +281,16 @@ class CudaContext final : public Context {
   void reset_peak_memory() override { st_->peak.store(st_->in_use.load()); }
 
   // ---- ops: the dispatch point ----------------------------------------------------------------------------------
-  void linear(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y, float beta, const Tensor* c) override {
-    const OpScope scope = op_gemm("linear", x.numel() / w.shape.back(), w.shape[0], w.shape.back());
-    cuda::linear(env_, x, w, b, y, beta, c);
+  void linear(const Tensor& x, const LinearWeight& w, const Tensor* b, const Tensor& y, float beta,
+              const Tensor* c) override {
+    check_linear_weight("linear", w);
+    const OpScope scope = op_gemm(w.fp8() ? "linear_fp8" : "linear", x.numel() / w.cols(), w.rows(), w.cols());
+    if (w.fp8()) return cuda::linear_fp8(env_, x, w, b, y, beta, c);
+    cuda::linear(env_, x, w.w, b, y, beta, c);
+  }
+  LinearWeight quantize_fp8(const Tensor& w, int64_t block_n, int64_t block_k) override {
+    const OpScope scope = op("quantize_fp8");
+    return cuda::quantize_fp8(env_, w, block_n, block_k);
   }
   void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
     const OpScope scope = op_gemm("linear_dx", dy.numel() / w.shape[0], w.shape[0], w.shape.back());

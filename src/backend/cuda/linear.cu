@@ -152,18 +152,21 @@ void linear(Env& e, const Tensor& x, const Tensor& w, const Tensor* bias, const 
   }
   if (M == 0) return;
   gemm(e, false, true, M, N, K, x.data, K, w.data, K, beta, y.data, y.dtype, N, c ? c->data : nullptr);
-  if (bias) {
-    check_dev(op, *bias, "bias", y.dtype);
-    DFLASH_CHECK(bias->numel() == N, "linear: bias ", shape_str(bias->shape), " for N = ", N);
-    const unsigned g = grid_for(M * N, 256, e.num_sms);
-    if (y.dtype == DType::BF16) {
-      DFLASH_LAUNCH(g, 256, 0, e.stream, k_add_bias<bf16>)(static_cast<bf16*>(y.data),
-                                                           static_cast<const bf16*>(bias->data), M, N);
-    } else {
-      DFLASH_LAUNCH(g, 256, 0, e.stream, k_add_bias<float>)(y.ptr<float>(), bias->ptr<float>(), M, N);
-    }
-    check_launch("linear_bias");
+  if (bias) add_bias(e, y, *bias);
+}
+
+void add_bias(Env& e, const Tensor& y, const Tensor& bias) {
+  check_dev("linear", bias, "bias", y.dtype);
+  const int64_t N = y.dim(-1), M = y.rows();
+  DFLASH_CHECK(bias.numel() == N, "linear: bias ", shape_str(bias.shape), " for N = ", N);
+  const unsigned g = grid_for(M * N, 256, e.num_sms);
+  if (y.dtype == DType::BF16) {
+    DFLASH_LAUNCH(g, 256, 0, e.stream, k_add_bias<bf16>)(static_cast<bf16*>(y.data),
+                                                         static_cast<const bf16*>(bias.data), M, N);
+  } else {
+    DFLASH_LAUNCH(g, 256, 0, e.stream, k_add_bias<float>)(y.ptr<float>(), bias.ptr<float>(), M, N);
   }
+  check_launch("linear_bias");
 }
 
 void linear_dx(Env& e, const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) {

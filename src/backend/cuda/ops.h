@@ -75,6 +75,15 @@ void convert(Env& e, const Tensor& dst, const Tensor& src);  // device F32 <-> B
 void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
           int64_t ldb, float beta, void* C, DType c_type, int64_t ldc, const void* C_in = nullptr);
 void linear(Env& e, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, float beta, const Tensor* c);
+// y[M,N] += bias[N] over the rows (y BF16 or F32, bias of y's dtype).
+void add_bias(Env& e, const Tensor& y, const Tensor& bias);
+// ---- FP8 linears (linear_fp8.cu): Context::linear with an FP8 LinearWeight, and Context::quantize_fp8 (w BF16) ----
+void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bias, const Tensor& y, float beta,
+                const Tensor* c);
+LinearWeight quantize_fp8(Env& e, const Tensor& w, int64_t block_n, int64_t block_k);
+// Whether linear_fp8 runs w on the FP8 tensor cores (block 128 x 128 or per channel, K % 16 == 0, N % 8 == 0)
+// rather than dequantising it (a benchmark's and a test's question; cuBLASLt may still decline a shape).
+bool linear_fp8_on_tensor_cores(const LinearWeight& w);
 void linear_dx(Env& e, const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
 void linear_dw(Env& e, const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
 

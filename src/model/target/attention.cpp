@@ -49,25 +49,44 @@ void KVCache::truncate(Context& ctx, int64_t new_len) {
   len = new_len;
 }
 
+namespace {
+
+// Of a weight whose rows are nh chunks of 2d (per head d query rows, then d gate rows), the rows of `part` (0: query,
+// 1: gate) of every chunk as one [nh d, K] weight. FP8 stays FP8 (its scale rows taken alike): the caller makes sure
+// d is a multiple of block_n.
+LinearWeight head_rows(Context& ctx, const LinearWeight& qg, int64_t nh, int64_t d, int64_t part) {
+  LinearWeight o = qg;
+  o.w = ctx.empty(qg.w.dtype, {nh * d, qg.cols()});
+  for (int64_t hd = 0; hd < nh; ++hd)
+    ctx.copy(o.w.slice(hd * d, (hd + 1) * d), qg.w.slice(hd * 2 * d + part * d, hd * 2 * d + part * d + d));
+  if (qg.fp8()) {
+    const int64_t b = qg.block_n, per = d / b;
+    o.scale = ctx.empty(DType::F32, {nh * per, qg.scale.shape[1]});
+    for (int64_t hd = 0; hd < nh; ++hd)
+      ctx.copy(o.scale.slice(hd * per, (hd + 1) * per),
+               qg.scale.slice((hd * 2 * d + part * d) / b, (hd * 2 * d + part * d) / b + per));
+  }
+  return o;
+}
+
+}  // namespace
+
 AttentionWeights load_attention(WeightSource& src, const std::string& p, const WeightNames& n, const ModelConfig& cfg,
                                 const AttentionSpec& spec) {
   const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   AttentionWeights w;
   if (spec.output_gate) {  // q_proj [nh 2d, H]: per head d query rows, then d gate rows
-    const Tensor qg = src.matrix(p + n.q + ".weight", {nh * 2 * d, H});
-    Context& ctx = src.ctx();
-    w.wq = ctx.empty(ctx.compute_dtype(), {nh * d, H});
-    w.wg = ctx.empty(ctx.compute_dtype(), {nh * d, H});
-    for (int64_t hd = 0; hd < nh; ++hd) {
-      ctx.copy(w.wq.slice(hd * d, (hd + 1) * d), qg.slice(hd * 2 * d, hd * 2 * d + d));
-      ctx.copy(w.wg.slice(hd * d, (hd + 1) * d), qg.slice(hd * 2 * d + d, (hd + 1) * 2 * d));
-    }
+    const std::string name = p + n.q + ".weight";
+    LinearWeight qg = src.linear(name, {nh * 2 * d, H});
+    if (qg.fp8() && d % qg.block_n != 0) qg = src.matrix(name, {nh * 2 * d, H});  // blocks straddle q and gate rows
+    w.wq = head_rows(src.ctx(), qg, nh, d, 0);
+    w.wg = head_rows(src.ctx(), qg, nh, d, 1);
   } else {
-    w.wq = src.matrix(p + n.q + ".weight", {nh * d, H});
+    w.wq = src.linear(p + n.q + ".weight", {nh * d, H});
   }
-  w.wk = src.matrix(p + n.k + ".weight", {nkv * d, H});
-  w.wv = src.matrix(p + n.v + ".weight", {nkv * d, H});
-  w.wo = src.matrix(p + n.o + ".weight", {H, nh * d});
+  w.wk = src.linear(p + n.k + ".weight", {nkv * d, H});
+  w.wv = src.linear(p + n.v + ".weight", {nkv * d, H});
+  w.wo = src.linear(p + n.o + ".weight", {H, nh * d});
   if (spec.bias) {
     w.bq = src.matrix(p + n.q + ".bias", {nh * d});
     w.bk = src.matrix(p + n.k + ".bias", {nkv * d});

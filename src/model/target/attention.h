@@ -48,8 +48,8 @@ struct KVCache {
 };
 
 struct AttentionWeights {
-  Tensor wq, wk, wv, wo;  // [nh*d, H], [nkv*d, H], [nkv*d, H], [H, nh*d]
-  Tensor wg;              // spec.output_gate: [nh*d, H], the gate rows of q_proj; else undefined
+  LinearWeight wq, wk, wv, wo;  // [nh*d, H], [nkv*d, H], [nkv*d, H], [H, nh*d]; plain or FP8
+  LinearWeight wg;  // spec.output_gate: [nh*d, H], the gate rows of q_proj; else undefined
   Tensor bq, bk, bv;      // spec.bias: [nh*d], [nkv*d], [nkv*d]; else undefined
   Tensor q_norm, k_norm;  // spec.qk_norm: [d]; else undefined
   Tensor bo;              // spec.out_bias: [H]; else undefined

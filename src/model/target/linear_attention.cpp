@@ -35,8 +35,8 @@ LinearAttnWeights load_linear_attention(WeightSource& src, const std::string& pr
     w.w_z = ctx.to_device(s.z, dt);
     w.w_ba = ctx.to_device(s.ba, dt);
   } else {  // split
-    w.w_qkv = src.matrix(p + "in_proj_qkv.weight", {C, H});
-    w.w_z = src.matrix(p + "in_proj_z.weight", {VD, H});
+    w.w_qkv = src.linear(p + "in_proj_qkv.weight", {C, H});
+    w.w_z = src.linear(p + "in_proj_z.weight", {VD, H});
     w.w_ba = ctx.empty(dt, {2 * nv, H});
     ctx.copy(w.w_ba.slice(0, nv), src.matrix(p + "in_proj_b.weight", {nv, H}));
     ctx.copy(w.w_ba.slice(nv, 2 * nv), src.matrix(p + "in_proj_a.weight", {nv, H}));
@@ -45,7 +45,7 @@ LinearAttnWeights load_linear_attention(WeightSource& src, const std::string& pr
   w.A_log = src.matrix(p + "A_log", {nv});
   w.dt_bias = src.matrix(p + "dt_bias", {nv});
   w.norm = src.norm(p + "norm.weight", {a.value_head_dim});
-  w.w_out = src.matrix(p + "out_proj.weight", {H, VD});
+  w.w_out = src.linear(p + "out_proj.weight", {H, VD});
   return w;
 }
 

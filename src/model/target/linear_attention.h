@@ -42,13 +42,13 @@ namespace dflash {
 struct AttnSegment;
 
 struct LinearAttnWeights {
-  Tensor w_qkv;             // [2 nk dk + nv dv, H]
-  Tensor w_z;               // [nv dv, H]
+  LinearWeight w_qkv;       // [2 nk dk + nv dv, H]; plain or FP8 (w_z, w_out likewise)
+  LinearWeight w_z;         // [nv dv, H]
   Tensor w_ba;              // [2 nv, H]: b rows, then a rows
   Tensor conv;              // [C, K], C = 2 nk dk + nv dv
   Tensor A_log, dt_bias;    // [nv]
   Tensor norm;              // [dv]
-  Tensor w_out;             // [H, nv dv]
+  LinearWeight w_out;       // [H, nv dv]
 };
 
 // One linear layer's part of a sequence's cache. Tensors on the context's device.

@@ -5,14 +5,14 @@ namespace dflash {
 
 DenseMlpWeights load_dense_mlp(WeightSource& src, const std::string& p, const WeightNames& n, int64_t H, int64_t I) {
   DenseMlpWeights w;
-  w.w_gate = src.matrix(p + n.gate, {I, H});
-  w.w_up = src.matrix(p + n.up, {I, H});
-  w.w_down = src.matrix(p + n.down, {H, I});
+  w.w_gate = src.linear(p + n.gate, {I, H});
+  w.w_up = src.linear(p + n.up, {I, H});
+  w.w_down = src.linear(p + n.down, {H, I});
   return w;
 }
 
 void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, const Tensor& h) {
-  const int64_t R = x.rows(), I = w.w_gate.shape[0];
+  const int64_t R = x.rows(), I = w.w_gate.rows();
   Tensor g = ctx.empty(ctx.compute_dtype(), {R, I});
   Tensor u = ctx.empty(ctx.compute_dtype(), {R, I});
   ctx.linear(x, w.w_gate, nullptr, g);

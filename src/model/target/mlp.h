@@ -26,7 +26,7 @@
 namespace dflash {
 
 struct DenseMlpWeights {
-  Tensor w_gate, w_up, w_down;  // [I, H], [I, H], [H, I]
+  LinearWeight w_gate, w_up, w_down;  // [I, H], [I, H], [H, I]; plain or FP8
 };
 
 struct MoeLayerWeights {

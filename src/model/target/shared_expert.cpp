@@ -16,7 +16,7 @@ SharedExpertWeights load_shared_expert(WeightSource& src, const std::string& p, 
 }
 
 void shared_expert_forward(Context& ctx, const SharedExpertWeights& w, const Tensor& x, const Tensor& h) {
-  const int64_t R = x.rows(), I = w.mlp.w_gate.shape[0];
+  const int64_t R = x.rows(), I = w.mlp.w_gate.rows();
   const DType dt = ctx.compute_dtype();
   Tensor g = ctx.empty(dt, {R, I}), u = ctx.empty(dt, {R, I}), s = ctx.empty(dt, {R, 1});
   ctx.linear(x, w.mlp.w_gate, nullptr, g);

@@ -12,9 +12,49 @@ void CheckpointWeights::stack_experts(const Tensor& dst, int64_t row0, const std
                one[1], "] at row ", row0, " does not fit a block of [", block, ", ", dst.shape[2], "]");
   const Tensor flat = dst.reshape({E * block, dst.shape[2]});
   for (int64_t e = 0; e < E; ++e) {
-    const Tensor host = ws_.f32(cat(prefix, e, ".", suffix), one);  // F32, converted by the copy
+    const Tensor host = host_value(cat(prefix, e, ".", suffix), one);  // F32, converted by the copy
     ctx_.copy(flat.slice(e * block + row0, e * block + row0 + rows), host);
   }
+}
+
+Tensor CheckpointWeights::host_value(const std::string& name, const Shape& shape) const {
+  if (ws_.has(name) && ws_.info(name).dtype == DType::F8E4M3) return fp8_dequantize(fp8_host(name, shape));
+  return ws_.f32(name, shape);
+}
+
+LinearWeight CheckpointWeights::fp8_host(const std::string& name, const Shape& shape) const {
+  const TensorInfo& i = ws_.info(name);
+  DFLASH_CHECK(i.shape == shape && shape.size() == 2, ws_.source(), ": tensor '", name, "': shape ",
+               shape_str(i.shape), ", expected ", shape_str(shape));
+  DFLASH_CHECK(fp8_.has_value(), ws_.source(), ": tensor '", name, "' is F8_E4M3 but config.json declares no FP8 "
+               "quantization_config (quant_method \"fp8\" or compressed-tensors \"float-quantized\")");
+  const int64_t N = shape[0], K = shape[1];
+  const std::string base = name.ends_with("weight") ? name.substr(0, name.size() - 6) : name + ".";
+  const std::string sname = base + fp8_->scale_name;
+  DFLASH_CHECK(ws_.has(sname), ws_.source(), ": tensor '", name, "' is F8_E4M3 but its scale '", sname,
+               "' is missing (", fp8_->method, " keeps one beside every FP8 weight)");
+  LinearWeight w;
+  w.block_n = fp8_->rows_per_scale(N);
+  w.block_k = fp8_->cols_per_scale(K);
+  const Shape grid{(N + w.block_n - 1) / w.block_n, (K + w.block_k - 1) / w.block_k};
+  const TensorInfo& si = ws_.info(sname);
+  // per tensor: [] or [1] are the same one value; per channel: [N, 1] or [N]
+  const bool same = si.shape == grid || (grid == Shape{1, 1} && (si.shape.empty() || si.shape == Shape{1})) ||
+                    (grid[1] == 1 && si.shape == Shape{grid[0]});
+  DFLASH_CHECK(same, ws_.source(), ": tensor '", sname, "': shape ", shape_str(si.shape), ", expected ",
+               shape_str(grid), " (", fp8_->granularity(), " scales of '", name, "' ", shape_str(shape), ")");
+  w.w = ws_.view(name);
+  w.scale = ws_.f32(sname).reshape(grid);
+  return w;
+}
+
+LinearWeight CheckpointWeights::linear(const std::string& name, const Shape& shape) {
+  if (!ws_.has(name) || ws_.info(name).dtype != DType::F8E4M3) return matrix(name, shape);
+  const LinearWeight h = fp8_host(name, shape);
+  LinearWeight w = h;
+  w.w = ctx_.to_device(h.w);
+  w.scale = ctx_.to_device(h.scale);
+  return w;
 }
 
 Mxfp4Rows CheckpointWeights::mxfp4(const std::string& name, int64_t E, int64_t N, int64_t K) {
@@ -35,6 +75,12 @@ Tensor RandomTargetWeights::matrix(const std::string&, const Shape& shape) {
   Tensor t = ctx_.empty(ctx_.param_dtype(), shape);
   ctx_.fill_normal(t, 0.02, seed_, RngPurpose::RandomTarget, k_++);
   return ctx_.to_device(t, ctx_.compute_dtype());
+}
+
+LinearWeight RandomTargetWeights::linear(const std::string& name, const Shape& shape) {
+  const Tensor w = matrix(name, shape);
+  if (!fp8_) return w;
+  return ctx_.quantize_fp8(w, fp8_->rows_per_scale(shape[0]), fp8_->cols_per_scale(shape[1]));
 }
 
 Tensor RandomTargetWeights::f32(const std::string&, const Shape& shape) {

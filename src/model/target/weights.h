@@ -4,6 +4,7 @@
 // defines: WeightSource, Mxfp4Rows, CheckpointWeights, RandomTargetWeights
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "backend/context.h"
@@ -24,9 +25,15 @@ class WeightSource {
  public:
   virtual ~WeightSource() = default;
   virtual Context& ctx() = 0;
-  // A weight matrix or vector of `shape` (random: N(0, 0.02)). Throws Error naming the file and tensor when missing
-  // or of another shape.
+  // A weight matrix or vector of `shape` (random: N(0, 0.02)), plain: an FP8 tensor is dequantised on the host (for
+  // the layouts a mixer rearranges). Throws Error naming the file and tensor when missing or of another shape.
   virtual Tensor matrix(const std::string& name, const Shape& shape) = 0;
+  // A linear layer's weight `name` ("...q_proj.weight") of `shape` [N, K]. FP8 in the checkpoint (F8_E4M3 beside
+  // its scale tensor, io/hf_config.h Fp8Format): kept FP8 on the device (backend/context.h LinearWeight); any other
+  // dtype: plain, as matrix(). Random: drawn as matrix(), then quantized by Context::quantize_fp8 in the config's
+  // blocks when the source was made for an FP8 target. Throws Error naming the tensor (FP8 without its scale, a
+  // scale of another shape, FP8 where config.json declares none) and as matrix().
+  virtual LinearWeight linear(const std::string& name, const Shape& shape) = 0;
   // A norm weight (random: ones).
   virtual Tensor norm(const std::string& name, const Shape& shape) = 0;
   // Whether the checkpoint has `name` (random: false).
@@ -50,38 +57,49 @@ class WeightSource {
   virtual Mxfp4Rows mxfp4(const std::string& name, int64_t E, int64_t N, int64_t K) = 0;
 };
 
-// A checkpoint directory (config.json + *.safetensors or model.safetensors.index.json).
+// A checkpoint directory (config.json + *.safetensors or model.safetensors.index.json); `fp8` = its config's FP8
+// format when quantization_config declares one (ModelConfig::linear_format FP8), else null.
 class CheckpointWeights final : public WeightSource {
  public:
-  CheckpointWeights(const std::string& dir, Context& ctx) : ws_(WeightStore::open(dir)), ctx_(ctx) {}
+  CheckpointWeights(const std::string& dir, Context& ctx, const Fp8Format* fp8 = nullptr)
+      : ws_(WeightStore::open(dir)), ctx_(ctx), fp8_(fp8 ? std::optional<Fp8Format>(*fp8) : std::nullopt) {}
   Context& ctx() override { return ctx_; }
   Tensor matrix(const std::string& name, const Shape& shape) override {
-    return ctx_.to_device(ws_.f32(name, shape), ctx_.compute_dtype());
+    return ctx_.to_device(host_value(name, shape), ctx_.compute_dtype());
   }
+  LinearWeight linear(const std::string& name, const Shape& shape) override;
   Tensor norm(const std::string& name, const Shape& shape) override { return matrix(name, shape); }
   bool has(const std::string& name) const override { return ws_.has(name); }
   void stack_experts(const Tensor& dst, int64_t row0, const std::string& prefix, const std::string& suffix,
                      const Shape& one) override;
   Tensor f32(const std::string& name, const Shape& shape) override {
-    return ctx_.to_device(ws_.f32(name, shape), DType::F32);
+    return ctx_.to_device(host_value(name, shape), DType::F32);
   }
-  Tensor host_f32(const std::string& name, const Shape& shape) override { return ws_.f32(name, shape); }
+  Tensor host_f32(const std::string& name, const Shape& shape) override { return host_value(name, shape); }
   Mxfp4Rows mxfp4(const std::string& name, int64_t E, int64_t N, int64_t K) override;
   const WeightStore& store() const { return ws_; }
+  // The FP8 weight `name` [N, K] and its scale as host tensors (views of the file), checked against the config's
+  // format. Throws Error as linear().
+  LinearWeight fp8_host(const std::string& name, const Shape& shape) const;
 
  private:
+  Tensor host_value(const std::string& name, const Shape& shape) const;  // F32 host, FP8 dequantised
   WeightStore ws_;
   Context& ctx_;
+  std::optional<Fp8Format> fp8_;
 };
 
 // Random values drawn on the device by fill_normal(seed, RandomTarget, stream k), k counting the calls from
 // `first_stream`: identical on every device and backend.
+// `fp8`: the linears are quantized in its blocks (a random FP8 target), else plain.
 class RandomTargetWeights final : public WeightSource {
  public:
-  RandomTargetWeights(Context& ctx, uint64_t seed, uint64_t first_stream = 0) : ctx_(ctx), seed_(seed), k_(first_stream) {}
+  RandomTargetWeights(Context& ctx, uint64_t seed, uint64_t first_stream = 0, const Fp8Format* fp8 = nullptr)
+      : ctx_(ctx), seed_(seed), k_(first_stream), fp8_(fp8 ? std::optional<Fp8Format>(*fp8) : std::nullopt) {}
   bool random() const override { return true; }
   Context& ctx() override { return ctx_; }
   Tensor matrix(const std::string&, const Shape& shape) override;
+  LinearWeight linear(const std::string& name, const Shape& shape) override;
   Tensor norm(const std::string&, const Shape& shape) override;
   bool has(const std::string&) const override { return false; }
   void stack_experts(const Tensor& dst, int64_t row0, const std::string&, const std::string&, const Shape& one) override;
@@ -92,6 +110,7 @@ class RandomTargetWeights final : public WeightSource {
  private:
   Context& ctx_;
   uint64_t seed_, k_;
+  std::optional<Fp8Format> fp8_;
 };
 
 }  // namespace dflash
