@@ -258,6 +258,49 @@ TEST(CudaOps, Linear) {
   });
 }
 
+// FP8 weights. quantize_fp8 gives the same codes and scales on every backend (amax / 448 and a round-to-nearest-even
+// e4m3 conversion of the same bf16 values). linear with block-128 or per-channel weights runs on the FP8 tensor
+// cores with x quantized per row and 128 columns (resp. per row), so its reference is x's own quantize-dequantize
+// times the dequantised weight; other blockings (24 x 40) dequantise the weight to bf16, the reference x times the
+// dequantised weight. nmse bounds: bf16 output rounding and fp32 accumulation (~1e-6); a scale applied to the wrong
+// block, or x left unquantized, is off by ~1e-3 or more.
+TEST(CudaOps, LinearFp8) {
+  struct S {
+    int64_t M, N, K, bn, bk;
+    bool tensor_cores;
+  };
+  const std::vector<S> cases = {{33, 256, 384, 128, 128, true}, {300, 384, 512, 128, 128, true},
+                                {17, 200, 320, 128, 128, true}, {64, 96, 256, 1, 256, true},
+                                {9, 70, 90, 24, 40, false}};
+  for (const S& s : cases) {
+    const std::string nm = cat("linear_fp8 M", s.M, " N", s.N, " K", s.K, " block ", s.bn, "x", s.bk);
+    const Tensor x = rnd({s.M, s.K}, 21), w = rnd({s.N, s.K}, 22, 0.05), b = rnd({s.N}, 23), c0 = rnd({s.M, s.N}, 24);
+    check_case(nm, {{"quantized w", Kind::Exact, false}, {"y", Kind::Nmse, true, 1, 1e-5}},
+               [&](Context& c) {
+                 const LinearWeight q = c.quantize_fp8(put(c, w), s.bn, s.bk);
+                 LinearWeight qh = q;
+                 qh.w = c.to_host(q.w);
+                 qh.scale = c.to_host(q.scale);
+                 const Tensor wdq = fp8_dequantize(qh);
+                 Tensor y = nan_out(c, {s.M, s.N}), cd = put(c, c0), bd = put(c, b);
+                 if (c.device() == Device::CPU) {  // the reference: what the GPU's path computes, in fp32 / fp64
+                   Tensor xr = put(c, x);
+                   if (s.tensor_cores) {
+                     LinearWeight xq = c.quantize_fp8(xr, 1, s.bn == 128 ? 128 : s.K);
+                     xr = c.to_device(fp8_dequantize(xq), c.compute_dtype());
+                   }
+                   c.linear(xr, c.to_device(wdq, c.compute_dtype()), &bd, y, 0.5f, &cd);
+                 } else {
+                   EXPECT_EQ(cuda::linear_fp8_on_tensor_cores(q), s.tensor_cores) << nm;
+                   c.linear(put(c, x), q, &bd, y, 0.5f, &cd);
+                 }
+                 std::vector<double> wv(static_cast<size_t>(wdq.numel()));
+                 for (size_t i = 0; i < wv.size(); ++i) wv[i] = wdq.ptr<float>()[i];
+                 return Outs{wv, get(c, y)};
+               });
+  }
+}
+
 TEST(CudaOps, RmsNorm) {
   const std::vector<std::pair<int64_t, int64_t>> shapes =
       kEmu ? std::vector<std::pair<int64_t, int64_t>>{{9, 16}, {33, 128}}
