@@ -8,9 +8,12 @@
 //   prefill_4x1024    Target::forward_batch of 4 sequences of 1024 tokens with KV caches (all 36 layers).
 // FLOPs (no lm_head, embedding lookup not counted): per layer run 2 * P_layer per token, P_layer =
 // H*nh*d + 2*H*nkv*d + nh*d*H + 3*H*I, plus causal attention 4*d*nh*T(T+1)/2 per sequence of T tokens.
-// MFU against 989 TFLOP/s (H200 bf16 dense peak).
+// MFU against 989 TFLOP/s (H200 bf16 dense peak). --fp8 block: every projection quantized to FP8 in 128 x 128 blocks
+// (Qwen's -FP8 checkpoints), --fp8 channel: per output channel (compressed-tensors FP8-dynamic); the RESULT lines
+// then say impl=dflash_fp8_block / dflash_fp8_channel, and the note gives the weights' bytes on the device.
 //
 //   bench_prefill [--T 3072] [--batch 4] [--T-batch 1024] [--budget-s 5] [--max-reps 5] [--seed 1]
+//                 [--fp8 none|block|channel]
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -55,8 +58,16 @@ int main(int argc, char** argv) {
     if (!device_available(device, "bench_prefill")) return 0;
     auto ctx = make_context(device);
     const DType act = ctx->compute_dtype();
+    const std::string fp8 = args.s("fp8", "none");
+    if (fp8 != "none" && fp8 != "block" && fp8 != "channel") throw Error("--fp8: none, block or channel, got " + fp8);
+    const std::string impl = fp8 == "none" ? "dflash" : "dflash_fp8_" + fp8;
     const double t_w0 = now_s();
     RandPool pool(*ctx, 0.02, seed);
+    auto proj = [&](int64_t N, int64_t K) -> LinearWeight {
+      const Tensor t = pool.make(act, {N, K});
+      if (fp8 == "none") return t;
+      return ctx->quantize_fp8(t, fp8 == "block" ? 128 : 1, fp8 == "block" ? 128 : K);
+    };
     TargetWeights w;
     w.embed = pool.make(act, {V, H});
     w.lm_head = pool.make(act, {V, H});
@@ -66,21 +77,22 @@ int main(int argc, char** argv) {
       TargetLayer L;
       L.in_norm = const_tensor(*ctx, act, {H}, 1.0f);
       L.post_norm = const_tensor(*ctx, act, {H}, 1.0f);
-      L.attn.wq = pool.make(act, {nh * d, H});
-      L.attn.wk = pool.make(act, {nkv * d, H});
-      L.attn.wv = pool.make(act, {nkv * d, H});
-      L.attn.wo = pool.make(act, {H, nh * d});
+      L.attn.wq = proj(nh * d, H);
+      L.attn.wk = proj(nkv * d, H);
+      L.attn.wv = proj(nkv * d, H);
+      L.attn.wo = proj(H, nh * d);
       L.attn.q_norm = const_tensor(*ctx, act, {d}, 1.0f);
       L.attn.k_norm = const_tensor(*ctx, act, {d}, 1.0f);
-      L.mlp.w_gate = pool.make(act, {I, H});
-      L.mlp.w_up = pool.make(act, {I, H});
-      L.mlp.w_down = pool.make(act, {H, I});
+      L.mlp.w_gate = proj(I, H);
+      L.mlp.w_up = proj(I, H);
+      L.mlp.w_down = proj(H, I);
       w.layers.push_back(std::move(L));
     }
     Target target(cfg, std::move(w));
     ctx->synchronize();
-    note("bench_prefill on %s: Qwen3-8B shapes (%lld layers), random weights built on the device in %.2f s, %.2f GiB",
-         ctx->describe().c_str(), (long long)Lt, now_s() - t_w0, gib(double(ctx->memory().in_use_bytes)));
+    note("bench_prefill on %s: Qwen3-8B shapes (%lld layers, %s), random weights built on the device in %.2f s, %.2f GiB",
+         ctx->describe().c_str(), (long long)Lt, impl.c_str(), now_s() - t_w0, gib(double(ctx->memory().in_use_bytes)));
+    result("name=prefill_weights impl=%s weights_gib=%.3f", impl.c_str(), gib(double(ctx->memory().in_use_bytes)));
 
     const double P_layer = double(H * nh * d + 2 * H * nkv * d + nh * d * H + 3 * H * I);
     auto flops_for = [&](int64_t layers_run, const std::vector<int64_t>& lens) {
@@ -98,9 +110,9 @@ int main(int argc, char** argv) {
     auto run = [&](const char* name, auto&& fn, double flops, double tokens, int64_t layers_run) {
       const Timing t = measure(*ctx, fn, budget, max_reps);
       const double s = t.median_s;
-      result("name=%s impl=dflash ms=%.2f tokens_per_s=%.0f tflops=%.1f mfu_989=%.4f layers=%lld reps=%d "
+      result("name=%s impl=%s ms=%.2f tokens_per_s=%.0f tflops=%.1f mfu_989=%.4f layers=%lld reps=%d "
              "first_ms=%.1f peak_gib=%.2f",
-             name, s * 1e3, tokens / s, flops / s / 1e12, flops / s / 1e12 / kPeakTflops, (long long)layers_run, t.reps,
+             name, impl.c_str(), s * 1e3, tokens / s, flops / s / 1e12, flops / s / 1e12 / kPeakTflops, (long long)layers_run, t.reps,
              t.first_s * 1e3, gib(double(ctx->memory().peak_bytes)));
     };
 

@@ -2,7 +2,8 @@
 # tools/fp8_check.sh — FP8 targets on the GPU machine, from the repo root, in steps that fit one device call each:
 #   STEP=build   configure build-cuda (no MPI), build dflash, dflash_cuda_tests, bench_fp8, bench_prefill (-j$JOBS)
 #   STEP=ops     the CUDA op table's FP8 cases and Linear (GTEST_FILTER overrides)
-#   STEP=bench   bench_fp8: FP8 against bf16 GEMMs at Qwen3-8B linear shapes, in the same call
+#   STEP=bench   bench_fp8: FP8 against bf16 GEMMs at Qwen3-8B linear shapes; bench_prefill (4 x 3072 tokens) with
+#                bf16, FP8 block and FP8 per-channel projections: all in the same call
 # Logs in $OUT (default build-cuda/fp8_check); the last lines printed are the table.
 set -u
 T0=$(date +%s)
@@ -37,7 +38,12 @@ case "${STEP:-build}" in
   bench)
     $B/bench_fp8 ${BENCH_ARGS:-} >"$OUT/bench_fp8.log" 2>&1
     say "bench_fp8 rc=$?"
+    for f in none block channel; do
+      $B/bench_prefill --T-batch 3072 --batch 4 --budget-s 3 --max-reps 3 --fp8 $f >"$OUT/bench_prefill_$f.log" 2>&1
+      say "bench_prefill --fp8 $f rc=$?"
+    done
     grep -v '^RESULT' "$OUT/bench_fp8.log" | tail -12
+    grep -h '^RESULT' "$OUT"/bench_prefill_*.log
     ;;
 esac
 say "done"

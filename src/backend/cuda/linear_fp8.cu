@@ -11,9 +11,10 @@
 // Operand mapping (cuBLASLt is column-major, see linear.cu): A' = W, stored [N, K] row-major = column-major K x N,
 // OP_T; B' = xq, [M, K] row-major = column-major K x M, OP_N; D = y, [M, N] row-major = column-major N x M.
 // Scale layouts (cuBLAS "scaling factor layouts"; PyTorch's scaled_mm checks the same): BLK128x128 of A' is the
-// column-major ceil(K/128) x ceil(N/128) grid with a leading dimension rounded up to 4, i.e. the checkpoint's
-// row-major [ceil(N/128), ceil(K/128)] with each row padded to a multiple of 4; VEC128 of B' is ceil(K/128) x M
-// with M contiguous (token-major within each 128-column group); OUTER_VEC: one scale per row of A' (N) / of B'^T (M).
+// column-major ceil(K/128) x ceil(N/128) grid with leading dimension ceil(K/128), i.e. the checkpoint's row-major
+// [ceil(N/128), ceil(K/128)] as it is (a grid padded to a multiple of 4 columns gives wrong results with CUDA 13.0's
+// cuBLASLt: CudaOps.LinearFp8's K 320 and 384 cases); VEC128 of B' is ceil(K/128) x M with M contiguous (token-major
+// within each 128-column group); OUTER_VEC: one scale per row of A' (N) / of B'^T (M).
 #include <algorithm>
 
 #include <cuda_fp8.h>
@@ -61,8 +62,10 @@ __global__ void k_quantize_blocks(const bf16* __restrict__ w, int64_t N, int64_t
   }
 }
 
-// Activations x bf16 [M, K] per row in groups of G columns (G = 128, or K: per row): one warp per (row, group).
-// The scale of (m, g) goes to scale[g * M + m] (token-major within a group: cuBLASLt's VEC128 layout; G = K: [M]).
+// Activations x bf16 [M, K] per row in groups of G columns (G = 128, or K: per row): one warp per (row, group), each
+// lane holding 4 consecutive columns of every 128 (one 8-byte load; K % 16 == 0 and x 16-byte aligned on the paths
+// that come here). The scale of (m, g) goes to scale[g * M + m] (token-major within a group: cuBLASLt's VEC128
+// layout; G = K: [M]).
 __global__ void k_quantize_rows(const bf16* __restrict__ x, int64_t M, int64_t K, int64_t G,
                                 uint8_t* __restrict__ q, float* __restrict__ scale) {
   const int64_t groups = (K + G - 1) / G;
@@ -73,10 +76,23 @@ __global__ void k_quantize_rows(const bf16* __restrict__ x, int64_t M, int64_t K
   const int64_t k0 = g * G, k1 = min(K, k0 + G);
   const bf16* row = x + m * K;
   float amax = 0.f;
-  for (int64_t k = k0 + lane; k < k1; k += 32) amax = fmaxf(amax, fabsf(__bfloat162float(row[k])));
+  for (int64_t k = k0 + 4 * lane; k < k1; k += 128) {
+    const uint2 v = *reinterpret_cast<const uint2*>(row + k);
+    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&v.x), b = *reinterpret_cast<const __nv_bfloat162*>(&v.y);
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(__low2float(a)), fabsf(__high2float(a))),
+                             fmaxf(fabsf(__low2float(b)), fabsf(__high2float(b)))));
+  }
   amax = warp_max(amax);
   const float s = amax > 0.f ? amax / 448.f : 1.f;
-  for (int64_t k = k0 + lane; k < k1; k += 32) q[m * K + k] = f_to_e4m3(__bfloat162float(row[k]) / s);
+  for (int64_t k = k0 + 4 * lane; k < k1; k += 128) {
+    const uint2 v = *reinterpret_cast<const uint2*>(row + k);
+    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&v.x), b = *reinterpret_cast<const __nv_bfloat162*>(&v.y);
+    const uint32_t packed = static_cast<uint32_t>(f_to_e4m3(__low2float(a) / s)) |
+                            (static_cast<uint32_t>(f_to_e4m3(__high2float(a) / s)) << 8) |
+                            (static_cast<uint32_t>(f_to_e4m3(__low2float(b) / s)) << 16) |
+                            (static_cast<uint32_t>(f_to_e4m3(__high2float(b) / s)) << 24);
+    *reinterpret_cast<uint32_t*>(q + m * K + k) = packed;
+  }
   if (lane == 0) scale[g * M + m] = s;
 }
 
@@ -88,16 +104,6 @@ __global__ void k_dequantize(const uint8_t* __restrict__ q, const float* __restr
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t n = i / K, k = i % K;
     w[i] = __float2bfloat16(e4m3_to_f(q[i]) * scale[(n / bn) * kb + k / bk]);
-  }
-}
-
-// The scale grid [nb, kb] with rows padded to ld columns (cuBLASLt's BLK128x128 leading dimension).
-__global__ void k_pad_rows(const float* __restrict__ s, int64_t nb, int64_t kb, int64_t ld, float* __restrict__ out) {
-  const int64_t total = nb * ld;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / ld, c = i % ld;
-    out[i] = c < kb ? s[r * kb + c] : 1.f;
   }
 }
 
@@ -203,16 +209,7 @@ void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bi
     DFLASH_LAUNCH(static_cast<unsigned>((warps + 7) / 8), 256, 0, e.stream, k_quantize_rows)(
         static_cast<const bf16*>(x.data), M, K, G, xq.ptr<uint8_t>(), xs.ptr<float>());
     check_launch("linear_fp8 (quantize x)");
-    Tensor wscale = w.scale;
-    const int64_t nb = w.scale.shape[0], kb = w.scale.shape[1];
-    if (path == Fp8Path::Block128 && kb % 4 != 0) {
-      const int64_t ld = (kb + 3) / 4 * 4;
-      wscale = e.alloc(DType::F32, {nb, ld});
-      DFLASH_LAUNCH(grid_for(nb * ld, 256, e.num_sms), 256, 0, e.stream, k_pad_rows)(w.scale.ptr<float>(), nb, kb, ld,
-                                                                                      wscale.ptr<float>());
-      check_launch("linear_fp8 (scale layout)");
-    }
-    done = lt_fp8(e, path, w, xq.data, xs.ptr<float>(), wscale.ptr<float>(), M, beta, c ? c->data : y.data, y);
+    done = lt_fp8(e, path, w, xq.data, xs.ptr<float>(), w.scale.ptr<float>(), M, beta, c ? c->data : y.data, y);
   }
   if (!done) {
     Tensor wd = e.alloc(DType::BF16, {N, K});

@@ -1,0 +1,261 @@
+// tests/model/fp8_target.cpp — FP8 checkpoints (io/hf_config.h Fp8Format): a target golden rewritten with its
+// projections in FP8 (quant_method "fp8" with block scales, compressed-tensors "float-quantized" per channel) loads
+// with those projections kept FP8 and computes, on the CPU, exactly what the same model with the dequantised
+// weights computes; bad FP8 checkpoints are refused naming the tensor or the field.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/context.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "model/target.h"
+#include "common/test_util.h"
+
+using namespace dflash;
+using nlohmann::json;
+
+namespace {
+
+struct TmpDir {
+  std::string path;
+  explicit TmpDir(const std::string& name) : path(cat("/tmp/dflash_test_", getpid(), "_", name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TmpDir() { std::filesystem::remove_all(path); }
+};
+
+std::string golden(const std::string& name) { return test::source_dir() + "/tests/golden/" + name; }
+
+struct Fp8Copy {
+  std::string method;  // "fp8" or "compressed-tensors"
+  int64_t bn = 0, bk = 0;  // compressed-tensors: 1 x 0 = per channel
+};
+
+// Writes golden `src` twice: `fp8_dir` with every layer projection ("..._proj.weight", 2-D) quantized (F8_E4M3 +
+// its scale: weight_scale_inv F32 for "fp8", weight_scale BF16 [N, 1] for per-channel compressed-tensors) and a
+// quantization_config; `plain_dir` with the same projections dequantised (F32) and no quantization_config.
+void write_copies(const std::string& src, const Fp8Copy& f, const std::string& fp8_dir, const std::string& plain_dir) {
+  auto cpu = make_context("cpu");
+  auto ws = WeightStore::open(src);
+  std::vector<std::pair<std::string, Tensor>> q, p;
+  for (const std::string& n : ws.names()) {
+    const Tensor v = ws.f32(n);
+    if (!(n.starts_with("model.layers.") && n.ends_with("_proj.weight") && v.ndim() == 2)) {
+      q.emplace_back(n, v);
+      p.emplace_back(n, v);
+      continue;
+    }
+    const int64_t N = v.shape[0], K = v.shape[1];
+    const LinearWeight w = cpu->quantize_fp8(v, f.bn > 0 ? f.bn : N, f.bk > 0 ? f.bk : K);
+    const std::string base = n.substr(0, n.size() - 6);
+    q.emplace_back(n, w.w);
+    if (f.method == "fp8") {
+      q.emplace_back(base + "weight_scale_inv", w.scale);
+    } else {
+      q.emplace_back(base + "weight_scale", cpu_to_bf16(w.scale));  // per channel [N, 1], as llm-compressor writes
+    }
+    p.emplace_back(n, fp8_dequantize(w));
+  }
+  // compressed-tensors stores BF16 scales: the plain copy must use the values the BF16 scales hold
+  if (f.method != "fp8") {
+    for (auto& [n, t] : p)
+      if (n.starts_with("model.layers.") && n.ends_with("_proj.weight") && t.ndim() == 2) {
+        LinearWeight w;
+        for (auto& [qn, qt] : q)
+          if (qn == n) w.w = qt;
+        for (auto& [qn, qt] : q)
+          if (qn == n.substr(0, n.size() - 6) + "weight_scale") w.scale = cpu_to_f32(qt);
+        w.block_n = 1;
+        w.block_k = t.shape[1];
+        t = fp8_dequantize(w);
+      }
+  }
+  write_safetensors(fp8_dir + "/model.safetensors", q);
+  write_safetensors(plain_dir + "/model.safetensors", p);
+  json c = json::parse(read_file(src + "/config.json"));
+  write_file_atomic(plain_dir + "/config.json", c.dump(2));
+  if (f.method == "fp8") {
+    c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {f.bn, f.bk}}};
+  } else {
+    c["quantization_config"] = {
+        {"quant_method", "compressed-tensors"},
+        {"format", "float-quantized"},
+        {"ignore", {"lm_head"}},
+        {"config_groups",
+         {{"group_0",
+           {{"targets", {"Linear"}},
+            {"weights", {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "channel"}}},
+            {"input_activations",
+             {{"num_bits", 8}, {"type", "float"}, {"dynamic", true}, {"strategy", "token"}}}}}}}};
+  }
+  write_file_atomic(fp8_dir + "/config.json", c.dump(2));
+}
+
+// Every layer's output and the final norm of both copies on "cpu": equal value for value.
+void expect_same_forward(const std::string& fp8_dir, const std::string& plain_dir, const std::string& what) {
+  auto ctx = make_context("cpu");
+  auto a = Target::load(fp8_dir, *ctx);
+  auto b = Target::load(plain_dir, *ctx);
+  EXPECT_EQ(a->config().linear_format, WeightFormat::FP8);
+  EXPECT_EQ(b->config().linear_format, WeightFormat::Plain);
+  const int64_t L = a->config().num_hidden_layers;
+  std::vector<int64_t> all(static_cast<size_t>(L));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<int32_t> idv;
+  for (int i = 0; i < 23; ++i) idv.push_back((i * 37 + 5) % 512);
+  const Tensor ids = cpu_tensor_i32(idv, {23});
+  auto fa = a->forward(*ctx, ids, all, true);
+  auto fb = b->forward(*ctx, ids, all, true);
+  EXPECT_EQ(to_f32_vector(fa.features), to_f32_vector(fb.features)) << what;
+  EXPECT_EQ(to_f32_vector(fa.final_hidden), to_f32_vector(fb.final_hidden)) << what;
+}
+
+}  // namespace
+
+// Qwen3 with 16 x 24 blocks (partial blocks at the 64-column edge): the projections stay FP8 on the device (codes +
+// scales), the forward equals the dequantised model's.
+TEST(Fp8Target, BlockScaledQwen3EqualsItsDequantisation) {
+  TmpDir q("fp8_q3"), p("fp8_q3_plain");
+  write_copies(golden("target_qwen3"), {"fp8", 16, 24}, q.path, p.path);
+  auto ctx = make_context("cpu");
+  auto t = Target::load(q.path, *ctx);
+  const auto& L0 = t->weights().layers[0];
+  EXPECT_TRUE(L0.attn.wq.fp8());
+  EXPECT_EQ(L0.attn.wq.w.dtype, DType::F8E4M3);
+  EXPECT_EQ(L0.attn.wq.scale.shape, (Shape{128 / 16, 3}));  // [nh d = 128, H = 64]: 8 x ceil(64 / 24)
+  EXPECT_TRUE(L0.mlp.w_down.fp8());
+  EXPECT_EQ(t->config().fp8.granularity(), "block 16x24");
+  expect_same_forward(q.path, p.path, "qwen3 block 16x24");
+}
+
+// Qwen3.5 (gated attention: q_proj holds query and gate rows per head; Gated DeltaNet projections): with 16-row
+// blocks the query / gate split keeps FP8 (head_dim 32 is two blocks); with 24-row blocks the blocks straddle the
+// halves and the split dequantises. Both equal the dequantised model.
+TEST(Fp8Target, GatedAttentionAndLinearAttentionEqualTheirDequantisation) {
+  {
+    TmpDir q("fp8_q35"), p("fp8_q35_plain");
+    write_copies(golden("target_qwen3_5"), {"fp8", 16, 32}, q.path, p.path);
+    auto ctx = make_context("cpu");
+    auto t = Target::load(q.path, *ctx);
+    bool saw_gated = false;
+    for (const auto& L : t->weights().layers)
+      if (L.attn.wg.defined()) {
+        EXPECT_TRUE(L.attn.wq.fp8() && L.attn.wg.fp8());
+        saw_gated = true;
+      }
+    EXPECT_TRUE(saw_gated);
+    EXPECT_TRUE(t->weights().layers[0].lin.w_qkv.fp8());
+    expect_same_forward(q.path, p.path, "qwen3.5 block 16x32");
+  }
+  {
+    TmpDir q("fp8_q35b"), p("fp8_q35b_plain");
+    write_copies(golden("target_qwen3_5"), {"fp8", 24, 24}, q.path, p.path);
+    expect_same_forward(q.path, p.path, "qwen3.5 block 24x24");
+  }
+}
+
+// compressed-tensors FP8-dynamic (per-channel BF16 scales [N, 1], dynamic per-token activations).
+TEST(Fp8Target, CompressedTensorsPerChannelEqualsItsDequantisation) {
+  TmpDir q("fp8_ct"), p("fp8_ct_plain");
+  write_copies(golden("target_qwen3"), {"compressed-tensors", 1, 0}, q.path, p.path);
+  auto ctx = make_context("cpu");
+  auto t = Target::load(q.path, *ctx);
+  EXPECT_EQ(t->config().fp8.method, "compressed-tensors");
+  EXPECT_EQ(t->config().fp8.granularity(), "per channel");
+  EXPECT_EQ(t->weights().layers[0].attn.wk.scale.shape, (Shape{64, 1}));
+  expect_same_forward(q.path, p.path, "compressed-tensors per channel");
+}
+
+// Bad FP8 checkpoints: a scale of the wrong shape, a missing scale, FP8 tensors without a quantization_config, and
+// config values dflash does not run (fmt e5m2, static activations, INT4 compressed-tensors, a quantized KV cache)
+// are refused naming the tensor or the field.
+TEST(Fp8Target, BadCheckpointsAreRefusedByName) {
+  TmpDir q("fp8_bad"), p("fp8_bad_plain");
+  write_copies(golden("target_qwen3"), {"fp8", 16, 24}, q.path, p.path);
+  auto ctx = make_context("cpu");
+  auto load_error = [&](const std::string& dir) {
+    try {
+      Target::load(dir, *ctx);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto has = [](const std::string& m, const std::string& s) { return m.find(s) != std::string::npos; };
+  const std::string good_config = read_file(q.path + "/config.json");
+  {  // a scale grid of another shape
+    auto ws = WeightStore::open(q.path);
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const std::string& n : ws.names()) {
+      const std::string bad = "model.layers.1.self_attn.k_proj.weight_scale_inv";
+      out.emplace_back(n, n == bad ? cpu_zeros(DType::F32, {4, 2}) : cpu_clone(ws.view(n)));
+    }
+    TmpDir b("fp8_bad_scale");
+    write_safetensors(b.path + "/model.safetensors", out);
+    write_file_atomic(b.path + "/config.json", good_config);
+    const std::string m = load_error(b.path);
+    EXPECT_TRUE(has(m, "model.layers.1.self_attn.k_proj.weight_scale_inv") && has(m, "[4, 2]") && has(m, "[4, 3]"))
+        << m;
+  }
+  {  // a missing scale
+    auto ws = WeightStore::open(q.path);
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const std::string& n : ws.names())
+      if (n != "model.layers.2.mlp.up_proj.weight_scale_inv") out.emplace_back(n, cpu_clone(ws.view(n)));
+    TmpDir b("fp8_no_scale");
+    write_safetensors(b.path + "/model.safetensors", out);
+    write_file_atomic(b.path + "/config.json", good_config);
+    const std::string m = load_error(b.path);
+    EXPECT_TRUE(has(m, "model.layers.2.mlp.up_proj.weight_scale_inv") && has(m, "missing")) << m;
+  }
+  json c = json::parse(good_config);
+  c.erase("quantization_config");
+  write_file_atomic(q.path + "/config.json", c.dump());
+  std::string m = load_error(q.path);
+  EXPECT_TRUE(has(m, "F8_E4M3") && has(m, "quantization_config")) << m;
+  auto config_error = [&](const json& qc) {
+    json j = json::parse(good_config);
+    j["quantization_config"] = qc;
+    try {
+      parse_model_config(j, "config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  m = config_error({{"quant_method", "fp8"}, {"fmt", "e5m2"}});
+  EXPECT_TRUE(has(m, "quantization_config.fmt") && has(m, "e5m2")) << m;
+  m = config_error({{"quant_method", "fp8"}, {"activation_scheme", "static"}});
+  EXPECT_TRUE(has(m, "quantization_config.activation_scheme") && has(m, "static")) << m;
+  m = config_error({{"quant_method", "fp8"}, {"weight_block_size", {128}}});
+  EXPECT_TRUE(has(m, "quantization_config.weight_block_size")) << m;
+  m = config_error({{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}});
+  EXPECT_TRUE(has(m, "quantization_config.format") && has(m, "pack-quantized")) << m;
+  json ct = {{"quant_method", "compressed-tensors"},
+             {"format", "float-quantized"},
+             {"config_groups",
+              {{"group_0",
+                {{"weights", {{"num_bits", 8}, {"type", "float"}, {"strategy", "channel"}}},
+                 {"input_activations", {{"num_bits", 8}, {"type", "float"}, {"dynamic", false}}}}}}}};
+  m = config_error(ct);
+  EXPECT_TRUE(has(m, "config_groups.group_0.input_activations.dynamic") && has(m, "static")) << m;
+  ct["config_groups"]["group_0"]["input_activations"]["dynamic"] = true;
+  ct["kv_cache_scheme"] = {{"num_bits", 8}};
+  m = config_error(ct);
+  EXPECT_TRUE(has(m, "kv_cache_scheme")) << m;
+  ct.erase("kv_cache_scheme");
+  ct["config_groups"]["group_0"]["weights"]["strategy"] = "group";
+  m = config_error(ct);
+  EXPECT_TRUE(has(m, "weights.strategy") && has(m, "group")) << m;
+  m = config_error({{"quant_method", "awq"}});
+  EXPECT_TRUE(has(m, "quantization_config.quant_method") && has(m, "awq")) << m;
+}
