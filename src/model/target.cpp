@@ -62,7 +62,7 @@ TargetHead read_head(const WeightStore& ws, const ModelConfig& cfg, Context& ctx
 
 std::shared_ptr<const Target> Target::load(const std::string& dir, Context& ctx) {
   ModelConfig cfg = load_model_config(dir);
-  CheckpointWeights src(dir, ctx);
+  CheckpointWeights src(dir, ctx, cfg.linear_format == WeightFormat::FP8 ? &cfg.fp8 : nullptr);
   TargetHead head = read_head(src.store(), cfg, ctx, dir);
   TargetWeights w;
   w.embed = head.embed;
@@ -87,7 +87,7 @@ TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t see
 
 std::shared_ptr<const Target> Target::random(const ModelConfig& cfg, Context& ctx, uint64_t seed) {
   TargetHead head = random_target_head(cfg, ctx, seed);
-  RandomTargetWeights src(ctx, seed, 2);  // streams 0 and 1: the head's
+  RandomTargetWeights src(ctx, seed, 2, cfg.linear_format == WeightFormat::FP8 ? &cfg.fp8 : nullptr);  // 0, 1: the head's
   TargetWeights w;
   w.embed = head.embed;
   w.lm_head = head.lm_head;

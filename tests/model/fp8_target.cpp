@@ -39,7 +39,14 @@ struct Fp8Copy {
   int64_t bn = 0, bk = 0;  // compressed-tensors: 1 x 0 = per channel
 };
 
-// Writes golden `src` twice: `fp8_dir` with every layer projection ("..._proj.weight", 2-D) quantized (F8_E4M3 +
+// A layer projection's weight: "model.layers.{l}.<...>proj<...>.weight", 2-D (q_proj, ..., in_proj_qkv, out_proj).
+bool is_projection(const std::string& n, const Tensor& v) {
+  const size_t dot = n.rfind('.', n.size() - 8);
+  return n.starts_with("model.layers.") && n.ends_with(".weight") && v.ndim() == 2 &&
+         n.find("proj", dot == std::string::npos ? 0 : dot) != std::string::npos;
+}
+
+// Writes golden `src` twice: `fp8_dir` with every layer projection (is_projection) quantized (F8_E4M3 +
 // its scale: weight_scale_inv F32 for "fp8", weight_scale BF16 [N, 1] for per-channel compressed-tensors) and a
 // quantization_config; `plain_dir` with the same projections dequantised (F32) and no quantization_config.
 void write_copies(const std::string& src, const Fp8Copy& f, const std::string& fp8_dir, const std::string& plain_dir) {
@@ -48,7 +55,7 @@ void write_copies(const std::string& src, const Fp8Copy& f, const std::string& f
   std::vector<std::pair<std::string, Tensor>> q, p;
   for (const std::string& n : ws.names()) {
     const Tensor v = ws.f32(n);
-    if (!(n.starts_with("model.layers.") && n.ends_with("_proj.weight") && v.ndim() == 2)) {
+    if (!is_projection(n, v)) {
       q.emplace_back(n, v);
       p.emplace_back(n, v);
       continue;
@@ -67,7 +74,7 @@ void write_copies(const std::string& src, const Fp8Copy& f, const std::string& f
   // compressed-tensors stores BF16 scales: the plain copy must use the values the BF16 scales hold
   if (f.method != "fp8") {
     for (auto& [n, t] : p)
-      if (n.starts_with("model.layers.") && n.ends_with("_proj.weight") && t.ndim() == 2) {
+      if (is_projection(n, t)) {
         LinearWeight w;
         for (auto& [qn, qt] : q)
           if (qn == n) w.w = qt;
