@@ -140,8 +140,14 @@ ojson config_json(const ModelConfig& c) {
   j["params"] = {{"total", p.total}, {"active_per_token", p.active}, {"embedding", p.embedding}};
   j["device_weight_bytes_bf16"] = p.bf16_bytes();
   if (c.moe.expert_format != WeightFormat::Plain) j["quant_method"] = weight_format_name(c.moe.expert_format);
+  if (c.linear_format == WeightFormat::FP8) {
+    j["quant_method"] = c.fp8.method;
+    j["fp8"] = {{"format", "e4m3"}, {"scales", c.fp8.granularity()}, {"scale_tensor", c.fp8.scale_name},
+                {"activations", "dynamic per token"}, {"not_converted", c.fp8.not_converted}};
+    j["params"]["fp8"] = p.fp8;
+  }
   j["params"]["mxfp4"] = p.mxfp4;
-  j["device_weight_bytes"] = p.device_bytes();  // MXFP4 experts kept in MXFP4
+  j["device_weight_bytes"] = p.device_bytes();  // MXFP4 experts kept in MXFP4, FP8 projections in FP8
   try {
     j["default_target_layer_ids_nf5"] = default_target_layer_ids(c.num_hidden_layers, 5);
   } catch (const Error&) {
@@ -235,10 +241,17 @@ void print_text(const ojson& j) {
     for (const auto& r : c["layers"])
       std::printf("  layer %-7s %s\n", r["layers"].get<std::string>().c_str(), r["plan"].get<std::string>().c_str());
     const ojson& p = c["params"];
-    const bool mx = p["mxfp4"].get<int64_t>() > 0;
+    const bool mx = p["mxfp4"].get<int64_t>() > 0, f8 = p.contains("fp8");
     std::printf("params: %s total, %s active per token; weights on the device (%s): %.2f GiB\n",
                 human(p["total"].get<double>()).c_str(), human(p["active_per_token"].get<double>()).c_str(),
-                mx ? "bf16, experts in MXFP4" : "bf16", c["device_weight_bytes"].get<double>() / (1 << 30));
+                mx ? "bf16, experts in MXFP4" : f8 ? "bf16, projections in FP8" : "bf16",
+                c["device_weight_bytes"].get<double>() / (1 << 30));
+    if (f8)
+      std::printf("  of which FP8 (%s e4m3, %s scales, activations dynamic per token): %s params in %.2f GiB (%.2f "
+                  "GiB in bf16); not converted: %s\n",
+                  c["quant_method"].get<std::string>().c_str(), c["fp8"]["scales"].get<std::string>().c_str(),
+                  human(p["fp8"].get<double>()).c_str(), p["fp8"].get<double>() / (1 << 30),
+                  p["fp8"].get<double>() * 2 / (1 << 30), c["fp8"]["not_converted"].dump().c_str());
     if (mx)
       std::printf("  of which MXFP4 (experts, 17/32 byte per parameter): %s params in %.2f GiB (%.2f GiB in bf16)\n",
                   human(p["mxfp4"].get<double>()).c_str(), p["mxfp4"].get<double>() * 17 / 32 / (1 << 30),

@@ -97,6 +97,26 @@ std::shared_ptr<const Target> Target::random(const ModelConfig& cfg, Context& ct
   return std::make_shared<const Target>(cfg, std::move(w));
 }
 
+namespace {
+
+// The parameters of layer s that are loaded through WeightSource::linear (kept FP8 when the checkpoint is): the token
+// mixer's projections (q, k, v, o and the output gate rows; the Gated DeltaNet's qkv, z and out) and the dense or
+// shared-expert SwiGLU's three.
+int64_t fp8_projection_params(const ModelConfig& cfg, const LayerSpec& s) {
+  const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  int64_t n = 0;
+  if (s.mixer == TokenMixer::LinearAttention) {
+    n += H * (cfg.linear_attn.conv_dim() + 2 * cfg.linear_attn.value_dim());
+  } else {
+    n += 2 * H * nh * d + 2 * H * nkv * d + (s.attention.output_gate ? H * nh * d : 0);
+  }
+  if (s.mlp == ChannelMixer::Dense) n += 3 * H * s.mlp_width;
+  if (s.mlp == ChannelMixer::MoE) n += 3 * H * cfg.moe.shared_expert_width;
+  return n;
+}
+
+}  // namespace
+
 TargetParams target_params(const ModelConfig& cfg) {
   TargetParams p;
   const int64_t H = cfg.hidden_size;
@@ -117,6 +137,11 @@ TargetParams target_params(const ModelConfig& cfg) {
     p.total += attn + m.total;
     p.active += attn + m.active;
     p.mxfp4 += m.mxfp4;
+    if (cfg.linear_format == WeightFormat::FP8) p.fp8 += fp8_projection_params(cfg, s);
+  }
+  if (p.fp8 > 0) {  // one F32 scale per block (per channel: per row of K = H, the usual K)
+    const int64_t bn = cfg.fp8.block_n > 0 ? cfg.fp8.block_n : H, bk = cfg.fp8.block_k > 0 ? cfg.fp8.block_k : H;
+    p.fp8_scale_bytes = 4 * ((p.fp8 + bn * bk - 1) / (bn * bk));
   }
   return p;
 }

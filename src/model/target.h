@@ -61,11 +61,13 @@ TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t see
 // experts of each MoE layer; the embedding row counted as one lookup: not at all); mxfp4 = those of total held in
 // MXFP4 (the expert weights when moe.expert_format is MXFP4: gpt-oss's). `bf16_bytes` = 2 * total, the weights in bf16;
 // `device_bytes` what they take on a CUDA device: 2 bytes per bf16 parameter and 17/32 byte per MXFP4 one (half a
-// byte, plus one scale byte per 32).
+// byte, plus one scale byte per 32); fp8 = those of total held in FP8 when the config declares FP8 linears (the
+// layer projections: attention, Gated DeltaNet, dense and shared-expert SwiGLU; routed experts are dequantised to
+// bf16), one byte each plus fp8_scale_bytes (one F32 per block).
 struct TargetParams {
-  int64_t total = 0, active = 0, embedding = 0, mxfp4 = 0;
+  int64_t total = 0, active = 0, embedding = 0, mxfp4 = 0, fp8 = 0, fp8_scale_bytes = 0;
   int64_t bf16_bytes() const { return 2 * total; }
-  int64_t device_bytes() const { return 2 * (total - mxfp4) + mxfp4 / 32 * 17; }
+  int64_t device_bytes() const { return 2 * (total - mxfp4 - fp8) + mxfp4 / 32 * 17 + fp8 + fp8_scale_bytes; }
 };
 TargetParams target_params(const ModelConfig& cfg);
 

@@ -16,6 +16,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/target.h"
+#include "common/published_configs.h"
 #include "common/test_util.h"
 
 using namespace dflash;
@@ -265,4 +266,30 @@ TEST(Fp8Target, BadCheckpointsAreRefusedByName) {
   EXPECT_TRUE(has(m, "weights.strategy") && has(m, "group")) << m;
   m = config_error({{"quant_method", "awq"}});
   EXPECT_TRUE(has(m, "quantization_config.quant_method") && has(m, "awq")) << m;
+}
+
+// dflash info on Qwen3-8B-FP8's config.json (Qwen's published quantization_config): the format, the scales and the
+// bytes on the device with every layer projection in FP8 (1 byte + one F32 per 128 x 128 block) beside the
+// embedding, lm_head and norms in bf16.
+TEST(Fp8Target, InfoNamesTheFormatAndTheDeviceBytes) {
+  TmpDir tmp("fp8_info");
+  json c = json::parse(test::kQwen3_8B);
+  c["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+                              {"weight_block_size", {128, 128}}};
+  write_file_atomic(tmp.path + "/config.json", c.dump());
+  const std::string cmd = cat(DFLASH_BINARY, " info ", tmp.path, " --json > ", tmp.path, "/out.json 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp.path + "/out.json");
+  const json o = json::parse(read_file(tmp.path + "/out.json"))["config"];
+  EXPECT_EQ(o["quant_method"], "fp8");
+  EXPECT_EQ(o["fp8"]["scales"], "block 128x128");
+  const int64_t H = 4096, I = 12288, per_layer = 2 * H * 32 * 128 + 2 * H * 8 * 128 + 3 * H * I;
+  EXPECT_EQ(o["params"]["fp8"].get<int64_t>(), 36 * per_layer);
+  const TargetParams p = target_params(parse_model_config(c, "x"));
+  EXPECT_EQ(p.fp8_scale_bytes, 4 * 36 * per_layer / (128 * 128));
+  EXPECT_EQ(o["device_weight_bytes"].get<int64_t>(), 2 * (p.total - p.fp8) + p.fp8 + p.fp8_scale_bytes);
+  const std::string txt = cat(DFLASH_BINARY, " info ", tmp.path, " > ", tmp.path, "/out.txt 2>&1");
+  ASSERT_EQ(std::system(txt.c_str()), 0);
+  const std::string t = read_file(tmp.path + "/out.txt");
+  EXPECT_NE(t.find("projections in FP8"), std::string::npos) << t;
+  EXPECT_NE(t.find("block 128x128 scales"), std::string::npos) << t;
 }
