@@ -310,6 +310,9 @@ class Context {
   // the scheme of FP8 checkpoints and of transformers' FineGrainedFP8 act_quant. Returns the LinearWeight on this
   // context's device.
   virtual LinearWeight quantize_fp8(const Tensor& w, int64_t block_n, int64_t block_k) = 0;
+  // The FP8 weight w (on this context's device) dequantised: [N, K] in the act dtype, element q * scale (rounded to
+  // the act dtype). For the weights no FP8 kernel takes (routed experts: they run through moe_linear in bf16).
+  virtual Tensor dequantize_fp8(const LinearWeight& w) = 0;
   // dx[M,K] = dy[M,N] @ w[N,K] + beta * dx
   virtual void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta = 0.f) = 0;
   // dw[N,K] += dy[M,N]^T @ x[M,K] (F32);  db[N] += sum_rows dy (F32) when db != nullptr

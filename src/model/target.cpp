@@ -111,7 +111,12 @@ int64_t fp8_projection_params(const ModelConfig& cfg, const LayerSpec& s) {
     n += 2 * H * nh * d + 2 * H * nkv * d + (s.attention.output_gate ? H * nh * d : 0);
   }
   if (s.mlp == ChannelMixer::Dense) n += 3 * H * s.mlp_width;
-  if (s.mlp == ChannelMixer::MoE) n += 3 * H * cfg.moe.shared_expert_width;
+  if (s.mlp == ChannelMixer::MoE) {
+    n += 3 * H * cfg.moe.shared_expert_width;
+    // routed experts stay FP8 when no block straddles two experts (load_fp8_experts), else they are bf16
+    const int64_t bn = cfg.fp8.block_n > 0 ? cfg.fp8.block_n : H;
+    if (s.mlp_width % bn == 0 && H % bn == 0) n += cfg.moe.num_experts * 3 * H * s.mlp_width;
+  }
   return n;
 }
 
@@ -154,7 +159,8 @@ Target::Target(ModelConfig cfg, TargetWeights w) : cfg_(std::move(cfg)), w_(std:
     L.spec = cfg_.layer(static_cast<int64_t>(l));  // the config's plan is the one truth (hand-built layers too)
     DFLASH_CHECK(!L.spec.attention.sinks || L.attn.sinks.defined(), "target layer ", l,
                  ": the plan has attention sinks but their weights are missing");
-    DFLASH_CHECK(L.spec.mlp == ChannelMixer::Dense ? L.mlp.w_gate.defined() : L.moe.gate_up.w.defined(),
+    const bool experts = L.moe.gate_up.w.defined() || L.moe.gate_up_fp8.defined();
+    DFLASH_CHECK(L.spec.mlp == ChannelMixer::Dense ? L.mlp.w_gate.defined() : experts,
                  "target layer ", l, ": the weights of its ", L.spec.mlp == ChannelMixer::Dense ? "dense MLP" : "experts",
                  " are missing");
     const bool linear = L.spec.mixer == TokenMixer::LinearAttention;

@@ -171,6 +171,33 @@ TEST(Fp8Target, GatedAttentionAndLinearAttentionEqualTheirDequantisation) {
   }
 }
 
+// Qwen3-MoE with 16 x 16 blocks: the routed experts stay FP8 (gate and up rows of every expert stacked, [E 2I, H]),
+// dequantised per forward; with 24-row blocks they straddle experts (I = 32) and load dequantised. The router stays
+// bf16 (it is not FP8 in the checkpoint). Both equal the dequantised model.
+TEST(Fp8Target, MoeExpertsStayFp8AndEqualTheirDequantisation) {
+  {
+    TmpDir q("fp8_moe"), p("fp8_moe_plain");
+    write_copies(golden("target_qwen3_moe"), {"fp8", 16, 16}, q.path, p.path);
+    auto ctx = make_context("cpu");
+    auto t = Target::load(q.path, *ctx);
+    const auto& moe = t->weights().layers[0].moe;
+    ASSERT_TRUE(moe.gate_up_fp8.defined());
+    EXPECT_FALSE(moe.gate_up.w.defined());
+    const int64_t E = t->config().moe.num_experts;
+    EXPECT_EQ(moe.gate_up_fp8.w.shape, (Shape{E * 64, 64}));
+    EXPECT_EQ(moe.down_fp8.w.shape, (Shape{E * 64, 32}));
+    EXPECT_EQ(moe.router.dtype, DType::F32);
+    expect_same_forward(q.path, p.path, "qwen3-moe block 16x16");
+  }
+  {
+    TmpDir q("fp8_moe24"), p("fp8_moe24_plain");
+    write_copies(golden("target_qwen3_moe"), {"fp8", 24, 16}, q.path, p.path);
+    auto ctx = make_context("cpu");
+    EXPECT_FALSE(Target::load(q.path, *ctx)->weights().layers[0].moe.gate_up_fp8.defined());
+    expect_same_forward(q.path, p.path, "qwen3-moe block 24x16");
+  }
+}
+
 // compressed-tensors FP8-dynamic (per-channel BF16 scales [N, 1], dynamic per-token activations).
 TEST(Fp8Target, CompressedTensorsPerChannelEqualsItsDequantisation) {
   TmpDir q("fp8_ct"), p("fp8_ct_plain");

@@ -72,6 +72,10 @@ class CpuContext final : public Context {
     const Tensor wd = fp8_dequantize(w);  // the reference: the dequantised weight, x unquantized
     cpu::linear(pool_, x, to_device(wd, dt_), b, y, beta, c);
   }
+  Tensor dequantize_fp8(const LinearWeight& w) override {
+    const OpScope scope = op("dequantize_fp8");
+    return to_device(fp8_dequantize(w), dt_);
+  }
   LinearWeight quantize_fp8(const Tensor& w, int64_t block_n, int64_t block_k) override {
     const OpScope scope = op("quantize_fp8");
     return cpu::fp8_quantize(w, block_n, block_k);

@@ -288,6 +288,11 @@ class CudaContext final : public Context {
     if (w.fp8()) return cuda::linear_fp8(env_, x, w, b, y, beta, c);
     cuda::linear(env_, x, w.w, b, y, beta, c);
   }
+  Tensor dequantize_fp8(const LinearWeight& w) override {
+    check_linear_weight("dequantize_fp8", w);
+    const OpScope scope = op("dequantize_fp8");
+    return cuda::dequantize_fp8(env_, w);
+  }
   LinearWeight quantize_fp8(const Tensor& w, int64_t block_n, int64_t block_k) override {
     const OpScope scope = op("quantize_fp8");
     return cuda::quantize_fp8(env_, w, block_n, block_k);

@@ -184,6 +184,19 @@ LinearWeight quantize_fp8(Env& e, const Tensor& w, int64_t bn, int64_t bk) {
   return r;
 }
 
+Tensor dequantize_fp8(Env& e, const LinearWeight& w) {
+  check_dev("dequantize_fp8", w.w, "w", DType::F8E4M3);
+  check_dev("dequantize_fp8", w.scale, "scale", DType::F32);
+  const int64_t N = w.rows(), K = w.cols();
+  Tensor wd = e.alloc(DType::BF16, {N, K});
+  if (N * K == 0) return wd;
+  DFLASH_LAUNCH(grid_for(N * K, 256, e.num_sms), 256, 0, e.stream, k_dequantize)(
+      w.w.ptr<uint8_t>(), w.scale.ptr<float>(), N, K, w.block_n, w.block_k, w.scale.shape[1],
+      static_cast<bf16*>(wd.data));
+  check_launch("dequantize_fp8");
+  return wd;
+}
+
 void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bias, const Tensor& y, float beta,
                 const Tensor* c) {
   const char* op = "linear_fp8";
@@ -212,12 +225,7 @@ void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bi
     done = lt_fp8(e, path, w, xq.data, xs.ptr<float>(), w.scale.ptr<float>(), M, beta, c ? c->data : y.data, y);
   }
   if (!done) {
-    Tensor wd = e.alloc(DType::BF16, {N, K});
-    DFLASH_LAUNCH(grid_for(N * K, 256, e.num_sms), 256, 0, e.stream, k_dequantize)(
-        w.w.ptr<uint8_t>(), w.scale.ptr<float>(), N, K, w.block_n, w.block_k, w.scale.shape[1],
-        static_cast<bf16*>(wd.data));
-    check_launch("linear_fp8 (dequantize)");
-    linear(e, x, wd, bias, y, beta, c);
+    linear(e, x, dequantize_fp8(e, w), bias, y, beta, c);
     return;
   }
   if (bias) add_bias(e, y, *bias);

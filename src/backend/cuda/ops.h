@@ -81,6 +81,7 @@ void add_bias(Env& e, const Tensor& y, const Tensor& bias);
 void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bias, const Tensor& y, float beta,
                 const Tensor* c);
 LinearWeight quantize_fp8(Env& e, const Tensor& w, int64_t block_n, int64_t block_k);
+Tensor dequantize_fp8(Env& e, const LinearWeight& w);  // -> BF16 [N, K]
 // Whether linear_fp8 runs w on the FP8 tensor cores (block 128 x 128 or per channel, K % 16 == 0, N % 8 == 0)
 // rather than dequantising it (a benchmark's and a test's question; cuBLASLt may still decline a shape).
 bool linear_fp8_on_tensor_cores(const LinearWeight& w);

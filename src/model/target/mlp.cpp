@@ -1,6 +1,9 @@
 // model/target/mlp.cpp — the dense and Mixture-of-Experts channel mixers (model/target/mlp.h).
 #include "model/target/mlp.h"
 
+#include <cstring>
+#include <optional>
+
 namespace dflash {
 
 DenseMlpWeights load_dense_mlp(WeightSource& src, const std::string& p, const WeightNames& n, int64_t H, int64_t I) {
@@ -50,6 +53,43 @@ MoeWeights load_interleaved_projection(WeightSource& src, const std::string& nam
   return w;
 }
 
+// Per-expert FP8 projections (an FP8 checkpoint's experts.{e}.gate_proj.weight, ...) kept FP8: gate and up rows of
+// every expert stacked as [E 2I, H], down as [E H, I], with their scale rows; possible when every expert's rows
+// start a block (I and H multiples of the block rows). False (nothing loaded) when the experts are not FP8 or their
+// blocks straddle experts: the caller stacks them dequantised.
+bool load_fp8_experts(WeightSource& src, const std::string& ex, int64_t E, int64_t H, int64_t I, MoeLayerWeights& w) {
+  const std::optional<LinearWeight> g0 = src.fp8_host_if(cat(ex, 0, ".gate_proj.weight"), {I, H});
+  if (!g0 || I % g0->block_n != 0 || H % g0->block_n != 0) return false;
+  const int64_t bn = g0->block_n;
+  auto stack = [&](const std::vector<std::string>& parts, int64_t rows, int64_t K) {
+    LinearWeight out;
+    const int64_t n = static_cast<int64_t>(parts.size()) * rows;
+    out.w = cpu_empty(DType::F8E4M3, {E * n, K});
+    int64_t kb = 0, r = 0, sr = 0;
+    for (int64_t e = 0; e < E; ++e)
+      for (const std::string& part : parts) {
+        const std::optional<LinearWeight> q = src.fp8_host_if(cat(ex, e, ".", part), {rows, K});
+        DFLASH_CHECK(q && q->block_n == bn, ex, e, ".", part, ": expected FP8 like ", ex, "0.gate_proj.weight");
+        if (!out.scale.defined()) {
+          kb = q->scale.shape[1];
+          out.scale = cpu_empty(DType::F32, {E * n / bn, kb});
+          out.block_n = bn;
+          out.block_k = q->block_k;
+        }
+        std::memcpy(out.w.ptr<uint8_t>() + r * K, q->w.ptr<uint8_t>(), static_cast<size_t>(rows * K));
+        std::memcpy(out.scale.ptr<float>() + sr * kb, q->scale.ptr<float>(), static_cast<size_t>(rows / bn * kb) * 4);
+        r += rows;
+        sr += rows / bn;
+      }
+    out.w = src.ctx().to_device(out.w);
+    out.scale = src.ctx().to_device(out.scale);
+    return out;
+  };
+  w.gate_up_fp8 = stack({"gate_proj.weight", "up_proj.weight"}, I, H);
+  w.down_fp8 = stack({"down_proj.weight"}, H, I);
+  return true;
+}
+
 }  // namespace
 
 MoeLayerWeights load_moe(WeightSource& src, const std::string& p, const WeightNames& n, int64_t H, const MoeConfig& m) {
@@ -73,6 +113,7 @@ MoeLayerWeights load_moe(WeightSource& src, const std::string& p, const WeightNa
     w.down = src.matrix(ex + "down_proj", {E, H, I});
     return w;
   }
+  if (load_fp8_experts(src, ex, E, H, I, w)) return w;
   w.gate_up = ctx.empty(ctx.compute_dtype(), {E, 2 * I, H});
   w.down = ctx.empty(ctx.compute_dtype(), {E, H, I});
   src.stack_experts(w.gate_up.w, 0, ex, "gate_proj.weight", {I, H});
@@ -97,10 +138,14 @@ Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& m, c
   Tensor slot = ctx.empty(DType::I32, {R * k});
   ctx.moe_group(idx, offsets, rows, slot);
   Tensor act = ctx.empty(dt, {R * k, I});
-  ctx.moe_linear(x, &rows, w.gate_up, offsets, act,
+  // FP8 experts: this layer's, dequantised for the bf16 grouped GEMM (a scratch freed after the layer)
+  const MoeWeights gate_up = w.gate_up_fp8.defined() ? MoeWeights(ctx.dequantize_fp8(w.gate_up_fp8).reshape({E, 2 * I, H}))
+                                                      : w.gate_up;
+  ctx.moe_linear(x, &rows, gate_up, offsets, act,
                  m.act == ExpertAct::ClampedSwiGLU ? MoeAct::ClampedSwiGLU : MoeAct::SwiGLU);
   Tensor y = ctx.empty(dt, {R * k, H});
-  ctx.moe_linear(act, nullptr, w.down, offsets, y, MoeAct::None);  // (+ the down bias with expert_bias)
+  const MoeWeights down = w.down_fp8.defined() ? MoeWeights(ctx.dequantize_fp8(w.down_fp8).reshape({E, H, I})) : w.down;
+  ctx.moe_linear(act, nullptr, down, offsets, y, MoeAct::None);  // (+ the down bias with expert_bias)
   ctx.moe_combine(y, slot, weights, h, 1.0f);  // h += sum_j p_j y_j
   return idx;
 }

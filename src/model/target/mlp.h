@@ -35,6 +35,9 @@ struct MoeLayerWeights {
   MoeWeights gate_up;   // [E, 2 I, H]: expert e's gate rows 0..I-1, then its up rows (transformers 5's Qwen3-MoE
                         // layout); + bias [E, 2 I] with expert_bias; plain or MXFP4 (backend/context.h MoeWeights)
   MoeWeights down;      // [E, H, I]; + bias [E, H] with expert_bias; plain or MXFP4
+  // FP8 experts (an FP8 checkpoint whose blocks do not straddle experts or gate / up: I and H multiples of the block
+  // rows): kept FP8 as [E 2I, H] and [E H, I] (gate_up, down then undefined) and dequantised to bf16 per forward.
+  LinearWeight gate_up_fp8, down_fp8;
 };
 
 // Calls in this order: gate, up, down.

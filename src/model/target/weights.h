@@ -55,6 +55,9 @@ class WeightSource {
   // published gpt-oss checkpoint), on the host (random: uniform e2m1 codes under the scale 2^-7, values of standard
   // deviation about 0.023). Throws Error naming the tensor when missing or of another dtype or shape.
   virtual Mxfp4Rows mxfp4(const std::string& name, int64_t E, int64_t N, int64_t K) = 0;
+  // The FP8 weight `name` [N, K] with its scales as host tensors when the checkpoint stores it in FP8, else nullopt
+  // (random: nullopt). Errors as linear().
+  virtual std::optional<LinearWeight> fp8_host_if(const std::string& name, const Shape& shape) { return std::nullopt; }
 };
 
 // A checkpoint directory (config.json + *.safetensors or model.safetensors.index.json); `fp8` = its config's FP8
@@ -81,6 +84,10 @@ class CheckpointWeights final : public WeightSource {
   // The FP8 weight `name` [N, K] and its scale as host tensors (views of the file), checked against the config's
   // format. Throws Error as linear().
   LinearWeight fp8_host(const std::string& name, const Shape& shape) const;
+  std::optional<LinearWeight> fp8_host_if(const std::string& name, const Shape& shape) override {
+    if (!ws_.has(name) || ws_.info(name).dtype != DType::F8E4M3) return std::nullopt;
+    return fp8_host(name, shape);
+  }
 
  private:
   Tensor host_value(const std::string& name, const Shape& shape) const;  // F32 host, FP8 dequantised
