@@ -19,6 +19,7 @@
 #include "core/rng.h"
 #include "io/hf_config.h"
 #include "model/target.h"
+#include "model/target/attention.h"
 
 using namespace dflash;
 using namespace bench;
@@ -66,12 +67,13 @@ int main(int argc, char** argv) {
       TargetLayer L;
       L.in_norm = const_tensor(*ctx, act, {H}, 1.0f);
       L.post_norm = const_tensor(*ctx, act, {H}, 1.0f);
-      L.attn.wq = pool.make(act, {nh * d, H});
-      L.attn.wk = pool.make(act, {nkv * d, H});
-      L.attn.wv = pool.make(act, {nkv * d, H});
-      L.attn.wo = pool.make(act, {H, nh * d});
-      L.attn.q_norm = const_tensor(*ctx, act, {d}, 1.0f);
-      L.attn.k_norm = const_tensor(*ctx, act, {d}, 1.0f);
+      AttentionWeights& attn = L.mixer.emplace<AttentionWeights>();
+      attn.wq = pool.make(act, {nh * d, H});
+      attn.wk = pool.make(act, {nkv * d, H});
+      attn.wv = pool.make(act, {nkv * d, H});
+      attn.wo = pool.make(act, {H, nh * d});
+      attn.q_norm = const_tensor(*ctx, act, {d}, 1.0f);
+      attn.k_norm = const_tensor(*ctx, act, {d}, 1.0f);
       L.mlp.w_gate = pool.make(act, {I, H});
       L.mlp.w_up = pool.make(act, {I, H});
       L.mlp.w_down = pool.make(act, {H, I});
