@@ -106,7 +106,8 @@ ojson config_json(const ModelConfig& c) {
   j["qk_norm"] = c.qk_norm;
   if (c.zero_centred_norms) j["zero_centred_norms"] = true;
   if (c.rope_dim() != c.head_dim) j["rotary_dim"] = c.rope_dim();
-  for (const TokenMixerKind* m : token_mixers()) {  // the keys of each other mixer kind the plan uses
+  // each mixer kind with config keys of its own that some layer uses: {"layers": how many, its keys...}
+  for (const TokenMixerKind* m : token_mixers()) {
     if (!m->info_key) continue;
     int64_t n = 0;
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) n += c.layer(i).mixer == m->kind;

@@ -19,7 +19,8 @@
 // (r = nv / nk; transformers' fix_query_key_value_ordering): these are permuted into the Qwen3.5 layout when loaded
 // (io/model_family_hybrid.h split_grouped_qkvz), so one forward serves both. Both: conv1d.weight [C, 1, K], A_log,
 // dt_bias [nv], norm.weight [dv], out_proj.weight [H, nv dv]. Loaded in the order [in_proj_qkvz | in_proj_qkv,
-// in_proj_z], [in_proj_ba | in_proj_b, in_proj_a], conv1d, A_log, dt_bias, norm, out_proj (a random target draws in it).
+// in_proj_z], [in_proj_ba | in_proj_b, in_proj_a], conv1d, A_log, dt_bias, norm, out_proj (a random target draws
+// in it).
 //
 // Cache and rollback. A sequence's cache (LayerCache of model/target/cache.h) holds, per linear layer, the
 // convolution's window (conv: the K - 1 inputs before the next position) and the recurrent state [nv, dk, dv] after
