@@ -54,7 +54,7 @@ struct MixerArgs {
   std::span<const SeqSegment> segs;  // a partition of rows 0..R-1, in order
 };
 
-// One token-mixer kind. Every entry is set (truncate and the info ones may be null, as said).
+// One token-mixer kind. Every entry is non-null but truncate, info_key and info_keys, whose null means what they say.
 struct TokenMixerKind {
   TokenMixer kind;
   const char* name;  // in messages: "attention", "linear attention"
@@ -82,8 +82,9 @@ struct TokenMixerKind {
   // positional tensors are uninitialised, the recurrent ones zero). `kind` is set by KVCache::create.
   LayerCache (*make_cache)(Context& ctx, const ModelConfig& cfg, const LayerSpec& spec, int64_t capacity);
   // Brings the part c of a cache holding `len` positions to its first new_len (0 <= new_len <= len, checked by the
-  // caller) where shortening len is not enough: the rollback of recurrent memory. Throws Error when it is not
-  // possible. nullptr: the kind keeps positional memory only, which forgets by shortening.
+  // caller) where shortening len is not enough: the rollback of recurrent memory. KVCache::truncate(ctx, ..) calls
+  // it for every layer of the kind, new_len == len included (the kind drops what it recorded). Throws Error when the
+  // rollback is not possible. nullptr: the kind keeps positional memory only, which forgets by shortening.
   void (*truncate)(Context& ctx, LayerCache& c, int64_t len, int64_t new_len);
 
   // The mixer of a layer in words, for `dflash info`: "attention (qk-norm, sliding window 128)".
