@@ -22,6 +22,7 @@
 #include "core/rng.h"
 #include "io/hf_config.h"
 #include "model/target.h"
+#include "model/target/attention.h"
 
 using namespace dflash;
 using namespace bench;
@@ -77,12 +78,13 @@ int main(int argc, char** argv) {
       TargetLayer L;
       L.in_norm = const_tensor(*ctx, act, {H}, 1.0f);
       L.post_norm = const_tensor(*ctx, act, {H}, 1.0f);
-      L.attn.wq = proj(nh * d, H);
-      L.attn.wk = proj(nkv * d, H);
-      L.attn.wv = proj(nkv * d, H);
-      L.attn.wo = proj(H, nh * d);
-      L.attn.q_norm = const_tensor(*ctx, act, {d}, 1.0f);
-      L.attn.k_norm = const_tensor(*ctx, act, {d}, 1.0f);
+      AttentionWeights& attn = L.mixer.emplace<AttentionWeights>();
+      attn.wq = proj(nh * d, H);
+      attn.wk = proj(nkv * d, H);
+      attn.wv = proj(nkv * d, H);
+      attn.wo = proj(H, nh * d);
+      attn.q_norm = const_tensor(*ctx, act, {d}, 1.0f);
+      attn.k_norm = const_tensor(*ctx, act, {d}, 1.0f);
       L.mlp.w_gate = proj(I, H);
       L.mlp.w_up = proj(I, H);
       L.mlp.w_down = proj(H, I);

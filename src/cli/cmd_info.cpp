@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "model/drafter.h"
 #include "model/target.h"
+#include "model/target/mixer.h"
 
 namespace dflash::cli {
 
@@ -28,21 +29,7 @@ using ojson = nlohmann::ordered_json;
 // "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of width 2880 (top-k
 // renormalised; clamped SwiGLU, biases; MXFP4)".
 std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
-  std::string a = "attention";
-  std::vector<std::string> opts;
-  if (s.attention.qk_norm) opts.push_back("qk-norm");
-  if (s.attention.bias) opts.push_back("q/k/v bias");
-  if (s.attention.out_bias) opts.push_back("o bias");
-  if (s.attention.sinks) opts.push_back("sinks");
-  if (s.attention.sliding_window > 0) opts.push_back(cat("sliding window ", s.attention.sliding_window));
-  if (s.attention.output_gate) opts.push_back("output gate");
-  if (c.rope_dim() != c.head_dim) opts.push_back(cat("rotary ", c.rope_dim(), " of ", c.head_dim));
-  for (size_t i = 0; i < opts.size(); ++i) a += (i ? ", " : " (") + opts[i] + (i + 1 == opts.size() ? ")" : "");
-  if (s.mixer == TokenMixer::LinearAttention) {
-    const LinearAttnConfig& l = c.linear_attn;
-    a = cat("Gated DeltaNet (", l.num_key_heads, " key heads x ", l.key_head_dim, ", ", l.num_value_heads,
-            " value heads x ", l.value_head_dim, ", conv ", l.conv_kernel, ")");
-  }
+  const std::string a = token_mixer(s.mixer).describe(c, s);
   if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense SwiGLU of width ", s.mlp_width);
   std::vector<std::string> notes;
   if (c.moe.norm_topk_prob) notes.push_back("top-k renormalised");
@@ -119,13 +106,15 @@ ojson config_json(const ModelConfig& c) {
   j["qk_norm"] = c.qk_norm;
   if (c.zero_centred_norms) j["zero_centred_norms"] = true;
   if (c.rope_dim() != c.head_dim) j["rotary_dim"] = c.rope_dim();
-  if (c.has_linear_attention()) {
-    const LinearAttnConfig& l = c.linear_attn;
+  // each mixer kind with config keys of its own that some layer uses: {"layers": how many, its keys...}
+  for (const TokenMixerKind* m : token_mixers()) {
+    if (!m->info_key) continue;
     int64_t n = 0;
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i) n += c.layer(i).mixer == TokenMixer::LinearAttention;
-    j["linear_attention"] = {{"layers", n}, {"linear_num_key_heads", l.num_key_heads},
-                             {"linear_num_value_heads", l.num_value_heads}, {"linear_key_head_dim", l.key_head_dim},
-                             {"linear_value_head_dim", l.value_head_dim}, {"linear_conv_kernel_dim", l.conv_kernel}};
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) n += c.layer(i).mixer == m->kind;
+    if (n == 0) continue;
+    ojson keys = {{"layers", n}};
+    for (const auto& [key, value] : m->info_keys(c)) keys[key] = value;
+    j[m->info_key] = keys;
   }
   j["bos_token_id"] = c.bos_token_id;
   j["eos_token_ids"] = c.eos_token_ids;

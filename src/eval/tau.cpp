@@ -156,7 +156,7 @@ ResponseTau generated_tau(Context& ctx, const Target& target, DraftModel& dm, st
   const std::vector<int64_t> layers = dm.layer_ids();
   // The target cache never holds more than positions 0..E-2 plus a verify block ending at E-1; the draft context
   // never passes E - 1. It records each verification so that a hybrid target's linear-attention state can roll back
-  // to the accepted tokens (model/target/linear_attention.h).
+  // to the accepted tokens (model/target/cache.h).
   KVCache cache = target.make_cache(ctx, E, true);
   dm.begin(ctx, E);
   Tensor feats;

@@ -13,7 +13,7 @@ namespace dflash {
 
 namespace {
 
-// Layer l's weights from src, in the order in_norm, post_norm, attention, channel mixer (a random target draws its
+// Layer l's weights from src, in the order in_norm, post_norm, token mixer, channel mixer (a random target draws its
 // values in this call order, so the order is part of its identity: weights.h; keep it fixed).
 TargetLayer load_layer(WeightSource& src, const ModelConfig& cfg, const WeightNames& n, int64_t l) {
   const std::string p = cat(n.layer, l, ".");
@@ -22,11 +22,7 @@ TargetLayer load_layer(WeightSource& src, const ModelConfig& cfg, const WeightNa
   L.spec = cfg.layer(l);
   L.in_norm = src.norm(p + n.in_norm, {H});
   L.post_norm = src.norm(p + n.post_norm, {H});
-  if (L.spec.mixer == TokenMixer::LinearAttention) {
-    L.lin = load_linear_attention(src, p, n, cfg);
-  } else {
-    L.attn = load_attention(src, p, n, cfg, L.spec.attention);
-  }
+  L.mixer = token_mixer(L.spec.mixer).load(src, p, n, cfg, L.spec);
   if (L.spec.mlp == ChannelMixer::Dense) {
     L.mlp = load_dense_mlp(src, p, n, H, L.spec.mlp_width);
   } else {
@@ -130,9 +126,7 @@ TargetParams target_params(const ModelConfig& cfg) {
   p.active = cfg.vocab_size * H + H;                             // lm_head (the embedding is a lookup), final norm
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const LayerSpec s = cfg.layer(l);
-    const int64_t mixer = s.mixer == TokenMixer::LinearAttention ? linear_attention_params(cfg)
-                                                                    : attention_params(cfg, s.attention);
-    const int64_t attn = mixer + 2 * H;  // + the two norms
+    const int64_t attn = token_mixer(s.mixer).params(cfg, s) + 2 * H;  // + the two norms
     MlpParams m = mlp_params(cfg, s);
     if (s.mlp == ChannelMixer::MoE && cfg.moe.shared_expert_width > 0) {
       const int64_t se = shared_expert_params(H, cfg.moe.shared_expert_width);
@@ -157,15 +151,12 @@ Target::Target(ModelConfig cfg, TargetWeights w) : cfg_(std::move(cfg)), w_(std:
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     TargetLayer& L = w_.layers[l];
     L.spec = cfg_.layer(static_cast<int64_t>(l));  // the config's plan is the one truth (hand-built layers too)
-    DFLASH_CHECK(!L.spec.attention.sinks || L.attn.sinks.defined(), "target layer ", l,
-                 ": the plan has attention sinks but their weights are missing");
+    const std::string missing = token_mixer(L.spec.mixer).missing(L.mixer, L.spec);
+    DFLASH_CHECK(missing.empty(), "target layer ", l, ": ", missing);
     const bool experts = L.moe.gate_up.w.defined() || L.moe.gate_up_fp8.defined();
     DFLASH_CHECK(L.spec.mlp == ChannelMixer::Dense ? L.mlp.w_gate.defined() : experts,
                  "target layer ", l, ": the weights of its ", L.spec.mlp == ChannelMixer::Dense ? "dense MLP" : "experts",
                  " are missing");
-    const bool linear = L.spec.mixer == TokenMixer::LinearAttention;
-    DFLASH_CHECK(linear ? L.lin.w_qkv.defined() : L.attn.wq.defined(), "target layer ", l, ": the weights of its ",
-                 linear ? "linear attention" : "attention", " are missing");
   }
 }
 
@@ -186,7 +177,7 @@ Target::Output Target::forward(Context& ctx, const Tensor& ids_in, std::span<con
   const int64_t run_layers = (want_final || cache) ? Lt : last + 1;
   std::vector<int32_t> pos_host(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) pos_host[t] = static_cast<int32_t>(start + t);
-  const AttnSegment seg{0, T, start, cache};
+  const SeqSegment seg{0, T, start, cache};
   Output out = run(ctx, ctx.to_device(ids_in), ctx.to_device(cpu_tensor_i32(pos_host, {T})), {&seg, 1}, layer_ids,
                    run_layers, want_final);
   if (cache) cache->len = start + T;
@@ -201,12 +192,12 @@ Target::Output Target::forward_at(Context& ctx, const Tensor& ids, const std::ve
   for (int64_t l : layer_ids)
     DFLASH_CHECK(l >= 0 && l < cfg_.num_hidden_layers, "target layer id ", l, " outside [0, ", cfg_.num_hidden_layers,
                  ")");
-  const AttnSegment seg{0, T, 0, nullptr};
+  const SeqSegment seg{0, T, 0, nullptr};
   return run(ctx, ctx.to_device(ids), ctx.to_device(cpu_tensor_i32(pos, {T})), {&seg, 1}, layer_ids,
              cfg_.num_hidden_layers, want_final);
 }
 
-Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const AttnSegment> segs,
+Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const SeqSegment> segs,
                            std::span<const int64_t> layer_ids, int64_t run_layers, bool want_final) const {
   const int64_t R = ids.numel(), H = cfg_.hidden_size;
   const DType dt = ctx.compute_dtype();
@@ -228,11 +219,7 @@ Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, s
   for (int64_t l = 0; l < run_layers; ++l) {
     const TargetLayer& L = w_.layers[l];
     norm(h, L.in_norm, x);
-    if (L.spec.mixer == TokenMixer::LinearAttention) {
-      linear_attention_forward(ctx, L.lin, cfg_, l, x, segs, h);
-    } else {
-      attention_forward(ctx, L.attn, L.spec.attention, cfg_, l, x, pos, w_.inv_freq, segs, h);
-    }
+    token_mixer(L.spec.mixer).forward(ctx, L.mixer, {cfg_, L.spec, l, x, pos, w_.inv_freq, segs}, h);
     norm(h, L.post_norm, x);
     if (L.spec.mlp == ChannelMixer::Dense) {
       dense_mlp_forward(ctx, L.mlp, x, h);

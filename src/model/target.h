@@ -1,10 +1,10 @@
 // model/target.h — the frozen target LLM (inference only): a decoder built from parts, one layer loop for prefill
 // with capture, KV-cached decode and batched generation.
-// defines: TargetLayer, TargetWeights, TargetHead, TargetParams, target_params, Target (KVCache: target/attention.h)
+// defines: TargetLayer, TargetWeights, TargetHead, TargetParams, target_params, Target (KVCache: target/cache.h)
 //
 // Forward: embedding; per layer l (its LayerSpec, made by the family from config.json: io/model_family.h)
-//   h += token_mixer(RMSNorm_in(h))      causal attention (model/target/attention.h) or Gated DeltaNet linear
-//                                        attention (model/target/linear_attention.h)
+//   h += token_mixer(RMSNorm_in(h))      the kind the plan names, through its descriptor (model/target/mixer.h):
+//                                        causal attention or Gated DeltaNet linear attention
 //   h += channel_mixer(RMSNorm_post(h))  dense SwiGLU or Mixture of Experts (model/target/mlp.h), with a shared
 //                                        expert when the family has one (model/target/shared_expert.h)
 // then the final RMSNorm and lm_head (tied to the embedding or not). RMSNorms scale by 1 + w when the config says
@@ -20,10 +20,10 @@
 
 #include "backend/context.h"
 #include "io/hf_config.h"
-#include "model/target/attention.h"
-#include "model/target/linear_attention.h"
-#include "model/target/mlp.h"
-#include "model/target/shared_expert.h"
+#include "model/target/cache.h"          // KVCache
+#include "model/target/mixer.h"          // MixerWeights, SeqSegment
+#include "model/target/mlp.h"            // DenseMlpWeights, MoeLayerWeights
+#include "model/target/shared_expert.h"  // SharedExpertWeights
 
 namespace dflash {
 
@@ -32,8 +32,7 @@ namespace dflash {
 struct TargetLayer {
   LayerSpec spec;
   Tensor in_norm, post_norm;  // [H]
-  AttentionWeights attn;      // spec.mixer == Attention
-  LinearAttnWeights lin;      // spec.mixer == LinearAttention
+  MixerWeights mixer;         // the token mixer's, of spec.mixer's kind (AttentionWeights, LinearAttnWeights)
   DenseMlpWeights mlp;        // spec.mlp == Dense
   MoeLayerWeights moe;        // spec.mlp == MoE
   SharedExpertWeights shared; // spec.mlp == MoE and moe.shared_expert_width > 0
@@ -125,7 +124,7 @@ class Target {
 
  private:
   // The decoder over stacked rows (ids, pos on the device): the one layer loop behind forward and forward_batch.
-  Output run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const AttnSegment> segs,
+  Output run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const SeqSegment> segs,
              std::span<const int64_t> layer_ids, int64_t run_layers, bool want_final) const;
 
   ModelConfig cfg_;

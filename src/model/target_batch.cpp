@@ -40,7 +40,7 @@ Target::Output Target::forward_batch(Context& ctx, std::span<const std::vector<i
       pos_host[static_cast<size_t>(off[i] + t)] = static_cast<int32_t>(start + t);
     }
   }
-  std::vector<AttnSegment> segs;
+  std::vector<SeqSegment> segs;
   for (int64_t i = 0; i < n; ++i) segs.push_back({off[i], off[i + 1], caches[i]->len, caches[i]});
   Output out = run(ctx, ctx.to_device(cpu_tensor_i32(ids_host, {R})), ctx.to_device(cpu_tensor_i32(pos_host, {R})),
                    segs, layer_ids, run_layers, want_final);
@@ -58,7 +58,7 @@ Target::Output Target::forward_packed(Context& ctx, std::span<const std::vector<
     last = std::max(last, l);
   }
   std::vector<int32_t> ids_host, pos_host;
-  std::vector<AttnSegment> segs;
+  std::vector<SeqSegment> segs;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t T = static_cast<int64_t>(seqs[i].size()), r0 = static_cast<int64_t>(ids_host.size());
     DFLASH_CHECK(T > 0, "target forward_packed: sequence ", i, " has no token");

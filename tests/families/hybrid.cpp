@@ -69,11 +69,11 @@ TEST(HybridRollback, TruncateEqualsNeverHavingRunTheRejectedTokens) {
       a.truncate(*ctx, 8 + keep);
       if (keep > 0) run(b, std::vector<int32_t>(verify.begin(), verify.begin() + keep));
       ASSERT_EQ(a.len, b.len);
-      for (size_t l = 0; l < a.lin.size(); ++l) {
-        if (!a.lin[l].state.defined()) continue;
-        EXPECT_LT(rel_err(to_f64(a.lin[l].state), to_f64(b.lin[l].state)), 1e-13) << name << " layer " << l;
+      for (size_t l = 0; l < a.layers.size(); ++l) {
+        if (!a.layers[l].state.defined()) continue;
+        EXPECT_LT(rel_err(to_f64(a.layers[l].state), to_f64(b.layers[l].state)), 1e-13) << name << " layer " << l;
         // (layer 0's window is bitwise equal; later layers' inputs went through GEMMs of other row counts)
-        EXPECT_LT(rel_err(to_f64(a.lin[l].conv), to_f64(b.lin[l].conv)), 1e-13) << name << " layer " << l;
+        EXPECT_LT(rel_err(to_f64(a.layers[l].conv), to_f64(b.layers[l].conv)), 1e-13) << name << " layer " << l;
       }
       const auto oa = run(a, {77}), ob = run(b, {77});
       EXPECT_LT(rel_err(to_f64(oa.final_hidden), to_f64(ob.final_hidden)), 1e-12) << name << " keep " << keep;

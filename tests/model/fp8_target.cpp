@@ -16,6 +16,8 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/target.h"
+#include "model/target/attention.h"
+#include "model/target/linear_attention.h"
 #include "common/published_configs.h"
 #include "common/test_util.h"
 
@@ -137,9 +139,11 @@ TEST(Fp8Target, BlockScaledQwen3EqualsItsDequantisation) {
   auto ctx = make_context("cpu");
   auto t = Target::load(q.path, *ctx);
   const auto& L0 = t->weights().layers[0];
-  EXPECT_TRUE(L0.attn.wq.fp8());
-  EXPECT_EQ(L0.attn.wq.w.dtype, DType::F8E4M3);
-  EXPECT_EQ(L0.attn.wq.scale.shape, (Shape{128 / 16, 3}));  // [nh d = 128, H = 64]: 8 x ceil(64 / 24)
+  const auto* attn = std::any_cast<AttentionWeights>(&L0.mixer);
+  ASSERT_NE(attn, nullptr);
+  EXPECT_TRUE(attn->wq.fp8());
+  EXPECT_EQ(attn->wq.w.dtype, DType::F8E4M3);
+  EXPECT_EQ(attn->wq.scale.shape, (Shape{128 / 16, 3}));  // [nh d = 128, H = 64]: 8 x ceil(64 / 24)
   EXPECT_TRUE(L0.mlp.w_down.fp8());
   EXPECT_EQ(t->config().fp8.granularity(), "block 16x24");
   expect_same_forward(q.path, p.path, "qwen3 block 16x24");
@@ -156,12 +160,14 @@ TEST(Fp8Target, GatedAttentionAndLinearAttentionEqualTheirDequantisation) {
     auto t = Target::load(q.path, *ctx);
     bool saw_gated = false;
     for (const auto& L : t->weights().layers)
-      if (L.attn.wg.defined()) {
-        EXPECT_TRUE(L.attn.wq.fp8() && L.attn.wg.fp8());
+      if (const auto* a = std::any_cast<AttentionWeights>(&L.mixer); a && a->wg.defined()) {
+        EXPECT_TRUE(a->wq.fp8() && a->wg.fp8());
         saw_gated = true;
       }
     EXPECT_TRUE(saw_gated);
-    EXPECT_TRUE(t->weights().layers[0].lin.w_qkv.fp8());
+    const auto* lin = std::any_cast<LinearAttnWeights>(&t->weights().layers[0].mixer);
+    ASSERT_NE(lin, nullptr);
+    EXPECT_TRUE(lin->w_qkv.fp8());
     expect_same_forward(q.path, p.path, "qwen3.5 block 16x32");
   }
   {
@@ -206,7 +212,7 @@ TEST(Fp8Target, CompressedTensorsPerChannelEqualsItsDequantisation) {
   auto t = Target::load(q.path, *ctx);
   EXPECT_EQ(t->config().fp8.method, "compressed-tensors");
   EXPECT_EQ(t->config().fp8.granularity(), "per channel");
-  EXPECT_EQ(t->weights().layers[0].attn.wk.scale.shape, (Shape{64, 1}));
+  EXPECT_EQ(std::any_cast<AttentionWeights>(&t->weights().layers[0].mixer)->wk.scale.shape, (Shape{64, 1}));
   expect_same_forward(q.path, p.path, "compressed-tensors per channel");
 }
 

@@ -6,6 +6,7 @@
 
 #include "backend/context.h"
 #include "model/target.h"
+#include "model/target/attention.h"
 #include "common/test_util.h"
 
 using namespace dflash;
@@ -34,16 +35,17 @@ TEST(Target, LayerIndexCaseC10) {
     TargetLayer L;
     L.in_norm = cpu_tensor(std::vector<float>(H, 1.0f), {H});
     L.post_norm = L.in_norm;
-    L.attn.wq = test::randn({2 * d, H}, 10 + l);
-    L.attn.wk = test::randn({d, H}, 20 + l);
-    L.attn.wv = cpu_zeros(DType::F32, {d, H});
-    L.attn.bq = cpu_zeros(DType::F32, {2 * d});
-    L.attn.bk = cpu_zeros(DType::F32, {d});
+    AttentionWeights& attn = L.mixer.emplace<AttentionWeights>();
+    attn.wq = test::randn({2 * d, H}, 10 + l);
+    attn.wk = test::randn({d, H}, 20 + l);
+    attn.wv = cpu_zeros(DType::F32, {d, H});
+    attn.bq = cpu_zeros(DType::F32, {2 * d});
+    attn.bk = cpu_zeros(DType::F32, {d});
     std::vector<float> bv(d, 0.0f);
     bv[0] = 1.0f;
-    L.attn.bv = cpu_tensor(bv, {d});
-    L.attn.wo = cpu_zeros(DType::F32, {H, 2 * d});
-    for (int64_t r = 0; r < H; ++r) L.attn.wo.w.ptr<float>()[r * 2 * d] = static_cast<float>(l + 1);  // head 0, dim 0
+    attn.bv = cpu_tensor(bv, {d});
+    attn.wo = cpu_zeros(DType::F32, {H, 2 * d});
+    for (int64_t r = 0; r < H; ++r) attn.wo.w.ptr<float>()[r * 2 * d] = static_cast<float>(l + 1);  // head 0, dim 0
     L.mlp.w_gate = cpu_zeros(DType::F32, {4, H});
     L.mlp.w_up = cpu_zeros(DType::F32, {4, H});
     L.mlp.w_down = cpu_zeros(DType::F32, {H, 4});

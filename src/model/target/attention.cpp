@@ -1,53 +1,13 @@
-// model/target/attention.cpp — the target's causal attention mixer (model/target/attention.h).
+// model/target/attention.cpp — the causal attention token mixer (model/target/attention.h): its descriptor
+// kAttentionMixer for the table of model/target/mixer.h.
 #include "model/target/attention.h"
 
 #include <cmath>
+#include <vector>
+
+#include "model/target/mixer.h"
 
 namespace dflash {
-
-KVCache KVCache::create(Context& ctx, const ModelConfig& cfg, int64_t capacity) {
-  KVCache c;
-  c.capacity = capacity;
-  const bool hybrid = cfg.has_linear_attention();
-  if (hybrid) {
-    c.lin.resize(static_cast<size_t>(cfg.num_hidden_layers));
-    c.linear = cfg.linear_attn;
-  }
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    if (cfg.layer(l).mixer == TokenMixer::LinearAttention) {
-      c.k.emplace_back();
-      c.v.emplace_back();
-      c.lin[static_cast<size_t>(l)] = make_linear_state(ctx, cfg);
-      continue;
-    }
-    c.k.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim}));
-    c.v.push_back(ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim}));
-  }
-  return c;
-}
-
-void KVCache::truncate(int64_t new_len) {
-  DFLASH_CHECK(new_len >= 0 && new_len <= len, "KVCache::truncate to ", new_len, " of ", len);
-  DFLASH_CHECK(!has_linear() || new_len == len, "KVCache::truncate to ", new_len, " of ", len,
-               ": a hybrid target's linear-attention state must be rolled back (truncate(ctx, new_len))");
-  len = new_len;
-}
-
-void KVCache::truncate(Context& ctx, int64_t new_len) {
-  DFLASH_CHECK(new_len >= 0 && new_len <= len, "KVCache::truncate to ", new_len, " of ", len);
-  for (LinearAttnState& s : lin) {
-    if (!s.state.defined()) continue;  // an attention layer
-    if (new_len == len) {
-      s.start = -1;  // nothing to undo; the record is dropped
-      continue;
-    }
-    DFLASH_CHECK(s.start >= 0 && new_len >= s.start, "KVCache::truncate to ", new_len, " of ", len,
-                 ": a linear-attention state rolls back only into the last forward (positions ",
-                 s.start < 0 ? "none recorded: set keep_rollback" : cat(s.start, " .. ", len), ")");
-    rollback_linear_state(ctx, linear, s, new_len - s.start);
-  }
-  len = new_len;
-}
 
 namespace {
 
@@ -69,10 +29,9 @@ LinearWeight head_rows(Context& ctx, const LinearWeight& qg, int64_t nh, int64_t
   return o;
 }
 
-}  // namespace
-
-AttentionWeights load_attention(WeightSource& src, const std::string& p, const WeightNames& n, const ModelConfig& cfg,
-                                const AttentionSpec& spec) {
+MixerWeights load(WeightSource& src, const std::string& p, const WeightNames& n, const ModelConfig& cfg,
+                  const LayerSpec& layer) {
+  const AttentionSpec& spec = layer.attention;
   const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   AttentionWeights w;
   if (spec.output_gate) {  // q_proj [nh 2d, H]: per head d query rows, then d gate rows
@@ -101,30 +60,24 @@ AttentionWeights load_attention(WeightSource& src, const std::string& p, const W
   return w;
 }
 
-int64_t attention_params(const ModelConfig& cfg, const AttentionSpec& spec) {
-  const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  return 2 * H * nh * d + 2 * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? 2 * d : 0) +
-         (spec.out_bias ? H : 0) + (spec.sinks ? nh : 0) + (spec.output_gate ? H * nh * d : 0);
+std::string missing(const MixerWeights& mw, const LayerSpec& spec) {
+  const AttentionWeights* w = std::any_cast<AttentionWeights>(&mw);
+  if (!w || !w->wq.defined()) return "the weights of its attention are missing";
+  if (spec.attention.sinks && !w->sinks.defined()) return "the plan has attention sinks but their weights are missing";
+  return "";
 }
 
-void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionSpec& spec, const ModelConfig& cfg,
-                       int64_t l, const Tensor& x, const Tensor& pos, const Tensor& inv_freq,
-                       std::span<const AttnSegment> segs, const Tensor& h) {
-  const int64_t R = x.rows(), d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  const DType dt = ctx.compute_dtype();
+// q, k, v of the rows; q and k normed per head (qk_norm) and turned by RoPE at each row's position.
+void project_qkv(Context& ctx, const AttentionWeights& w, const MixerArgs& a, const Tensor& q, const Tensor& k,
+                 const Tensor& v) {
+  const ModelConfig& cfg = a.cfg;
+  const int64_t R = a.x.rows(), d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   const float eps = static_cast<float>(cfg.rms_norm_eps);
-  // YaRN scales q and k by its attention factor af in transformers (cos and sin times af): af^2 on the scores
-  const double af = cfg.rope_scaling.attention_scaling();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d)) * static_cast<float>(af * af);
-  Tensor q = ctx.empty(dt, {R, nh, d});
-  Tensor k = ctx.empty(dt, {R, nkv, d});
-  Tensor v = ctx.empty(dt, {R, nkv, d});
-  Tensor o = ctx.empty(dt, {R, nh, d});
   Tensor none;
-  ctx.linear(x, w.wq, w.bq.defined() ? &w.bq : nullptr, q.reshape({R, nh * d}));
-  ctx.linear(x, w.wk, w.bk.defined() ? &w.bk : nullptr, k.reshape({R, nkv * d}));
-  ctx.linear(x, w.wv, w.bv.defined() ? &w.bv : nullptr, v.reshape({R, nkv * d}));
-  if (spec.qk_norm) {
+  ctx.linear(a.x, w.wq, w.bq.defined() ? &w.bq : nullptr, q.reshape({R, nh * d}));
+  ctx.linear(a.x, w.wk, w.bk.defined() ? &w.bk : nullptr, k.reshape({R, nkv * d}));
+  ctx.linear(a.x, w.wv, w.bv.defined() ? &w.bv : nullptr, v.reshape({R, nkv * d}));
+  if (a.spec.attention.qk_norm) {
     Tensor q2 = q.reshape({R * nh, d}), k2 = k.reshape({R * nkv, d});
     if (cfg.zero_centred_norms) {
       ctx.rmsnorm_gated(q2, w.q_norm, nullptr, eps, true, q2);
@@ -134,28 +87,43 @@ void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionS
       ctx.rmsnorm(k2, w.k_norm, eps, k2, none);
     }
   }
-  ctx.rope(q, pos, inv_freq, false);
-  ctx.rope(k, pos, inv_freq, false);
+  ctx.rope(q, a.pos, a.inv_freq, false);
+  ctx.rope(k, a.pos, a.inv_freq, false);
+}
+
+void forward(Context& ctx, const MixerWeights& mw, const MixerArgs& a, const Tensor& h) {
+  const AttentionWeights& w = mixer_weights<AttentionWeights>(mw, "attention");
+  const AttentionSpec& spec = a.spec.attention;
+  const int64_t R = a.x.rows(), d = a.cfg.head_dim, nh = a.cfg.num_attention_heads, nkv = a.cfg.num_key_value_heads;
+  const DType dt = ctx.compute_dtype();
+  // YaRN scales q and k by its attention factor af in transformers (cos and sin times af): af^2 on the scores
+  const double af = a.cfg.rope_scaling.attention_scaling();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d)) * static_cast<float>(af * af);
+  Tensor q = ctx.empty(dt, {R, nh, d});
+  Tensor k = ctx.empty(dt, {R, nkv, d});
+  Tensor v = ctx.empty(dt, {R, nkv, d});
+  Tensor o = ctx.empty(dt, {R, nh, d});
+  project_qkv(ctx, w, a, q, k, v);
   // attention per sequence, all in one call: over its cache (the new rows appended first), or causally among its own
   // rows
-  std::vector<CausalSeq> attn(segs.size());
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const AttnSegment& s = segs[i];
+  std::vector<CausalSeq> attn(a.segs.size());
+  for (size_t i = 0; i < a.segs.size(); ++i) {
+    const SeqSegment& s = a.segs[i];
     const int64_t T = s.end - s.begin;
-    CausalSeq& a = attn[i];
-    a.begin = s.begin;
-    a.end = s.end;
+    CausalSeq& c = attn[i];
+    c.begin = s.begin;
+    c.end = s.end;
     if (s.cache) {
-      KVCache& c = *s.cache;
-      ctx.copy(c.k[l].slice(s.start, s.start + T), k.slice(s.begin, s.end));
-      ctx.copy(c.v[l].slice(s.start, s.start + T), v.slice(s.begin, s.end));
-      a.k = c.k[l].slice(0, s.start + T);
-      a.v = c.v[l].slice(0, s.start + T);
-      a.q_offset = s.start;
+      LayerCache& kv = s.cache->layers[static_cast<size_t>(a.layer)];
+      ctx.copy(kv.k.slice(s.start, s.start + T), k.slice(s.begin, s.end));
+      ctx.copy(kv.v.slice(s.start, s.start + T), v.slice(s.begin, s.end));
+      c.k = kv.k.slice(0, s.start + T);
+      c.v = kv.v.slice(0, s.start + T);
+      c.q_offset = s.start;
     } else {
-      a.k = k.slice(s.begin, s.end);
-      a.v = v.slice(s.begin, s.end);
-      a.q_offset = 0;
+      c.k = k.slice(s.begin, s.end);
+      c.v = v.slice(s.begin, s.end);
+      c.q_offset = 0;
     }
   }
   CausalAttnOpts opts;
@@ -164,10 +132,55 @@ void attention_forward(Context& ctx, const AttentionWeights& w, const AttentionS
   ctx.attention_causal_batch(q, o, attn, scale, opts);
   if (spec.output_gate) {  // o *= sigmoid(x Wg^T)
     Tensor gate = ctx.empty(dt, {R, nh * d});
-    ctx.linear(x, w.wg, nullptr, gate);
+    ctx.linear(a.x, w.wg, nullptr, gate);
     ctx.sigmoid_gate(o.reshape({R, nh * d}), gate);
   }
   ctx.linear(o.reshape({R, nh * d}), w.wo, w.bo.defined() ? &w.bo : nullptr, h, 1.0f);  // h += o Wo^T (+ bo)
 }
+
+int64_t params(const ModelConfig& cfg, const LayerSpec& layer) {
+  const AttentionSpec& spec = layer.attention;
+  const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  return 2 * H * nh * d + 2 * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? 2 * d : 0) +
+         (spec.out_bias ? H : 0) + (spec.sinks ? nh : 0) + (spec.output_gate ? H * nh * d : 0);
+}
+
+LayerCache make_cache(Context& ctx, const ModelConfig& cfg, const LayerSpec&, int64_t capacity) {
+  LayerCache c;
+  c.k = ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim});
+  c.v = ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim});
+  return c;
+}
+
+// "attention (qk-norm)", "attention (q/k/v bias, o bias, sinks, sliding window 128)"
+std::string describe(const ModelConfig& c, const LayerSpec& s) {
+  std::string a = "attention";
+  std::vector<std::string> opts;
+  if (s.attention.qk_norm) opts.push_back("qk-norm");
+  if (s.attention.bias) opts.push_back("q/k/v bias");
+  if (s.attention.out_bias) opts.push_back("o bias");
+  if (s.attention.sinks) opts.push_back("sinks");
+  if (s.attention.sliding_window > 0) opts.push_back(cat("sliding window ", s.attention.sliding_window));
+  if (s.attention.output_gate) opts.push_back("output gate");
+  if (c.rope_dim() != c.head_dim) opts.push_back(cat("rotary ", c.rope_dim(), " of ", c.head_dim));
+  for (size_t i = 0; i < opts.size(); ++i) a += (i ? ", " : " (") + opts[i] + (i + 1 == opts.size() ? ")" : "");
+  return a;
+}
+
+}  // namespace
+
+extern const TokenMixerKind kAttentionMixer = {
+    .kind = TokenMixer::Attention,
+    .name = "attention",
+    .load = load,
+    .missing = missing,
+    .forward = forward,
+    .params = params,
+    .make_cache = make_cache,
+    .truncate = nullptr,  // positional memory only
+    .describe = describe,
+    .info_key = nullptr,  // its keys are the config's top-level ones
+    .info_keys = nullptr,
+};
 
 }  // namespace dflash
