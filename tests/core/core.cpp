@@ -48,7 +48,10 @@ TEST(DType, Names) {
   DType t;
   ASSERT_TRUE(dtype_from_name("BF16", &t));
   EXPECT_EQ(t, DType::BF16);
-  EXPECT_FALSE(dtype_from_name("F8_E4M3", &t));
+  ASSERT_TRUE(dtype_from_name("F8_E4M3", &t));
+  EXPECT_EQ(t, DType::F8E4M3);
+  EXPECT_EQ(dtype_size(DType::F8E4M3), 1u);
+  EXPECT_FALSE(dtype_from_name("F8_E5M2", &t));
   EXPECT_STREQ(dtype_name(DType::Bool), "BOOL");
 }
 

@@ -237,7 +237,7 @@ TEST(Safetensors, BadFilesNameFileAndField) {
   bad("not_object", R"([1, 2, 3])", d8, {"header", "object"});
   bad("entry_not_object", R"({"a": 5})", d8, {"'a'", "entry"});
   bad("unknown_dtype", R"({"a":{"dtype":"Q4_K","shape":[2],"data_offsets":[0,8]}})", d8, {"'a'", "dtype", "Q4_K"});
-  bad("unsupported_dtype", R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", d8, {"dtype", "F8_E4M3"});
+  bad("unsupported_dtype", R"({"a":{"dtype":"F8_E5M2","shape":[8],"data_offsets":[0,8]}})", d8, {"dtype", "F8_E5M2"});
   bad("dtype_not_string", R"({"a":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", d8, {"'a'", "dtype"});
   bad("missing_dtype", R"({"a":{"shape":[2],"data_offsets":[0,8]}})", d8, {"'a'", "dtype", "missing"});
   bad("shape_negative", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", d8, {"'a'", "shape"});
