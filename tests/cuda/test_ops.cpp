@@ -275,7 +275,7 @@ TEST(CudaOps, LinearFp8) {
   for (const S& s : cases) {
     const std::string nm = cat("linear_fp8 M", s.M, " N", s.N, " K", s.K, " block ", s.bn, "x", s.bk);
     const Tensor x = rnd({s.M, s.K}, 21), w = rnd({s.N, s.K}, 22, 0.05), b = rnd({s.N}, 23), c0 = rnd({s.M, s.N}, 24);
-    check_case(nm, {{"quantized w", Kind::Exact, false}, {"y", Kind::Nmse, true, 1, 1e-5}},
+    check_case(nm, {{"quantized w", Kind::Exact, false}, {"dequantize_fp8", Kind::TwoX}, {"y", Kind::Nmse, true, 1, 1e-5}},
                [&](Context& c) {
                  const LinearWeight q = c.quantize_fp8(put(c, w), s.bn, s.bk);
                  LinearWeight qh = q;
@@ -296,7 +296,7 @@ TEST(CudaOps, LinearFp8) {
                  }
                  std::vector<double> wv(static_cast<size_t>(wdq.numel()));
                  for (size_t i = 0; i < wv.size(); ++i) wv[i] = wdq.ptr<float>()[i];
-                 return Outs{wv, get(c, y)};
+                 return Outs{wv, get(c, c.dequantize_fp8(q)), get(c, y)};
                });
   }
 }
