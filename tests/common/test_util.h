@@ -1,6 +1,10 @@
 // tests/common/test_util.h — small helpers shared by the test files.
+// defines: source_dir, TmpDir, randn, to_f64, rel_err, max_abs
 #pragma once
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -10,6 +14,19 @@
 namespace dflash::test {
 
 inline std::string source_dir() { return DFLASH_SOURCE_DIR; }
+
+// A temporary directory /tmp/dflash_test_<pid>_<name>, empty when made, removed with everything in it at the end of
+// its scope.
+struct TmpDir {
+  std::string path;
+  explicit TmpDir(const std::string& name) : path(cat("/tmp/dflash_test_", getpid(), "_", name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TmpDir() { std::filesystem::remove_all(path); }
+  TmpDir(const TmpDir&) = delete;
+  TmpDir& operator=(const TmpDir&) = delete;
+};
 
 // Host tensor of dtype dt (F32 or F64) with N(0, std) entries from a test stream.
 inline Tensor randn(Shape s, uint64_t seed, double std = 1.0, DType dt = DType::F32) {

@@ -46,6 +46,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::TmpDir;
+
 std::string error_of(const json& j) {
   try {
     parse_model_config(j, "/models/gpt-oss/config.json");
@@ -216,15 +218,6 @@ TEST(TargetGolden, GptOssChoosesTheGoldensExperts) {
 
 namespace {
 
-// A temporary directory removed at the end of the test.
-struct TmpDir {
-  std::string path;
-  explicit TmpDir(const std::string& name) : path(cat("/tmp/dflash_test_", getpid(), "_", name)) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TmpDir() { std::filesystem::remove_all(path); }
-};
 
 // t [E, A, B] F32 host -> [E, B, A]
 Tensor transposed(const Tensor& t) {

@@ -26,14 +26,8 @@ using nlohmann::json;
 
 namespace {
 
-struct TmpDir {
-  std::string path;
-  explicit TmpDir(const std::string& name) : path(cat("/tmp/dflash_test_", getpid(), "_", name)) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TmpDir() { std::filesystem::remove_all(path); }
-};
+using test::TmpDir;
+
 
 std::string golden(const std::string& name) { return test::source_dir() + "/tests/golden/" + name; }
 

@@ -32,20 +32,6 @@ uint32_t alignment_of(const void* p, int64_t ld, size_t elem) {
   return al;
 }
 
-// RAII holders for the cuBLASLt descriptors of one call.
-struct LtDescs {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtDescs() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
-
 template <class T>
 __global__ void k_add_bias(T* __restrict__ y, const T* __restrict__ b, int64_t M, int64_t N) {
   const int64_t n = M * N;

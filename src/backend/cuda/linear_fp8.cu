@@ -107,19 +107,6 @@ __global__ void k_dequantize(const uint8_t* __restrict__ q, const float* __restr
   }
 }
 
-struct LtCall {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtCall() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
-
 enum class Fp8Path { Block128, PerChannel, Dequantize };
 
 Fp8Path fp8_path(const LinearWeight& w) {
@@ -134,7 +121,7 @@ Fp8Path fp8_path(const LinearWeight& w) {
 bool lt_fp8(Env& e, Fp8Path path, const LinearWeight& w, const void* xq, const float* xs, const float* ws, int64_t M,
             float beta, const void* c_in, const Tensor& y) {
   const int64_t N = w.rows(), K = w.cols();
-  LtCall d;
+  LtDescs d;
   DFLASH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
   DFLASH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));

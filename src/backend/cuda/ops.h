@@ -70,6 +70,22 @@ void check_on_dev(const char* op, const Tensor& t, const char* name);
 void convert(Env& e, const Tensor& dst, const Tensor& src);  // device F32 <-> BF16 (or same dtype: copy)
 
 // ---- dense algebra (linear.cu) ------------------------------------------------------------------------------
+// RAII holders for the cuBLASLt descriptors of one call (linear.cu, linear_fp8.cu).
+struct LtDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  LtDescs() = default;
+  LtDescs(const LtDescs&) = delete;
+  LtDescs& operator=(const LtDescs&) = delete;
+  ~LtDescs() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
 // Row-major C[M,N] = op(A)[M,K] op(B)[K,N] + beta C_in through cuBLASLt, A and B BF16, fp32 accumulation, C BF16 or
 // F32. op(A) = A^T when ta (A stored [K,M]), likewise B. C_in (C's dtype and ldc) is C itself when null.
 void gemm(Env& e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
