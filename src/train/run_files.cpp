@@ -127,9 +127,17 @@ int64_t drafter_param_count(const DrafterConfig& dc, int64_t* tensors) {
   const int64_t H = dc.hidden_size, I = dc.intermediate_size, d = dc.head_dim;
   const int64_t q = dc.num_heads * d, kv = dc.num_kv_heads * d;
   // fc, hidden_norm, per layer: 2 norms, q/k/v/o, q_norm/k_norm, gate/up/down; the final norm
-  const int64_t per_layer = 2 * H + q * H + 2 * kv * H + H * q + 2 * d + 3 * I * H;
-  if (tensors) *tensors = 2 + 11 * dc.num_layers + 1;
-  return H * dc.nf() * H + H + dc.num_layers * per_layer + H;
+  int64_t per_layer = 2 * H + q * H + 2 * kv * H + H * q + 2 * d + 3 * I * H;
+  int64_t n_tensors = 2 + 11 * dc.num_layers + 1, extra = 0;
+  if (dc.arch == DraftArch::DFlash2) {
+    // per layer: attention_conv and mlp_conv, each base_kernel [2, taps, H] + kernel_projection [coefficients, H];
+    // the candidate selector: hidden_projection [r, H], predecessor and successor codebooks [V, r]
+    per_layer += 2 * (2 * dc.conv_kernel_size * H + dc.conv_coefficients() * H);
+    n_tensors += 4 * dc.num_layers + 3;
+    extra = dc.selector_rank * H + 2 * dc.vocab_size * dc.selector_rank;
+  }
+  if (tensors) *tensors = n_tensors;
+  return H * dc.nf() * H + H + dc.num_layers * per_layer + H + extra;
 }
 
 int64_t checkpoint_bytes_estimate(const DrafterConfig& dc) {

@@ -313,22 +313,32 @@ TEST(Interrupt, CheckpointOnAFullTmpfsStopsTheRunThePreviousOneIntact) {
 // --keep-checkpoints holds at the worst moment.
 TEST(Interrupt, SpacePlanCountsTheCheckpointsKeptAndTheExport) {
   const std::string root = tmpdir("space");
-  TrainConfig c = six_steps(root, make_train_data(root, 8));
-  c.max_steps = 2;
-  train(c);
+  const std::string data = make_train_data(root, 8);
+  for (const char* arch : {"dflash2", "dflash"}) {  // (DFlash2: the convolutions and the selector's codebooks too)
+    TrainConfig c = six_steps(root, data);
+    c.max_steps = 2;
+    c.arch = arch;
+    c.overwrite = true;
+    train(c);
+    DrafterConfig d = DrafterConfig::for_target(load_model_config(c.target_dir), 1, 4, {1, 2}, 511);
+    d.arch = parse_draft_arch(arch, "--arch");
+    const WeightStore ws = WeightStore::open(latest_checkpoint(c.out_dir) + "/params.safetensors");
+    int64_t numel = 0, tensors = 0;
+    for (const auto& n : ws.names()) numel += ws.view(n).numel();
+    EXPECT_EQ(drafter_param_count(d, &tensors), numel) << arch;
+    EXPECT_EQ(tensors, static_cast<int64_t>(ws.names().size())) << arch;
+    const int64_t real = tree_size(latest_checkpoint(c.out_dir)), est = checkpoint_bytes_estimate(d);
+    EXPECT_GE(est, real) << arch;
+    EXPECT_LE(est, real + (300 << 10)) << arch;
+  }
+  TrainConfig c = six_steps(root, data);
   const DrafterConfig dc = DrafterConfig::for_target(load_model_config(c.target_dir), 1, 4, {1, 2}, 511);
-  const WeightStore ws = WeightStore::open(latest_checkpoint(c.out_dir) + "/params.safetensors");
-  int64_t numel = 0;
-  for (const auto& n : ws.names()) numel += ws.view(n).numel();
-  EXPECT_EQ(drafter_param_count(dc), numel);
-  const int64_t real = tree_size(latest_checkpoint(c.out_dir)), est = checkpoint_bytes_estimate(dc);
-  EXPECT_GE(est, real);
-  EXPECT_LE(est, real + (300 << 10));
+  const int64_t est = checkpoint_bytes_estimate(dc);
   const std::string empty = root + "/empty";
   RunSpace s = plan_run_space(empty, dc, /*keep=*/2, /*every=*/2, /*start=*/0, /*total=*/6, /*export=*/true);
   EXPECT_EQ(s.checkpoint_bytes, est);
   EXPECT_EQ(s.held_at_peak, 3);  // 2 kept + the one being written
-  EXPECT_EQ(s.export_bytes, 2 * numel + (256 << 10));
+  EXPECT_EQ(s.export_bytes, 2 * drafter_param_count(dc) + (256 << 10));
   EXPECT_EQ(s.need, 3 * est);
   EXPECT_GT(s.free, 0);
   s = plan_run_space(empty, dc, 0, 2, 0, 6, true);  // all kept: 3 checkpoints and the export
