@@ -165,7 +165,8 @@ ChatOptions ChatTemplateChoice::options() const {
 }
 
 nlohmann::json chat_flags(const ChatOptions& o, const ChatTemplate* t) {
-  nlohmann::json f = {{"add_generation_prompt", o.add_generation_prompt}, {"enable_thinking", o.enable_thinking}};
+  nlohmann::json f = {{"add_generation_prompt", o.add_generation_prompt}};
+  if (o.enable_thinking) f["enable_thinking"] = *o.enable_thinking;
   if (o.reasoning_effort) f["reasoning_effort"] = *o.reasoning_effort;
   if (!o.template_args.empty()) {
     nlohmann::json a = nlohmann::json::object();
@@ -259,7 +260,7 @@ ChatTemplate::Rendered ChatTemplate::render_values(const jinja::List& messages, 
   vars.items.emplace_back("tools", jinja::from_json(o.tools));
   vars.items.emplace_back("documents", jinja::Value::none());
   vars.items.emplace_back("add_generation_prompt", jinja::Value(o.add_generation_prompt));
-  vars.items.emplace_back("enable_thinking", jinja::Value(o.enable_thinking));
+  if (o.enable_thinking) vars.items.emplace_back("enable_thinking", jinja::Value(*o.enable_thinking));
   if (o.reasoning_effort) vars.items.emplace_back("reasoning_effort", jinja::Value(*o.reasoning_effort));
   if (special.is_object())
     for (auto it = special.begin(); it != special.end(); ++it) vars.set(it.key(), jinja::from_json(it.value()));

@@ -10,7 +10,8 @@
 // "default", else the first), else its chat_template.jinja.
 //
 // Variables the template sees (ChatOptions::variables): messages; tools (the row's "tools", else None);
-// documents (None); add_generation_prompt; enable_thinking; reasoning_effort (when given); the tokenizer's special
+// documents (None); add_generation_prompt; enable_thinking and reasoning_effort only when given (otherwise undefined,
+// as apply_chat_template leaves a variable its caller does not pass); the tokenizer's special
 // tokens bos_token, eos_token, unk_token, pad_token, sep_token, cls_token, mask_token (those it defines);
 // every --template-arg key=value (value read as JSON when it parses, else as a string; it overrides the above).
 // strftime_now formats ChatOptions::now (the start of the run; recorded when the template calls it).
@@ -104,7 +105,7 @@ void validate_conversation(std::span<const ChatMessage> messages, bool allow_no_
 
 struct ChatOptions {
   bool add_generation_prompt = false;  // append the assistant header (generation prompts)
-  bool enable_thinking = true;         // passed to the template as `enable_thinking`
+  std::optional<bool> enable_thinking;  // passed as `enable_thinking` when set (--thinking / --no-thinking)
   std::optional<std::string> reasoning_effort;  // passed as `reasoning_effort` when set (gpt-oss: low/medium/high)
   // --template-arg key=value pairs, values already parsed (JSON when the text parses, else a string).
   std::vector<std::pair<std::string, nlohmann::ordered_json>> template_args;
@@ -118,7 +119,7 @@ struct ChatTemplateChoice {
   std::string chat_template = "auto";      // auto (the tokenizer's own), or a .jinja file / a JSON file with
                                            // "chat_template" (a tokenizer_config.json)
   std::string chat_template_name;          // which of a list of named templates ("": "default", else the first)
-  bool enable_thinking = true;
+  std::optional<bool> enable_thinking;     // --thinking / --no-thinking; unset: the template sees it undefined
   std::string reasoning_effort;            // "" = not passed
   std::vector<std::string> template_args;  // "key=value" (value: JSON if it parses, else a string)
   std::time_t now = 0;
@@ -128,7 +129,7 @@ struct ChatTemplateChoice {
 };
 
 // The template variables of `o` as the manifest and the export record them ("flags"): add_generation_prompt,
-// enable_thinking, reasoning_effort (when set), template_args (when any), strftime_now (the date string
+// enable_thinking and reasoning_effort (when set), template_args (when any), strftime_now (the date string
 // "%Y-%m-%d %H:%M:%S" of o.now, when the template calls strftime_now).
 nlohmann::json chat_flags(const ChatOptions& o, const class ChatTemplate* tmpl);
 

@@ -14,6 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -61,7 +64,8 @@ ojson to_json(std::span<const ChatMessage> ms) {
   return a;
 }
 
-ChatOptions opts(bool thinking = true, bool gen = false) {
+// `thinking` unset: the template sees enable_thinking undefined (no --thinking / --no-thinking).
+ChatOptions opts(std::optional<bool> thinking = std::nullopt, bool gen = false) {
   ChatTemplateChoice c;
   c.enable_thinking = thinking;
   c.now = 1767225600;  // 2026-01-01: strftime_now is fixed in tests
@@ -91,20 +95,26 @@ std::vector<std::string> supervised_runs(const ChatEncoder& enc, const ChatEncod
   return runs;
 }
 
-ojson oracle_request(const ChatEncoder& enc, std::span<const ChatMessage> ms, const ChatOptions& o) {
+// A render_chat.py request: `source` rendered with the variables of `o` and the special tokens of `tk`.
+ojson oracle_request(const std::string& source, const Tokenizer& tk, std::span<const ChatMessage> ms,
+                     const ChatOptions& o) {
   ojson vars = ojson::object();
-  for (auto it = enc.special_tokens().begin(); it != enc.special_tokens().end(); ++it) vars[it.key()] = it.value();
-  vars["enable_thinking"] = o.enable_thinking;
+  for (const auto& [k, v] : tk.special_tokens()) vars[k] = v;
+  if (o.enable_thinking) vars["enable_thinking"] = *o.enable_thinking;
   if (o.reasoning_effort) vars["reasoning_effort"] = *o.reasoning_effort;
   for (const auto& [k, v] : o.template_args) vars[k] = v;
-  return {{"template", enc.chat_template().source()},
+  return {{"template", source},
           {"messages", to_json(ms)},
           {"tools", o.tools},
           {"add_generation_prompt", o.add_generation_prompt},
           {"vars", vars},
           {"now", o.now},
           {"mask", !o.add_generation_prompt},
-          {"added_tokens", enc.tokenizer().added_tokens()}};
+          {"added_tokens", tk.added_tokens()}};
+}
+
+ojson oracle_request(const ChatEncoder& enc, std::span<const ChatMessage> ms, const ChatOptions& o) {
+  return oracle_request(enc.chat_template().source(), enc.tokenizer(), ms, o);
 }
 
 struct Case {
@@ -454,119 +464,132 @@ TEST(ChatTemplate, TokenizeChatCli) {
   fs::remove_all(dir);
 }
 
+// enable_thinking is passed only when asked for (--thinking / --no-thinking): otherwise the template sees it
+// undefined, as apply_chat_template leaves a variable its caller does not pass, and the manifest records no value.
+TEST(ChatTemplate, EnableThinkingIsUndefinedUnlessGiven) {
+  const std::string src =
+      "{% for m in messages %}{{ m.content }}{% endfor %}|{% if enable_thinking is defined %}{{ enable_thinking }}"
+      "{% else %}undefined{% endif %}|{{ enable_thinking | default('d') }}";
+  const ChatTemplate t(src, "t.jinja");
+  const std::vector<ChatMessage> ms = {M("user", "a"), M("assistant", "b")};
+  EXPECT_EQ(t.render(ms, opts()), "ab|undefined|d");
+  EXPECT_EQ(t.render(ms, opts(true)), "ab|True|True");
+  EXPECT_EQ(t.render(ms, opts(false)), "ab|False|False");
+  EXPECT_FALSE(chat_flags(opts(), &t).contains("enable_thinking"));
+  EXPECT_EQ(chat_flags(opts(false), &t)["enable_thinking"], false);
+
+  const std::string dir = cat("/tmp/dflash_thinking_", getpid());
+  fs::create_directories(dir);
+  write_file_atomic(dir + "/t.jinja", src);
+  write_file_atomic(dir + "/in.json", ojson{{"messages", to_json(ms)}}.dump());
+  auto run = [&](const std::string& flags) {
+    const std::string cmd = cat(DFLASH_BINARY, " tokenize --chat ", flags, " --chat-template '", dir, "/t.jinja' --tokenizer '",
+                                pkg_dir("qwen3"), "' < '", dir, "/in.json' > '", dir, "/out.json' 2> '", dir, "/err.txt'");
+    if (std::system(cmd.c_str()) != 0) return "error: " + read_file(dir + "/err.txt");
+    return ojson::parse(read_file(dir + "/out.json"))["text"].get<std::string>();
+  };
+  EXPECT_EQ(run(""), "ab|undefined|d");
+  EXPECT_EQ(run("--thinking"), "ab|True|True");
+  EXPECT_EQ(run("--no-thinking"), "ab|False|False");
+  EXPECT_NE(run("--thinking --no-thinking").find("--thinking excludes --no-thinking"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 // ---- the corpus ------------------------------------------------------------------------------------------------
 
 namespace {
 
 struct CorpusTemplate {
-  const char* file;       // in tests/data/templates (SOURCES.md says where each comes from)
-  const char* tokenizer;  // the npm tokenizer the renderings are tokenized with
+  std::string file;       // relative to tests/data/templates
+  std::string tokenizer;  // the npm tokenizer whose special tokens the template sees and that tokenizes it
 };
 
-const CorpusTemplate kCorpus[] = {
-    {"Qwen3-8B.jinja", "qwen3"},
-    {"Qwen3.5-4B.jinja", "qwen3"},
-    {"QwQ-32B.jinja", "qwen3"},
-    {"chatml-demo.jinja", "qwen3"},
-    {"Meta-Llama-3-8B-Instruct.jinja", "llama3_1"},
-    {"Llama-3.1-8B-Instruct.jinja", "llama3_1"},
-    {"Llama-3.2-3B-Instruct.jinja", "llama3_1"},
-    {"DeepSeek-V3.jinja", "deepseek_v3"},
-    {"DeepSeek-V3.1.jinja", "deepseek_v3"},
-    {"DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek_v3"},
-    {"GLM-4.6.jinja", "qwen3"},
-    {"Kimi-K2-Instruct.jinja", "qwen3"},
-    {"Kimi-K2-Thinking.jinja", "qwen3"},
-    {"MiniMax-M2.jinja", "qwen3"},
-    {"gpt-oss-120b.jinja", "gptoss"},
-    {"gemma-2-2b-it.jinja", "gemma3"},
-    {"gemma-3-it.jinja", "gemma3"},
-    {"gemma-4-it.jinja", "gemma3"},
-    {"Mistral-Nemo-Instruct-2407.jinja", "llama2"},
-    {"Phi-3.5-mini-instruct.jinja", "llama2"},
-};
+// The corpus as tests/data/templates/SOURCES.md lists it: every table row "| file | model | from | tokenizer |".
+std::vector<CorpusTemplate> corpus_templates() {
+  std::vector<CorpusTemplate> out;
+  std::istringstream in(read_file(kTemplates + "SOURCES.md"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("| ", 0) != 0 || line.find(".jinja |") == std::string::npos) continue;
+    std::vector<std::string> cells;
+    for (size_t p = 1; p < line.size();) {
+      const size_t q = line.find('|', p);
+      if (q == std::string::npos) break;
+      cells.push_back(py_strip(std::string_view(line).substr(p, q - p), std::nullopt));
+      p = q + 1;
+    }
+    if (cells.size() != 4) ADD_FAILURE() << "SOURCES.md: a row with " << cells.size() << " cells: " << line;
+    if (cells.size() != 4) continue;
+    std::string tok = cells[3];
+    if (!tok.empty() && tok.back() == '*') tok.pop_back();  // a stand-in of the same kind
+    out.push_back({cells[0], tok});
+  }
+  return out;
+}
 
 struct Conversation {
   std::string name;
   ojson messages;
   bool tools = false;
   bool generation_prompt = false;
-  bool thinking = true;
 };
 
-std::vector<Conversation> corpus_conversations() {
-  const ojson reasoning_turn = {{"role", "assistant"},
-                                {"content", "The answer is 51."},
-                                {"reasoning_content", "17 * 3 = 51, checking: 51 / 3 = 17."},
-                                {"thinking", "17 * 3 = 51, checking: 51 / 3 = 17."}};
-  const ojson tool_call = {
-      {"role", "assistant"},
-      {"content", ""},
-      {"tool_calls",
-       {{{"id", "call12345"},
-         {"type", "function"},
-         {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}, {"unit", "celsius"}}}}}}}}};
-  const ojson tool_result = {
-      {"role", "tool"}, {"tool_call_id", "call12345"}, {"name", "get_weather"}, {"content", "{\"temp\": 21}"}};
-  auto U = [](const char* c) { return ojson{{"role", "user"}, {"content", c}}; };
-  auto A = [](const char* c) { return ojson{{"role", "assistant"}, {"content", c}}; };
-  auto S = [](const char* c) { return ojson{{"role", "system"}, {"content", c}}; };
-  std::vector<Conversation> v = {
-      {"single", {U("Hello!"), A("Hi there. How can I help?")}},
-      {"system", {S("You are terse."), U("What is 2+2?"), A("4.")}},
-      {"multi_turn", {S("Be brief."), U("Name a color."), A("Blue."), U("Another?"), A("Green, of course.")}},
-      {"reasoning", {U("What is 17*3?"), reasoning_turn}},
-      {"reasoning_multi", {U("What is 17*3?"), reasoning_turn, U("And 18*3?"),
-                           {{"role", "assistant"}, {"content", "54."}, {"reasoning_content", "17*3 + 3 = 54."},
-                            {"thinking", "17*3 + 3 = 54."}}}},
-      {"think_in_content", {U("q"), A("<think>\nstep one\n</think>\n\nFirst answer.")}},
-      {"tool_call", {U("Weather in Paris?"), tool_call, tool_result, A("It is 21 degrees in Paris.")}, true},
-      {"unicode", {U("Ünïcödé 🙂 日本語で?"), A("  Spaced\n\nlines 😀 Ελληνικά \n")}},
-      {"gen_prompt", {S("Be brief."), U("Hi")}, false, true},
-      {"gen_prompt_multi", {U("Hi"), A("Hello."), U("Bye")}, false, true},
-  };
-  for (const char* n : {"single", "multi_turn", "reasoning", "gen_prompt"}) {
-    for (const Conversation& c : std::vector<Conversation>(v)) {
-      if (c.name != n) continue;
-      Conversation off = c;
-      off.name += "/no_thinking";
-      off.thinking = false;
-      v.push_back(off);
-    }
-  }
-  return v;
+// tests/data/templates/conversations.json: the tools list and the six conversations every template renders.
+std::pair<ojson, std::vector<Conversation>> corpus_conversations() {
+  const ojson j = ojson::parse(read_file(kTemplates + "conversations.json"));
+  std::vector<Conversation> v;
+  for (const ojson& c : j["conversations"])
+    v.push_back({c["name"].get<std::string>(), c["messages"], c.value("tools", false),
+                 c.value("add_generation_prompt", false)});
+  return {j["tools"], v};
 }
-
-const ojson kTools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
-  "description": "Get the current weather in a city", "parameters": {"type": "object", "properties": {
-  "city": {"type": "string", "description": "The city"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-  "required": ["city"]}}}])");
 
 }  // namespace
 
-// The corpus: for every template, every conversation renders the same text as Python's Jinja2, with the same
-// supervised spans, and tokenizes to the same ids as transformers.js; a conversation the template refuses
-// (raise_exception, a type error of the template, a turn whose output cannot be located) fails in both.
+// Every template of the corpus (tests/data/templates, SOURCES.md) renders each of the six conversations of
+// conversations.json — with enable_thinking undefined, and for templates that read it also false and true — as
+// Python's Jinja2 in Hugging Face's environment does: the same text, the same supervised spans (spec 2.6, written a
+// second time in the oracle) and the same token ids as transformers.js; or both fail to render. A conversation
+// that the template renders always trains: the span rule locates every assistant turn.
 TEST(ChatTemplateCorpus, EveryTemplateMatchesTheOracles) {
-  ASSERT_GE(std::size(kCorpus), 20u);
-  const auto convs = corpus_conversations();
+  const std::vector<CorpusTemplate> corpus = corpus_templates();
+  ASSERT_GE(corpus.size(), 60u);
+  {
+    std::set<std::string> listed, present;
+    for (const CorpusTemplate& t : corpus) listed.insert(t.file);
+    for (const auto& e : fs::recursive_directory_iterator(kTemplates))
+      if (e.path().extension() == ".jinja") present.insert(fs::relative(e.path(), kTemplates).string());
+    EXPECT_EQ(listed, present) << "every template file is listed in SOURCES.md, once";
+  }
+  const auto [tools, convs] = corpus_conversations();
+  ASSERT_EQ(convs.size(), 6u);
   struct Item {
     const CorpusTemplate* t;
-    const Conversation* c;
+    std::string conv;
     ChatOptions o;
     std::vector<ChatMessage> msgs;
   };
   std::vector<Item> items;
-  std::map<std::string, std::unique_ptr<ChatEncoder>> encs;
+  std::map<std::string, std::unique_ptr<ChatEncoder>> encs;  // null: the template does not parse
+  std::map<std::string, std::string> parse_errors;
   std::vector<ojson> reqs;
-  for (const CorpusTemplate& t : kCorpus) {
-    auto& enc = encs[t.file];
-    enc = std::make_unique<ChatEncoder>(tok(t.tokenizer), ChatTemplate(read_file(kTemplates + t.file), t.file));
-    for (const Conversation& c : convs) {
-      Item it{&t, &c, opts(c.thinking, c.generation_prompt), parse_messages(c.messages)};
-      if (c.tools) it.o.tools = kTools;
-      reqs.push_back(oracle_request(*enc, it.msgs, it.o));
-      items.push_back(std::move(it));
+  for (const CorpusTemplate& t : corpus) {
+    const std::string source = read_file(kTemplates + t.file);
+    try {
+      encs[t.file] = std::make_unique<ChatEncoder>(tok(t.tokenizer), ChatTemplate(source, t.file));
+    } catch (const Error& e) {
+      parse_errors[t.file] = e.what();
+    }
+    std::vector<std::optional<bool>> thinking = {std::nullopt};
+    if (source.find("enable_thinking") != std::string::npos) thinking = {std::nullopt, false, true};
+    for (const std::optional<bool>& th : thinking) {
+      for (const Conversation& c : convs) {
+        Item it{&t, c.name, opts(th, c.generation_prompt), parse_messages(c.messages)};
+        if (th) it.conv += *th ? " --thinking" : " --no-thinking";
+        if (c.tools) it.o.tools = tools;
+        reqs.push_back(oracle_request(source, *tok(t.tokenizer), it.msgs, it.o));
+        items.push_back(std::move(it));
+      }
     }
   }
   const auto res = test::run_chat_oracle(reqs);
@@ -581,43 +604,57 @@ TEST(ChatTemplateCorpus, EveryTemplateMatchesTheOracles) {
     auto got = test::run_tokenize_oracle(name, texts);
     for (size_t k = 0; k < idx.size(); ++k) ids[idx[k]] = got[k];
   }
-  std::map<std::string, int> rendered;
-  int refused = 0;
+  // Each pair: identical (text, spans and ids), different, refused by us only, refused by the oracle only, or
+  // refused by both (the template's raise_exception or a type error of the template in both engines).
+  int identical = 0, differ = 0, we_refuse = 0, oracle_refuses = 0, both_refuse = 0, untrained = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
-    SCOPED_TRACE(cat(it.t->file, " / ", it.c->name));
-    const ChatEncoder& enc = *encs[it.t->file];
-    if (res[i].contains("error")) {
-      EXPECT_THROW(enc.encode(it.msgs, it.o), BadRow) << "the oracle fails: " << res[i]["error"];
-      ++refused;
-      continue;
-    }
+    SCOPED_TRACE(cat(it.t->file, " / ", it.conv));
+    const ChatEncoder* enc = encs[it.t->file].get();
     RenderedChat r;
+    std::string err = enc ? "" : parse_errors[it.t->file];
     try {
-      r = enc.render(it.msgs, it.o);
+      if (enc) r = enc->render(it.msgs, it.o);
     } catch (const BadRow& e) {
-      ADD_FAILURE() << "we fail where the oracle renders: " << e.what();
+      err = cat(e.what(), " (", e.reason(), ")");
+    }
+    if (res[i].contains("error")) {
+      if (err.empty()) {
+        ++oracle_refuses;
+        ADD_FAILURE() << "the oracle fails (" << res[i]["error"] << "), we render";
+      } else {
+        ++both_refuse;
+      }
       continue;
     }
+    if (res[i].contains("mask_error")) {
+      ++untrained;
+      ADD_FAILURE() << "the oracle renders the conversation but locates no turn: " << res[i]["mask_error"];
+    }
+    if (!err.empty()) {
+      ++we_refuse;
+      ADD_FAILURE() << "we fail where the oracle renders: " << err;
+      continue;
+    }
+    bool same = r.text == res[i]["text"].get<std::string>();
     EXPECT_EQ(r.text, res[i]["text"].get<std::string>());
     if (res[i].contains("spans")) {
       const auto want_spans = res[i]["spans"].get<std::vector<std::pair<size_t, size_t>>>();
       EXPECT_EQ(spans_of(r), want_spans);
-      if (!it.o.add_generation_prompt) {
-        EXPECT_FALSE(want_spans.empty()) << "no supervised text";
-      }
+      same = same && spans_of(r) == want_spans;
+      EXPECT_FALSE(want_spans.empty()) << "no supervised text";
     }
-    ChatEncoding e;
     try {
-      e = enc.encode_rendered(r);
-    } catch (const BadRow& err) {
-      ADD_FAILURE() << err.what();
-      continue;
+      const ChatEncoding e = enc->encode_rendered(r);
+      EXPECT_EQ(e.ids, ids[i]);
+      same = same && e.ids == ids[i];
+    } catch (const BadRow& e) {
+      ADD_FAILURE() << e.what();
+      same = false;
     }
-    EXPECT_EQ(e.ids, ids[i]);
-    ++rendered[it.t->file];
+    ++(same ? identical : differ);
   }
-  for (const CorpusTemplate& t : kCorpus) EXPECT_GE(rendered[t.file], 6) << t.file << ": too few conversations render";
-  std::printf("[corpus] %zu templates, %zu renderings compared, %d refused by the template in both engines\n",
-              std::size(kCorpus), items.size() - static_cast<size_t>(refused), refused);
+  std::printf("[corpus] %zu templates, %zu pairs: %d identical, %d differ, %d refused by dflash only, %d refused by "
+              "the oracle only, %d refused by both; %d rendered by the oracle without located turns\n",
+              corpus.size(), items.size(), identical, differ, we_refuse, oracle_refuses, both_refuse, untrained);
 }

@@ -143,7 +143,7 @@ TEST(Prepare, C13EmptyAndOddConversations) {
   EXPECT_EQ(m["chat_template"]["sha256"], sha256_hex(qwen3_tok()->chat_template()));
   EXPECT_EQ(m["chat_template"]["origin"], kQwen3Dir + "/tokenizer_config.json");
   EXPECT_EQ(m["chat_template"]["mask_rule"], "prefixes");
-  EXPECT_EQ(m["flags"]["enable_thinking"], true);
+  EXPECT_FALSE(m["flags"].contains("enable_thinking"));  // not passed: the template sees it undefined
   EXPECT_EQ(m["max_length"], 3072);
   ASSERT_EQ(m["inputs"].size(), 1u);
   EXPECT_EQ(m["inputs"][0]["sha256"], sha256_hex(read_file(t / "in.jsonl")));
@@ -366,7 +366,7 @@ TEST(Prepare, CliWritesADataSetFromGzipInput) {
   EXPECT_TRUE(WIFEXITED(rc2) && WEXITSTATUS(rc2) != 0);
   EXPECT_NE(read_file(t / "log").find("--overwrite"), std::string::npos);
   const std::string cmd3 = cat(DFLASH_BINARY, " prepare --tokenizer '", kQwen3Dir, "' --input '", t / "in.jsonl.gz",
-                               "' --out '", t / "out", "' --overwrite > /dev/null 2>&1");
+                               "' --out '", t / "out", "' --overwrite --thinking > /dev/null 2>&1");
   const int rc3 = std::system(cmd3.c_str());
   EXPECT_TRUE(WIFEXITED(rc3) && WEXITSTATUS(rc3) == 0);
   EXPECT_EQ(Dataset::open(t / "out").manifest()["flags"]["enable_thinking"], true);

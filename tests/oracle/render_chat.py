@@ -11,8 +11,10 @@
 #    "vars": {name: value, ...} (bos_token, enable_thinking, template arguments, ...), "now": epoch seconds
 #    (what strftime_now formats; default the current time), "mask": bool (also compute the supervised spans),
 #    "added_tokens": [str, ...] (the tokenizer's added tokens, for the span rule's end-of-turn trim)}
-# stdout: one line per request: {"text": str, "spans": [[begin, end], ...] (UTF-8 byte offsets; with "mask"),
-#   "generation": bool (the template has {% generation %})} or {"error": str, "raised": bool}.
+# stdout: one line per request: {"text": str, "spans": [[begin, end], ...] (UTF-8 byte offsets; with "mask" and
+#   no generation prompt), "generation": bool (the template has {% generation %})}; "mask_error": str in place of
+#   "spans" when the template renders the conversation but a turn's output cannot be located; or {"error": str,
+#   "raised": bool} when the template does not render it (raised: its raise_exception).
 import json
 import sys
 from datetime import datetime
@@ -103,11 +105,15 @@ def lcp(a, b):
     return n
 
 
+class MaskError(ValueError):
+    """The template renders the conversation, but an assistant turn's output cannot be located in it."""
+
+
 def supervised_spans(r, messages, tools, variables, added):
     """docs/spec.md 2.6: the supervised character ranges of the full rendering, per assistant turn."""
     full, gen = r.render(messages, tools, False, variables)
     if r.has_generation:
-        return full, [(a, b) for a, b in gen if b > a]
+        return [(a, b) for a, b in gen if b > a]
     spans = []
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
@@ -124,10 +130,10 @@ def supervised_spans(r, messages, tools, variables, added):
             alone, _ = r.render(messages[:i] + [sent], tools, False, variables)
             p, q = with_s.find(SENTINEL, s), alone.find(SENTINEL, s)
             if p < 0 or q < 0 or not full.startswith(nxt):
-                raise ValueError(f"assistant turn {i}: the template renders it so that its output cannot be found")
+                raise MaskError(f"assistant turn {i}: the template renders it so that its output cannot be found")
             tail = with_s[p + len(SENTINEL):]
             if not nxt.endswith(tail) or len(nxt) - len(tail) < s:
-                raise ValueError(f"assistant turn {i}: the turn's end cannot be found")
+                raise MaskError(f"assistant turn {i}: the turn's end cannot be found")
             e = len(nxt) - len(tail)
             t1 = alone[q + len(SENTINEL):]
             if t1 and tail.startswith(t1):
@@ -144,7 +150,7 @@ def supervised_spans(r, messages, tools, variables, added):
             e = s + len(stripped)
         if e > s:
             spans.append((s, e))
-    return full, spans
+    return spans
 
 
 def main():
@@ -163,12 +169,13 @@ def main():
             msgs = req["messages"]
             agp = bool(req.get("add_generation_prompt", False))
             out = {"generation": r.has_generation}
-            if req.get("mask"):
-                text, spans = supervised_spans(r, msgs, tools, variables, req.get("added_tokens") or [])
-                out["text"] = text
-                out["spans"] = [[nbytes(text[:a]), nbytes(text[:b])] for a, b in spans]
-            else:
-                out["text"], _ = r.render(msgs, tools, agp, variables)
+            out["text"], _ = r.render(msgs, tools, agp, variables)
+            if req.get("mask") and not agp:
+                try:
+                    spans = supervised_spans(r, msgs, tools, variables, req.get("added_tokens") or [])
+                    out["spans"] = [[nbytes(out["text"][:a]), nbytes(out["text"][:b])] for a, b in spans]
+                except MaskError as e:
+                    out["mask_error"] = str(e)
         except Exception as e:  # noqa: BLE001 (every failure is reported to the test)
             out = {"error": str(e), "raised": isinstance(e, jinja2.exceptions.TemplateError)
                    and not isinstance(e, jinja2.exceptions.TemplateSyntaxError)}
