@@ -367,7 +367,7 @@ TEST(ChatTemplate, LoadsFromTokenizerFileOrList) {
             std::string::npos);
   EXPECT_EQ(error([] { ChatTemplate("ok\n{% include 'x' %}", "t.jinja"); }),
             "t.jinja: chat template: template line 2: the statement '{% include %}' is not supported (supported: if, "
-            "for, set, macro, break, continue, generation)");
+            "for, set, macro, break, continue, filter, generation)");
   // a runtime error of the template is a bad row, with its line
   ChatEncoder enc(tok("qwen3"), ChatTemplate("{{ messages[0].content.format_map(1) }}", "t.jinja"));
   try {

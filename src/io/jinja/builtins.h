@@ -13,6 +13,10 @@ namespace dflash::jinja {
 
 bool filter_supported(std::string_view name);
 bool test_supported(std::string_view name);
+// Whether Jinja2 3.1 has a filter / test of that name (supported here or not): an unknown name is "no filter
+// named 'x'", a known one we lack is "not supported".
+bool jinja2_has_filter(std::string_view name);
+bool jinja2_has_test(std::string_view name);
 
 // `where` ("template line N: filter 'x'") prefixes every TemplateError.
 Value apply_filter(const std::string& name, const Value& operand, Args& args);
