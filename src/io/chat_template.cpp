@@ -34,12 +34,15 @@ size_t common_prefix(std::string_view a, std::string_view b) {
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
-// The longest added token that `s` starts with ("" when none).
-std::string_view leading_added(std::string_view s, std::span<const std::string> added) {
-  std::string_view best;
-  for (const std::string& t : added)
-    if (t.size() > best.size() && starts_with(s, t)) best = t;
-  return best;
+// The aligned common prefix of a and b (chat_template.h): the longest common prefix, shortened until it ends
+// inside no added token of either.
+size_t aligned_prefix(std::string_view a, std::string_view b, const AddedTokens& added) {
+  size_t n = common_prefix(a, b);
+  for (;;) {
+    const size_t m = std::min(added.straddling(a, n), added.straddling(b, n));
+    if (m >= n) return n;
+    n = m;
+  }
 }
 
 std::string snippet(std::string_view s, size_t at) {
@@ -282,8 +285,43 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
 
 // ---- the supervised spans (chat_template.h, "Supervised text") ------------------------------------------------
 
+AddedTokens::AddedTokens(std::vector<std::string> tokens) : sorted_(std::move(tokens)) {
+  std::erase_if(sorted_, [](const std::string& t) { return t.empty(); });
+  std::sort(sorted_.begin(), sorted_.end());
+  sorted_.erase(std::unique(sorted_.begin(), sorted_.end()), sorted_.end());
+  for (const std::string& t : sorted_) {
+    max_len_ = std::max(max_len_, t.size());
+    first_[static_cast<unsigned char>(t[0])] = true;
+  }
+}
+
+bool AddedTokens::has(std::string_view t) const { return std::binary_search(sorted_.begin(), sorted_.end(), t); }
+
+size_t AddedTokens::straddling(std::string_view text, size_t at) const {
+  if (at == 0 || at >= text.size()) return std::string::npos;
+  for (size_t a = at > max_len_ ? at - max_len_ + 1 : 0; a < at; ++a) {
+    if (!first_[static_cast<unsigned char>(text[a])]) continue;
+    for (size_t len = at - a + 1; len <= max_len_ && a + len <= text.size(); ++len)
+      if (has(text.substr(a, len))) return a;
+  }
+  return std::string::npos;
+}
+
+std::string_view AddedTokens::leading(std::string_view s) const {
+  if (s.empty() || !first_[static_cast<unsigned char>(s[0])]) return {};
+  for (size_t len = std::min(max_len_, s.size()); len > 0; --len)
+    if (has(s.substr(0, len))) return s.substr(0, len);
+  return {};
+}
+
+bool AddedTokens::ends_with_one(std::string_view s) const {
+  for (size_t len = 1; len <= std::min(max_len_, s.size()); ++len)
+    if (has(s.substr(s.size() - len))) return true;
+  return false;
+}
+
 RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms, const ChatOptions& o,
-                         const ojson& special, std::span<const std::string> added) {
+                         const ojson& special, const AddedTokens& added) {
   RenderedChat out;
   jinja::List values;  // every message converted once; prefixes share them
   values.reserve(ms.size() + 1);
@@ -300,52 +338,64 @@ RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms,
     gen.add_generation_prompt = true;
     plain.add_generation_prompt = false;
     auto render = [&](const jinja::List& m, const ChatOptions& opt) { return t.render_values(m, opt, special).text; };
+    // The end in R of assistant turn i's output (starting at s) by a stand-in turn (chat_template.h), or npos with
+    // *why saying what failed.
+    auto end_by_stand_in = [&](size_t i, size_t s, const char** why) -> size_t {
+      *why = "the turn's output cannot be found";
+      if (i + 1 >= ms.size()) return std::string::npos;
+      jinja::List stand_in = prefix(i);
+      stand_in.push_back(message_value({"assistant", kSentinel, std::nullopt, {}}));
+      std::string alone, with_next;
+      try {
+        alone = render(stand_in, plain);
+        stand_in.push_back(values[i + 1]);
+        with_next = render(stand_in, plain);
+      } catch (const BadRow&) {
+        return std::string::npos;  // the template refuses the stand-in
+      }
+      const std::string N = render(prefix(i + 2), plain);
+      const size_t p = with_next.find(kSentinel), q = alone.find(kSentinel);
+      if (p == std::string::npos || q == std::string::npos) return std::string::npos;
+      *why = "the turn's end cannot be found";
+      const std::string_view tail = std::string_view(with_next).substr(p + std::strlen(kSentinel));
+      if (N.size() < tail.size() || N.compare(N.size() - tail.size(), tail.size(), tail) != 0) return std::string::npos;
+      size_t e = N.size() - tail.size();
+      if (e < s || common_prefix(N, R) < e) return std::string::npos;
+      const std::string_view closing = std::string_view(alone).substr(q + std::strlen(kSentinel));
+      const size_t c = aligned_prefix(closing, tail, added);
+      if (c > 0) {
+        e += c;
+      } else if (!added.leading(closing).empty()) {
+        e += added.leading(tail).size();  // the closing token differs when later turns follow
+      }
+      return e;
+    };
     for (size_t i = 0; i < ms.size(); ++i) {
       if (ms[i].role != "assistant") continue;
-      const size_t s = common_prefix(render(prefix(i), gen), R);
+      const size_t s = aligned_prefix(render(prefix(i), gen), R, added);
       const std::string L = i + 1 == ms.size() ? R : render(prefix(i + 1), plain);
       size_t e = 0;
       if (L.size() > s && starts_with(R, L)) {
         e = L.size();
       } else {
-        // The turn renders differently once later messages follow: a stand-in turn with a sentinel content,
-        // followed by the same next message, shows where the turn's content ends and what closes it.
-        const auto fail = [&](const char* what) {
-          throw BadRow("template_mask", cat("assistant turn ", i, ": ", what, " (", t.origin(),
-                                            "); a template with {% generation %} blocks marks it exactly"));
-        };
-        if (i + 1 >= ms.size()) fail("the turn's output cannot be found");
-        jinja::List stand_in = prefix(i);
-        stand_in.push_back(message_value({"assistant", kSentinel, std::nullopt, {}}));
-        const std::string alone = render(stand_in, plain);
-        stand_in.push_back(values[i + 1]);
-        const std::string with_next = render(stand_in, plain);
-        const std::string N = render(prefix(i + 2), plain);
-        const size_t p = with_next.find(kSentinel, s), q = alone.find(kSentinel, s);
-        if (p == std::string::npos || q == std::string::npos || !starts_with(R, N)) fail("the turn's output cannot be found");
-        const std::string_view tail = std::string_view(with_next).substr(p + std::strlen(kSentinel));
-        if (N.size() < tail.size() || N.compare(N.size() - tail.size(), tail.size(), tail) != 0 ||
-            N.size() - tail.size() < s)
-          fail("the turn's end cannot be found");
-        e = N.size() - tail.size();
-        const std::string_view closing = std::string_view(alone).substr(q + std::strlen(kSentinel));
-        if (!closing.empty() && starts_with(tail, closing)) {
-          e += closing.size();
-        } else if (!leading_added(closing, added).empty()) {
-          e += leading_added(tail, added).size();  // the closing token differs when later turns follow
+        // The turn, or what follows it, renders differently once later messages follow: a stand-in turn with a
+        // sentinel content, alone and followed by the same next message, shows where the turn's content ends
+        // and what closes it. Where the stand-in cannot show it (the next message renders otherwise after it, or
+        // the template refuses it), the turn ends where R departs from L.
+        const char* why = nullptr;
+        e = end_by_stand_in(i, s, &why);
+        if (e == std::string::npos) {
+          e = aligned_prefix(L, R, added);
+          if (e <= s) {
+            throw BadRow("template_mask", cat("assistant turn ", i, ": ", why, " (", t.origin(),
+                                              "); a template with {% generation %} blocks marks it exactly"));
+          }
         }
       }
       // whitespace after the turn's last added token is the separator before the next turn
       std::string_view body = std::string_view(R).substr(s, e > s ? e - s : 0);
       const std::string stripped = py_strip(body, std::nullopt, false, true);
-      if (stripped.size() < body.size()) {
-        for (const std::string& tk : added) {
-          if (stripped.size() >= tk.size() && stripped.compare(stripped.size() - tk.size(), tk.size(), tk) == 0) {
-            e = s + stripped.size();
-            break;
-          }
-        }
-      }
+      if (stripped.size() < body.size() && added.ends_with_one(stripped)) e = s + stripped.size();
       if (e > s) spans.emplace_back(s, e);
     }
   }
@@ -367,7 +417,7 @@ ChatEncoder::ChatEncoder(std::shared_ptr<const Tokenizer> tokenizer, ChatTemplat
   DFLASH_CHECK(tok_ != nullptr, "ChatEncoder: no tokenizer");
   special_ = ojson::object();
   for (const auto& [k, v] : tok_->special_tokens()) special_[k] = v;
-  added_ = tok_->added_tokens();
+  added_ = AddedTokens(tok_->added_tokens());
 }
 
 std::string_view ChatEncoder::token_bytes(int32_t id) const { return tok_->token_bytes(id); }

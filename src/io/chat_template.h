@@ -2,7 +2,8 @@
 // engine io/jinja exactly as Hugging Face's apply_chat_template renders it), tokenized once, with the assistant
 // loss mask of docs/spec.md 2.6.
 // defines: BadRow, ChatMessage, parse_messages, validate_conversation, ChatTemplate, ChatOptions, RenderedChat,
-//          render_chat, ChatEncoding, ChatEncoder, ChatTemplateChoice, chat_flags, message_value, py_strip
+//          AddedTokens, render_chat, ChatEncoding, ChatEncoder, ChatTemplateChoice, chat_flags, message_value,
+//          py_strip
 //
 // Where the template comes from (ChatTemplate::load): a file given with --chat-template PATH (a .jinja file, or a
 // tokenizer_config.json / JSON file with "chat_template"), else the tokenizer directory's tokenizer_config.json
@@ -19,15 +20,22 @@
 // Supervised text (spec 2.6; ChatTemplate::mask_rule() names which applies):
 //   "generation": the template has {% generation %} blocks: exactly the text they render (HF's
 //                 return_assistant_tokens_mask).
-//   "prefixes":   per assistant turn i, with R the whole conversation rendered:
+//   "prefixes":   per assistant turn i, with R the whole conversation rendered. Texts are compared by their
+//                 aligned common prefix: the longest common prefix, shortened so that it ends inside no added token
+//                 of either text (a generation prompt ending "<think>\n\n</think>\n\n" and a turn starting
+//                 "<tool_call>" share "<", not a token).
 //                 start: where R departs from the prompt the model is served for this turn,
-//                        P = render(messages[:i], add_generation_prompt=true): s = common prefix of P and R;
+//                        P = render(messages[:i], add_generation_prompt=true): s = aligned common prefix of P and R;
 //                 end:   L = render(messages[:i+1]); when R begins with L, e = |L| (the turn renders the same
-//                        whether or not later turns follow); else the template renders the turn differently once
-//                        later messages follow (it drops the turn's reasoning, or ends it with another token): the
-//                        turn's end in R is found by rendering a stand-in turn (a sentinel content) followed by the
-//                        next message; the text after the sentinel is the turn's closing text plus the next
-//                        message, and the closing text (its end-of-turn token) stays with the turn;
+//                        whether or not later turns follow); else the template renders the turn, or the text after
+//                        it, differently once later messages follow (it drops the turn's reasoning, ends it with
+//                        another token, or writes an end-of-sequence text only after the last message): a stand-in
+//                        turn (a sentinel content) is rendered alone, A, and followed by the next message, W; with
+//                        N = render(messages[:i+2]), which ends with W's text after the sentinel, the turn's content
+//                        ends at e = |N| - |W after the sentinel| (N and R agree up to there); the turn's closing
+//                        text is the aligned common prefix of what follows the sentinel in A and in W (when they
+//                        differ from their first character and both begin with an added token, W's token: the last
+//                        turn ends with another token than the earlier ones), and stays with the turn;
 //                 then whitespace after the turn's last added token (the separator the template writes between
 //                 turns, e.g. "\n" after <|im_end|>) is not supervised.
 //   So each assistant turn is trained on what the model generates after its served prompt: its reasoning as the
@@ -181,12 +189,29 @@ struct RenderedChat {
   std::vector<Segment> segments;
 };
 
+// A tokenizer's added tokens, indexed for the span rule: which of them occur around a position of a text.
+class AddedTokens {
+ public:
+  AddedTokens() = default;
+  explicit AddedTokens(std::vector<std::string> tokens);
+  // Where the added token that `text` holds across position `at` starts (one that begins before `at` and ends
+  // after it; the earliest such), or npos.
+  size_t straddling(std::string_view text, size_t at) const;
+  std::string_view leading(std::string_view s) const;  // the longest added token `s` begins with ("" when none)
+  bool ends_with_one(std::string_view s) const;        // whether `s` ends with an added token
+
+ private:
+  std::vector<std::string> sorted_;  // sorted, for binary search of a text's prefixes
+  size_t max_len_ = 0;
+  bool first_[256] = {};             // bytes some token begins with
+  bool has(std::string_view t) const;
+};
+
 // Renders `messages` and marks the supervised spans (the rule above; none with add_generation_prompt). `special`:
-// the special-token variables; `added_tokens`: the tokenizer's added tokens (for the end-of-turn trim). Throws
-// BadRow as ChatTemplate::render, and "template_mask" when a turn's output cannot be located.
+// the special-token variables; `added`: the tokenizer's added tokens (alignment, closing token, end-of-turn trim).
+// Throws BadRow as ChatTemplate::render, and "template_mask" when a turn's output cannot be located.
 RenderedChat render_chat(const ChatTemplate& tmpl, std::span<const ChatMessage> messages, const ChatOptions& opts,
-                         const nlohmann::ordered_json& special = {},
-                         std::span<const std::string> added_tokens = {});
+                         const nlohmann::ordered_json& special = {}, const AddedTokens& added = {});
 
 struct ChatEncoding {
   std::vector<int32_t> ids;
@@ -211,7 +236,7 @@ class ChatEncoder {
   std::shared_ptr<const Tokenizer> tok_;
   ChatTemplate tmpl_;
   nlohmann::ordered_json special_;
-  std::vector<std::string> added_;
+  AddedTokens added_;
 };
 
 // A message as the template sees it: its source object (every key, in order), or {"role", "content"

@@ -284,6 +284,38 @@ TEST(Prepare, PromptCompletionRawAndChat) {
   EXPECT_EQ(c.manifest()["flags"]["pairs"], "chat");
 }
 
+// Agentic rows (an assistant tool call, the tool's answer, the final answer) prepared with --no-thinking: every
+// turn is located (the Qwen3 prompt ends with an empty think block, the tool-call turn begins "<tool_call>"), none
+// is skipped, and the sample is the library's encoding.
+TEST(Prepare, ToolCallRowsWithThinkingOff) {
+  TempDir t;
+  using ojson = nlohmann::ordered_json;
+  const ojson row = ojson::parse(R"({"messages": [{"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "content": "{\"temp\": 21}"}, {"role": "assistant", "content": "It is 21 degrees."}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]})");
+  write_text(t / "in.jsonl", lines({row.dump(), row.dump()}));
+  PrepareOptions o = opts(t, {t / "in.jsonl"});
+  o.enable_thinking = false;
+  const PrepareSummary s = run_prepare(o);
+  EXPECT_EQ(s.skipped_total(), 0);
+  Dataset d = Dataset::open(t / "out");
+  ASSERT_EQ(d.size(), 2u);
+  ChatEncoder enc(qwen3_tok(), ChatTemplate::load(*qwen3_tok(), "auto"));
+  ChatOptions co = o.options();
+  co.tools = row["tools"];
+  const ChatEncoding want = enc.encode(parse_messages(row["messages"]), co);
+  EXPECT_EQ(vec(d.get(0).tokens), want.ids);
+  EXPECT_EQ(vec(d.get(0).loss_mask), want.loss_mask);
+  // the call (<tool_call> ... </tool_call><|im_end|>) and the answer (It is 21 degrees.<|im_end|>)
+  std::string trained;
+  for (size_t k = 0; k < want.ids.size(); ++k)
+    if (want.loss_mask[k]) trained += enc.token_bytes(want.ids[k]);
+  EXPECT_EQ(trained, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+                     "<|im_end|>It is 21 degrees.<|im_end|>");
+}
+
 TEST(Prepare, TruncationToMaxLength) {
   TempDir t;
   write_text(t / "in.jsonl",

@@ -105,6 +105,37 @@ def lcp(a, b):
     return n
 
 
+class Added:
+    """A tokenizer's added tokens, with the lengths they have (for the lookups below)."""
+
+    def __init__(self, tokens):
+        self.tokens = set(t for t in tokens if t)
+        self.lengths = sorted(set(len(t) for t in self.tokens))
+
+    def __iter__(self):
+        return iter(self.tokens)
+
+
+def inside_added(text, at, added):
+    """Where an added token that `text` holds across position `at` (begun before it, ended after it) starts."""
+    if not added.lengths or at == 0 or at >= len(text):
+        return None
+    for a in range(max(0, at - added.lengths[-1] + 1), at):
+        if any(a + n > at and text[a:a + n] in added.tokens for n in added.lengths):
+            return a
+    return None
+
+
+def aligned(a, b, added):
+    """The aligned common prefix: the longest common prefix of a and b, ending inside no added token of either."""
+    n = lcp(a, b)
+    while True:
+        cut = [x for x in (inside_added(a, n, added), inside_added(b, n, added)) if x is not None]
+        if not cut:
+            return n
+        n = min(cut)
+
+
 class MaskError(ValueError):
     """The template renders the conversation, but an assistant turn's output cannot be located in it."""
 
@@ -114,35 +145,56 @@ def supervised_spans(r, messages, tools, variables, added):
     full, gen = r.render(messages, tools, False, variables)
     if r.has_generation:
         return [(a, b) for a, b in gen if b > a]
+
+    def render(ms, agp=False):
+        return r.render(ms, tools, agp, variables)[0]
+
+    def end_by_stand_in(i, s):
+        if i + 1 >= len(messages):
+            return None, "the turn's output cannot be found"
+        stand_in = {"role": "assistant", "content": SENTINEL}
+        try:
+            alone = render(messages[:i] + [stand_in])
+            followed = render(messages[:i] + [stand_in, messages[i + 1]])
+        except Exception:  # noqa: BLE001 (the template refuses the stand-in, as any failure in C++)
+            return None, "the turn's output cannot be found"
+        upto_next = render(messages[: i + 2])
+        if SENTINEL not in alone or SENTINEL not in followed:
+            return None, "the turn's output cannot be found"
+        after_followed = followed[followed.index(SENTINEL) + len(SENTINEL):]
+        after_alone = alone[alone.index(SENTINEL) + len(SENTINEL):]
+        if not upto_next.endswith(after_followed):
+            return None, "the turn's end cannot be found"
+        e = len(upto_next) - len(after_followed)
+        if e < s or lcp(upto_next, full) < e:
+            return None, "the turn's end cannot be found"
+        closing = aligned(after_alone, after_followed, added)
+        if closing == 0:
+            # another closing token once later turns follow (the last turn's differs)
+            lead_alone = [t for t in added if after_alone.startswith(t)]
+            lead_followed = [t for t in added if after_followed.startswith(t)]
+            if lead_alone and lead_followed:
+                closing = max(len(t) for t in lead_followed)
+        return e + closing, None
+
     spans = []
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
-        prompt, _ = r.render(messages[:i], tools, True, variables)
-        s = lcp(prompt, full)
-        last, _ = r.render(messages[: i + 1], tools, False, variables)
+        # start: where the rendering departs from the prompt served for the turn
+        s = aligned(render(messages[:i], True), full, added)
+        # end: the turn rendered as the last message, when the rendering begins with it
+        last = render(messages[: i + 1])
         if full.startswith(last) and len(last) > s:
             e = len(last)
         else:
-            nxt, _ = r.render(messages[: i + 2], tools, False, variables)
-            sent = {"role": "assistant", "content": SENTINEL}
-            with_s, _ = r.render(messages[:i] + [sent] + messages[i + 1: i + 2], tools, False, variables)
-            alone, _ = r.render(messages[:i] + [sent], tools, False, variables)
-            p, q = with_s.find(SENTINEL, s), alone.find(SENTINEL, s)
-            if p < 0 or q < 0 or not full.startswith(nxt):
-                raise MaskError(f"assistant turn {i}: the template renders it so that its output cannot be found")
-            tail = with_s[p + len(SENTINEL):]
-            if not nxt.endswith(tail) or len(nxt) - len(tail) < s:
-                raise MaskError(f"assistant turn {i}: the turn's end cannot be found")
-            e = len(nxt) - len(tail)
-            t1 = alone[q + len(SENTINEL):]
-            if t1 and tail.startswith(t1):
-                e += len(t1)
-            else:
-                tok_t1 = next((t for t in added if t1.startswith(t)), None)
-                tok_tail = next((t for t in sorted(added, key=len, reverse=True) if tail.startswith(t)), None)
-                if tok_t1 and tok_tail:
-                    e += len(tok_tail)
+            # else a stand-in turn, alone and followed by the next message, locates the content's end and closing;
+            # where it cannot, the turn ends where the rendering departs from the turn rendered as the last message
+            e, why = end_by_stand_in(i, s)
+            if e is None:
+                e = aligned(last, full, added)
+                if e <= s:
+                    raise MaskError(f"assistant turn {i}: {why}")
         # whitespace after the turn's final added token (the separator before the next turn) is not output
         body = full[s:e]
         stripped = body.rstrip()
@@ -154,7 +206,7 @@ def supervised_spans(r, messages, tools, variables, added):
 
 
 def main():
-    cache = {}
+    cache, added_cache = {}, {}
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -172,7 +224,10 @@ def main():
             out["text"], _ = r.render(msgs, tools, agp, variables)
             if req.get("mask") and not agp:
                 try:
-                    spans = supervised_spans(r, msgs, tools, variables, req.get("added_tokens") or [])
+                    added = tuple(req.get("added_tokens") or [])
+                    if added not in added_cache:
+                        added_cache[added] = Added(added)
+                    spans = supervised_spans(r, msgs, tools, variables, added_cache[added])
                     out["spans"] = [[nbytes(out["text"][:a]), nbytes(out["text"][:b])] for a, b in spans]
                 except MaskError as e:
                     out["mask_error"] = str(e)
