@@ -35,15 +35,17 @@
 //                        ends at e = |N| - |W after the sentinel| (N and R agree up to there); the turn's closing
 //                        text is the aligned common prefix of what follows the sentinel in A and in W (when they
 //                        differ from their first character and both begin with an added token, W's token: the last
-//                        turn ends with another token than the earlier ones), and stays with the turn;
+//                        turn ends with another token than the earlier ones), and stays with the turn; where the
+//                        stand-in shows nothing (the next message renders otherwise after it, or the template
+//                        refuses it), the turn ends at the aligned common prefix of L and R;
 //                 then whitespace after the turn's last added token (the separator the template writes between
 //                 turns, e.g. "\n" after <|im_end|>) is not supervised.
 //   So each assistant turn is trained on what the model generates after its served prompt: its reasoning as the
 //   template renders it in R (dropped for earlier turns by templates that drop it: not trained), its content, its
 //   tool calls and its end-of-turn token; never the role header, the generation prompt, system / user / tool text.
-//   With enable_thinking=true and no reasoning, Qwen3-style templates render an empty think block after the
-//   prompt: it is supervised (it is what follows the served prompt); with enable_thinking=false it is part of
-//   the prompt.
+//   With enable_thinking=true (or undefined) and no reasoning, Qwen3-style templates render an empty think block
+//   after the prompt: it is supervised (it is what follows the served prompt); with enable_thinking=false it is
+//   part of the prompt.
 // Token rule: the rendered text is tokenized as ONE string (token-identical to HF with add_special_tokens=False);
 // token k is supervised iff its first byte lies in a supervised span. Token byte offsets come from each token's
 // bytes (Tokenizer::token_bytes) matched against the text, allowing the normalizer's NFC and the space a
