@@ -320,13 +320,141 @@ bool AddedTokens::ends_with_one(std::string_view s) const {
   return false;
 }
 
+namespace {
+
+// The "prefixes" rule (chat_template.h): each assistant turn's span in R, from renderings of the conversation's
+// prefixes and of a stand-in turn.
+class TurnLocator {
+ public:
+  TurnLocator(const ChatTemplate& t, std::span<const ChatMessage> ms, const jinja::List& values, const ChatOptions& o,
+              const ojson& special, const AddedTokens& added, const std::string& R)
+      : t_(t), ms_(ms), values_(values), special_(special), added_(added), R_(R), gen_(o), plain_(o) {
+    gen_.add_generation_prompt = true;
+    plain_.add_generation_prompt = false;
+  }
+
+  // The span [s, e) of assistant turn i (empty when the turn renders nothing of its own). Throws BadRow
+  // "template_mask" when its end cannot be located.
+  std::pair<size_t, size_t> span(size_t i) {
+    alone_.reset();
+    const size_t s = start(i);
+    size_t e = end(i, s);
+    // whitespace after the turn's last added token is the separator before the next turn
+    const std::string_view body = std::string_view(R_).substr(s, e > s ? e - s : 0);
+    const std::string stripped = py_strip(body, std::nullopt, false, true);
+    if (stripped.size() < body.size() && added_.ends_with_one(stripped)) e = s + stripped.size();
+    return {s, e};
+  }
+
+ private:
+  const ChatTemplate& t_;
+  std::span<const ChatMessage> ms_;
+  const jinja::List& values_;
+  const ojson& special_;
+  const AddedTokens& added_;
+  const std::string& R_;
+  ChatOptions gen_, plain_;
+  // The stand-in turn rendered as the last message after messages[:i]: its text and where its sentinel content
+  // begins (npos: the template refuses it, or writes no content).
+  std::optional<std::pair<std::string, size_t>> alone_;
+
+  jinja::List prefix(size_t n) const {
+    return jinja::List(values_.begin(), values_.begin() + static_cast<long>(n));
+  }
+  std::string render(const jinja::List& m, const ChatOptions& o) const { return t_.render_values(m, o, special_).text; }
+  static jinja::Value stand_in() { return message_value({"assistant", kSentinel, std::nullopt, {}}); }
+
+  const std::pair<std::string, size_t>& alone(size_t i) {
+    if (!alone_) {
+      jinja::List m = prefix(i);
+      m.push_back(stand_in());
+      try {
+        std::string a = render(m, plain_);
+        const size_t q = a.find(kSentinel);
+        alone_.emplace(std::move(a), q);
+      } catch (const BadRow&) {
+        alone_.emplace(std::string(), std::string::npos);  // the template refuses the stand-in
+      }
+    }
+    return *alone_;
+  }
+
+  // Where R departs from the prompt served for turn i. When it departs inside the history before the turn (the
+  // template renders earlier messages otherwise once later ones follow, e.g. a system prompt written into the last
+  // user message), the turn starts where the stand-in turn rendered last has its content, if R agrees with that
+  // rendering up to there.
+  size_t start(size_t i) {
+    const std::string P = render(prefix(i), gen_);
+    size_t s = aligned_prefix(P, R_, added_);
+    if (s < P.size() && s < aligned_prefix(render(prefix(i), plain_), P, added_)) {
+      const auto& [a, q] = alone(i);
+      if (q != std::string::npos && q > s && common_prefix(a, R_) >= q) s = q;
+    }
+    return s;
+  }
+
+  // Where turn i's output ends in R: where L = render(messages[:i+1]) ends when R begins with L; else by the
+  // stand-in turn; else where R departs from L.
+  size_t end(size_t i, size_t s) {
+    const std::string L = i + 1 == ms_.size() ? R_ : render(prefix(i + 1), plain_);
+    if (L.size() > s && starts_with(R_, L)) return L.size();
+    const char* why = nullptr;
+    size_t e = end_by_stand_in(i, s, &why);
+    if (e != std::string::npos) return e;
+    e = aligned_prefix(L, R_, added_);
+    if (e <= s) {
+      throw BadRow("template_mask", cat("assistant turn ", i, ": ", why, " (", t_.origin(),
+                                        "); a template with {% generation %} blocks marks it exactly"));
+    }
+    return e;
+  }
+
+  // The stand-in turn alone (A) and followed by the next message (W): N = render(messages[:i+2]) ends with W's
+  // text after the sentinel, so the content ends that far before N's end; the closing text is the aligned common
+  // prefix of what follows the sentinel in A, in W and the content in R. npos, with *why, when the stand-in shows
+  // nothing.
+  size_t end_by_stand_in(size_t i, size_t s, const char** why) {
+    *why = "the turn's output cannot be found";
+    if (i + 1 >= ms_.size()) return std::string::npos;
+    const auto& [a, q] = alone(i);
+    if (q == std::string::npos) return std::string::npos;
+    jinja::List m = prefix(i);
+    m.push_back(stand_in());
+    m.push_back(values_[i + 1]);
+    std::string w;
+    try {
+      w = render(m, plain_);
+    } catch (const BadRow&) {
+      return std::string::npos;
+    }
+    const size_t p = w.find(kSentinel);
+    if (p == std::string::npos) return std::string::npos;
+    *why = "the turn's end cannot be found";
+    const std::string N = render(prefix(i + 2), plain_);
+    const std::string_view tail = std::string_view(w).substr(p + std::strlen(kSentinel));
+    if (N.size() < tail.size() || N.compare(N.size() - tail.size(), tail.size(), tail) != 0) return std::string::npos;
+    size_t e = N.size() - tail.size();
+    if (e < s || common_prefix(N, R_) < e) return std::string::npos;
+    const std::string_view closing = std::string_view(a).substr(q + std::strlen(kSentinel));
+    const size_t c = std::min(aligned_prefix(closing, tail, added_),
+                              aligned_prefix(closing, std::string_view(R_).substr(e), added_));
+    if (c > 0) {
+      e += c;
+    } else if (!added_.leading(closing).empty()) {
+      e += added_.leading(tail).size();  // the closing token differs when later turns follow
+    }
+    return e;
+  }
+};
+
+}  // namespace
+
 RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms, const ChatOptions& o,
                          const ojson& special, const AddedTokens& added) {
   RenderedChat out;
   jinja::List values;  // every message converted once; prefixes share them
-  values.reserve(ms.size() + 1);
+  values.reserve(ms.size());
   for (const ChatMessage& m : ms) values.push_back(message_value(m));
-  auto prefix = [&](size_t n) { return jinja::List(values.begin(), values.begin() + static_cast<long>(n)); };
   ChatTemplate::Rendered full = t.render_values(values, o, special);
   out.text = std::move(full.text);
   const std::string& R = out.text;
@@ -334,68 +462,10 @@ RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms,
   if (std::strcmp(t.mask_rule(), "generation") == 0) {
     spans = std::move(full.generation);
   } else if (!o.add_generation_prompt) {
-    ChatOptions gen = o, plain = o;
-    gen.add_generation_prompt = true;
-    plain.add_generation_prompt = false;
-    auto render = [&](const jinja::List& m, const ChatOptions& opt) { return t.render_values(m, opt, special).text; };
-    // The end in R of assistant turn i's output (starting at s) by a stand-in turn (chat_template.h), or npos with
-    // *why saying what failed.
-    auto end_by_stand_in = [&](size_t i, size_t s, const char** why) -> size_t {
-      *why = "the turn's output cannot be found";
-      if (i + 1 >= ms.size()) return std::string::npos;
-      jinja::List stand_in = prefix(i);
-      stand_in.push_back(message_value({"assistant", kSentinel, std::nullopt, {}}));
-      std::string alone, with_next;
-      try {
-        alone = render(stand_in, plain);
-        stand_in.push_back(values[i + 1]);
-        with_next = render(stand_in, plain);
-      } catch (const BadRow&) {
-        return std::string::npos;  // the template refuses the stand-in
-      }
-      const std::string N = render(prefix(i + 2), plain);
-      const size_t p = with_next.find(kSentinel), q = alone.find(kSentinel);
-      if (p == std::string::npos || q == std::string::npos) return std::string::npos;
-      *why = "the turn's end cannot be found";
-      const std::string_view tail = std::string_view(with_next).substr(p + std::strlen(kSentinel));
-      if (N.size() < tail.size() || N.compare(N.size() - tail.size(), tail.size(), tail) != 0) return std::string::npos;
-      size_t e = N.size() - tail.size();
-      if (e < s || common_prefix(N, R) < e) return std::string::npos;
-      const std::string_view closing = std::string_view(alone).substr(q + std::strlen(kSentinel));
-      const size_t c = aligned_prefix(closing, tail, added);
-      if (c > 0) {
-        e += c;
-      } else if (!added.leading(closing).empty()) {
-        e += added.leading(tail).size();  // the closing token differs when later turns follow
-      }
-      return e;
-    };
+    TurnLocator locate(t, ms, values, o, special, added, R);
     for (size_t i = 0; i < ms.size(); ++i) {
       if (ms[i].role != "assistant") continue;
-      const size_t s = aligned_prefix(render(prefix(i), gen), R, added);
-      const std::string L = i + 1 == ms.size() ? R : render(prefix(i + 1), plain);
-      size_t e = 0;
-      if (L.size() > s && starts_with(R, L)) {
-        e = L.size();
-      } else {
-        // The turn, or what follows it, renders differently once later messages follow: a stand-in turn with a
-        // sentinel content, alone and followed by the same next message, shows where the turn's content ends
-        // and what closes it. Where the stand-in cannot show it (the next message renders otherwise after it, or
-        // the template refuses it), the turn ends where R departs from L.
-        const char* why = nullptr;
-        e = end_by_stand_in(i, s, &why);
-        if (e == std::string::npos) {
-          e = aligned_prefix(L, R, added);
-          if (e <= s) {
-            throw BadRow("template_mask", cat("assistant turn ", i, ": ", why, " (", t.origin(),
-                                              "); a template with {% generation %} blocks marks it exactly"));
-          }
-        }
-      }
-      // whitespace after the turn's last added token is the separator before the next turn
-      std::string_view body = std::string_view(R).substr(s, e > s ? e - s : 0);
-      const std::string stripped = py_strip(body, std::nullopt, false, true);
-      if (stripped.size() < body.size() && added.ends_with_one(stripped)) e = s + stripped.size();
+      const auto [s, e] = locate.span(i);
       if (e > s) spans.emplace_back(s, e);
     }
   }

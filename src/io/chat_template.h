@@ -26,16 +26,21 @@
 //                 "<tool_call>" share "<", not a token).
 //                 start: where R departs from the prompt the model is served for this turn,
 //                        P = render(messages[:i], add_generation_prompt=true): s = aligned common prefix of P and R;
+//                        when R departs from P inside the history before P's generation prompt (the template
+//                        renders earlier messages otherwise once later ones follow), where a stand-in turn (a
+//                        sentinel content) rendered as the last message, A, has its content, if R agrees with A up
+//                        to there;
 //                 end:   L = render(messages[:i+1]); when R begins with L, e = |L| (the turn renders the same
 //                        whether or not later turns follow); else the template renders the turn, or the text after
 //                        it, differently once later messages follow (it drops the turn's reasoning, ends it with
-//                        another token, or writes an end-of-sequence text only after the last message): a stand-in
-//                        turn (a sentinel content) is rendered alone, A, and followed by the next message, W; with
+//                        another token, or writes an end-of-sequence text only after the last message): the stand-in
+//                        turn is rendered alone, A, and followed by the next message, W; with
 //                        N = render(messages[:i+2]), which ends with W's text after the sentinel, the turn's content
 //                        ends at e = |N| - |W after the sentinel| (N and R agree up to there); the turn's closing
-//                        text is the aligned common prefix of what follows the sentinel in A and in W (when they
-//                        differ from their first character and both begin with an added token, W's token: the last
-//                        turn ends with another token than the earlier ones), and stays with the turn; where the
+//                        text is the aligned common prefix of what follows the sentinel in A and in W and of what
+//                        follows the content in R (when A's and W's differ from their first character and both
+//                        begin with an added token, W's token: the last turn ends with another token than the
+//                        earlier ones), and stays with the turn; where the
 //                        stand-in shows nothing (the next message renders otherwise after it, or the template
 //                        refuses it), the turn ends at the aligned common prefix of L and R;
 //                 then whitespace after the turn's last added token (the separator the template writes between

@@ -484,8 +484,8 @@ TEST(ChatTemplate, TokenizeChatCli) {
   fs::remove_all(dir);
 }
 
-// The span rule where a turn, or the text after it, renders differently once later messages follow, and where the
-// generation prompt and the turn begin with the same characters (docs/spec.md 2.6).
+// The span rule where a turn, the text after it or the history before it renders differently once later messages
+// follow, and where the generation prompt and the turn begin with the same characters (docs/spec.md 2.6).
 TEST(ChatTemplate, TurnsLocatedWhereLaterMessagesChangeTheRendering) {
   // An end-of-sequence text after the last message only: the earlier turn ends with its content.
   ChatEncoder eos(tok("llama2"), ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
@@ -494,6 +494,14 @@ TEST(ChatTemplate, TurnsLocatedWhereLaterMessagesChangeTheRendering) {
   check_cases(eos, "llama2",
               {{"u_a_u_a", {M("user", "u1"), M("assistant", "a1"), M("user", "u2"), M("assistant", "a2")}, opts(),
                 {"a1", "a2</s>"}}});
+  // Mistral-Nemo writes the system prompt into the last user message: the prompt served for the first turn has it,
+  // the whole conversation does not (R departs from the prompt before the turn); the turn starts after "[/INST]".
+  ChatEncoder nemo(tok("llama2"), ChatTemplate(read_file(kTemplates + "Mistral-Nemo-Instruct-2407.jinja"), "nemo"));
+  check_cases(nemo, "llama2",
+              {{"system_u_a_u_a",
+                {M("system", "Be brief."), M("user", "u1"), M("assistant", "a1"), M("user", "u2"), M("assistant", "a2")},
+                opts(),
+                {"a1</s>", "a2</s>"}}});
   // Qwen3 with --no-thinking: the prompt ends "<think>\n\n</think>\n\n" while the tool-call turn, rendered before
   // a later query, begins "<tool_call>" ("<" in common, not a token): the turn starts at <tool_call>.
   const auto ms = parse_messages(ojson::parse(R"([{"role": "user", "content": "Weather in Paris?"},

@@ -149,26 +149,35 @@ def supervised_spans(r, messages, tools, variables, added):
     def render(ms, agp=False):
         return r.render(ms, tools, agp, variables)[0]
 
+    def alone(i):
+        """The stand-in turn rendered as the last message after messages[:i], and where its content begins."""
+        try:
+            text = render(messages[:i] + [{"role": "assistant", "content": SENTINEL}])
+        except Exception:  # noqa: BLE001 (the template refuses the stand-in, as any failure in C++)
+            return "", -1
+        return text, text.find(SENTINEL)
+
     def end_by_stand_in(i, s):
         if i + 1 >= len(messages):
             return None, "the turn's output cannot be found"
-        stand_in = {"role": "assistant", "content": SENTINEL}
+        text_alone, at = alone(i)
+        if at < 0:
+            return None, "the turn's output cannot be found"
         try:
-            alone = render(messages[:i] + [stand_in])
-            followed = render(messages[:i] + [stand_in, messages[i + 1]])
-        except Exception:  # noqa: BLE001 (the template refuses the stand-in, as any failure in C++)
+            followed = render(messages[:i] + [{"role": "assistant", "content": SENTINEL}, messages[i + 1]])
+        except Exception:  # noqa: BLE001
+            return None, "the turn's output cannot be found"
+        if SENTINEL not in followed:
             return None, "the turn's output cannot be found"
         upto_next = render(messages[: i + 2])
-        if SENTINEL not in alone or SENTINEL not in followed:
-            return None, "the turn's output cannot be found"
         after_followed = followed[followed.index(SENTINEL) + len(SENTINEL):]
-        after_alone = alone[alone.index(SENTINEL) + len(SENTINEL):]
+        after_alone = text_alone[at + len(SENTINEL):]
         if not upto_next.endswith(after_followed):
             return None, "the turn's end cannot be found"
         e = len(upto_next) - len(after_followed)
         if e < s or lcp(upto_next, full) < e:
             return None, "the turn's end cannot be found"
-        closing = aligned(after_alone, after_followed, added)
+        closing = min(aligned(after_alone, after_followed, added), aligned(after_alone, full[e:], added))
         if closing == 0:
             # another closing token once later turns follow (the last turn's differs)
             lead_alone = [t for t in added if after_alone.startswith(t)]
@@ -181,8 +190,14 @@ def supervised_spans(r, messages, tools, variables, added):
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
-        # start: where the rendering departs from the prompt served for the turn
-        s = aligned(render(messages[:i], True), full, added)
+        # start: where the rendering departs from the prompt served for the turn; when that is inside the history
+        # before the turn, where the stand-in turn rendered last has its content (if the rendering agrees up to it)
+        prompt = render(messages[:i], True)
+        s = aligned(prompt, full, added)
+        if s < len(prompt) and s < aligned(render(messages[:i]), prompt, added):
+            text_alone, at = alone(i)
+            if at > s and lcp(text_alone, full) >= at:
+                s = at
         # end: the turn rendered as the last message, when the rendering begins with it
         last = render(messages[: i + 1])
         if full.startswith(last) and len(last) > s:
