@@ -667,7 +667,8 @@ TEST(ChatTemplateCorpus, SourcesListEveryTemplate) {
 
 // Every pair of the corpus renders as Python's Jinja2 in Hugging Face's environment renders it: the same text
 // and the same supervised spans (spec 2.6, written a second time in the oracle); or both fail to render. A
-// conversation the template renders always trains: the span rule locates every assistant turn.
+// conversation the template renders always trains: the span rule locates every assistant turn, and no span holds
+// the text of a system, user or tool message.
 TEST(ChatTemplateCorpus, EveryTemplateRendersAsJinja2) {
   const Corpus c;
   std::vector<ojson> reqs;
@@ -716,6 +717,12 @@ TEST(ChatTemplateCorpus, EveryTemplateRendersAsJinja2) {
       EXPECT_EQ(spans_of(r), want_spans);
       same = same && spans_of(r) == want_spans;
       EXPECT_FALSE(want_spans.empty()) << "no supervised text";
+      // never trained: system, user and tool text
+      for (const ChatMessage& m : it.msgs) {
+        if (m.role == "assistant" || m.content.empty()) continue;
+        for (const auto& [b, e] : spans_of(r))
+          EXPECT_EQ(r.text.substr(b, e - b).find(m.content), std::string::npos) << m.role << " text is trained";
+      }
     }
     ++(same ? identical : differ);
   }
