@@ -1,7 +1,7 @@
 // io/jinja/value.h — the values a Jinja template computes with, with Python's semantics (Jinja2 runs on Python:
 // truthiness, equality, str() and repr(), json.dumps), and their conversion from and to JSON.
 // defines: jinja::Value, jinja::List, jinja::Dict, jinja::Function, jinja::Args, jinja::TemplateError,
-//          jinja::py_equal, jinja::py_less, jinja::py_str, jinja::py_repr, jinja::py_float_repr, jinja::JsonFormat,
+//          jinja::require_hashable, jinja::py_equal, jinja::py_less, jinja::py_str, jinja::py_repr, jinja::py_float_repr, jinja::JsonFormat,
 //          jinja::to_json_text, jinja::from_json, jinja::py_isspace, jinja::py_strip, jinja::utf8_codepoints
 //
 // Kinds: Undefined (a name or key that is not there; carries the name for error messages), None, Bool, Int
