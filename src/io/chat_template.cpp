@@ -34,12 +34,15 @@ size_t common_prefix(std::string_view a, std::string_view b) {
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
-// The longest added token that `s` starts with ("" when none).
-std::string_view leading_added(std::string_view s, std::span<const std::string> added) {
-  std::string_view best;
-  for (const std::string& t : added)
-    if (t.size() > best.size() && starts_with(s, t)) best = t;
-  return best;
+// The aligned common prefix of a and b (chat_template.h): the longest common prefix, shortened until it ends
+// inside no added token of either.
+size_t aligned_prefix(std::string_view a, std::string_view b, const AddedTokens& added) {
+  size_t n = common_prefix(a, b);
+  for (;;) {
+    const size_t m = std::min(added.straddling(a, n), added.straddling(b, n));
+    if (m >= n) return n;
+    n = m;
+  }
 }
 
 std::string snippet(std::string_view s, size_t at) {
@@ -165,7 +168,8 @@ ChatOptions ChatTemplateChoice::options() const {
 }
 
 nlohmann::json chat_flags(const ChatOptions& o, const ChatTemplate* t) {
-  nlohmann::json f = {{"add_generation_prompt", o.add_generation_prompt}, {"enable_thinking", o.enable_thinking}};
+  nlohmann::json f = {{"add_generation_prompt", o.add_generation_prompt}};
+  if (o.enable_thinking) f["enable_thinking"] = *o.enable_thinking;
   if (o.reasoning_effort) f["reasoning_effort"] = *o.reasoning_effort;
   if (!o.template_args.empty()) {
     nlohmann::json a = nlohmann::json::object();
@@ -259,7 +263,7 @@ ChatTemplate::Rendered ChatTemplate::render_values(const jinja::List& messages, 
   vars.items.emplace_back("tools", jinja::from_json(o.tools));
   vars.items.emplace_back("documents", jinja::Value::none());
   vars.items.emplace_back("add_generation_prompt", jinja::Value(o.add_generation_prompt));
-  vars.items.emplace_back("enable_thinking", jinja::Value(o.enable_thinking));
+  if (o.enable_thinking) vars.items.emplace_back("enable_thinking", jinja::Value(*o.enable_thinking));
   if (o.reasoning_effort) vars.items.emplace_back("reasoning_effort", jinja::Value(*o.reasoning_effort));
   if (special.is_object())
     for (auto it = special.begin(); it != special.end(); ++it) vars.set(it.key(), jinja::from_json(it.value()));
@@ -281,13 +285,176 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
 
 // ---- the supervised spans (chat_template.h, "Supervised text") ------------------------------------------------
 
+AddedTokens::AddedTokens(std::vector<std::string> tokens) : sorted_(std::move(tokens)) {
+  std::erase_if(sorted_, [](const std::string& t) { return t.empty(); });
+  std::sort(sorted_.begin(), sorted_.end());
+  sorted_.erase(std::unique(sorted_.begin(), sorted_.end()), sorted_.end());
+  for (const std::string& t : sorted_) {
+    max_len_ = std::max(max_len_, t.size());
+    first_[static_cast<unsigned char>(t[0])] = true;
+  }
+}
+
+bool AddedTokens::has(std::string_view t) const { return std::binary_search(sorted_.begin(), sorted_.end(), t); }
+
+size_t AddedTokens::straddling(std::string_view text, size_t at) const {
+  if (at == 0 || at >= text.size()) return std::string::npos;
+  for (size_t a = at > max_len_ ? at - max_len_ + 1 : 0; a < at; ++a) {
+    if (!first_[static_cast<unsigned char>(text[a])]) continue;
+    for (size_t len = at - a + 1; len <= max_len_ && a + len <= text.size(); ++len)
+      if (has(text.substr(a, len))) return a;
+  }
+  return std::string::npos;
+}
+
+std::string_view AddedTokens::leading(std::string_view s) const {
+  if (s.empty() || !first_[static_cast<unsigned char>(s[0])]) return {};
+  for (size_t len = std::min(max_len_, s.size()); len > 0; --len)
+    if (has(s.substr(0, len))) return s.substr(0, len);
+  return {};
+}
+
+bool AddedTokens::ends_with_one(std::string_view s) const {
+  for (size_t len = 1; len <= std::min(max_len_, s.size()); ++len)
+    if (has(s.substr(s.size() - len))) return true;
+  return false;
+}
+
+namespace {
+
+// The "prefixes" rule (chat_template.h): each assistant turn's span in R, from renderings of the conversation's
+// prefixes and of a stand-in turn.
+class TurnLocator {
+ public:
+  TurnLocator(const ChatTemplate& t, std::span<const ChatMessage> ms, const jinja::List& values, const ChatOptions& o,
+              const ojson& special, const AddedTokens& added, const std::string& R)
+      : t_(t), ms_(ms), values_(values), special_(special), added_(added), R_(R), gen_(o), plain_(o) {
+    gen_.add_generation_prompt = true;
+    plain_.add_generation_prompt = false;
+  }
+
+  // The span [s, e) of assistant turn i (empty when the turn renders nothing of its own). Throws BadRow
+  // "template_mask" when its end cannot be located.
+  std::pair<size_t, size_t> span(size_t i) {
+    alone_.reset();
+    const size_t s = start(i);
+    size_t e = end(i, s);
+    // whitespace after the turn's last added token is the separator before the next turn
+    const std::string_view body = std::string_view(R_).substr(s, e > s ? e - s : 0);
+    const std::string stripped = py_strip(body, std::nullopt, false, true);
+    if (stripped.size() < body.size() && added_.ends_with_one(stripped)) e = s + stripped.size();
+    return {s, e};
+  }
+
+ private:
+  const ChatTemplate& t_;
+  std::span<const ChatMessage> ms_;
+  const jinja::List& values_;
+  const ojson& special_;
+  const AddedTokens& added_;
+  const std::string& R_;
+  ChatOptions gen_, plain_;
+  // The stand-in turn rendered as the last message after messages[:i]: its text and where its sentinel content
+  // begins (npos: the template refuses it, or writes no content).
+  std::optional<std::pair<std::string, size_t>> alone_;
+
+  jinja::List prefix(size_t n) const {
+    return jinja::List(values_.begin(), values_.begin() + static_cast<long>(n));
+  }
+  std::string render(const jinja::List& m, const ChatOptions& o) const { return t_.render_values(m, o, special_).text; }
+  static jinja::Value stand_in() { return message_value({"assistant", kSentinel, std::nullopt, {}}); }
+
+  const std::pair<std::string, size_t>& alone(size_t i) {
+    if (!alone_) {
+      jinja::List m = prefix(i);
+      m.push_back(stand_in());
+      try {
+        std::string a = render(m, plain_);
+        const size_t q = a.find(kSentinel);
+        alone_.emplace(std::move(a), q);
+      } catch (const BadRow&) {
+        alone_.emplace(std::string(), std::string::npos);  // the template refuses the stand-in
+      }
+    }
+    return *alone_;
+  }
+
+  // Where R departs from the prompt served for turn i. When it departs inside the history before the turn (the
+  // template renders earlier messages otherwise once later ones follow, e.g. a system prompt written into the last
+  // user message), the turn starts where the stand-in turn rendered last has its content, if R agrees with that
+  // rendering up to there.
+  size_t start(size_t i) {
+    const std::string P = render(prefix(i), gen_);
+    size_t s = aligned_prefix(P, R_, added_);
+    if (s < P.size() && s < aligned_prefix(render(prefix(i), plain_), P, added_)) {
+      const auto& [a, q] = alone(i);
+      if (q != std::string::npos && q > s && common_prefix(a, R_) >= q) s = q;
+    }
+    return s;
+  }
+
+  // Where turn i's output ends in R: where L = render(messages[:i+1]) ends when R begins with L; else by the
+  // stand-in turn; else where R departs from L.
+  size_t end(size_t i, size_t s) {
+    const std::string L = i + 1 == ms_.size() ? R_ : render(prefix(i + 1), plain_);
+    if (L.size() > s && starts_with(R_, L)) return L.size();
+    const char* why = nullptr;
+    size_t e = end_by_stand_in(i, s, &why);
+    if (e != std::string::npos) return e;
+    e = aligned_prefix(L, R_, added_);
+    if (e <= s) {
+      throw BadRow("template_mask", cat("assistant turn ", i, ": ", why, " (", t_.origin(),
+                                        "); a template with {% generation %} blocks marks it exactly"));
+    }
+    return e;
+  }
+
+  // The stand-in turn alone (A) and followed by the next message (W): N = render(messages[:i+2]) ends with W's
+  // text after the sentinel, so the content ends that far before N's end; the closing text is the aligned common
+  // prefix of what follows the sentinel in A, in W and the content in R. npos, with *why, when the stand-in shows
+  // nothing.
+  size_t end_by_stand_in(size_t i, size_t s, const char** why) {
+    *why = "the turn's output cannot be found";
+    if (i + 1 >= ms_.size()) return std::string::npos;
+    const auto& [a, q] = alone(i);
+    if (q == std::string::npos) return std::string::npos;
+    jinja::List m = prefix(i);
+    m.push_back(stand_in());
+    m.push_back(values_[i + 1]);
+    std::string w;
+    try {
+      w = render(m, plain_);
+    } catch (const BadRow&) {
+      return std::string::npos;
+    }
+    const size_t p = w.find(kSentinel);
+    if (p == std::string::npos) return std::string::npos;
+    *why = "the turn's end cannot be found";
+    const std::string N = render(prefix(i + 2), plain_);
+    const std::string_view tail = std::string_view(w).substr(p + std::strlen(kSentinel));
+    if (N.size() < tail.size() || N.compare(N.size() - tail.size(), tail.size(), tail) != 0) return std::string::npos;
+    size_t e = N.size() - tail.size();
+    if (e < s || common_prefix(N, R_) < e) return std::string::npos;
+    const std::string_view closing = std::string_view(a).substr(q + std::strlen(kSentinel));
+    const size_t c = std::min(aligned_prefix(closing, tail, added_),
+                              aligned_prefix(closing, std::string_view(R_).substr(e), added_));
+    if (c > 0) {
+      e += c;
+    } else if (!added_.leading(closing).empty()) {
+      e += added_.leading(tail).size();  // the closing token differs when later turns follow
+    }
+    return e;
+  }
+};
+
+}  // namespace
+
 RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms, const ChatOptions& o,
-                         const ojson& special, std::span<const std::string> added) {
+                         const ojson& special, const AddedTokens& added) {
   RenderedChat out;
   jinja::List values;  // every message converted once; prefixes share them
-  values.reserve(ms.size() + 1);
+  values.reserve(ms.size());
   for (const ChatMessage& m : ms) values.push_back(message_value(m));
-  auto prefix = [&](size_t n) { return jinja::List(values.begin(), values.begin() + static_cast<long>(n)); };
   ChatTemplate::Rendered full = t.render_values(values, o, special);
   out.text = std::move(full.text);
   const std::string& R = out.text;
@@ -295,56 +462,10 @@ RenderedChat render_chat(const ChatTemplate& t, std::span<const ChatMessage> ms,
   if (std::strcmp(t.mask_rule(), "generation") == 0) {
     spans = std::move(full.generation);
   } else if (!o.add_generation_prompt) {
-    ChatOptions gen = o, plain = o;
-    gen.add_generation_prompt = true;
-    plain.add_generation_prompt = false;
-    auto render = [&](const jinja::List& m, const ChatOptions& opt) { return t.render_values(m, opt, special).text; };
+    TurnLocator locate(t, ms, values, o, special, added, R);
     for (size_t i = 0; i < ms.size(); ++i) {
       if (ms[i].role != "assistant") continue;
-      const size_t s = common_prefix(render(prefix(i), gen), R);
-      const std::string L = i + 1 == ms.size() ? R : render(prefix(i + 1), plain);
-      size_t e = 0;
-      if (L.size() > s && starts_with(R, L)) {
-        e = L.size();
-      } else {
-        // The turn renders differently once later messages follow: a stand-in turn with a sentinel content,
-        // followed by the same next message, shows where the turn's content ends and what closes it.
-        const auto fail = [&](const char* what) {
-          throw BadRow("template_mask", cat("assistant turn ", i, ": ", what, " (", t.origin(),
-                                            "); a template with {% generation %} blocks marks it exactly"));
-        };
-        if (i + 1 >= ms.size()) fail("the turn's output cannot be found");
-        jinja::List stand_in = prefix(i);
-        stand_in.push_back(message_value({"assistant", kSentinel, std::nullopt, {}}));
-        const std::string alone = render(stand_in, plain);
-        stand_in.push_back(values[i + 1]);
-        const std::string with_next = render(stand_in, plain);
-        const std::string N = render(prefix(i + 2), plain);
-        const size_t p = with_next.find(kSentinel, s), q = alone.find(kSentinel, s);
-        if (p == std::string::npos || q == std::string::npos || !starts_with(R, N)) fail("the turn's output cannot be found");
-        const std::string_view tail = std::string_view(with_next).substr(p + std::strlen(kSentinel));
-        if (N.size() < tail.size() || N.compare(N.size() - tail.size(), tail.size(), tail) != 0 ||
-            N.size() - tail.size() < s)
-          fail("the turn's end cannot be found");
-        e = N.size() - tail.size();
-        const std::string_view closing = std::string_view(alone).substr(q + std::strlen(kSentinel));
-        if (!closing.empty() && starts_with(tail, closing)) {
-          e += closing.size();
-        } else if (!leading_added(closing, added).empty()) {
-          e += leading_added(tail, added).size();  // the closing token differs when later turns follow
-        }
-      }
-      // whitespace after the turn's last added token is the separator before the next turn
-      std::string_view body = std::string_view(R).substr(s, e > s ? e - s : 0);
-      const std::string stripped = py_strip(body, std::nullopt, false, true);
-      if (stripped.size() < body.size()) {
-        for (const std::string& tk : added) {
-          if (stripped.size() >= tk.size() && stripped.compare(stripped.size() - tk.size(), tk.size(), tk) == 0) {
-            e = s + stripped.size();
-            break;
-          }
-        }
-      }
+      const auto [s, e] = locate.span(i);
       if (e > s) spans.emplace_back(s, e);
     }
   }
@@ -366,7 +487,7 @@ ChatEncoder::ChatEncoder(std::shared_ptr<const Tokenizer> tokenizer, ChatTemplat
   DFLASH_CHECK(tok_ != nullptr, "ChatEncoder: no tokenizer");
   special_ = ojson::object();
   for (const auto& [k, v] : tok_->special_tokens()) special_[k] = v;
-  added_ = tok_->added_tokens();
+  added_ = AddedTokens(tok_->added_tokens());
 }
 
 std::string_view ChatEncoder::token_bytes(int32_t id) const { return tok_->token_bytes(id); }

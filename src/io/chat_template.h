@@ -2,7 +2,8 @@
 // engine io/jinja exactly as Hugging Face's apply_chat_template renders it), tokenized once, with the assistant
 // loss mask of docs/spec.md 2.6.
 // defines: BadRow, ChatMessage, parse_messages, validate_conversation, ChatTemplate, ChatOptions, RenderedChat,
-//          render_chat, ChatEncoding, ChatEncoder, ChatTemplateChoice, chat_flags, message_value, py_strip
+//          AddedTokens, render_chat, ChatEncoding, ChatEncoder, ChatTemplateChoice, chat_flags, message_value,
+//          py_strip
 //
 // Where the template comes from (ChatTemplate::load): a file given with --chat-template PATH (a .jinja file, or a
 // tokenizer_config.json / JSON file with "chat_template"), else the tokenizer directory's tokenizer_config.json
@@ -10,7 +11,8 @@
 // "default", else the first), else its chat_template.jinja.
 //
 // Variables the template sees (ChatOptions::variables): messages; tools (the row's "tools", else None);
-// documents (None); add_generation_prompt; enable_thinking; reasoning_effort (when given); the tokenizer's special
+// documents (None); add_generation_prompt; enable_thinking and reasoning_effort only when given (otherwise undefined,
+// as apply_chat_template leaves a variable its caller does not pass); the tokenizer's special
 // tokens bos_token, eos_token, unk_token, pad_token, sep_token, cls_token, mask_token (those it defines);
 // every --template-arg key=value (value read as JSON when it parses, else as a string; it overrides the above).
 // strftime_now formats ChatOptions::now (the start of the run; recorded when the template calls it).
@@ -18,23 +20,37 @@
 // Supervised text (spec 2.6; ChatTemplate::mask_rule() names which applies):
 //   "generation": the template has {% generation %} blocks: exactly the text they render (HF's
 //                 return_assistant_tokens_mask).
-//   "prefixes":   per assistant turn i, with R the whole conversation rendered:
+//   "prefixes":   per assistant turn i, with R the whole conversation rendered. Texts are compared by their
+//                 aligned common prefix: the longest common prefix, shortened so that it ends inside no added token
+//                 of either text (a generation prompt ending "<think>\n\n</think>\n\n" and a turn starting
+//                 "<tool_call>" share "<", not a token).
 //                 start: where R departs from the prompt the model is served for this turn,
-//                        P = render(messages[:i], add_generation_prompt=true): s = common prefix of P and R;
+//                        P = render(messages[:i], add_generation_prompt=true): s = aligned common prefix of P and R;
+//                        when R departs from P inside the history before P's generation prompt (the template
+//                        renders earlier messages otherwise once later ones follow), where a stand-in turn (a
+//                        sentinel content) rendered as the last message, A, has its content, if R agrees with A up
+//                        to there;
 //                 end:   L = render(messages[:i+1]); when R begins with L, e = |L| (the turn renders the same
-//                        whether or not later turns follow); else the template renders the turn differently once
-//                        later messages follow (it drops the turn's reasoning, or ends it with another token): the
-//                        turn's end in R is found by rendering a stand-in turn (a sentinel content) followed by the
-//                        next message; the text after the sentinel is the turn's closing text plus the next
-//                        message, and the closing text (its end-of-turn token) stays with the turn;
+//                        whether or not later turns follow); else the template renders the turn, or the text after
+//                        it, differently once later messages follow (it drops the turn's reasoning, ends it with
+//                        another token, or writes an end-of-sequence text only after the last message): the stand-in
+//                        turn is rendered alone, A, and followed by the next message, W; with
+//                        N = render(messages[:i+2]), which ends with W's text after the sentinel, the turn's content
+//                        ends at e = |N| - |W after the sentinel| (N and R agree up to there); the turn's closing
+//                        text is the aligned common prefix of what follows the sentinel in A and in W and of what
+//                        follows the content in R (when A's and W's differ from their first character and both
+//                        begin with an added token, W's token: the last turn ends with another token than the
+//                        earlier ones), and stays with the turn; where the
+//                        stand-in shows nothing (the next message renders otherwise after it, or the template
+//                        refuses it), the turn ends at the aligned common prefix of L and R;
 //                 then whitespace after the turn's last added token (the separator the template writes between
 //                 turns, e.g. "\n" after <|im_end|>) is not supervised.
 //   So each assistant turn is trained on what the model generates after its served prompt: its reasoning as the
 //   template renders it in R (dropped for earlier turns by templates that drop it: not trained), its content, its
 //   tool calls and its end-of-turn token; never the role header, the generation prompt, system / user / tool text.
-//   With enable_thinking=true and no reasoning, Qwen3-style templates render an empty think block after the
-//   prompt: it is supervised (it is what follows the served prompt); with enable_thinking=false it is part of
-//   the prompt.
+//   With enable_thinking=true (or undefined) and no reasoning, Qwen3-style templates render an empty think block
+//   after the prompt: it is supervised (it is what follows the served prompt); with enable_thinking=false it is
+//   part of the prompt.
 // Token rule: the rendered text is tokenized as ONE string (token-identical to HF with add_special_tokens=False);
 // token k is supervised iff its first byte lies in a supervised span. Token byte offsets come from each token's
 // bytes (Tokenizer::token_bytes) matched against the text, allowing the normalizer's NFC and the space a
@@ -104,7 +120,7 @@ void validate_conversation(std::span<const ChatMessage> messages, bool allow_no_
 
 struct ChatOptions {
   bool add_generation_prompt = false;  // append the assistant header (generation prompts)
-  bool enable_thinking = true;         // passed to the template as `enable_thinking`
+  std::optional<bool> enable_thinking;  // passed as `enable_thinking` when set (--thinking / --no-thinking)
   std::optional<std::string> reasoning_effort;  // passed as `reasoning_effort` when set (gpt-oss: low/medium/high)
   // --template-arg key=value pairs, values already parsed (JSON when the text parses, else a string).
   std::vector<std::pair<std::string, nlohmann::ordered_json>> template_args;
@@ -118,7 +134,7 @@ struct ChatTemplateChoice {
   std::string chat_template = "auto";      // auto (the tokenizer's own), or a .jinja file / a JSON file with
                                            // "chat_template" (a tokenizer_config.json)
   std::string chat_template_name;          // which of a list of named templates ("": "default", else the first)
-  bool enable_thinking = true;
+  std::optional<bool> enable_thinking;     // --thinking / --no-thinking; unset: the template sees it undefined
   std::string reasoning_effort;            // "" = not passed
   std::vector<std::string> template_args;  // "key=value" (value: JSON if it parses, else a string)
   std::time_t now = 0;
@@ -128,7 +144,7 @@ struct ChatTemplateChoice {
 };
 
 // The template variables of `o` as the manifest and the export record them ("flags"): add_generation_prompt,
-// enable_thinking, reasoning_effort (when set), template_args (when any), strftime_now (the date string
+// enable_thinking and reasoning_effort (when set), template_args (when any), strftime_now (the date string
 // "%Y-%m-%d %H:%M:%S" of o.now, when the template calls strftime_now).
 nlohmann::json chat_flags(const ChatOptions& o, const class ChatTemplate* tmpl);
 
@@ -180,12 +196,29 @@ struct RenderedChat {
   std::vector<Segment> segments;
 };
 
+// A tokenizer's added tokens, indexed for the span rule: which of them occur around a position of a text.
+class AddedTokens {
+ public:
+  AddedTokens() = default;
+  explicit AddedTokens(std::vector<std::string> tokens);
+  // Where the added token that `text` holds across position `at` starts (one that begins before `at` and ends
+  // after it; the earliest such), or npos.
+  size_t straddling(std::string_view text, size_t at) const;
+  std::string_view leading(std::string_view s) const;  // the longest added token `s` begins with ("" when none)
+  bool ends_with_one(std::string_view s) const;        // whether `s` ends with an added token
+
+ private:
+  std::vector<std::string> sorted_;  // sorted, for binary search of a text's prefixes
+  size_t max_len_ = 0;
+  bool first_[256] = {};             // bytes some token begins with
+  bool has(std::string_view t) const;
+};
+
 // Renders `messages` and marks the supervised spans (the rule above; none with add_generation_prompt). `special`:
-// the special-token variables; `added_tokens`: the tokenizer's added tokens (for the end-of-turn trim). Throws
-// BadRow as ChatTemplate::render, and "template_mask" when a turn's output cannot be located.
+// the special-token variables; `added`: the tokenizer's added tokens (alignment, closing token, end-of-turn trim).
+// Throws BadRow as ChatTemplate::render, and "template_mask" when a turn's output cannot be located.
 RenderedChat render_chat(const ChatTemplate& tmpl, std::span<const ChatMessage> messages, const ChatOptions& opts,
-                         const nlohmann::ordered_json& special = {},
-                         std::span<const std::string> added_tokens = {});
+                         const nlohmann::ordered_json& special = {}, const AddedTokens& added = {});
 
 struct ChatEncoding {
   std::vector<int32_t> ids;
@@ -210,7 +243,7 @@ class ChatEncoder {
   std::shared_ptr<const Tokenizer> tok_;
   ChatTemplate tmpl_;
   nlohmann::ordered_json special_;
-  std::vector<std::string> added_;
+  AddedTokens added_;
 };
 
 // A message as the template sees it: its source object (every key, in order), or {"role", "content"

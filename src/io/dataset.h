@@ -103,7 +103,7 @@ class DatasetWriter {
 //    "tokenizer_sha256": hex | null,   the tokenizer the ids come from
 //    "chat_template": {"sha256", "origin", "mask_rule"} | null,   the template conversations were rendered with
 //    "flags": {"format" (the requested --format), "pairs" (how prompt/completion rows became tokens: "chat" or
-//              "raw"), "add_generation_prompt", "enable_thinking", "reasoning_effort"?, "template_args"?,
+//              "raw"), "add_generation_prompt", "enable_thinking"?, "reasoning_effort"?, "template_args"?,
 //              "strftime_now"?} | null,   the format and every template variable (chat_template.h chat_flags)
 //    "max_length": n | null,
 //    "inputs": [{"path", "sha256", "bytes", "rows"}] | null, "counts": {...} | null}

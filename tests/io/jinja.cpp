@@ -132,6 +132,65 @@ const Case kCases[] = {
     {"{%- if tools %}{{ tools|length }} tools{% endif %}{% if enable_thinking is defined and enable_thinking is false %}nothink{% endif %}{{ add_generation_prompt }}",
      R"({"tools": [{"type": "function"}], "enable_thinking": false, "add_generation_prompt": true})"},
     {"{{ strftime_now('%Y-%m-%d') }} {{ strftime_now('%d %b %Y') }}", "{}"},
+    // dict keys are any hashable value (1, 1.0 and True are one key); json.dumps writes them as strings
+    {"{% set d = {0: 'a', 512: 'b'} %}{{ d[512] }} {{ d }} {{ d|tojson }} {{ d.get(0) }} {{ 512 in d }} {{ '0' in d }} "
+     "{% for k in d %}{{ k + 1 }},{% endfor %} {{ d|dictsort }} {{ d.items()|list }}",
+     "{}"},
+    {"{{ {1: 'x', 1.0: 'y', true: 'z'} }} {{ {(1, 2): 'a'}[(1, 2)] }} {{ {10: 1, 9: 2, none: 3, 1.5: 4}|tojson }} "
+     "{{ {10: 1, 9: 2}|tojson(sort_keys=true) }} {{ dict({2: 'b'}, a=1) }}",
+     "{}"},
+    {"{{ {[1]: 2} }}", "{}"},
+    {"{{ {(1, 2): 'a'}|tojson }}", "{}"},
+    // str.format
+    {"{{ '<{}>'.format('x') }} {{ '{0}-{1}-{0}'.format(1, 'b') }} {{ '{name}!'.format(name='n') }} "
+     "{{ '{:>5}|{:<5}|{:^5}|{:*^7}'.format('a', 'b', 'c', 'd') }} {{ '{{}} {:{w}}|'.format('x', w=3) }} {{ '{:.2}'.format('abc') }}",
+     "{}"},
+    {"{{ '{:05d} {:x} {:#x} {:,} {:+d} {:c} {:_d} {:=+8d}'.format(42, 255, 255, 1234567, 3, 65, 1234567, 42) }} "
+     "{{ '{:.2f} {:.3e} {:g} {:.1%} {} {:.3} {:10.4f} {:G} {:,.2f} {:08.3f}'.format(3.14159, 1234.5, 0.0001, 0.256, 1.5, "
+     "1.0, -3.14159, 1e-10, 1234567.891, -3.14159) }}",
+     "{}"},
+    {"{{ '{0[a]} {0.a} {1[0]} {0[b][1]}'.format(d, [9]) }} {{ '{!r} {!s} {}'.format('q', 1, none) }} "
+     "{{ '{:5}|{}|{:05}|{}'.format(true, true, 'ab', [1, 'a']) }}",
+     R"({"d": {"a": 1, "b": [2, 3]}})"},
+    {"{{ '{} {}'.format(1) }}", "{}"},
+    {"{{ '{0} {}'.format(1, 2) }}", "{}"},
+    {"{{ '{:d}'.format('x') }}", "{}"},
+    // a filter or test Jinja2 does not know is an error where the template reaches it inside `if` and conditional
+    // expressions, and when the template is compiled elsewhere
+    {"{% if false %}{{ 'x' | from_json }}{% endif %}ok {{ 'a' if true else 'b' | nope }} {% if false and x is nope %}{% endif %}",
+     "{}"},
+    {"{% for m in [1] %}{% if m > 1 %}{% set y = m | from_json %}{% endif %}{% endfor %}ok", "{}"},
+    {"{% if true %}{{ 1 | nope }}{% endif %}", "{}"},
+    {"{% if true %}{% for x in [] %}{{ x | nope }}{% endfor %}{% endif %}ok", "{}"},
+    {"{{ 'a' if true else 'b' }}{{ 1 | nope }}", "{}"},
+    {"{% if 1 is nope %}{% endif %}", "{}"},
+    // filter blocks (their body has a scope of its own, as a block set's)
+    {"{% filter trim %}  x  {% endfilter %}|{% filter upper | replace('A', 'b') %}a{{ 1 }}{% endfilter %}|"
+     "{% set y = 1 %}{% filter trim %}{% set y = 2 %} {{ y }} {% endfilter %}{{ y }}|{% set z %}{% set y = 3 %}{% endset %}{{ y }}",
+     "{}"},
+    // map / select / reject / selectattr / rejectattr over none or an empty input: nothing (arguments unchecked)
+    {"{{ none|select|list }}{{ none|map('upper')|list }}{{ none|selectattr('a')|list }}{{ ''|map('nope')|list }}"
+     "{{ 0|reject('nope')|list }}{{ x|rejectattr('a', 'eq', 1)|list }}",
+     "{}"},
+    // Markup (safe, escape): `+` escapes the other operand, `~` does not; its str methods return Markup
+    {"{{ 'a' | safe + '<b>' }} {{ '<b>' + 'a'|safe }} {{ 'a'|safe ~ '<b>' }} {{ ('<'|e) + '>' }} {{ ('<'|e)|e }} "
+     "{{ ('x'|safe + '&')|length }} {{ (\"a'\"|safe).replace(\"'\", '\"') }} {{ ('a b'|safe).split() }} "
+     "{{ ('<x>'|safe|upper) + '<' }} {{ ('a'|safe).join(['<', '>']) }} {{ ('{}'|safe).format('<') }} "
+     "{{ ('a<'|safe)[1] + '>' }} {{ (' x '|safe|trim) + '&' }} {{ '<'|safe|string + '<' }} {{ ('a'|safe) * 2 + '<' }}",
+     "{}"},
+    {"{{ \"Use the function '\"|safe + t['name'] + \"' to '\"|safe + t['description'] + \"'\\n\"|safe + t|tojson }}",
+     R"({"t": {"name": "a<b", "description": "it's \"x\" & y"}})"},
+    {"{{ 'ü🙂\\n'|tojson(ensure_ascii=True) }} {{ {'é': 'ü'}|tojson(true) }} {{ 'ü'|tojson }} {{ [1, 2]|tojson(false, 2) }}",
+     "{}"},
+    // map, select, ... give generators: always true, no len(), consumed by a loop, not JSON-serializable
+    {"{% if []|select('odd') %}T{% endif %} {% set g = [1, 2, 3]|select('odd') %}{{ g|list }}{{ g|list }} "
+     "{{ [1, 2]|map('string')|join(',') }} {{ [3, 1]|reverse|list }} {{ [1, 2, 3]|select('odd')|first }} "
+     "{% set h = [1, 2, 3]|map('string') %}{{ '2' in h }}{{ h|list }} [{{ ([{'a': 0}]|selectattr('a'))[0] }}] "
+     "{{ d|items|list }} {{ [1, 2, 2]|unique|list }} {{ ([1]|select) is sequence }} {{ ([1]|select) is iterable }}",
+     R"({"d": {"k": 1}})"},
+    {"{{ [{'a': 1}] | map(attribute='a') | tojson }}", "{}"},
+    {"{{ [1]|select('odd')|length }}", "{}"},
+    {"{{ [1]|select('odd')|last }}", "{}"},
     // errors: both must fail
     {"{{ raise_exception('no: ' ~ 1) }}", "{}"},
     {"{{ undefined_thing.attr }}", "{}"},
@@ -209,9 +268,11 @@ TEST(Jinja, ErrorsNameLineAndConstruct) {
   };
   EXPECT_EQ(parse_error("a\nb\n{% include 'x.jinja' %}"),
             "template line 3: the statement '{% include %}' is not supported (supported: if, for, set, macro, break, "
-            "continue, generation)");
+            "continue, filter, generation)");
   EXPECT_EQ(parse_error("{{ x }}\n{{ x|xmlattr }}"), "template line 2: the filter 'xmlattr' is not supported");
-  EXPECT_EQ(parse_error("{% if x is foo %}{% endif %}"), "template line 1: the test 'foo' is not supported");
+  EXPECT_EQ(parse_error("{{ x }}\n{{ x|from_json }}"), "template line 2: no filter named 'from_json'");
+  EXPECT_EQ(parse_error("{{ x is foo }}"), "template line 1: no test named 'foo'");
+  EXPECT_EQ(parse_error("{% if x is foo %}{% endif %}{% if x %}{{ x|xmlattr }}{% endif %}"), "");  // checked when reached
   EXPECT_EQ(parse_error("{% for x in y %}"), "template line 1: missing '{% endfor %}' (the template ended)");
   EXPECT_EQ(parse_error("\n\n{{ x "), "template line 3: missing end of print tag '}}'");
   EXPECT_EQ(parse_error("{% raw %}x{% endraw %}"), "template line 1: {% raw %} blocks are not supported");
@@ -229,4 +290,9 @@ TEST(Jinja, ErrorsNameLineAndConstruct) {
   EXPECT_EQ(render_error("{{ 'x %s' % 1 }}"),
             "template line 1: printf-style string formatting ('...' % x) is not supported");
   EXPECT_EQ(render_error("{{ raise_exception('bad input') }}"), "bad input");
+  EXPECT_EQ(render_error("\n{% if true %}{{ 'x'|from_json }}{% endif %}"), "template line 2: filter 'from_json': no filter named 'from_json'");
+  EXPECT_EQ(render_error("{{ [{'a': 1}] | map(attribute='a') | tojson }}"),
+            "template line 1: filter 'tojson': Object of type generator is not JSON serializable (map, select, reject, "
+            "selectattr, rejectattr, unique, items and reverse return generators in Jinja2: `| list` makes a list)");
+  EXPECT_EQ(render_error("{{ {[1]: 2} }}"), "template line 1: unhashable type: 'list'");
 }

@@ -143,7 +143,7 @@ TEST(Prepare, C13EmptyAndOddConversations) {
   EXPECT_EQ(m["chat_template"]["sha256"], sha256_hex(qwen3_tok()->chat_template()));
   EXPECT_EQ(m["chat_template"]["origin"], kQwen3Dir + "/tokenizer_config.json");
   EXPECT_EQ(m["chat_template"]["mask_rule"], "prefixes");
-  EXPECT_EQ(m["flags"]["enable_thinking"], true);
+  EXPECT_FALSE(m["flags"].contains("enable_thinking"));  // not passed: the template sees it undefined
   EXPECT_EQ(m["max_length"], 3072);
   ASSERT_EQ(m["inputs"].size(), 1u);
   EXPECT_EQ(m["inputs"][0]["sha256"], sha256_hex(read_file(t / "in.jsonl")));
@@ -284,6 +284,38 @@ TEST(Prepare, PromptCompletionRawAndChat) {
   EXPECT_EQ(c.manifest()["flags"]["pairs"], "chat");
 }
 
+// Agentic rows (an assistant tool call, the tool's answer, the final answer) prepared with --no-thinking: every
+// turn is located (the Qwen3 prompt ends with an empty think block, the tool-call turn begins "<tool_call>"), none
+// is skipped, and the sample is the library's encoding.
+TEST(Prepare, ToolCallRowsWithThinkingOff) {
+  TempDir t;
+  using ojson = nlohmann::ordered_json;
+  const ojson row = ojson::parse(R"({"messages": [{"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "content": "{\"temp\": 21}"}, {"role": "assistant", "content": "It is 21 degrees."}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]})");
+  write_text(t / "in.jsonl", lines({row.dump(), row.dump()}));
+  PrepareOptions o = opts(t, {t / "in.jsonl"});
+  o.enable_thinking = false;
+  const PrepareSummary s = run_prepare(o);
+  EXPECT_EQ(s.skipped_total(), 0);
+  Dataset d = Dataset::open(t / "out");
+  ASSERT_EQ(d.size(), 2u);
+  ChatEncoder enc(qwen3_tok(), ChatTemplate::load(*qwen3_tok(), "auto"));
+  ChatOptions co = o.options();
+  co.tools = row["tools"];
+  const ChatEncoding want = enc.encode(parse_messages(row["messages"]), co);
+  EXPECT_EQ(vec(d.get(0).tokens), want.ids);
+  EXPECT_EQ(vec(d.get(0).loss_mask), want.loss_mask);
+  // the call (<tool_call> ... </tool_call><|im_end|>) and the answer (It is 21 degrees.<|im_end|>)
+  std::string trained;
+  for (size_t k = 0; k < want.ids.size(); ++k)
+    if (want.loss_mask[k]) trained += enc.token_bytes(want.ids[k]);
+  EXPECT_EQ(trained, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+                     "<|im_end|>It is 21 degrees.<|im_end|>");
+}
+
 TEST(Prepare, TruncationToMaxLength) {
   TempDir t;
   write_text(t / "in.jsonl",
@@ -366,7 +398,7 @@ TEST(Prepare, CliWritesADataSetFromGzipInput) {
   EXPECT_TRUE(WIFEXITED(rc2) && WEXITSTATUS(rc2) != 0);
   EXPECT_NE(read_file(t / "log").find("--overwrite"), std::string::npos);
   const std::string cmd3 = cat(DFLASH_BINARY, " prepare --tokenizer '", kQwen3Dir, "' --input '", t / "in.jsonl.gz",
-                               "' --out '", t / "out", "' --overwrite > /dev/null 2>&1");
+                               "' --out '", t / "out", "' --overwrite --thinking > /dev/null 2>&1");
   const int rc3 = std::system(cmd3.c_str());
   EXPECT_TRUE(WIFEXITED(rc3) && WEXITSTATUS(rc3) == 0);
   EXPECT_EQ(Dataset::open(t / "out").manifest()["flags"]["enable_thinking"], true);

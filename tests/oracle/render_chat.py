@@ -11,8 +11,10 @@
 #    "vars": {name: value, ...} (bos_token, enable_thinking, template arguments, ...), "now": epoch seconds
 #    (what strftime_now formats; default the current time), "mask": bool (also compute the supervised spans),
 #    "added_tokens": [str, ...] (the tokenizer's added tokens, for the span rule's end-of-turn trim)}
-# stdout: one line per request: {"text": str, "spans": [[begin, end], ...] (UTF-8 byte offsets; with "mask"),
-#   "generation": bool (the template has {% generation %})} or {"error": str, "raised": bool}.
+# stdout: one line per request: {"text": str, "spans": [[begin, end], ...] (UTF-8 byte offsets; with "mask" and
+#   no generation prompt), "generation": bool (the template has {% generation %})}; "mask_error": str in place of
+#   "spans" when the template renders the conversation but a turn's output cannot be located; or {"error": str,
+#   "raised": bool} when the template does not render it (raised: its raise_exception).
 import json
 import sys
 from datetime import datetime
@@ -103,40 +105,111 @@ def lcp(a, b):
     return n
 
 
+class Added:
+    """A tokenizer's added tokens, with the lengths they have (for the lookups below)."""
+
+    def __init__(self, tokens):
+        self.tokens = set(t for t in tokens if t)
+        self.lengths = sorted(set(len(t) for t in self.tokens))
+
+    def __iter__(self):
+        return iter(self.tokens)
+
+
+def inside_added(text, at, added):
+    """Where an added token that `text` holds across position `at` (begun before it, ended after it) starts."""
+    if not added.lengths or at == 0 or at >= len(text):
+        return None
+    for a in range(max(0, at - added.lengths[-1] + 1), at):
+        if any(a + n > at and text[a:a + n] in added.tokens for n in added.lengths):
+            return a
+    return None
+
+
+def aligned(a, b, added):
+    """The aligned common prefix: the longest common prefix of a and b, ending inside no added token of either."""
+    n = lcp(a, b)
+    while True:
+        cut = [x for x in (inside_added(a, n, added), inside_added(b, n, added)) if x is not None]
+        if not cut:
+            return n
+        n = min(cut)
+
+
+class MaskError(ValueError):
+    """The template renders the conversation, but an assistant turn's output cannot be located in it."""
+
+
 def supervised_spans(r, messages, tools, variables, added):
     """docs/spec.md 2.6: the supervised character ranges of the full rendering, per assistant turn."""
     full, gen = r.render(messages, tools, False, variables)
     if r.has_generation:
-        return full, [(a, b) for a, b in gen if b > a]
+        return [(a, b) for a, b in gen if b > a]
+
+    def render(ms, agp=False):
+        return r.render(ms, tools, agp, variables)[0]
+
+    def alone(i):
+        """The stand-in turn rendered as the last message after messages[:i], and where its content begins."""
+        try:
+            text = render(messages[:i] + [{"role": "assistant", "content": SENTINEL}])
+        except Exception:  # noqa: BLE001 (the template refuses the stand-in, as any failure in C++)
+            return "", -1
+        return text, text.find(SENTINEL)
+
+    def end_by_stand_in(i, s):
+        if i + 1 >= len(messages):
+            return None, "the turn's output cannot be found"
+        text_alone, at = alone(i)
+        if at < 0:
+            return None, "the turn's output cannot be found"
+        try:
+            followed = render(messages[:i] + [{"role": "assistant", "content": SENTINEL}, messages[i + 1]])
+        except Exception:  # noqa: BLE001
+            return None, "the turn's output cannot be found"
+        if SENTINEL not in followed:
+            return None, "the turn's output cannot be found"
+        upto_next = render(messages[: i + 2])
+        after_followed = followed[followed.index(SENTINEL) + len(SENTINEL):]
+        after_alone = text_alone[at + len(SENTINEL):]
+        if not upto_next.endswith(after_followed):
+            return None, "the turn's end cannot be found"
+        e = len(upto_next) - len(after_followed)
+        if e < s or lcp(upto_next, full) < e:
+            return None, "the turn's end cannot be found"
+        closing = min(aligned(after_alone, after_followed, added), aligned(after_alone, full[e:], added))
+        if closing == 0:
+            # another closing token once later turns follow (the last turn's differs)
+            lead_alone = [t for t in added if after_alone.startswith(t)]
+            lead_followed = [t for t in added if after_followed.startswith(t)]
+            if lead_alone and lead_followed:
+                closing = max(len(t) for t in lead_followed)
+        return e + closing, None
+
     spans = []
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
-        prompt, _ = r.render(messages[:i], tools, True, variables)
-        s = lcp(prompt, full)
-        last, _ = r.render(messages[: i + 1], tools, False, variables)
+        # start: where the rendering departs from the prompt served for the turn; when that is inside the history
+        # before the turn, where the stand-in turn rendered last has its content (if the rendering agrees up to it)
+        prompt = render(messages[:i], True)
+        s = aligned(prompt, full, added)
+        if s < len(prompt) and s < aligned(render(messages[:i]), prompt, added):
+            text_alone, at = alone(i)
+            if at > s and lcp(text_alone, full) >= at:
+                s = at
+        # end: the turn rendered as the last message, when the rendering begins with it
+        last = render(messages[: i + 1])
         if full.startswith(last) and len(last) > s:
             e = len(last)
         else:
-            nxt, _ = r.render(messages[: i + 2], tools, False, variables)
-            sent = {"role": "assistant", "content": SENTINEL}
-            with_s, _ = r.render(messages[:i] + [sent] + messages[i + 1: i + 2], tools, False, variables)
-            alone, _ = r.render(messages[:i] + [sent], tools, False, variables)
-            p, q = with_s.find(SENTINEL, s), alone.find(SENTINEL, s)
-            if p < 0 or q < 0 or not full.startswith(nxt):
-                raise ValueError(f"assistant turn {i}: the template renders it so that its output cannot be found")
-            tail = with_s[p + len(SENTINEL):]
-            if not nxt.endswith(tail) or len(nxt) - len(tail) < s:
-                raise ValueError(f"assistant turn {i}: the turn's end cannot be found")
-            e = len(nxt) - len(tail)
-            t1 = alone[q + len(SENTINEL):]
-            if t1 and tail.startswith(t1):
-                e += len(t1)
-            else:
-                tok_t1 = next((t for t in added if t1.startswith(t)), None)
-                tok_tail = next((t for t in sorted(added, key=len, reverse=True) if tail.startswith(t)), None)
-                if tok_t1 and tok_tail:
-                    e += len(tok_tail)
+            # else a stand-in turn, alone and followed by the next message, locates the content's end and closing;
+            # where it cannot, the turn ends where the rendering departs from the turn rendered as the last message
+            e, why = end_by_stand_in(i, s)
+            if e is None:
+                e = aligned(last, full, added)
+                if e <= s:
+                    raise MaskError(f"assistant turn {i}: {why}")
         # whitespace after the turn's final added token (the separator before the next turn) is not output
         body = full[s:e]
         stripped = body.rstrip()
@@ -144,11 +217,11 @@ def supervised_spans(r, messages, tools, variables, added):
             e = s + len(stripped)
         if e > s:
             spans.append((s, e))
-    return full, spans
+    return spans
 
 
 def main():
-    cache = {}
+    cache, added_cache = {}, {}
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -163,12 +236,16 @@ def main():
             msgs = req["messages"]
             agp = bool(req.get("add_generation_prompt", False))
             out = {"generation": r.has_generation}
-            if req.get("mask"):
-                text, spans = supervised_spans(r, msgs, tools, variables, req.get("added_tokens") or [])
-                out["text"] = text
-                out["spans"] = [[nbytes(text[:a]), nbytes(text[:b])] for a, b in spans]
-            else:
-                out["text"], _ = r.render(msgs, tools, agp, variables)
+            out["text"], _ = r.render(msgs, tools, agp, variables)
+            if req.get("mask") and not agp:
+                try:
+                    added = tuple(req.get("added_tokens") or [])
+                    if added not in added_cache:
+                        added_cache[added] = Added(added)
+                    spans = supervised_spans(r, msgs, tools, variables, added_cache[added])
+                    out["spans"] = [[nbytes(out["text"][:a]), nbytes(out["text"][:b])] for a, b in spans]
+                except MaskError as e:
+                    out["mask_error"] = str(e)
         except Exception as e:  # noqa: BLE001 (every failure is reported to the test)
             out = {"error": str(e), "raised": isinstance(e, jinja2.exceptions.TemplateError)
                    and not isinstance(e, jinja2.exceptions.TemplateSyntaxError)}

@@ -58,12 +58,13 @@ struct Node {
     Break,
     Continue,
     Generation,  // {% generation %}body{% endgeneration %}: the assistant's output (HF's AssistantTracker)
+    FilterBlock, // {% filter f | g(args) %}body{% endfilter %}: body's text through the filters; cond holds them
   };
   K k = K::Text;
   int line = 0;
   std::string text;
   std::string name;  // Macro: its name; Set: the attribute for `set ns.attr`
-  ExprP expr, cond;
+  ExprP expr, cond;  // cond: If/For conditions; SetBlock/FilterBlock: the filter chain (innermost operand null)
   std::vector<std::string> targets;
   std::vector<std::pair<ExprP, Body>> branches;
   Body body, else_body;

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <set>
 
+#include "io/jinja/format.h"
+
 namespace dflash::jinja {
 
 namespace {
@@ -147,7 +149,7 @@ bool starts_or_ends(const std::string& s, const Value& what, bool ends, std::str
   return one(what);
 }
 
-Value string_method(const Value& self, const std::string& name) {
+Value str_method(const Value& self, const std::string& name) {
   using A = Args;
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     const bool l = name != "rstrip", r = name != "lstrip";
@@ -291,7 +293,58 @@ Value string_method(const Value& self, const std::string& name) {
       return Value(name == "islower" || name == "isupper" ? cased : true);
     });
   }
+  if (name == "format") {
+    return bound(self, name, [](const Value& s, A& a) { return Value(py_format(s.str(), a)); });
+  }
   return Value::undefined(cat("str object has no attribute '", name, "'"));
+}
+
+std::string html_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// markupsafe.escape(v) for a method argument: a str becomes escaped Markup; Markup and other types stay.
+Value escape_arg(const Value& v) { return v.is_string() && !v.is_markup() ? Value::markup(html_escape(v.str())) : v; }
+
+// A str method of `self`; on Markup, as markupsafe 3 has it: the methods that return text return Markup,
+// `replace` escapes its new text, `join` its items, `format` its arguments; split and splitlines give Markup items.
+Value string_method(const Value& self, const std::string& name) {
+  Value m = str_method(self, name);
+  if (!self.is_markup() || !m.is_function()) return m;
+  static const std::set<std::string_view> kText = {"strip", "lstrip", "rstrip", "replace",    "upper",
+                                                    "lower", "title",  "format", "capitalize", "join"};
+  static const std::set<std::string_view> kLists = {"split", "rsplit", "splitlines"};
+  if (!kText.count(name) && !kLists.count(name)) return m;
+  const bool text = kText.count(name) > 0;
+  return Value::function(name, [m, text, name](Args& a) -> Value {
+    Args e = a;
+    if (name == "replace" && e.pos.size() > 1) e.pos[1] = escape_arg(e.pos[1]);
+    if (name == "format") {
+      for (Value& v : e.pos) v = escape_arg(v);
+      for (auto& kv : e.kw) kv.second = escape_arg(kv.second);
+    }
+    if (name == "join" && !e.pos.empty()) {
+      List items;
+      for (const Value& v : iterate(e.pos[0], a.where)) items.push_back(escape_arg(v));
+      e.pos[0] = Value(std::move(items));
+    }
+    const Value r = m.fn()(e);
+    if (text) return Value::markup(r.str());
+    List out;
+    for (const Value& v : r.list()) out.push_back(Value::markup(v.str()));
+    return Value(std::move(out));
+  });
 }
 
 Value dict_method(const Value& self, const std::string& name) {
@@ -301,9 +354,9 @@ Value dict_method(const Value& self, const std::string& name) {
       List out;
       for (const auto& [k, v] : d.dict().items) {
         if (name == "items") {
-          out.push_back(Value::tuple(List{Value(k), v}));
+          out.push_back(Value::tuple(List{k, v}));
         } else {
-          out.push_back(name == "keys" ? Value(k) : v);
+          out.push_back(name == "keys" ? k : v);
         }
       }
       return Value(std::move(out));
@@ -313,9 +366,8 @@ Value dict_method(const Value& self, const std::string& name) {
     return bound(self, name, [](const Value& d, Args& a) {
       a.expect(2, {});
       const Value k = a.get(0, "key");
-      if (k.is_string()) {
-        if (const Value* v = d.dict().find(k.str())) return *v;
-      }
+      require_hashable(k, a.where);
+      if (const Value* v = d.dict().find_key(k)) return *v;
       return a.get(1, "default", Value::none());
     });
   }
@@ -365,21 +417,6 @@ Value to_number(const Value& v, bool want_float, const Value& dflt) {
   return dflt;
 }
 
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
-    }
-  }
-  return out;
-}
-
 // The key a sort / unique / min / max filter compares: attribute, then lower-cased unless case_sensitive.
 Value sort_key(const Value& v, const Value& attribute, bool case_sensitive, std::string_view where) {
   Value k = v;
@@ -414,11 +451,27 @@ bool filter_supported(std::string_view n) {
 
 bool test_supported(std::string_view n) {
   static const std::set<std::string_view> kNames = {
-      "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "==", "even", "false", "float", "ge",
-      "gt",      "greaterthan", "in",  "integer",     "iterable", "le", "lessthan", "lower", "lt", "mapping", "ne",
-      "none",    "number",   "odd",     "sameas",      "sequence", "string", "true", "undefined", "upper", "filter",
-      "test"};
+      "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "==", "escaped", "even", "false", "float",
+      "ge",      "gt",       "greaterthan", "in",      "integer", "iterable", "le", "lessthan", "lower", "lt",
+      "mapping", "ne",       "none",    "number",      "odd",     "sameas",  "sequence", "string", "true",
+      "undefined", "upper",  "filter",  "test"};
   return kNames.count(n) > 0;
+}
+
+bool jinja2_has_filter(std::string_view n) {
+  static const std::set<std::string_view> kNames = {
+      "abs",    "attr",      "batch",     "capitalize", "center", "count",   "d",          "default", "dictsort",
+      "e",      "escape",    "filesizeformat", "first", "float",  "forceescape", "format",  "groupby", "indent",
+      "int",    "items",     "join",      "last",       "length", "list",    "lower",      "map",     "max",
+      "min",    "pprint",    "random",    "reject",     "rejectattr", "replace", "reverse", "round",   "safe",
+      "select", "selectattr", "slice",    "sort",       "string", "striptags", "sum",      "title",   "tojson",
+      "trim",   "truncate",  "unique",    "upper",      "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr"};
+  return kNames.count(n) > 0;
+}
+
+bool jinja2_has_test(std::string_view n) {
+  static const std::set<std::string_view> kNames = {"!=", "<", "<=", ">", ">="};
+  return test_supported(n) || kNames.count(n) > 0;
 }
 
 // ---- access ---------------------------------------------------------------------------------------------
@@ -436,13 +489,13 @@ Value get_attr(const Value& obj, const std::string& name, std::string_view where
       return Value::undefined(cat("dict object has no attribute '", name, "'"));
     }
     case Value::Kind::List:
-      if (unsafe_list_method(name)) {
+      if (unsafe_list_method(name) && !obj.is_generator()) {
         return Value::function(name, [name](Args& a) -> Value {
           throw TemplateError(cat(a.where, ": access to attribute '", name,
                                   "' of 'list' object is unsafe (lists are immutable in the chat-template sandbox)"));
         });
       }
-      if (name == "index" || name == "count") {
+      if ((name == "index" || name == "count") && !obj.is_generator()) {
         return bound(obj, name, [name](const Value& l, Args& a) {
           a.expect(1, {});
           const Value x = a.get(0, "x");
@@ -457,6 +510,7 @@ Value get_attr(const Value& obj, const std::string& name, std::string_view where
           return Value(n);
         });
       }
+      if (obj.is_generator()) return Value::undefined(cat("generator object has no attribute '", name, "'"));
       return Value::undefined(cat("list object has no attribute '", name, "'"));
     default: return Value::undefined(cat(obj.type_name(), " object has no attribute '", name, "'"));
   }
@@ -466,12 +520,11 @@ Value get_item(const Value& obj, const Value& key, std::string_view where) {
   switch (obj.kind()) {
     case Value::Kind::Undefined: undefined_error(obj, where);
     case Value::Kind::Dict:
-      if (key.is_string()) {
-        if (const Value* v = obj.dict().find(key.str())) return *v;
-        return get_attr(obj, key.str(), where);
-      }
-      return Value::undefined("dict object has no such key");
+      if (const Value* v = obj.dict().find_key(key)) return *v;
+      if (key.is_string()) return get_attr(obj, key.str(), where);
+      return Value::undefined(cat("dict object has no element ", py_repr(key)));
     case Value::Kind::List:
+      if (obj.is_generator()) return Value::undefined("'generator' object is not subscriptable");
       if (key.is_int() || key.is_bool()) {
         const int64_t i = index_of(key.as_int(), obj.list().size());
         if (i >= 0 && i < static_cast<int64_t>(obj.list().size())) return obj.list()[static_cast<size_t>(i)];
@@ -483,8 +536,11 @@ Value get_item(const Value& obj, const Value& key, std::string_view where) {
       if (key.is_int() || key.is_bool()) {
         const auto cps = utf8_codepoints(obj.str());
         const int64_t i = index_of(key.as_int(), cps.size() - 1);
-        if (i >= 0 && i + 1 < static_cast<int64_t>(cps.size()))
-          return Value(obj.str().substr(cps[static_cast<size_t>(i)], cps[static_cast<size_t>(i) + 1] - cps[static_cast<size_t>(i)]));
+        if (i >= 0 && i + 1 < static_cast<int64_t>(cps.size())) {
+          const auto k = static_cast<size_t>(i);
+          std::string c = obj.str().substr(cps[k], cps[k + 1] - cps[k]);
+          return obj.is_markup() ? Value::markup(std::move(c)) : Value(std::move(c));
+        }
         return Value::undefined("string index out of range");
       }
       if (key.is_string()) return get_attr(obj, key.str(), where);
@@ -495,6 +551,7 @@ Value get_item(const Value& obj, const Value& key, std::string_view where) {
 
 Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step, std::string_view where) {
   if (obj.is_undefined()) undefined_error(obj, where);
+  if (obj.is_generator()) return Value::undefined("'generator' object is not subscriptable");
   if (obj.is_list()) {
     List out;
     for (size_t i : slice_indices(obj.list().size(), start, stop, step, where)) out.push_back(obj.list()[i]);
@@ -505,7 +562,7 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
     std::string out;
     for (size_t i : slice_indices(cps.size() - 1, start, stop, step, where))
       out.append(obj.str(), cps[i], cps[i + 1] - cps[i]);
-    return Value(out);
+    return obj.is_markup() ? Value::markup(std::move(out)) : Value(std::move(out));
   }
   type_error(where, cat("'", obj.type_name(), "' object is not subscriptable"));
 }
@@ -513,10 +570,10 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
 List iterate(const Value& v, std::string_view where) {
   switch (v.kind()) {
     case Value::Kind::Undefined: return {};
-    case Value::Kind::List: return v.list();
+    case Value::Kind::List: return v.is_generator() ? v.consume() : v.list();
     case Value::Kind::Dict: {
       List out;
-      for (const auto& kv : v.dict().items) out.emplace_back(kv.first);
+      for (const auto& kv : v.dict().items) out.push_back(kv.first);
       return out;
     }
     case Value::Kind::String: {
@@ -539,10 +596,13 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, std::stri
     bool r = false;
     if (b.is_string()) {
       r = b.str().find(require_str(a, where, "the left operand of 'in'")) != std::string::npos;
+    } else if (b.is_generator()) {  // consumed up to the item found
+      for (Value x = b.next_item(); !r && !x.is_undefined(); x = r ? x : b.next_item()) r = py_equal(a, x);
     } else if (b.is_list()) {
       for (const Value& x : b.list()) r = r || py_equal(a, x);
     } else if (b.is_dict()) {
-      r = a.is_string() && b.dict().find(a.str()) != nullptr;
+      require_hashable(a, where);
+      r = b.dict().find_key(a) != nullptr;
     } else if (!b.is_undefined()) {
       type_error(where, cat("argument of type '", b.type_name(), "' is not iterable"));
     }
@@ -584,17 +644,22 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, std::stri
       return Value(std::pow(fx, fy));
     }
   }
-  if (op == "+" && a.is_string() && b.is_string()) return Value(a.str() + b.str());
-  if (op == "+" && a.is_list() && b.is_list()) {
+  if (op == "+" && a.is_string() && b.is_string()) {
+    // Markup + str escapes the str (and str + Markup), as markupsafe does
+    if (a.is_markup() || b.is_markup())
+      return Value::markup(escape_arg(a).str() + escape_arg(b).str());
+    return Value(a.str() + b.str());
+  }
+  if (op == "+" && a.is_list() && b.is_list() && !a.is_generator() && !b.is_generator()) {
     List l = a.list();
     l.insert(l.end(), b.list().begin(), b.list().end());
     return Value(std::move(l));
   }
-  if (op == "*" && (a.is_string() || a.is_list()) && (b.is_int() || b.is_bool())) {
+  if (op == "*" && (a.is_string() || (a.is_list() && !a.is_generator())) && (b.is_int() || b.is_bool())) {
     if (a.is_string()) {
       std::string s;
       for (int64_t k = 0; k < b.as_int(); ++k) s += a.str();
-      return Value(s);
+      return a.is_markup() ? Value::markup(std::move(s)) : Value(std::move(s));
     }
     List l;
     for (int64_t k = 0; k < b.as_int(); ++k) l.insert(l.end(), a.list().begin(), a.list().end());
@@ -619,9 +684,10 @@ bool apply_test(const std::string& n, const Value& v, Args& a) {
   if (n == "number") return v.is_number();
   if (n == "string") return v.is_string();
   if (n == "mapping") return v.is_dict();
-  if (n == "sequence") return v.is_list() || v.is_string() || v.is_dict();
+  if (n == "sequence") return (v.is_list() && !v.is_generator()) || v.is_string() || v.is_dict();
   if (n == "iterable") return v.is_list() || v.is_string() || v.is_dict() || v.is_undefined();
   if (n == "callable") return v.is_function();
+  if (n == "escaped") return v.is_markup();
   if (n == "lower") return v.is_string() && ascii_lower(v.str()) == v.str();
   if (n == "upper") return v.is_string() && ascii_upper(v.str()) == v.str();
   if (n == "odd" || n == "even") return (require_int(v, w, "the value") % 2 != 0) == (n == "odd");
@@ -644,7 +710,7 @@ bool apply_test(const std::string& n, const Value& v, Args& a) {
   if (n == "le") return !py_less(o, v, w);
   if (n == "ge") return !py_less(v, o, w);
   if (n == "in") return binary_op("in", v, o, w).truthy();
-  type_error(w, cat("the test '", n, "' is not supported"));
+  type_error(w, jinja2_has_test(n) ? cat("the test '", n, "' is not supported") : cat("no test named '", n, "'"));
 }
 
 // ---- filters --------------------------------------------------------------------------------------------
@@ -658,21 +724,24 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
     return v;
   }
   if (n == "length" || n == "count") {
+    if (v.is_generator()) type_error(w, "object of type 'generator' has no len()");
     if (v.is_string()) return Value(static_cast<int64_t>(cp_len(v.str())));
     if (v.is_list()) return Value(static_cast<int64_t>(v.list().size()));
     if (v.is_dict()) return Value(static_cast<int64_t>(v.dict().items.size()));
     if (v.is_undefined()) return Value(int64_t{0});
     type_error(w, cat("object of type '", v.type_name(), "' has no len()"));
   }
-  if (n == "string") return Value(py_str(v));
-  if (n == "safe") return v;
-  if (n == "e" || n == "escape") return Value(html_escape(py_str(v)));
-  if (n == "upper") return Value(ascii_upper(py_str(v)));
-  if (n == "lower") return Value(ascii_lower(py_str(v)));
+  // Markup in, Markup out for the filters that call a str method on their operand (jinja2's soft_str)
+  auto like = [&v](std::string s) { return v.is_markup() ? Value::markup(std::move(s)) : Value(std::move(s)); };
+  if (n == "string") return like(py_str(v));
+  if (n == "safe") return Value::markup(py_str(v));
+  if (n == "e" || n == "escape") return v.is_markup() ? v : Value::markup(html_escape(py_str(v)));
+  if (n == "upper") return like(ascii_upper(py_str(v)));
+  if (n == "lower") return like(ascii_lower(py_str(v)));
   if (n == "capitalize") {
     std::string s = ascii_lower(py_str(v));
     if (!s.empty() && s[0] >= 'a' && s[0] <= 'z') s[0] = static_cast<char>(s[0] - 'a' + 'A');
-    return Value(s);
+    return like(s);
   }
   if (n == "title") {  // jinja2: words split on runs of [-\s({\[<]; each word: first upper, rest lower
     const std::string s = py_str(v);
@@ -694,12 +763,12 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
   if (n == "trim") {
     a.expect(1, {"chars"});
     const Value c = a.get(0, "chars", Value::none());
-    if (c.is_none()) return Value(py_strip(py_str(v), std::nullopt));
+    if (c.is_none()) return like(py_strip(py_str(v), std::nullopt));
     const std::string chars = require_str(c, w, "trim's chars");
-    return Value(py_strip(py_str(v), std::string_view(chars)));
+    return like(py_strip(py_str(v), std::string_view(chars)));
   }
   if (n == "replace") {
-    Value m = string_method(Value(py_str(v)), "replace");
+    Value m = str_method(Value(py_str(v)), "replace");
     return m.fn()(a);
   }
   if (n == "wordcount") return Value(static_cast<int64_t>(py_split(py_str(v), Value::none(), -1, false, w).size()));
@@ -719,19 +788,22 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
     return Value(r / p);
   }
   if (n == "list") return Value(iterate(v, w));
+  if (n == "first" && v.is_generator()) {  // takes one item
+    Value x = v.next_item();
+    return x.is_undefined() ? Value::undefined("no first item, sequence was empty") : x;
+  }
+  if (n == "last" && v.is_generator()) type_error(w, "'generator' object is not reversible");
   if (n == "first" || n == "last") {
     List l = iterate(v, w);
     if (l.empty()) return Value::undefined(cat("no ", n, " item, sequence was empty"));
     return n == "first" ? l.front() : l.back();
   }
-  if (n == "reverse") {
-    if (v.is_string()) {
-      Value s = slice(v, Value(), Value(), Value(int64_t{-1}), w);
-      return s;
-    }
+  if (n == "reverse") {  // a str reversed; a list or dict: an iterator (reversed()); a generator: a list
+    if (v.is_string()) return slice(v, Value(), Value(), Value(int64_t{-1}), w);
+    const bool gen = v.is_generator();
     List l = iterate(v, w);
     std::reverse(l.begin(), l.end());
-    return Value(std::move(l));
+    return gen ? Value(std::move(l)) : Value::generator(std::move(l));
   }
   if (n == "join") {
     a.expect(2, {"d", "attribute"});
@@ -747,25 +819,28 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
     return Value(out);
   }
   if (n == "items") {
-    if (v.is_undefined()) return Value(List{});
+    if (v.is_undefined()) return Value::generator({});
     if (!v.is_dict()) type_error(w, cat("can only get item pairs from a mapping, not ", v.type_name()));
-    return dict_method(v, "items").fn()(a);
+    return Value::generator(dict_method(v, "items").fn()(a).list());
   }
   if (n == "attr") return get_attr(v, require_str(a.get(0, "name"), w, "attr's name"), w);
-  if (n == "tojson") {
-    a.expect(1, {"indent", "ensure_ascii", "separators", "sort_keys"});
+  if (n == "tojson") {  // Hugging Face's: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
+    a.expect(4, {"ensure_ascii", "indent", "separators", "sort_keys"});
     JsonFormat f;
-    const Value ind = a.get(0, "indent", Value::none());
+    f.ensure_ascii = a.get(0, "ensure_ascii", Value(false)).truthy();
+    const Value ind = a.get(1, "indent", Value::none());
     if (!ind.is_none()) {
       f.indent = static_cast<int>(require_int(ind, w, "indent"));
       f.item_sep = ",";
     }
-    const Value seps = a.get(99, "separators", Value::none());
-    if (seps.is_list() && seps.list().size() == 2) {
-      f.item_sep = require_str(seps.list()[0], w, "separators[0]");
-      f.key_sep = require_str(seps.list()[1], w, "separators[1]");
+    const Value seps = a.get(2, "separators", Value::none());
+    if (!seps.is_none()) {
+      const List sl = iterate(seps, w);
+      if (sl.size() != 2) type_error(w, cat("separators: expected 2 values to unpack, got ", sl.size()));
+      f.item_sep = require_str(sl[0], w, "separators[0]");
+      f.key_sep = require_str(sl[1], w, "separators[1]");
     }
-    f.sort_keys = a.get(99, "sort_keys", Value(false)).truthy();
+    f.sort_keys = a.get(3, "sort_keys", Value(false)).truthy();
     return Value(to_json_text(v, f, w));
   }
   if (n == "indent") {
@@ -784,8 +859,11 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
       rv += (i > 0 && (blank || !l.empty())) ? ind + l : l;
     }
     if (first) rv = ind + rv;
-    return Value(rv);
+    return like(rv);
   }
+  // map, select, reject, selectattr, rejectattr: generators, empty (arguments unchecked) for a false operand
+  if ((n == "map" || n == "select" || n == "reject" || n == "selectattr" || n == "rejectattr") && !v.truthy())
+    return Value::generator({});
   if (n == "map") {
     List out;
     const Value attr = a.get(99, "attribute", Value());
@@ -795,7 +873,7 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
         Value r = attribute_of(x, py_str(attr), w);
         out.push_back(r.is_undefined() && !dflt.is_undefined() ? dflt : r);
       }
-      return Value(std::move(out));
+      return Value::generator(std::move(out));
     }
     if (a.pos.empty()) type_error(w, "map() needs a filter name or attribute=");
     const std::string f = require_str(a.pos[0], w, "map's filter");
@@ -805,7 +883,7 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
     rest.pos.assign(a.pos.begin() + 1, a.pos.end());
     rest.kw = a.kw;
     for (const Value& x : iterate(v, w)) out.push_back(apply_filter(f, x, rest));
-    return Value(std::move(out));
+    return Value::generator(std::move(out));
   }
   if (n == "select" || n == "reject" || n == "selectattr" || n == "rejectattr") {
     const bool attr = n.size() > 6, keep = n[0] == 's';
@@ -818,13 +896,14 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
     Args rest;
     rest.where = w;
     if (k < a.pos.size()) rest.pos.assign(a.pos.begin() + static_cast<long>(k), a.pos.end());
+    rest.kw = a.kw;
     List out;
     for (const Value& x : iterate(v, w)) {
       const Value y = attr ? attribute_of(x, attribute, w) : x;
       const bool ok = test.empty() ? y.truthy() : apply_test(test, y, rest);
       if (ok == keep) out.push_back(x);
     }
-    return Value(std::move(out));
+    return Value::generator(std::move(out));
   }
   if (n == "sort" || n == "unique" || n == "min" || n == "max") {
     const bool cs = a.get(n == "sort" ? 1 : 0, "case_sensitive", Value(false)).truthy();
@@ -841,7 +920,7 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
           out.push_back(x);
         }
       }
-      return Value(std::move(out));
+      return Value::generator(std::move(out));
     }
     std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
       return py_less(sort_key(x, attribute, cs, w), sort_key(y, attribute, cs, w), w);
@@ -868,7 +947,7 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
     const bool by_value = py_str(a.get(1, "by", Value("key"))) == "value";
     const bool rev = a.get(2, "reverse", Value(false)).truthy();
     List l;
-    for (const auto& [k, x] : v.dict().items) l.push_back(Value::tuple(List{Value(k), x}));
+    for (const auto& [k, x] : v.dict().items) l.push_back(Value::tuple(List{k, x}));
     auto key = [&](const Value& p) { return sort_key(p.list()[by_value ? 1 : 0], Value::none(), cs, w); };
     std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
       return rev ? py_less(key(y), key(x), w) : py_less(key(x), key(y), w);
@@ -882,7 +961,7 @@ Value apply_filter(const std::string& n, const Value& v, Args& a) {
       acc = binary_op("+", acc, attribute.is_none() ? x : attribute_of(x, py_str(attribute), w), w);
     return acc;
   }
-  type_error(w, cat("the filter '", n, "' is not supported"));
+  type_error(w, jinja2_has_filter(n) ? cat("the filter '", n, "' is not supported") : cat("no filter named '", n, "'"));
 }
 
 // ---- Python str.strip ------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 // io/jinja/builtins.h — Jinja2's built-in filters and tests, Python's str / dict methods, attribute and item
 // access, and the operators, as chat templates use them (Jinja2 3.1, in Hugging Face's sandboxed environment:
-// its `tojson` with ensure_ascii=False, no autoescaping, lists and dicts immutable).
-// defines: jinja::filter_supported, jinja::test_supported, jinja::apply_filter, jinja::apply_test,
-//          jinja::get_attr, jinja::get_item, jinja::slice, jinja::binary_op, jinja::iterate
+// its `tojson` with ensure_ascii=False, no autoescaping, lists and dicts immutable; markupsafe 3 for Markup).
+// defines: jinja::filter_supported, jinja::test_supported, jinja::jinja2_has_filter, jinja::jinja2_has_test,
+//          jinja::apply_filter, jinja::apply_test, jinja::get_attr, jinja::get_item, jinja::slice, jinja::binary_op, jinja::iterate
 #pragma once
 #include <string>
 #include <string_view>
@@ -13,6 +13,10 @@ namespace dflash::jinja {
 
 bool filter_supported(std::string_view name);
 bool test_supported(std::string_view name);
+// Whether Jinja2 3.1 has a filter / test of that name (supported here or not): an unknown name is "no filter
+// named 'x'", a known one we lack is "not supported".
+bool jinja2_has_filter(std::string_view name);
+bool jinja2_has_test(std::string_view name);
 
 // `where` ("template line N: filter 'x'") prefixes every TemplateError.
 Value apply_filter(const std::string& name, const Value& operand, Args& args);

@@ -20,6 +20,7 @@ class Parser {
   Body parse_all() {
     Body b = parse_body({});
     if (cur().type != T::End) fail(cur().line, cat("unexpected '", cur().text, "'"));
+    check_names(b, false);
     return b;
   }
 
@@ -223,8 +224,69 @@ class Parser {
       expect_block_end();
       return n;
     }
+    if (name == "filter") {
+      n->k = Node::K::FilterBlock;
+      n->cond = parse_filters(nullptr, /*start_inline=*/true);
+      expect_block_end();
+      n->body = parse_body({"endfilter"});
+      next();
+      expect_block_end();
+      return n;
+    }
     fail(line, cat("the statement '{% ", name, " %}' is not supported (supported: if, for, set, macro, break, "
-                   "continue, generation)"));
+                   "continue, filter, generation)"));
+  }
+
+  // Jinja2 checks filter and test names when it compiles a template, except inside an `if` statement or a
+  // conditional expression (its "soft" frames, which a for body, a macro, a block set, a filter block or a
+  // {% generation %} block ends): there the name is looked up when the filter runs. An unknown name fails here
+  // outside those, and where the template reaches it otherwise (apply_filter / apply_test).
+  static void check_names(const Body& body, bool soft) {
+    for (const NodeP& n : body) {
+      switch (n->k) {
+        case Node::K::If:
+          for (const auto& [c, b] : n->branches) {
+            check_names(*c, true);
+            check_names(b, true);
+          }
+          check_names(n->else_body, true);
+          break;
+        case Node::K::For:
+          check_names(*n->expr, soft);
+          if (n->cond) check_names(*n->cond, false);
+          check_names(n->body, false);
+          check_names(n->else_body, false);
+          break;
+        case Node::K::Macro:
+          for (const ExprP& d : n->defaults)
+            if (d) check_names(*d, false);
+          check_names(n->body, false);
+          break;
+        case Node::K::SetBlock:
+        case Node::K::FilterBlock:
+          check_names(n->body, false);
+          if (n->cond) check_names(*n->cond, false);
+          break;
+        case Node::K::Generation: check_names(n->body, false); break;
+        case Node::K::Output:
+        case Node::K::Set: check_names(*n->expr, soft); break;
+        default: break;
+      }
+    }
+  }
+  static void check_names(const Expr& e, bool soft) {
+    if (e.k == Expr::K::Cond) soft = true;
+    if (!soft && e.k == Expr::K::Filter && !filter_supported(e.name)) {
+      fail(e.line, jinja2_has_filter(e.name) ? cat("the filter '", e.name, "' is not supported")
+                                            : cat("no filter named '", e.name, "'"));
+    }
+    if (!soft && e.k == Expr::K::Test && !test_supported(e.name)) {
+      fail(e.line, jinja2_has_test(e.name) ? cat("the test '", e.name, "' is not supported")
+                                          : cat("no test named '", e.name, "'"));
+    }
+    for (const ExprP& k : e.kids)
+      if (k) check_names(*k, soft);
+    for (const auto& kv : e.kwargs) check_names(*kv.second, soft);
   }
 
   void parse_targets(std::vector<std::string>& out) {
@@ -546,17 +608,18 @@ class Parser {
     next();
   }
 
-  // operand | f | g(args) ... (operand may be null: the filter of a block set)
-  ExprP parse_filters(ExprP operand) {
-    while (is_op("|")) {
-      next();
+  // operand | f | g(args) ... (operand may be null: the filters of a block set or a filter block; start_inline:
+  // the first filter has no '|', as in {% filter f | g %})
+  ExprP parse_filters(ExprP operand, bool start_inline = false) {
+    while (start_inline || is_op("|")) {
+      if (!start_inline) next();
+      start_inline = false;
       const int line = cur().line;
       std::string name = expect_identifier();
       while (is_op(".")) {  // dotted filter names
         next();
         name += "." + expect_identifier();
       }
-      if (!filter_supported(name)) fail(line, cat("the filter '", name, "' is not supported"));
       auto f = make(Expr::K::Filter, line);
       f->name = name;
       f->where = cat("template line ", line, ": filter '", name, "'");
@@ -578,10 +641,8 @@ class Parser {
           next();
           t->negated = true;
         }
-        std::string name = expect_identifier();
-        if (!test_supported(name)) fail(line, cat("the test '", name, "' is not supported"));
-        t->name = name;
-        t->where = cat("template line ", line, ": test '", name, "'");
+        t->name = expect_identifier();
+        t->where = cat("template line ", line, ": test '", t->name, "'");
         t->kids.push_back(std::move(e));
         if (is_op("(")) {
           parse_call_args(*t);

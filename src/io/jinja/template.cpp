@@ -91,6 +91,7 @@ class Interp {
 
   Flow exec(const Node& n, Scope& sc);
   Flow exec_for(const Node& n, Scope& sc);
+  Value filter_block(const Node& n, Scope& sc);
   Value call_macro(const Node& m, Args& args);
   Args eval_args(const Expr& e, size_t first, Scope& sc);
 };
@@ -121,8 +122,8 @@ Value Interp::eval(const Expr& e, Scope& sc) {
       auto d = std::make_shared<Dict>();
       for (size_t i = 0; i + 1 < e.kids.size(); i += 2) {
         Value k = eval(*e.kids[i], sc);
-        if (!k.is_string()) fail(e.line, cat("dict keys must be strings here, got ", k.type_name()));
-        d->set(k.str(), eval(*e.kids[i + 1], sc));
+        require_hashable(k, e.where);
+        d->set_key(k, eval(*e.kids[i + 1], sc));
       }
       return Value(std::move(d));
     }
@@ -219,17 +220,13 @@ Interp::Flow Interp::exec(const Node& n, Scope& sc) {
       return Flow::Normal;
     }
     case Node::K::SetBlock: {
-      Value v(capture(n.body, sc));
-      if (n.cond) {
-        // the filter chain's innermost operand is null: feed it the captured text
-        std::vector<const Expr*> chain;
-        for (const Expr* f = n.cond.get(); f; f = f->kids[0].get()) chain.push_back(f);
-        for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-          Args a = eval_args(**it, 1, sc);
-          v = apply_filter((*it)->name, v, a);
-        }
-      }
+      Value v = filter_block(n, sc);
       sc.set(n.targets[0], std::move(v));
+      return Flow::Normal;
+    }
+    case Node::K::FilterBlock: {
+      const Value v = filter_block(n, sc);
+      out_->append(v.is_string() ? v.str() : py_str(v));
       return Flow::Normal;
     }
     case Node::K::Macro: {
@@ -248,6 +245,21 @@ Interp::Flow Interp::exec(const Node& n, Scope& sc) {
     }
   }
   return Flow::Normal;
+}
+
+// A block set's or a filter block's body, rendered in a scope of its own (as Jinja2's inner frame), through the
+// block's filter chain, whose innermost operand (null) is the rendered text.
+Value Interp::filter_block(const Node& n, Scope& sc) {
+  Scope inner;
+  inner.parent = &sc;
+  Value v(capture(n.body, inner));
+  std::vector<const Expr*> chain;
+  for (const Expr* f = n.cond.get(); f; f = f->kids[0].get()) chain.push_back(f);
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    Args a = eval_args(**it, 1, sc);
+    v = apply_filter((*it)->name, v, a);
+  }
+  return v;
 }
 
 Interp::Flow Interp::exec_for(const Node& n, Scope& sc) {
@@ -278,15 +290,20 @@ Interp::Flow Interp::exec_for(const Node& n, Scope& sc) {
   const int64_t len = static_cast<int64_t>(items.size());
   // One `loop` object per loop, its fields updated in place each iteration (building it anew per iteration
   // dominated the cost of short loops).
+  static const Value kKeys[] = {Value("index"), Value("index0"), Value("revindex"), Value("revindex0"),
+                                 Value("first"), Value("last"),   Value("length"),   Value("depth"),
+                                 Value("depth0"), Value("previtem"), Value("nextitem"), Value("cycle")};
   auto index = std::make_shared<int64_t>(0);
   auto loop = std::make_shared<Dict>();
-  loop->items = {{"index", Value()},    {"index0", Value()},   {"revindex", Value()},  {"revindex0", Value()},
-                 {"first", Value()},    {"last", Value()},     {"length", Value(len)}, {"depth", Value(int64_t{1})},
-                 {"depth0", Value(int64_t{0})}, {"previtem", Value()}, {"nextitem", Value()},
-                 {"cycle", Value::function("loop.cycle", [index](Args& a) -> Value {
-                    if (a.pos.empty()) throw TemplateError(cat(a.where, ": no items for cycling given"));
-                    return a.pos[static_cast<size_t>(*index) % a.pos.size()];
-                  })}};
+  loop->items.reserve(std::size(kKeys));
+  for (const Value& k : kKeys) loop->items.emplace_back(k, Value());
+  loop->items[6].second = Value(len);
+  loop->items[7].second = Value(int64_t{1});
+  loop->items[8].second = Value(int64_t{0});
+  loop->items[11].second = Value::function("loop.cycle", [index](Args& a) -> Value {
+    if (a.pos.empty()) throw TemplateError(cat(a.where, ": no items for cycling given"));
+    return a.pos[static_cast<size_t>(*index) % a.pos.size()];
+  });
   const Value loop_value(loop);
   for (int64_t i = 0; i < len; ++i) {
     Scope it;
@@ -372,7 +389,7 @@ void add_globals(Scope& g, const RenderOptions& o) {
       d->is_namespace = ns;
       for (const Value& p : a.pos) {
         if (!p.is_dict()) throw TemplateError(cat(a.where, ": positional argument must be a mapping"));
-        for (const auto& [k, v] : p.dict().items) d->set(k, v);
+        for (const auto& [k, v] : p.dict().items) d->set_key(k, v);  // dict(mapping) keeps its keys
       }
       for (const auto& [k, v] : a.kw) d->set(k, v);
       return Value(std::move(d));
@@ -407,7 +424,7 @@ Rendered Template::render(const Dict& vars, const RenderOptions& opts) const {
   Interp in(opts, &r.text);
   Scope globals;
   add_globals(globals, opts);
-  for (const auto& [k, v] : vars.items) globals.set(k, v);
+  for (const auto& [k, v] : vars.items) globals.set(py_str(k), v);
   Scope top;
   top.parent = &globals;
   in.root = &top;

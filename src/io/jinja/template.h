@@ -4,9 +4,10 @@
 // its `tojson`), with Python's semantics for values (value.h) and Jinja2's for undefined names.
 // defines: jinja::RenderOptions, jinja::Rendered, jinja::Template
 //
-// What is outside the subset fails with a TemplateError naming the template line and the construct, at parse
-// time where the construct is syntactic (a statement, filter or test we do not have) and at render time for
-// methods and types (e.g. "template line 12: str object has no attribute 'format_map'").
+// What is outside the subset fails with a TemplateError naming the template line and the construct: at parse time
+// for a statement we do not have, and for a filter or test name where Jinja2 checks names when it compiles (outside
+// `if` statements and conditional expressions; inside them, as in Jinja2, when the template reaches the name); at
+// render time for methods and types (e.g. "template line 12: str object has no attribute 'format_map'").
 // Thread safety: a Template is immutable after construction; render() is const and may run on many threads.
 #pragma once
 #include <cstdint>

@@ -15,7 +15,21 @@ Value Value::function(std::string name, Function f) {
   return v;
 }
 
+List Value::consume() const {
+  List out = std::move(*l_);
+  l_->clear();
+  return out;
+}
+
+Value Value::next_item() const {
+  if (l_->empty()) return Value::undefined("the generator is exhausted");
+  Value v = std::move(l_->front());
+  l_->erase(l_->begin());
+  return v;
+}
+
 bool Value::truthy() const {
+  if (generator_) return true;
   switch (kind_) {
     case Kind::Undefined:
     case Kind::None: return false;
@@ -50,7 +64,7 @@ std::string Value::type_name() const {
     case Kind::Int: return "int";
     case Kind::Float: return "float";
     case Kind::String: return "str";
-    case Kind::List: return "list";
+    case Kind::List: return generator_ ? "generator" : tuple_ ? "tuple" : "list";
     case Kind::Dict: return d_->is_namespace ? "Namespace" : "dict";
     case Kind::Function: return "function";
   }
@@ -59,18 +73,44 @@ std::string Value::type_name() const {
 
 const Value* Dict::find(std::string_view k) const {
   for (const auto& [key, v] : items)
-    if (key == k) return &v;
+    if (key.is_string() && key.str() == k) return &v;
+  return nullptr;
+}
+
+const Value* Dict::find_key(const Value& k) const {
+  if (k.is_string()) return find(std::string_view(k.str()));
+  for (const auto& [key, v] : items)
+    if (!key.is_string() && py_equal(key, k)) return &v;
   return nullptr;
 }
 
 void Dict::set(const std::string& k, Value v) {
   for (auto& [key, old] : items) {
-    if (key == k) {
+    if (key.is_string() && key.str() == k) {
+      old = std::move(v);
+      return;
+    }
+  }
+  items.emplace_back(Value(k), std::move(v));
+}
+
+void Dict::set_key(const Value& k, Value v) {
+  for (auto& [key, old] : items) {
+    if (key.is_string() == k.is_string() && py_equal(key, k)) {
       old = std::move(v);
       return;
     }
   }
   items.emplace_back(k, std::move(v));
+}
+
+void require_hashable(const Value& k, std::string_view where) {
+  if (k.is_list() && k.is_tuple()) {
+    for (const Value& x : k.list()) require_hashable(x, where);
+    return;
+  }
+  if (k.is_list() || k.is_dict() || k.is_undefined())
+    throw TemplateError(cat(where, ": unhashable type: '", k.type_name(), "'"));
 }
 
 Value Args::get(size_t i, std::string_view name, Value dflt) const {
@@ -99,6 +139,7 @@ bool py_equal(const Value& a, const Value& b) {
     case Value::Kind::None: return true;
     case Value::Kind::String: return a.str() == b.str();
     case Value::Kind::List: {
+      if (a.is_generator() || b.is_generator()) return &a.list() == &b.list();
       const List &x = a.list(), &y = b.list();
       if (x.size() != y.size() || a.is_tuple() != b.is_tuple()) return false;
       for (size_t i = 0; i < x.size(); ++i)
@@ -110,7 +151,7 @@ bool py_equal(const Value& a, const Value& b) {
       if (a.dict_ptr() == b.dict_ptr()) return true;
       if (x.items.size() != y.items.size()) return false;
       for (const auto& [k, v] : x.items) {
-        const Value* o = y.find(k);
+        const Value* o = y.find_key(k);
         if (!o || !py_equal(v, *o)) return false;
       }
       return true;
@@ -208,8 +249,16 @@ void repr_string(const std::string& s, std::string& out) {
 
 void repr_into(const Value& v, std::string& out) {
   switch (v.kind()) {
-    case Value::Kind::String: repr_string(v.str(), out); return;
+    case Value::Kind::String:
+      if (v.is_markup()) out += "Markup(";
+      repr_string(v.str(), out);
+      if (v.is_markup()) out += ")";
+      return;
     case Value::Kind::List: {
+      if (v.is_generator()) {
+        out += "<generator object>";
+        return;
+      }
       out.push_back(v.is_tuple() ? '(' : '[');
       const List& l = v.list();
       for (size_t i = 0; i < l.size(); ++i) {
@@ -227,7 +276,7 @@ void repr_into(const Value& v, std::string& out) {
       for (const auto& [k, x] : v.dict().items) {
         if (!first) out += ", ";
         first = false;
-        repr_string(k, out);
+        repr_into(k, out);
         out += ": ";
         repr_into(x, out);
       }
@@ -239,9 +288,29 @@ void repr_into(const Value& v, std::string& out) {
   }
 }
 
-void json_string(const std::string& s, std::string& out) {
+void json_string(const std::string& s, std::string& out, bool ensure_ascii) {
   out.push_back('"');
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80 && ensure_ascii) {
+      // one code point (a malformed byte stands for itself), as \uXXXX or a surrogate pair
+      uint32_t cp = c;
+      size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+      if (n > 1 && i + n <= s.size()) {
+        cp = c & (0x7Fu >> n);
+        for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);
+        i += n - 1;
+      }
+      char b[16];
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        std::snprintf(b, sizeof b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+      } else {
+        std::snprintf(b, sizeof b, "\\u%04x", cp);
+      }
+      out += b;
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -277,8 +346,9 @@ void json_into(const Value& v, const JsonFormat& f, int depth, std::string& out,
       out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d < 0 ? "-Infinity" : "Infinity") : py_float_repr(d);
       return;
     }
-    case Value::Kind::String: json_string(v.str(), out); return;
+    case Value::Kind::String: json_string(v.str(), out, f.ensure_ascii); return;
     case Value::Kind::List: {
+      if (v.is_generator()) break;
       const List& l = v.list();
       if (l.empty()) {
         out += "[]";
@@ -295,10 +365,12 @@ void json_into(const Value& v, const JsonFormat& f, int depth, std::string& out,
       return;
     }
     case Value::Kind::Dict: {
-      std::vector<const std::pair<std::string, Value>*> items;
+      std::vector<const std::pair<Value, Value>*> items;
       for (const auto& kv : v.dict().items) items.push_back(&kv);
-      if (f.sort_keys)
-        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      if (f.sort_keys) {
+        std::stable_sort(items.begin(), items.end(),
+                         [&](auto* a, auto* b) { return py_less(a->first, b->first, where); });
+      }
       if (items.empty()) {
         out += "{}";
         return;
@@ -307,7 +379,16 @@ void json_into(const Value& v, const JsonFormat& f, int depth, std::string& out,
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += f.indent >= 0 ? std::string(",") : f.item_sep;
         if (f.indent >= 0) newline(depth + 1);
-        json_string(items[i]->first, out);
+        const Value& k = items[i]->first;
+        if (k.is_string()) {
+          json_string(k.str(), out, f.ensure_ascii);
+        } else if (k.is_number() || k.is_none()) {
+          std::string key;
+          json_into(k, JsonFormat{}, 0, key, where);  // 1 -> "1", true -> "true", None -> "null", 1.5 -> "1.5"
+          json_string(key, out, false);
+        } else {
+          throw TemplateError(cat(where, ": keys must be str, int, float, bool or None, not ", k.type_name()));
+        }
         out += f.key_sep;
         json_into(items[i]->second, f, depth + 1, out, where);
       }
@@ -315,9 +396,12 @@ void json_into(const Value& v, const JsonFormat& f, int depth, std::string& out,
       out.push_back('}');
       return;
     }
-    default:
-      throw TemplateError(cat(where, ": Object of type ", v.type_name(), " is not JSON serializable"));
+    default: break;
   }
+  throw TemplateError(cat(where, ": Object of type ", v.type_name(), " is not JSON serializable",
+                          v.is_generator() ? " (map, select, reject, selectattr, rejectattr, unique, items and reverse "
+                                             "return generators in Jinja2: `| list` makes a list)"
+                                           : ""));
 }
 
 }  // namespace
@@ -368,7 +452,7 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::object: {
       auto d = std::make_shared<Dict>();
       d->items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d->items.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d->items.emplace_back(Value(it.key()), from_json(it.value()));
       return Value(std::move(d));
     }
     default: return Value::none();

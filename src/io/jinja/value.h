@@ -1,14 +1,21 @@
 // io/jinja/value.h — the values a Jinja template computes with, with Python's semantics (Jinja2 runs on Python:
 // truthiness, equality, str() and repr(), json.dumps), and their conversion from and to JSON.
 // defines: jinja::Value, jinja::List, jinja::Dict, jinja::Function, jinja::Args, jinja::TemplateError,
-//          jinja::py_equal, jinja::py_less, jinja::py_str, jinja::py_repr, jinja::py_float_repr, jinja::JsonFormat,
+//          jinja::require_hashable, jinja::py_equal, jinja::py_less, jinja::py_str, jinja::py_repr, jinja::py_float_repr, jinja::JsonFormat,
 //          jinja::to_json_text, jinja::from_json, jinja::py_isspace, jinja::py_strip, jinja::utf8_codepoints
 //
 // Kinds: Undefined (a name or key that is not there; carries the name for error messages), None, Bool, Int
-// (int64), Float (double), String (UTF-8 bytes; length, indexing and slicing count code points as Python does),
-// List (also Python tuples), Dict (insertion-ordered, string keys: what JSON and chat templates use; a
-// `namespace()` is a Dict whose attributes may be assigned), Function (filters' and methods' bound callables,
-// macros, globals such as range). Lists and dicts are shared by reference, as in Python.
+// (int64), Float (double), String (UTF-8 bytes; length, indexing and slicing count code points as Python does;
+// also markupsafe's Markup, the `safe` / `escape` filters' result), List (also Python tuples, and the generators
+// and iterators that Jinja2's map / select / unique / items / reverse filters return), Dict (insertion-ordered;
+// keys are Python's hashable values: str, int, float, bool, None, tuples; a `namespace()` is a Dict whose
+// attributes may be assigned), Function (filters' and methods' bound callables, macros, globals such as range).
+// Lists and dicts are shared by reference, as in Python.
+//
+// A Markup string concatenated with `+` escapes the other operand (&, <, >, ", ') and stays Markup, as in
+// Python even without autoescaping; `~` and output write its text as it is. A generator is true even when empty,
+// has no len(), is not subscriptable nor JSON-serializable, and is consumed by iterating it (a second loop over
+// it sees nothing), as in Python.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -72,6 +79,22 @@ class Value {
     return v;
   }
   bool is_tuple() const { return tuple_; }
+  static Value markup(std::string s) {  // markupsafe.Markup(s): a str whose `+` escapes the other operand
+    Value v(std::move(s));
+    v.markup_ = true;
+    return v;
+  }
+  bool is_markup() const { return markup_; }
+  static Value generator(List l) {  // a Python generator or iterator over `l` (see the header comment)
+    Value v(std::move(l));
+    v.generator_ = true;
+    return v;
+  }
+  bool is_generator() const { return generator_; }
+  // The items a generator has left, which it no longer has afterwards (every holder of it shares this state).
+  List consume() const;
+  // Python's next(generator): its next item, taken from it; Undefined when it has none left.
+  Value next_item() const;
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::Undefined; }
@@ -106,7 +129,7 @@ class Value {
   explicit Value(Kind k) : kind_(k) {}
   static const std::string& empty_string();
   Kind kind_ = Kind::Undefined;
-  bool tuple_ = false;
+  bool tuple_ = false, markup_ = false, generator_ = false;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;  // shared: reading a variable or an item copies no text
@@ -116,11 +139,16 @@ class Value {
 };
 
 struct Dict {
-  std::vector<std::pair<std::string, Value>> items;
+  std::vector<std::pair<Value, Value>> items;  // (key, value) in insertion order
   bool is_namespace = false;  // namespace(): attributes may be assigned with {% set ns.x = ... %}
-  const Value* find(std::string_view k) const;
+  const Value* find(std::string_view k) const;  // the value of the str key k
+  const Value* find_key(const Value& k) const;  // Python's d[k]: the key equal to k (1, 1.0 and True are one key)
   void set(const std::string& k, Value v);
+  void set_key(const Value& k, Value v);
 };
+
+// Python's hash(): TemplateError "unhashable type: 'list'" for a value that cannot be a dict key.
+void require_hashable(const Value& k, std::string_view where);
 
 // Arguments of a call: positional then keyword, as written.
 struct Args {
@@ -146,8 +174,10 @@ struct JsonFormat {
   int indent = -1;  // < 0: one line
   std::string item_sep = ", ", key_sep = ": ";
   bool sort_keys = false;
+  bool ensure_ascii = false;  // non-ASCII code points as \uXXXX (surrogate pairs above U+FFFF)
 };
-// json.dumps(v, ensure_ascii=False, ...) as Python writes it. TemplateError for Undefined / functions.
+// json.dumps(v, ...) as Python writes it: dict keys that are int, float, bool or None become strings, as json
+// does. TemplateError for what json.dumps refuses (Undefined, functions, generators, tuple keys).
 std::string to_json_text(const Value& v, const JsonFormat& f, std::string_view where);
 Value from_json(const nlohmann::ordered_json& j);
 
