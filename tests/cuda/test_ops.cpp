@@ -269,8 +269,11 @@ TEST(CudaOps, LinearFp8) {
     int64_t M, N, K, bn, bk;
     bool tensor_cores;
   };
+  // M not a multiple of 4 (the activation scales' stride), K / 128 not a multiple of 4 (the weight scales' grid),
+  // partial blocks in N and K, per channel, a blocking only the dequantising path takes
   const std::vector<S> cases = {{33, 256, 384, 128, 128, true}, {300, 384, 512, 128, 128, true},
-                                {17, 200, 320, 128, 128, true}, {64, 96, 256, 1, 256, true},
+                                {17, 200, 320, 128, 128, true}, {33, 256, 512, 128, 128, true},
+                                {32, 256, 384, 128, 128, true}, {64, 96, 256, 1, 256, true},
                                 {9, 70, 90, 24, 40, false}};
   for (const S& s : cases) {
     const std::string nm = cat("linear_fp8 M", s.M, " N", s.N, " K", s.K, " block ", s.bn, "x", s.bk);

@@ -14,7 +14,7 @@
 // column-major ceil(K/128) x ceil(N/128) grid with leading dimension ceil(K/128), i.e. the checkpoint's row-major
 // [ceil(N/128), ceil(K/128)] as it is (a grid padded to a multiple of 4 columns gives wrong results with CUDA 13.0's
 // cuBLASLt: CudaOps.LinearFp8's K 320 and 384 cases); VEC128 of B' is ceil(K/128) x M with M contiguous (token-major
-// within each 128-column group); OUTER_VEC: one scale per row of A' (N) / of B'^T (M).
+// within each 128-column group, at a stride of M rounded up to 4); OUTER_VEC: one scale per row of A' (N) / of B'^T (M).
 #include <algorithm>
 
 #include <cuda_fp8.h>
@@ -64,9 +64,9 @@ __global__ void k_quantize_blocks(const bf16* __restrict__ w, int64_t N, int64_t
 
 // Activations x bf16 [M, K] per row in groups of G columns (G = 128, or K: per row): one warp per (row, group), each
 // lane holding 4 consecutive columns of every 128 (one 8-byte load; K % 16 == 0 and x 16-byte aligned on the paths
-// that come here). The scale of (m, g) goes to scale[g * M + m] (token-major within a group: cuBLASLt's VEC128
-// layout; G = K: [M]).
-__global__ void k_quantize_rows(const bf16* __restrict__ x, int64_t M, int64_t K, int64_t G,
+// that come here). The scale of (m, g) goes to scale[g * ld + m] (token-major within a group, ld = M rounded up to 4:
+// cuBLASLt's VEC128 layout; G = K: [M]).
+__global__ void k_quantize_rows(const bf16* __restrict__ x, int64_t M, int64_t K, int64_t G, int64_t ld,
                                 uint8_t* __restrict__ q, float* __restrict__ scale) {
   const int64_t groups = (K + G - 1) / G;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -93,7 +93,7 @@ __global__ void k_quantize_rows(const bf16* __restrict__ x, int64_t M, int64_t K
                             (static_cast<uint32_t>(f_to_e4m3(__high2float(b) / s)) << 24);
     *reinterpret_cast<uint32_t*>(q + m * K + k) = packed;
   }
-  if (lane == 0) scale[g * M + m] = s;
+  if (lane == 0) scale[g * ld + m] = s;
 }
 
 // W = q * scale as bf16 [N, K].
@@ -204,10 +204,13 @@ void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bi
   if (path != Fp8Path::Dequantize) {
     const int64_t G = path == Fp8Path::Block128 ? 128 : K, groups = (K + G - 1) / G;
     Tensor xq = e.alloc(DType::F8E4M3, {M, K});
-    Tensor xs = e.alloc(DType::F32, {groups, M});
+    // VEC128: one group's M scales at a stride of M rounded up to 4 (cases M 17 and 33 of CudaOps.LinearFp8 read
+    // wrong scales at a stride of M)
+    const int64_t ld = path == Fp8Path::Block128 ? (M + 3) / 4 * 4 : M;
+    Tensor xs = e.alloc(DType::F32, {groups, ld});
     const int64_t warps = M * groups;
     DFLASH_LAUNCH(static_cast<unsigned>((warps + 7) / 8), 256, 0, e.stream, k_quantize_rows)(
-        static_cast<const bf16*>(x.data), M, K, G, xq.ptr<uint8_t>(), xs.ptr<float>());
+        static_cast<const bf16*>(x.data), M, K, G, ld, xq.ptr<uint8_t>(), xs.ptr<float>());
     check_launch("linear_fp8 (quantize x)");
     done = lt_fp8(e, path, w, xq.data, xs.ptr<float>(), w.scale.ptr<float>(), M, beta, c ? c->data : y.data, y);
   }
