@@ -5,7 +5,8 @@
 //   prefill_3072      Target::forward of one 3072-token sequence, want_final = true: all 36 layers + final norm
 //                     (what HF Qwen3Model(output_hidden_states=True) computes; the comparison row);
 //   prefill_3072_cap  the trainer's call (want_final = false): layers after the last captured one (33) are skipped;
-//   prefill_4x1024    Target::forward_batch of 4 sequences of 1024 tokens with KV caches (all 36 layers).
+//   prefill_4x1024    Target::forward_batch of --batch sequences of --T-batch tokens with KV caches (all 36 layers;
+//                     named prefill_<batch>x<T-batch>, 4 x 1024 by default).
 // FLOPs (no lm_head, embedding lookup not counted): per layer run 2 * P_layer per token, P_layer =
 // H*nh*d + 2*H*nkv*d + nh*d*H + 3*H*I, plus causal attention 4*d*nh*T(T+1)/2 per sequence of T tokens.
 // MFU against 989 TFLOP/s (H200 bf16 dense peak). --fp8 block: every projection quantized to FP8 in 128 x 128 blocks
@@ -135,7 +136,8 @@ int main(int argc, char** argv) {
     }
     std::vector<KVCache*> cptr;
     for (auto& c : caches) cptr.push_back(&c);
-    run("prefill_4x1024",
+    const std::string batch_name = cat("prefill_", nb, "x", Tb);
+    run(batch_name.c_str(),
         [&] {
           for (auto& c : caches) c.truncate(0);
           (void)target.forward_batch(*ctx, seqs, cptr, layer_ids, /*want_final=*/true);
