@@ -65,10 +65,9 @@ void adamw(ThreadPool& tp, const Tensor& param, const Tensor& grad, const Tensor
            const AdamWArgs& a, const Tensor& param_compute);
 double sum_squares(const Tensor& x);
 
-// Shared checks (throw Error naming the op, the tensor and the shapes).
-// check_float: on the CPU with the float dtype `dt` (the op's element type).
+// The CPU's own check (Error naming the op and the tensor; the shapes are checked by Context's public ops): t on the
+// CPU with the float dtype `dt` (the op's element type).
 void check_float(const char* op, const Tensor& t, const char* name, DType dt);
-void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
 
 // Calls f(T{}) with T = float for F32 and double for F64; any other dtype is an Error naming the op.
 template <class F>
