@@ -25,7 +25,7 @@ void attention_causal(ThreadPool& tp, const Tensor& q, const Tensor& k, const Te
     check_float("attention_causal", k, "k", dt);
     check_float("attention_causal", v, "v", dt);
     check_float("attention_causal", out, "out", dt);
-    const int64_t Tq = q.dim(0), nh = q.dim(1), d = q.dim(2), Tk = k.dim(0), nkv = k.dim(1);
+    const int64_t Tq = q.dim(0), nh = q.dim(1), d = q.dim(2), nkv = k.dim(1);
     const int64_t rep = nh / nkv, tiles = (Tq + kTile - 1) / kTile;
     const T* qp = q.ptr<T>();
     const T* kp = k.ptr<T>();
