@@ -276,8 +276,8 @@ MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWei
 // The name moe_linear is profiled under: "moe_linear", "moe_linear_swiglu" or "moe_linear_clamped_swiglu", with
 // "_mxfp4" for MXFP4 weights.
 const char* moe_linear_op_name(MoeAct act, const MoeWeights& w);
-// attention_causal's options (CausalAttnOpts): window >= 0, sinks undefined or F32 [nh] (nh = q's heads). `op` names
-// the op in the error.
+// attention_causal's options (CausalAttnOpts): window >= 0, sinks undefined or F32 [nh] (nh = q's heads) on q's device
+// or the host (a device backend uploads them). `op` names the op in the error.
 void check_causal_attn_opts(const char* op, const CausalAttnOpts& opts, const Tensor& q);
 // DFlash2's ops (run by Context's public ops; Error naming the op, the tensor and its shape).
 struct DynConvDims {
@@ -356,7 +356,7 @@ class Context {
   // x per row and 128 columns to e4m3 (scale amax / 448) and runs the FP8 tensor cores with both scales applied in
   // the fp32 accumulation where it can (Hopper, block 128 x 128), else multiplies by the dequantised weight.
   void linear(const Tensor& x, const LinearWeight& w, const Tensor* bias, const Tensor& y, float beta = 0.f,
-                      const Tensor* c = nullptr);
+              const Tensor* c = nullptr);
   // FP8 E4M3 quantization of w [N, K] (act dtype) in blocks of block_n x block_k (>= 1; partial blocks at the
   // edges): scale = amax(|block|) / 448 (1 for an all-zero block), q = e4m3(w / scale) rounded to nearest even,
   // the scheme of FP8 checkpoints and of transformers' FineGrainedFP8 act_quant. Returns the LinearWeight on this
@@ -375,13 +375,13 @@ class Context {
   // backward) when defined. y may alias x. With rope: y = RoPE(x / sqrt(mean(x^2) + eps) * w), each row rotated
   // at its token's position (RopeArgs; R = T heads, D = head_dim even); rstd is still the norm's.
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
-                       const RopeArgs* rope = nullptr);
+               const RopeArgs* rope = nullptr);
   // dx = d/dx (+ beta*dx); dw [D] F32 += d/dw. Needs the forward's x and rstd. dx may alias dy or x. With rope
   // (the forward's): dy is the gradient of the rotated y; it is rotated back (rope(..., inverse = true)) and the
   // above runs on that. dy itself is not modified (unless dx aliases it).
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                const Tensor& dx, const Tensor& dw, float beta = 0.f,
-                                const RopeArgs* rope = nullptr);
+                        const Tensor& dx, const Tensor& dw, float beta = 0.f,
+                        const RopeArgs* rope = nullptr);
   // In-place rotate-half RoPE of x [T, heads, d] at positions pos [T] (I32), angles pos * inv_freq[i]
   // (inv_freq [d/2] F32, computed by rope_inv_freq() incl. rope scaling). inverse = rotate by -angle
   // (the backward of RoPE).
@@ -389,7 +389,7 @@ class Context {
   // out = silu(gate) * up; all [R, I]
   void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
   void silu_mul_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                                 const Tensor& dup);
+                         const Tensor& dup);
   // out[T, H] = table[ids[t], :]   (ids I32, checked to be in [0, V))
   void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
   // y += alpha * x  (same shape and dtype)
@@ -412,7 +412,7 @@ class Context {
   // positions 0..Tk-1 (a prefix, e.g. a KV cache); query t sees keys 0..q_offset+t (within opts.window, with
   // opts.sinks: CausalAttnOpts). out [T, nh, d].
   void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                int64_t q_offset, float scale, const CausalAttnOpts& opts = {});
+                        int64_t q_offset, float scale, const CausalAttnOpts& opts = {});
   // The same for a batch of sequences stacked along T (the target's forward over several sequences): for each s
   // of seqs, rows [s.begin, s.end) of q and out attend to s.k / s.v as attention_causal(q rows, s.k, s.v, out rows,
   // s.q_offset, scale, opts). Rows outside every sequence are untouched. One op (profiled once as
@@ -425,8 +425,8 @@ class Context {
   void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse);
   // Backward: writes dq, dk_ctx, dv_ctx, dk_blk, dv_blk (act, shapes of the inputs).
   void dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
-                                         const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx,
-                                         const Tensor& dv_ctx, const Tensor& dk_blk, const Tensor& dv_blk);
+                                 const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx,
+                                 const Tensor& dv_ctx, const Tensor& dk_blk, const Tensor& dv_blk);
 
   // ---- Mixture of Experts (the target's MoE layers: model/target/mlp.h) ------------------------------------
   // Router: logits [T, E] act -> per token the k experts of largest logit, in descending order, ties to the lower
@@ -448,11 +448,11 @@ class Context {
   //   act ClampedSwiGLU: y[r] = (clamp(u, -7, 7) + 1) * min(g, 7) * sigmoid(1.702 min(g, 7)), g, u as SwiGLU
   // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host.
   void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
-                          const Tensor& y, MoeAct act);
+                  const Tensor& y, MoeAct act);
   // Weighted combine: out[t] = sum_j weights[t, j] y[slot[t k + j]] + beta out[t], summed in fp32 in slot order
   // and rounded once; y [T k, H] act, slot [T k] I32, weights [T, k] param dtype, out [T, H] act.
   void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
-                           float beta);
+                   float beta);
 
   // ---- hybrid linear-attention targets (Qwen3-Next, Qwen3.5: model/target/linear_attention.h) ---------------
   // RMSNorm of the hybrid models, forward only: y = x / sqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w), times
@@ -460,7 +460,7 @@ class Context {
   // gate); fp32 math, rounded once. x, y, z [R, D] act; w [D] act. y may alias x. (zero_centred: Qwen3NextRMSNorm,
   // whose weights are stored as w with the norm scaling by 1 + w.)
   void rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
-                             const Tensor& y);
+                     const Tensor& y);
   // y *= sigmoid(gate), in place; y [R, D] act, gate [R, D] act or [R, 1] (one gate per row). The output gate of
   // gated attention, and the shared expert's gate.
   void sigmoid_gate(const Tensor& y, const Tensor& gate);
@@ -472,12 +472,12 @@ class Context {
   // independent sequences, rows [seqs[i], seqs[i+1]) (seqs[0] = 0, ascending, seqs.back() = T), each from a zero
   // window (state must be undefined): a packed prefill in one call (CUDA: one launch for all of them).
   void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
-                             std::span<const int64_t> seqs = {});
+                     std::span<const int64_t> seqs = {});
   // The Gated DeltaNet's per-head gates, fp32: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (softplus
   // as torch: x above 20 passes through). ba [T, 2 nv] act: b in columns 0..nv-1, a in nv..2nv-1; A_log, dt_bias [nv]
   // act; g, beta [T, nv] param dtype.
   void gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
-                        const Tensor& beta);
+                const Tensor& beta);
   // The gated delta rule (GatedDeltaArgs) of one sequence: out [T, nv, dv] act = o_t. The CPU runs the recurrence
   // token by token (the reference); CUDA the chunked form (exact up to rounding).
   void gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out);
@@ -491,7 +491,7 @@ class Context {
   // Its backward for dy [R, C]: du [R, C] act written; d_delta [R, 2 T G] act: side a.side's T G columns written,
   // the other side's untouched; d_base [2, T, C] param dtype: side a.side accumulated.
   void dynamic_conv_backward(const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
-                                     const Tensor& d_base);
+                             const Tensor& d_base);
   // The candidate selector (SelectorArgs): scores [M, K] param dtype = e; statistics when a.labels is defined; gradients
   // when a.dg is defined. Synchronises when it returns statistics.
   SelectorStats candidate_selector(const SelectorArgs& a, const Tensor& scores);
@@ -499,7 +499,7 @@ class Context {
   // p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps).
   // param, grad, m, v F32 [n]; param_compute (act dtype) receives the updated weights when defined.
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                     const AdamWArgs& a, const Tensor& param_compute);
+             const AdamWArgs& a, const Tensor& param_compute);
   // sum of squares of an F32 tensor, accumulated in double. Synchronises.
   double sum_squares(const Tensor& x);
 
