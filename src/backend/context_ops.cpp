@@ -247,7 +247,7 @@ void Context::attention_causal_batch_impl(const Tensor& q, const Tensor& out, st
 void Context::dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) {
   check_dflash_attention("dflash_attention", a, out, lse);
   const OpScope scope =
-      op("dflash_attention", profiling() ? dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
+      op("dflash_attention", profiling() ? dflash_attn_fwd_flop(a, a.q.shape[1], a.q.shape[2]) : 0);
   dflash_attention_impl(a, out, lse);
 }
 
@@ -263,7 +263,7 @@ void Context::dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& o
                shape_str(dq.shape), " dk_ctx ", shape_str(dk_ctx.shape), " dv_ctx ", shape_str(dv_ctx.shape),
                " dk_blk ", shape_str(dk_blk.shape), " dv_blk ", shape_str(dv_blk.shape), ")");
   const OpScope scope =
-      op(op_name, profiling() ? 2.5 * dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
+      op(op_name, profiling() ? 2.5 * dflash_attn_fwd_flop(a, a.q.shape[1], a.q.shape[2]) : 0);
   dflash_attention_backward_impl(a, out, lse, dout, dq, dk_ctx, dv_ctx, dk_blk, dv_blk);
 }
 
