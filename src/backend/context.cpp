@@ -121,8 +121,11 @@ void check_causal_attn_opts(const char* op, const CausalAttnOpts& o, const Tenso
   DFLASH_CHECK(o.window >= 0, op, ": window ", o.window, " must be >= 0 (0 = no window)");
   if (!o.sinks.defined()) return;
   const int64_t nh = q.ndim() == 3 ? q.shape[1] : -1;
-  need(o.sinks.dtype == DType::F32 && o.sinks.numel() == nh && o.sinks.device == q.device, op, "sinks", o.sinks,
-       cat("F32 [", nh, "] on ", device_name(q.device), " (one logit per query head)"));
+  // on q's device, or on the host (a device backend uploads them)
+  const bool where = o.sinks.device == q.device || o.sinks.device == Device::CPU;
+  need(o.sinks.dtype == DType::F32 && o.sinks.numel() == nh && where, op, "sinks", o.sinks,
+       cat("F32 [", nh, "] on ", device_name(q.device), q.device == Device::CPU ? "" : " or the host",
+           " (one logit per query head)"));
 }
 
 void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,

@@ -8,8 +8,15 @@
 // no process-global mutable state behind it, so worker threads that each own a Context never share anything
 // mutable (case C01). Weights shared between workers are immutable tensors allocated before the workers start.
 //
-// The ops are the one dispatch point per backend: each virtual method below is implemented once for the CPU
-// (src/backend/cpu/<op>.cpp) and once for CUDA (src/backend/cuda/<op>.cu). Conventions for every op:
+// Each op is one non-virtual method below, the same for every backend (backend/context_ops.cpp; ggml's rule: shapes
+// are checked where an op is built, its backends only compute). It (1) checks its arguments: the shapes, dtypes and
+// sizes that must agree (the check_* functions below and the op's own; Error naming the op, the tensor and its
+// shape), (2) opens the op's profiling scope (OpScope: its name and FLOP count, backend/op_profile.h), then (3) calls
+// the protected virtual <op>_impl, implemented once for the CPU (cpu/context.cpp -> src/backend/cpu/<op>.cpp) and once
+// for CUDA (cuda/context.cpp -> src/backend/cuda/<op>.cu). An _impl only computes: it checks nothing of the above,
+// only what is its own (its tensors on its device in the dtypes it computes in, e.g. CUDA's BF16 activations; its
+// kernels' limits; index values, on the host by the CPU, on the device by CUDA). Memory, copies, events and
+// synchronisation are plain virtual methods of the backends. Conventions for every op:
 //  * Tensors are contiguous row-major; "[R, D]" means any leading shape whose product is R.
 //  * "act" tensors use the context's compute_dtype(): F32 on "cpu", F64 on "cpu64" (fp64 gradient checks),
 //    BF16 on CUDA. Weights likewise. Parameter gradients ("dw", "db"), master weights, optimizer moments and
@@ -196,7 +203,7 @@ struct LinearWeight {
 };
 
 // Checks an FP8 LinearWeight (Error naming `op` and the shapes): w F8E4M3 [N, K], block sizes positive, scale F32
-// [ceil(N / block_n), ceil(K / block_k)]. A plain one must be 2-D. Used by every backend.
+// [ceil(N / block_n), ceil(K / block_k)]. A plain one must be 2-D. Run by Context::linear and dequantize_fp8.
 void check_linear_weight(const char* op, const LinearWeight& w);
 
 // Host dequantisation of an FP8 LinearWeight (host tensors) -> F32 [N, K] on the host, exact (an e4m3 value times an
@@ -256,6 +263,51 @@ struct CausalAttnOpts {
   Tensor sinks;
 };
 
+// Argument checks of the MoE ops, run by Context's public ops (throw Error naming the op, the tensor and its shape):
+// dtypes, ranks and the sizes that must agree. `act` is the context's compute dtype, `param` its param dtype.
+struct MoeLinearDims {
+  int64_t R, N, K, E;  // grouped rows, output columns, inner size, experts
+};
+void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act, DType param);
+void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
+// moe_linear: MXFP4 weights need U8 w [E, N', K/2] and scales [E, N', K/32] with K % 32 == 0; a bias [E, N'] of dt.
+MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
+                               const Tensor& y, MoeAct act, DType dt);
+// The name moe_linear is profiled under: "moe_linear", "moe_linear_swiglu" or "moe_linear_clamped_swiglu", with
+// "_mxfp4" for MXFP4 weights.
+const char* moe_linear_op_name(MoeAct act, const MoeWeights& w);
+// attention_causal's options (CausalAttnOpts): window >= 0, sinks undefined or F32 [nh] (nh = q's heads) on q's device
+// or the host (a device backend uploads them). `op` names the op in the error.
+void check_causal_attn_opts(const char* op, const CausalAttnOpts& opts, const Tensor& q);
+// DFlash2's ops (run by Context's public ops; Error naming the op, the tensor and its shape).
+struct DynConvDims {
+  int64_t R, C, T, G;
+};
+DynConvDims check_dynamic_conv(const DynConvArgs& a, const Tensor& y, const Tensor* res, DType act);
+struct SelectorDims {
+  int64_t M, K, r, V, R;
+};
+SelectorDims check_candidate_selector(const SelectorArgs& a, const Tensor& scores, DType act, DType param);
+void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,
+                       DType param);
+
+// Argument checks of the hybrid ops, run by Context's public ops (Error naming the op, the tensor and its shape); `act`
+// is the context's compute dtype, `param` its param dtype. Return the dimensions the kernels use.
+struct RowsDims {
+  int64_t R, D;
+};
+RowsDims check_rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, const Tensor& y, DType act);
+RowsDims check_sigmoid_gate(const Tensor& y, const Tensor& gate, DType act);  // D = gate's columns (D or 1)
+struct Conv1dDims {
+  int64_t T, C, K;
+  std::span<const int64_t> seqs;  // several sequences (conv1d_causal's seqs), or empty: one
+};
+Conv1dDims check_conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, DType act,
+                               std::span<const int64_t> seqs = {});
+int64_t check_gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
+                       const Tensor& beta, DType act, DType param);  // returns T
+int64_t check_gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out, DType act, DType param);  // returns T
+
 class Context {
  public:
   virtual ~Context() = default;
@@ -303,93 +355,90 @@ class Context {
   // w plain or FP8 (LinearWeight). FP8: the CPU multiplies by the dequantised weight (the reference); CUDA quantizes
   // x per row and 128 columns to e4m3 (scale amax / 448) and runs the FP8 tensor cores with both scales applied in
   // the fp32 accumulation where it can (Hopper, block 128 x 128), else multiplies by the dequantised weight.
-  virtual void linear(const Tensor& x, const LinearWeight& w, const Tensor* bias, const Tensor& y, float beta = 0.f,
-                      const Tensor* c = nullptr) = 0;
+  void linear(const Tensor& x, const LinearWeight& w, const Tensor* bias, const Tensor& y, float beta = 0.f,
+              const Tensor* c = nullptr);
   // FP8 E4M3 quantization of w [N, K] (act dtype) in blocks of block_n x block_k (>= 1; partial blocks at the
   // edges): scale = amax(|block|) / 448 (1 for an all-zero block), q = e4m3(w / scale) rounded to nearest even,
   // the scheme of FP8 checkpoints and of transformers' FineGrainedFP8 act_quant. Returns the LinearWeight on this
   // context's device.
-  virtual LinearWeight quantize_fp8(const Tensor& w, int64_t block_n, int64_t block_k) = 0;
+  LinearWeight quantize_fp8(const Tensor& w, int64_t block_n, int64_t block_k);
   // The FP8 weight w (on this context's device) dequantised: [N, K] in the act dtype, element q * scale (rounded to
   // the act dtype). For the weights no FP8 kernel takes (routed experts: they run through moe_linear in bf16).
-  virtual Tensor dequantize_fp8(const LinearWeight& w) = 0;
+  Tensor dequantize_fp8(const LinearWeight& w);
   // dx[M,K] = dy[M,N] @ w[N,K] + beta * dx
-  virtual void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta = 0.f) = 0;
+  void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta = 0.f);
   // dw[N,K] += dy[M,N]^T @ x[M,K] (F32);  db[N] += sum_rows dy (F32) when db != nullptr
-  virtual void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) = 0;
+  void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
 
   // ---- normalisation, activations, elementwise -----------------------------------------------------------
   // y = x / sqrt(mean(x^2) + eps) * w over the last dim D; x, y [R, D]; w [D]; rstd [R] F32 (saved for
   // backward) when defined. y may alias x. With rope: y = RoPE(x / sqrt(mean(x^2) + eps) * w), each row rotated
   // at its token's position (RopeArgs; R = T heads, D = head_dim even); rstd is still the norm's.
-  virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
-                       const RopeArgs* rope = nullptr) = 0;
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+               const RopeArgs* rope = nullptr);
   // dx = d/dx (+ beta*dx); dw [D] F32 += d/dw. Needs the forward's x and rstd. dx may alias dy or x. With rope
   // (the forward's): dy is the gradient of the rotated y; it is rotated back (rope(..., inverse = true)) and the
   // above runs on that. dy itself is not modified (unless dx aliases it).
-  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                const Tensor& dx, const Tensor& dw, float beta = 0.f,
-                                const RopeArgs* rope = nullptr) = 0;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                        const Tensor& dx, const Tensor& dw, float beta = 0.f,
+                        const RopeArgs* rope = nullptr);
   // In-place rotate-half RoPE of x [T, heads, d] at positions pos [T] (I32), angles pos * inv_freq[i]
   // (inv_freq [d/2] F32, computed by rope_inv_freq() incl. rope scaling). inverse = rotate by -angle
   // (the backward of RoPE).
-  virtual void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) = 0;
+  void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse);
   // out = silu(gate) * up; all [R, I]
-  virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
-  virtual void silu_mul_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                                 const Tensor& dup) = 0;
+  void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
+  void silu_mul_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                         const Tensor& dup);
   // out[T, H] = table[ids[t], :]   (ids I32, checked to be in [0, V))
-  virtual void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
   // y += alpha * x  (same shape and dtype)
-  virtual void add(const Tensor& y, const Tensor& x, float alpha = 1.f) = 0;
+  void add(const Tensor& y, const Tensor& x, float alpha = 1.f);
   // dst[r, col0 : col0 + C] = src[r, :] for dst [R, Ctot], src [R, C]  (and the reverse with to_src)
-  virtual void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0) = 0;
-  virtual void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0) = 0;  // dst[r,:] = src[r, col0:]
+  void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0);
+  void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0);  // dst[r,:] = src[r, col0:]
   // dst[r, :] = src[rows[r], :]
-  virtual void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) = 0;
+  void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows);
   // Row argmax of x [R, V] -> out [R] I32 (first index on ties).
-  virtual void argmax(const Tensor& x, const Tensor& out) = 0;
+  void argmax(const Tensor& x, const Tensor& out);
   // x[rows[r], :] *= scale[r] in place: x [R, D] act dtype, rows [Rs] I32 strictly ascending in [0, R), scale [Rs]
   // param dtype (F32; F64 on cpu64); each product computed in fp32 (fp64 on cpu64) and rounded once to x's dtype.
   // Rows not listed are untouched. Bad rows: Error naming scale_rows and the row (CUDA: reported at the next
   // synchronising call). The loss head scales its gradient rows by D-PACE's weights with it (model/draft_loss.h).
-  virtual void scale_rows(const Tensor& x, const Tensor& rows, const Tensor& scale) = 0;
+  void scale_rows(const Tensor& x, const Tensor& rows, const Tensor& scale);
 
   // ---- attention -----------------------------------------------------------------------------------------
   // Causal GQA attention for the target: q [T, nh, d] at positions q_offset + t; k, v [Tk, nkv, d] at
   // positions 0..Tk-1 (a prefix, e.g. a KV cache); query t sees keys 0..q_offset+t (within opts.window, with
   // opts.sinks: CausalAttnOpts). out [T, nh, d].
-  virtual void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                int64_t q_offset, float scale, const CausalAttnOpts& opts = {}) = 0;
+  void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        int64_t q_offset, float scale, const CausalAttnOpts& opts = {});
   // The same for a batch of sequences stacked along T (the target's forward over several sequences): for each s
   // of seqs, rows [s.begin, s.end) of q and out attend to s.k / s.v as attention_causal(q rows, s.k, s.v, out rows,
-  // s.q_offset, scale, opts). Rows outside every sequence are untouched. The default runs attention_causal per
-  // sequence; the CUDA backend launches once for the whole batch (up to 32 sequences per launch).
-  virtual void attention_causal_batch(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
-                                      float scale, const CausalAttnOpts& opts = {}) {
-    for (const CausalSeq& s : seqs)
-      if (s.end > s.begin)
-        attention_causal(q.slice(s.begin, s.end), s.k, s.v, out.slice(s.begin, s.end), s.q_offset, scale, opts);
-  }
+  // s.q_offset, scale, opts). Rows outside every sequence are untouched. One op (profiled once as
+  // "attention_causal"): the CPU runs the sequences one after the other; CUDA launches once for the whole batch (up
+  // to 32 sequences per launch).
+  void attention_causal_batch(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs, float scale,
+                              const CausalAttnOpts& opts = {});
   // DFlash block attention, forward: out [N*B, nh, d] act, lse [N*B, nh] F32 (log-sum-exp of the scaled
   // scores per row; -inf for rows that see nothing).
-  virtual void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) = 0;
+  void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse);
   // Backward: writes dq, dk_ctx, dv_ctx, dk_blk, dv_blk (act, shapes of the inputs).
-  virtual void dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
-                                         const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx,
-                                         const Tensor& dv_ctx, const Tensor& dk_blk, const Tensor& dv_blk) = 0;
+  void dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
+                                 const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx,
+                                 const Tensor& dv_ctx, const Tensor& dk_blk, const Tensor& dv_blk);
 
   // ---- Mixture of Experts (the target's MoE layers: model/target/mlp.h) ------------------------------------
   // Router: logits [T, E] act -> per token the k experts of largest logit, in descending order, ties to the lower
   // expert index (softmax is monotonic: these are transformers' torch.topk(softmax(logits)) choices, case C21):
   // idx [T, k] I32; weights [T, k] param dtype (F32; F64 on cpu64): p = softmax(logits) in fp32 over all E, w_j = p[idx_j], divided by
   // sum_j p[idx_j] when normalize (Qwen3MoeTopKRouter's norm_topk_prob).
-  virtual void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) = 0;
+  void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights);
   // The (token, slot) pairs of idx [T, k] (I32) grouped by expert, each expert's in token order: offsets [E + 1] I32
   // (expert e's pairs are the grouped rows offsets[e] .. offsets[e + 1] - 1; offsets[E] = T k), rows [T k] I32 (the
   // token of each grouped row), slot [T k] I32 (the grouped row of pair (t, j), at t k + j). An expert id outside
   // [0, E) throws (CUDA: the pair is dropped and the error reported at the next synchronising call).
-  virtual void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) = 0;
+  void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
   // Grouped expert GEMM, one call per projection for all experts: for expert e and every grouped row r in
   // [offsets[e], offsets[e + 1]) (offsets [E + 1] I32 on the device), a = x[rows[r]] when rows is given (a gather of
   // x's rows; x [*, K]) or x[r] (x [R, K]), act dtype, W = w.w[e] (dequantised per row when w.scales is defined:
@@ -398,23 +447,23 @@ class Context {
   //   act SwiGLU:    y[r] = silu(g) * u                        W [2N, K]:  g = a W[0:N]^T + b[0:N], u = a W[N:2N]^T + b[N:2N]
   //   act ClampedSwiGLU: y[r] = (clamp(u, -7, 7) + 1) * min(g, 7) * sigmoid(1.702 min(g, 7)), g, u as SwiGLU
   // with fp32 accumulation; R = offsets[E] = y's rows. Reads no count back to the host.
-  virtual void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
-                          const Tensor& y, MoeAct act) = 0;
+  void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
+                  const Tensor& y, MoeAct act);
   // Weighted combine: out[t] = sum_j weights[t, j] y[slot[t k + j]] + beta out[t], summed in fp32 in slot order
   // and rounded once; y [T k, H] act, slot [T k] I32, weights [T, k] param dtype, out [T, H] act.
-  virtual void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
-                           float beta) = 0;
+  void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
+                   float beta);
 
   // ---- hybrid linear-attention targets (Qwen3-Next, Qwen3.5: model/target/linear_attention.h) ---------------
   // RMSNorm of the hybrid models, forward only: y = x / sqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w), times
   // silu(z) when z is given (the gated norm of the linear attention's output, Qwen3NextRMSNormGated: norm before
   // gate); fp32 math, rounded once. x, y, z [R, D] act; w [D] act. y may alias x. (zero_centred: Qwen3NextRMSNorm,
   // whose weights are stored as w with the norm scaling by 1 + w.)
-  virtual void rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
-                             const Tensor& y) = 0;
+  void rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                     const Tensor& y);
   // y *= sigmoid(gate), in place; y [R, D] act, gate [R, D] act or [R, 1] (one gate per row). The output gate of
   // gated attention, and the shared expert's gate.
-  virtual void sigmoid_gate(const Tensor& y, const Tensor& gate) = 0;
+  void sigmoid_gate(const Tensor& y, const Tensor& gate);
   // Depthwise causal convolution with SiLU over one sequence (transformers' causal_conv1d_fn / _update):
   //   y[t, c] = silu(sum_{j < K} w[c, j] xin[t + j, c]),   xin = [state ; x]   ([K - 1 + T, C])
   // x, y [T, C] act (y must not alias x); w [C, K] act (Conv1d.weight [C, 1, K]); state [K - 1, C] act: the K - 1
@@ -422,44 +471,44 @@ class Context {
   // zeros (a sequence's start), nothing kept. seqs (optional, as GatedDeltaArgs::seqs): the T rows are several
   // independent sequences, rows [seqs[i], seqs[i+1]) (seqs[0] = 0, ascending, seqs.back() = T), each from a zero
   // window (state must be undefined): a packed prefill in one call (CUDA: one launch for all of them).
-  virtual void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
-                             std::span<const int64_t> seqs = {}) = 0;
+  void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
+                     std::span<const int64_t> seqs = {});
   // The Gated DeltaNet's per-head gates, fp32: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (softplus
   // as torch: x above 20 passes through). ba [T, 2 nv] act: b in columns 0..nv-1, a in nv..2nv-1; A_log, dt_bias [nv]
   // act; g, beta [T, nv] param dtype.
-  virtual void gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
-                        const Tensor& beta) = 0;
+  void gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
+                const Tensor& beta);
   // The gated delta rule (GatedDeltaArgs) of one sequence: out [T, nv, dv] act = o_t. The CPU runs the recurrence
   // token by token (the reference); CUDA the chunked form (exact up to rounding).
-  virtual void gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out) = 0;
+  void gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out);
 
   // ---- loss and optimizer --------------------------------------------------------------------------------
-  virtual LossStats lm_head_loss(const LossArgs& a) = 0;
+  LossStats lm_head_loss(const LossArgs& a);
 
   // ---- DFlash2 (model/drafter.h) ---------------------------------------------------------------------------
   // The grouped dynamic convolution (DynConvArgs): y [R, C] act (must not alias u); res [R, C] act or null.
-  virtual void dynamic_conv(const DynConvArgs& a, const Tensor& y, const Tensor* res) = 0;
+  void dynamic_conv(const DynConvArgs& a, const Tensor& y, const Tensor* res);
   // Its backward for dy [R, C]: du [R, C] act written; d_delta [R, 2 T G] act: side a.side's T G columns written,
   // the other side's untouched; d_base [2, T, C] param dtype: side a.side accumulated.
-  virtual void dynamic_conv_backward(const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
-                                     const Tensor& d_base) = 0;
+  void dynamic_conv_backward(const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
+                             const Tensor& d_base);
   // The candidate selector (SelectorArgs): scores [M, K] param dtype = e; statistics when a.labels is defined; gradients
   // when a.dg is defined. Synchronises when it returns statistics.
-  virtual SelectorStats candidate_selector(const SelectorArgs& a, const Tensor& scores) = 0;
+  SelectorStats candidate_selector(const SelectorArgs& a, const Tensor& scores);
   // AdamW (Loshchilov & Hutter; torch.optim.AdamW semantics): g = grad * grad_scale;
   // p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps).
   // param, grad, m, v F32 [n]; param_compute (act dtype) receives the updated weights when defined.
-  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                     const AdamWArgs& a, const Tensor& param_compute) = 0;
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const AdamWArgs& a, const Tensor& param_compute);
   // sum of squares of an F32 tensor, accumulated in double. Synchronises.
-  virtual double sum_squares(const Tensor& x) = 0;
+  double sum_squares(const Tensor& x);
 
   // ---- initialisation ------------------------------------------------------------------------------------
   // out[i] = std * N(0,1) (param dtype, on this context's device): the values of core/rng.h fill_normal(seed,
   // purpose, stream), i.e. value i is Box-Muller of Philox block i mod 2^16 of Rng(seed, purpose, stream, i / 2^16),
   // rounded to F32 (also in an F64 tensor). Independent of threads and devices up to the last ulp of log / cos in
   // double precision on the device. (Drafter init: 1e9 values in milliseconds on a GPU, seconds on the host.)
-  virtual void fill_normal(const Tensor& out, double std, uint64_t seed, RngPurpose purpose, uint64_t stream) = 0;
+  void fill_normal(const Tensor& out, double std, uint64_t seed, RngPurpose purpose, uint64_t stream);
 
   // ---- profiling (backend/op_profile.h) ------------------------------------------------------------------
   // Time and FLOPs per op since the last reset, longest first; empty unless the context was made with
@@ -476,8 +525,111 @@ class Context {
   }
 
  protected:
+  explicit Context(bool profile_ops) : profile_ops_(profile_ops) {}
+
+  // ---- what a backend implements: the computation of each op above, its arguments checked by the public op
+  // (backend/context_ops.cpp; the dims its checks computed passed on). Only the backend's own conditions are left to
+  // it: its tensors on its device in the dtypes it computes in, its kernels' limits, and the data-dependent index
+  // checks (the CPU on the host, CUDA on the device).
+  virtual void linear_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, const Tensor& y, float beta,
+                           const Tensor* c) = 0;
+  virtual LinearWeight quantize_fp8_impl(const Tensor& w, int64_t block_n, int64_t block_k) = 0;
+  virtual Tensor dequantize_fp8_impl(const LinearWeight& w) = 0;
+  virtual void linear_dx_impl(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) = 0;
+  virtual void linear_dw_impl(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) = 0;
+  virtual void rmsnorm_impl(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+                            const RopeArgs* rope) = 0;
+  virtual void rmsnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                     const Tensor& dx, const Tensor& dw, float beta, const RopeArgs* rope) = 0;
+  virtual void rope_impl(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) = 0;
+  virtual void silu_mul_impl(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  virtual void silu_mul_backward_impl(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                                      const Tensor& dup) = 0;
+  virtual void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+  virtual void add_impl(const Tensor& y, const Tensor& x, float alpha) = 0;
+  virtual void copy_columns_impl(const Tensor& dst, const Tensor& src, int64_t col0) = 0;
+  virtual void gather_columns_impl(const Tensor& dst, const Tensor& src, int64_t col0) = 0;
+  virtual void gather_rows_impl(const Tensor& dst, const Tensor& src, const Tensor& rows) = 0;
+  virtual void argmax_impl(const Tensor& x, const Tensor& out) = 0;
+  virtual void scale_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& scale) = 0;
+  virtual void attention_causal_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                     int64_t q_offset, float scale, const CausalAttnOpts& opts) = 0;
+  // The default: attention_causal_impl per sequence (seqs checked, empty ones included).
+  virtual void attention_causal_batch_impl(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
+                                           float scale, const CausalAttnOpts& opts);
+  virtual void dflash_attention_impl(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) = 0;
+  virtual void dflash_attention_backward_impl(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse,
+                                              const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx,
+                                              const Tensor& dv_ctx, const Tensor& dk_blk, const Tensor& dv_blk) = 0;
+  virtual void moe_route_impl(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
+                              const Tensor& weights) = 0;
+  virtual void moe_group_impl(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) = 0;
+  virtual void moe_linear_impl(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
+                               const Tensor& y, MoeAct act, const MoeLinearDims& d) = 0;
+  virtual void moe_combine_impl(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
+                                float beta) = 0;
+  virtual void rmsnorm_gated_impl(const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                                  const Tensor& y, const RowsDims& d) = 0;
+  virtual void sigmoid_gate_impl(const Tensor& y, const Tensor& gate, const RowsDims& d) = 0;
+  virtual void conv1d_causal_impl(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
+                                  const Conv1dDims& d) = 0;
+  virtual void gdn_gate_impl(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
+                             const Tensor& beta, int64_t T) = 0;
+  virtual void gated_delta_rule_impl(const GatedDeltaArgs& a, const Tensor& out, int64_t T) = 0;
+  virtual LossStats lm_head_loss_impl(const LossArgs& a) = 0;
+  virtual void dynamic_conv_impl(const DynConvArgs& a, const Tensor& y, const Tensor* res, const DynConvDims& d) = 0;
+  virtual void dynamic_conv_backward_impl(const DynConvArgs& a, const Tensor& dy, const Tensor& du,
+                                          const Tensor& d_delta, const Tensor& d_base, const DynConvDims& d) = 0;
+  virtual SelectorStats candidate_selector_impl(const SelectorArgs& a, const Tensor& scores,
+                                                const SelectorDims& d) = 0;
+  virtual void adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                          const AdamWArgs& a, const Tensor& param_compute) = 0;
+  virtual double sum_squares_impl(const Tensor& x) = 0;
+  virtual void fill_normal_impl(const Tensor& out, double std, uint64_t seed, RngPurpose purpose,
+                                uint64_t stream) = 0;
+
+  // ---- the profiling scope (backend/op_profile.h) -----------------------------------------------------------
+  // Every op opens one around its _impl (and CUDA's copies and zero their own): op_begin(timed) on entry (CUDA makes
+  // its device current), and when profiling op_end(key, flop) on exit, which adds the op's time under key. Scopes
+  // nest (an op may copy host indices to the device first); op_end closes the innermost open one.
+  class OpScope {
+   public:
+    OpScope(Context* c, bool timed, std::string key, double flop)
+        : c_(c), timed_(timed), key_(std::move(key)), flop_(flop) {
+      c_->op_begin(timed_);
+    }
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+    ~OpScope() {
+      if (timed_) c_->op_end(std::move(key_), flop_);
+    }
+
+   private:
+    Context* c_;
+    bool timed_;
+    std::string key_;
+    double flop_;
+  };
+  bool profiling() const { return profile_ops_; }
+  // Keyed by the name; op_gemm by "name MxNxK" with 2 M N K flop (y[M, N] = x[M, K] w[N, K]^T); op_rows by "name RxD".
+  OpScope op(const char* name, double flop = 0) {
+    return profile_ops_ ? OpScope(this, true, name, flop) : OpScope(this, false, {}, 0);
+  }
+  OpScope op_gemm(const char* name, int64_t M, int64_t N, int64_t K) {
+    return profile_ops_ ? OpScope(this, true, gemm_key(name, M, N, K), 2.0 * double(M) * double(N) * double(K))
+                        : OpScope(this, false, {}, 0);
+  }
+  OpScope op_rows(const char* name, int64_t R, int64_t D) {
+    return profile_ops_ ? OpScope(this, true, rows_key(name, R, D), 0) : OpScope(this, false, {}, 0);
+  }
+  // The backend's clock: the CPU reads the wall time (its ops are synchronous); CUDA records events on its stream.
+  virtual void op_begin(bool timed) = 0;
+  virtual void op_end(std::string key, double flop) = 0;
   virtual void flush_op_profile() {}  // moves timings still pending on the device into profile_
   OpProfile profile_;
+
+ private:
+  bool profile_ops_;
 };
 
 struct ContextOptions {
@@ -494,51 +646,6 @@ struct ContextOptions {
 int64_t lazy_init_count();
 std::string last_lazy_init();
 void note_lazy_init(const char* what);
-
-// Argument checks of the MoE ops, shared by every backend (throw Error naming the op, the tensor and its shape):
-// dtypes, ranks and the sizes that must agree. `act` is the context's compute dtype, `param` its param dtype.
-struct MoeLinearDims {
-  int64_t R, N, K, E;  // grouped rows, output columns, inner size, experts
-};
-void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act, DType param);
-void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
-// moe_linear: MXFP4 weights need U8 w [E, N', K/2] and scales [E, N', K/32] with K % 32 == 0; a bias [E, N'] of dt.
-MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
-                               const Tensor& y, MoeAct act, DType dt);
-// The name moe_linear is profiled under: "moe_linear", "moe_linear_swiglu" or "moe_linear_clamped_swiglu", with
-// "_mxfp4" for MXFP4 weights.
-const char* moe_linear_op_name(MoeAct act, const MoeWeights& w);
-// attention_causal's options (CausalAttnOpts): window >= 0, sinks undefined or F32 [nh] (nh = q's heads). `op` names
-// the op in the error.
-void check_causal_attn_opts(const char* op, const CausalAttnOpts& opts, const Tensor& q);
-// DFlash2's ops (shared by every backend; Error naming the op, the tensor and its shape).
-struct DynConvDims {
-  int64_t R, C, T, G;
-};
-DynConvDims check_dynamic_conv(const DynConvArgs& a, const Tensor& y, const Tensor* res, DType act);
-struct SelectorDims {
-  int64_t M, K, r, V, R;
-};
-SelectorDims check_candidate_selector(const SelectorArgs& a, const Tensor& scores, DType act, DType param);
-void check_moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, DType act,
-                       DType param);
-
-// Argument checks of the hybrid ops, shared by every backend (Error naming the op, the tensor and its shape); `act`
-// is the context's compute dtype, `param` its param dtype. Return the dimensions the kernels use.
-struct RowsDims {
-  int64_t R, D;
-};
-RowsDims check_rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, const Tensor& y, DType act);
-RowsDims check_sigmoid_gate(const Tensor& y, const Tensor& gate, DType act);  // D = gate's columns (D or 1)
-struct Conv1dDims {
-  int64_t T, C, K;
-  std::span<const int64_t> seqs;  // several sequences (conv1d_causal's seqs), or empty: one
-};
-Conv1dDims check_conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y, DType act,
-                               std::span<const int64_t> seqs = {});
-int64_t check_gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
-                       const Tensor& beta, DType act, DType param);  // returns T
-int64_t check_gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out, DType act, DType param);  // returns T
 
 // Creates a Context for "cpu", "cpu64" (everything in fp64: the gradient-check oracle) or "cuda[:N]". Throws Error if the device is unknown or CUDA was not built in.
 std::unique_ptr<Context> make_context(const std::string& device, const ContextOptions& opts = {});

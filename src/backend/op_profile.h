@@ -2,11 +2,11 @@
 // defines: OpProfileRow, OpProfile, gemm_key, dflash_attn_fwd_flop, format_op_profile
 //
 // The profile is the evidence behind a speed figure: where a training step's time goes, op by op. Every op of a
-// profiling Context is timed where it is dispatched (backend/<dev>/context.cpp): on CUDA by a pair of events
-// around its kernels on the context's stream (device time, no host gaps), on the CPU by the wall time of the
-// (synchronous) op. GEMM ops are keyed by their shape ("linear_dw 8192x4096x12288" = M x N x K of y = x w^T) so
-// each weight of a layer shows its own throughput. Profiling adds two events per op and nothing else; a Context
-// made without profile_ops records nothing.
+// profiling Context is timed by its public op (backend/context_ops.cpp, Context::OpScope) on the backend's clock
+// (backend/<dev>/context.cpp): on CUDA by a pair of events around its kernels on the context's stream (device time,
+// no host gaps), on the CPU by the wall time of the (synchronous) op. GEMM ops are keyed by their shape
+// ("linear_dw 8192x4096x12288" = M x N x K of y = x w^T) so each weight of a layer shows its own throughput.
+// Profiling adds two events per op and nothing else; a Context made without profile_ops records nothing.
 #pragma once
 #include <cstdint>
 #include <map>

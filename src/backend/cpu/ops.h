@@ -1,7 +1,9 @@
 // backend/cpu/ops.h — the CPU implementations of the Context ops, one file per op. Float tensors are F32 (the
 // "cpu" context) or F64 (the "cpu64" context, used for finite-difference gradient checks); each op is a
 // template over the element type T. These are the reference every other backend is tested against: simple
-// loops, OpenBLAS for the products. Shapes and semantics are those documented on Context in backend/context.h.
+// loops, OpenBLAS for the products. Shapes and semantics are those documented on Context in backend/context.h;
+// Context's public ops have checked the shapes (backend/context_ops.cpp), so these check only what is the CPU's own:
+// tensors on the host in the op's float dtype (check_float), and index values.
 #pragma once
 #include "backend/context.h"
 #include "core/thread_pool.h"
@@ -45,7 +47,7 @@ void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWe
 void moe_combine(ThreadPool& tp, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
                  float beta);
 
-// hybrid linear-attention ops (arguments checked by the check_* of backend/context.h, whose dims they take)
+// hybrid linear-attention ops (they take the dims of the check_* of backend/context.h)
 void rmsnorm_gated(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
                    const Tensor& y, int64_t R, int64_t D);
 void sigmoid_gate(ThreadPool& tp, const Tensor& y, const Tensor& gate, int64_t R, int64_t Dg);
@@ -56,7 +58,7 @@ void gdn_gate(ThreadPool& tp, const Tensor& ba, const Tensor& A_log, const Tenso
 void gated_delta_rule(ThreadPool& tp, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
 
 LossStats lm_head_loss(ThreadPool& tp, const LossArgs& a);
-// DFlash2 (arguments checked by check_dynamic_conv / check_candidate_selector of backend/context.h)
+// DFlash2 (they take the dims of check_dynamic_conv / check_candidate_selector of backend/context.h)
 void dynamic_conv(ThreadPool& tp, const DynConvArgs& a, const Tensor& y, const Tensor* res, const DynConvDims& d);
 void dynamic_conv_backward(ThreadPool& tp, const DynConvArgs& a, const Tensor& dy, const Tensor& du,
                            const Tensor& d_delta, const Tensor& d_base, const DynConvDims& d);
@@ -65,10 +67,9 @@ void adamw(ThreadPool& tp, const Tensor& param, const Tensor& grad, const Tensor
            const AdamWArgs& a, const Tensor& param_compute);
 double sum_squares(const Tensor& x);
 
-// Shared checks (throw Error naming the op, the tensor and the shapes).
-// check_float: on the CPU with the float dtype `dt` (the op's element type).
+// The CPU's own check (Error naming the op and the tensor; the shapes are checked by Context's public ops): t on the
+// CPU with the float dtype `dt` (the op's element type).
 void check_float(const char* op, const Tensor& t, const char* name, DType dt);
-void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
 
 // Calls f(T{}) with T = float for F32 and double for F64; any other dtype is an Error naming the op.
 template <class F>

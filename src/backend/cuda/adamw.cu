@@ -83,8 +83,6 @@ void adamw(Env& e, const Tensor& param, const Tensor& grad, const Tensor& m, con
   check_dev(op, m, "m", DType::F32);
   check_dev(op, v, "v", DType::F32);
   const int64_t n = param.numel();
-  DFLASH_CHECK(grad.numel() == n && m.numel() == n && v.numel() == n, op, ": param ", shape_str(param.shape),
-               " grad ", shape_str(grad.shape), " m ", shape_str(m.shape), " v ", shape_str(v.shape));
   AdamWParams p{};
   p.p = param.ptr<float>();
   p.g = grad.ptr<float>();
@@ -92,7 +90,6 @@ void adamw(Env& e, const Tensor& param, const Tensor& grad, const Tensor& m, con
   p.v = v.ptr<float>();
   if (param_compute.defined() && param_compute.data != param.data) {
     check_on_dev(op, param_compute, "param_compute");
-    DFLASH_CHECK(param_compute.numel() == n, op, ": param_compute ", shape_str(param_compute.shape));
     if (param_compute.dtype == DType::BF16)
       p.pc_bf16 = static_cast<bf16*>(param_compute.data);
     else if (param_compute.dtype == DType::F32)

@@ -53,7 +53,7 @@ struct LtDeleter {
 
 class CudaContext final : public Context {
  public:
-  CudaContext(const ContextOptions& o, int smem_cap) : dev_(o.device_index), profile_ops_(o.profile_ops) {
+  CudaContext(const ContextOptions& o, int smem_cap) : Context(o.profile_ops), dev_(o.device_index) {
     int n = 0;
     const cudaError_t ce = cudaGetDeviceCount(&n);
     DFLASH_CHECK(ce == cudaSuccess && n > 0, "cuda:", dev_, ": no usable CUDA device (",
@@ -109,6 +109,7 @@ class CudaContext final : public Context {
       cudaEventDestroy(p.start);
       cudaEventDestroy(p.stop);
     }
+    for (cudaEvent_t e : open_) cudaEventDestroy(e);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     workspace_ = Tensor{};
     err_ = Tensor{};
@@ -280,162 +281,111 @@ class CudaContext final : public Context {
   MemoryStats memory() const override { return {st_->in_use.load(), st_->peak.load(), st_->limit}; }
   void reset_peak_memory() override { st_->peak.store(st_->in_use.load()); }
 
-  // ---- ops: the dispatch point ----------------------------------------------------------------------------------
-  void linear(const Tensor& x, const LinearWeight& w, const Tensor* b, const Tensor& y, float beta,
-              const Tensor* c) override {
-    check_linear_weight("linear", w);
-    const OpScope scope = op_gemm(w.fp8() ? "linear_fp8" : "linear", x.numel() / w.cols(), w.rows(), w.cols());
+  // ---- the ops' computation (their arguments checked by Context's public ops) -------------------------------------
+  // Index and small host tensors are uploaded first (on_device). The backend's own checks (tensors on this device,
+  // BF16 activations, the kernels' limits) are in the op files.
+ protected:
+  void linear_impl(const Tensor& x, const LinearWeight& w, const Tensor* b, const Tensor& y, float beta,
+                   const Tensor* c) override {
     if (w.fp8()) return cuda::linear_fp8(env_, x, w, b, y, beta, c);
     cuda::linear(env_, x, w.w, b, y, beta, c);
   }
-  Tensor dequantize_fp8(const LinearWeight& w) override {
-    check_linear_weight("dequantize_fp8", w);
-    const OpScope scope = op("dequantize_fp8");
-    return cuda::dequantize_fp8(env_, w);
-  }
-  LinearWeight quantize_fp8(const Tensor& w, int64_t block_n, int64_t block_k) override {
-    const OpScope scope = op("quantize_fp8");
+  Tensor dequantize_fp8_impl(const LinearWeight& w) override { return cuda::dequantize_fp8(env_, w); }
+  LinearWeight quantize_fp8_impl(const Tensor& w, int64_t block_n, int64_t block_k) override {
     return cuda::quantize_fp8(env_, w, block_n, block_k);
   }
-  void linear_dx(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
-    const OpScope scope = op_gemm("linear_dx", dy.numel() / w.shape[0], w.shape[0], w.shape.back());
+  void linear_dx_impl(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) override {
     cuda::linear_dx(env_, dy, w, dx, beta);
   }
-  void linear_dw(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) override {
-    const OpScope scope = op_gemm("linear_dw", dy.numel() / dw.shape[0], dw.shape[0], dw.shape.back());
+  void linear_dw_impl(const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db) override {
     cuda::linear_dw(env_, dy, x, dw, db);
   }
-  void rmsnorm(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
-               const RopeArgs* rope) override {
-    const OpScope scope = op_rows("rmsnorm", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
+  void rmsnorm_impl(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+                    const RopeArgs* rope) override {
     const RopeArgs r = rope ? on_device(*rope) : RopeArgs{};
     cuda::rmsnorm(env_, x, w, eps, y, rstd, rope ? &r : nullptr);
   }
-  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                        const Tensor& dw, float beta, const RopeArgs* rope) override {
-    const OpScope scope =
-        op_rows("rmsnorm_backward", x.numel() / std::max<int64_t>(1, x.shape.back()), x.shape.back());
+  void rmsnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                             const Tensor& dw, float beta, const RopeArgs* rope) override {
     const RopeArgs r = rope ? on_device(*rope) : RopeArgs{};
     cuda::rmsnorm_backward(env_, dy, x, w, rstd, dx, dw, beta, rope ? &r : nullptr);
   }
-  void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
-    const OpScope scope = op("rope");
+  void rope_impl(const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse) override {
     cuda::rope(env_, x, on_device(pos), on_device(inv_freq), inverse);
   }
-  void silu_mul(const Tensor& g, const Tensor& u, const Tensor& out) override {
-    const OpScope scope = op("silu_mul");
-    cuda::silu_mul(env_, g, u, out);
-  }
-  void silu_mul_backward(const Tensor& dout, const Tensor& g, const Tensor& u, const Tensor& dg,
-                         const Tensor& du) override {
-    const OpScope scope = op("silu_mul_backward");
+  void silu_mul_impl(const Tensor& g, const Tensor& u, const Tensor& out) override { cuda::silu_mul(env_, g, u, out); }
+  void silu_mul_backward_impl(const Tensor& dout, const Tensor& g, const Tensor& u, const Tensor& dg,
+                              const Tensor& du) override {
     cuda::silu_mul_backward(env_, dout, g, u, dg, du);
   }
-  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
-    const OpScope scope = op("embedding");
+  void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) override {
     cuda::embedding(env_, table, on_device(ids), out);
   }
-  void add(const Tensor& y, const Tensor& x, float alpha) override {
-    const OpScope scope = op("add");
-    cuda::add(env_, y, x, alpha);
-  }
-  void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
-    const OpScope scope = op("copy_columns");
+  void add_impl(const Tensor& y, const Tensor& x, float alpha) override { cuda::add(env_, y, x, alpha); }
+  void copy_columns_impl(const Tensor& dst, const Tensor& src, int64_t col0) override {
     cuda::copy_columns(env_, dst, src, col0);
   }
-  void gather_columns(const Tensor& dst, const Tensor& src, int64_t col0) override {
-    const OpScope scope = op("gather_columns");
+  void gather_columns_impl(const Tensor& dst, const Tensor& src, int64_t col0) override {
     cuda::gather_columns(env_, dst, src, col0);
   }
-  void gather_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) override {
-    const OpScope scope = op("gather_rows");
+  void gather_rows_impl(const Tensor& dst, const Tensor& src, const Tensor& rows) override {
     cuda::gather_rows(env_, dst, src, on_device(rows));
   }
-  void argmax(const Tensor& x, const Tensor& out) override {
-    const OpScope scope = op("argmax");
-    cuda::argmax(env_, x, out);
-  }
-  void scale_rows(const Tensor& x, const Tensor& rows, const Tensor& scale) override {
-    const OpScope scope = op("scale_rows");
+  void argmax_impl(const Tensor& x, const Tensor& out) override { cuda::argmax(env_, x, out); }
+  void scale_rows_impl(const Tensor& x, const Tensor& rows, const Tensor& scale) override {
     cuda::scale_rows(env_, x, on_device(rows), on_device(scale));
   }
-  void attention_causal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
-                        float scale, const CausalAttnOpts& opts) override {
-    const OpScope scope = op("attention_causal");
+  void attention_causal_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
+                             float scale, const CausalAttnOpts& opts) override {
     cuda::attention_causal(env_, q, k, v, out, q_offset, scale, on_device(opts));
   }
-  void attention_causal_batch(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs, float scale,
-                              const CausalAttnOpts& opts) override {
-    const OpScope scope = op("attention_causal");
+  void attention_causal_batch_impl(const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs, float scale,
+                                   const CausalAttnOpts& opts) override {
     cuda::attention_causal_batch(env_, q, out, seqs, scale, on_device(opts));
   }
-  void dflash_attention(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
-    const OpScope scope =
-        op("dflash_attention", profiling() ? dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
+  void dflash_attention_impl(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse) override {
     cuda::dflash_attention(env_, on_device(a), out, lse);
   }
-  void dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                 const Tensor& dq, const Tensor& dkc, const Tensor& dvc, const Tensor& dkb,
-                                 const Tensor& dvb) override {
-    const OpScope scope =
-        op("dflash_attention_backward", profiling() ? 2.5 * dflash_attn_fwd_flop(a, out.shape[1], out.shape[2]) : 0);
+  void dflash_attention_backward_impl(const DFlashAttnArgs& a, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                      const Tensor& dq, const Tensor& dkc, const Tensor& dvc, const Tensor& dkb,
+                                      const Tensor& dvb) override {
     cuda::dflash_attention_backward(env_, on_device(a), out, lse, dout, dq, dkc, dvc, dkb, dvb);
   }
-  void rmsnorm_gated(const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
-                     const Tensor& y) override {
-    const RowsDims d = check_rmsnorm_gated(x, w, z, y, DType::BF16);
-    const OpScope scope = op_rows("rmsnorm_gated", d.R, d.D);
+  void rmsnorm_gated_impl(const Tensor& x, const Tensor& w, const Tensor* z, float eps, bool zero_centred,
+                          const Tensor& y, const RowsDims& d) override {
     cuda::rmsnorm_gated(env_, x, w, z, eps, zero_centred, y, d);
   }
-  void sigmoid_gate(const Tensor& y, const Tensor& gate) override {
-    const RowsDims d = check_sigmoid_gate(y, gate, DType::BF16);
-    const OpScope scope = op("sigmoid_gate");
+  void sigmoid_gate_impl(const Tensor& y, const Tensor& gate, const RowsDims& d) override {
     cuda::sigmoid_gate(env_, y, gate, d);
   }
-  void conv1d_causal(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
-                     std::span<const int64_t> seqs) override {
-    const Conv1dDims d = check_conv1d_causal(x, w, state, y, DType::BF16, seqs);
-    const OpScope scope = op("conv1d_causal");
+  void conv1d_causal_impl(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y,
+                          const Conv1dDims& d) override {
     cuda::conv1d_causal(env_, x, w, state, y, d);
   }
-  void gdn_gate(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g,
-                const Tensor& beta) override {
-    const int64_t T = check_gdn_gate(ba, A_log, dt_bias, g, beta, DType::BF16, DType::F32);
-    const OpScope scope = op("gdn_gate");
+  void gdn_gate_impl(const Tensor& ba, const Tensor& A_log, const Tensor& dt_bias, const Tensor& g, const Tensor& beta,
+                     int64_t T) override {
     cuda::gdn_gate(env_, ba, A_log, dt_bias, g, beta, T);
   }
-  void gated_delta_rule(const GatedDeltaArgs& a, const Tensor& out) override {
-    const int64_t T = check_gated_delta_rule(a, out, DType::BF16, DType::F32);
-    // FLOPs as the recurrence counts them (8 T nv dk dv); the chunked form does more (bench_gdn counts its own)
-    const OpScope scope = op("gated_delta_rule", 8.0 * double(T) * double(a.nv) * double(a.dk) * double(a.dv));
+  void gated_delta_rule_impl(const GatedDeltaArgs& a, const Tensor& out, int64_t T) override {
     cuda::gated_delta_rule(env_, a, out, T);
   }
-  void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) override {
-    const OpScope scope = op("moe_route");
-    check_moe_route(logits, k, idx, weights, DType::BF16, DType::F32);
+  void moe_route_impl(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
+                      const Tensor& weights) override {
     cuda::moe_route(env_, on_device(logits), k, normalize, idx, weights);
   }
-  void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) override {
-    const OpScope scope = op("moe_group");
-    check_moe_group(idx, offsets, rows, slot);
+  void moe_group_impl(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) override {
     cuda::moe_group(env_, on_device(idx), offsets, rows, slot);
   }
-  void moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets, const Tensor& y,
-                  MoeAct act) override {
-    const MoeLinearDims d = check_moe_linear(x, rows, w, offsets, y, act, DType::BF16);
-    const bool gated = act != MoeAct::None;
-    const OpScope scope = op_gemm(moe_linear_op_name(act, w), d.R, gated ? 2 * d.N : d.N, d.K);
+  void moe_linear_impl(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets, const Tensor& y,
+                       MoeAct act, const MoeLinearDims& d) override {
     const Tensor r = rows ? on_device(*rows) : Tensor{};
     cuda::moe_linear(env_, x, rows ? &r : nullptr, on_device(w), on_device(offsets), y, act, d);
   }
-  void moe_combine(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta) override {
-    const OpScope scope = op("moe_combine");
-    check_moe_combine(y, slot, weights, out, DType::BF16, DType::F32);
+  void moe_combine_impl(const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out,
+                        float beta) override {
     cuda::moe_combine(env_, y, on_device(slot), on_device(weights), out, beta);
   }
-  LossStats lm_head_loss(const LossArgs& a) override {
-    const double passes = 1.0 + (a.dh.defined() ? 1.0 : 0.0) + (a.teacher_h.defined() ? 1.0 : 0.0);
-    const OpScope scope = op("lm_head_loss", 2.0 * passes * double(a.rows.numel()) * double(a.lm_head.numel()));
+  LossStats lm_head_loss_impl(const LossArgs& a) override {
     LossArgs d = a;
     d.rows = on_device(a.rows);
     d.labels = on_device(a.labels);
@@ -444,21 +394,14 @@ class CudaContext final : public Context {
     check_device_errors();
     return st;
   }
-  void dynamic_conv(const DynConvArgs& a, const Tensor& y, const Tensor* res) override {
-    const DynConvDims d = check_dynamic_conv(a, y, res, DType::BF16);
-    const OpScope scope = op("dynamic_conv", 2.0 * double(d.R) * double(d.C) * double(d.T));
+  void dynamic_conv_impl(const DynConvArgs& a, const Tensor& y, const Tensor* res, const DynConvDims& d) override {
     cuda::dynamic_conv(env_, a, y, res, d);
   }
-  void dynamic_conv_backward(const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
-                             const Tensor& d_base) override {
-    const DynConvDims d = check_dynamic_conv(a, dy, nullptr, DType::BF16);
-    const OpScope scope = op("dynamic_conv_backward", 6.0 * double(d.R) * double(d.C) * double(d.T));
+  void dynamic_conv_backward_impl(const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
+                                  const Tensor& d_base, const DynConvDims& d) override {
     cuda::dynamic_conv_backward(env_, a, dy, du, d_delta, d_base, d);
   }
-  SelectorStats candidate_selector(const SelectorArgs& a, const Tensor& scores) override {
-    const SelectorDims d = check_candidate_selector(a, scores, DType::BF16, DType::F32);
-    const OpScope scope =
-        op("candidate_selector", (a.dg.defined() ? 6.0 : 2.0) * double(d.M) * double(d.K) * double(d.r));
+  SelectorStats candidate_selector_impl(const SelectorArgs& a, const Tensor& scores, const SelectorDims& d) override {
     SelectorArgs s = a;
     s.rows = on_device(a.rows);
     s.prev = on_device(a.prev);
@@ -470,74 +413,47 @@ class CudaContext final : public Context {
     if (a.labels.defined()) check_device_errors();
     return st;
   }
-  void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
-             const Tensor& pc) override {
-    const OpScope scope = op("adamw");
+  void adamw_impl(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
+                  const Tensor& pc) override {
     cuda::adamw(env_, p, g, m, v, a, pc);
   }
-  void fill_normal(const Tensor& out, double std, uint64_t seed, RngPurpose purpose, uint64_t stream) override {
-    const OpScope scope = op("fill_normal");
+  void fill_normal_impl(const Tensor& out, double std, uint64_t seed, RngPurpose purpose, uint64_t stream) override {
     cuda::fill_normal(env_, out, std, seed, purpose, stream);
   }
-  double sum_squares(const Tensor& x) override {
-    const OpScope scope = op("sum_squares");
+  double sum_squares_impl(const Tensor& x) override {
     const double s = cuda::sum_squares(env_, x);
     check_device_errors();
     return s;
   }
 
+  // ---- per-op profile (ContextOptions::profile_ops, backend/op_profile.h) ---------------------------------------
+  // An op's scope records an event before and after its kernels on the stream; the pairs are resolved into
+  // milliseconds when the profile is read (or every kMaxPending ops, which synchronises). Every op makes the device
+  // current first.
+  void op_begin(bool timed) override {
+    use();
+    if (!timed) return;
+    cudaEvent_t start = take_event();
+    cudaEventRecord(start, st_->stream);
+    open_.push_back(start);
+  }
+  void op_end(std::string key, double flop) override {
+    cudaEvent_t stop = take_event();
+    cudaEventRecord(stop, st_->stream);
+    pending_.push_back({std::move(key), open_.back(), stop, flop});
+    open_.pop_back();
+    if (pending_.size() >= kMaxPending && cudaStreamSynchronize(st_->stream) == cudaSuccess) flush_op_profile();
+  }
+
  private:
   void use() const { DFLASH_CUDA_CHECK(cudaSetDevice(dev_)); }
 
-  // ---- per-op profile (ContextOptions::profile_ops, backend/op_profile.h) ---------------------------------------
-  // An op's scope records an event before and after its kernels on the stream; the pairs are resolved into
-  // milliseconds when the profile is read (or every kMaxPending ops, which synchronises).
-  struct Pending {
+  struct Pending {  // an op's pair of events, not yet read
     std::string op;
     cudaEvent_t start, stop;
     double flop;
   };
   static constexpr size_t kMaxPending = 4096;
-  class OpScope {
-   public:
-    OpScope(CudaContext* c, const char* name, std::string key, double flop) : c_(c), flop_(flop) {
-      if (!c_) return;
-      key_ = key.empty() ? std::string(name) : std::move(key);
-      start_ = c_->take_event();
-      cudaEventRecord(start_, c_->st_->stream);
-    }
-    OpScope(const OpScope&) = delete;
-    OpScope& operator=(const OpScope&) = delete;
-    ~OpScope() {
-      if (!c_) return;
-      cudaEvent_t stop = c_->take_event();
-      cudaEventRecord(stop, c_->st_->stream);
-      c_->pending_.push_back({std::move(key_), start_, stop, flop_});
-      if (c_->pending_.size() >= kMaxPending && cudaStreamSynchronize(c_->st_->stream) == cudaSuccess)
-        c_->flush_op_profile();
-    }
-
-   private:
-    CudaContext* c_;
-    std::string key_;
-    cudaEvent_t start_ = nullptr;
-    double flop_;
-  };
-  bool profiling() const { return profile_ops_; }
-  OpScope op(const char* name, double flop = 0) {
-    use();
-    return OpScope(profile_ops_ ? this : nullptr, name, {}, flop);
-  }
-  OpScope op_gemm(const char* name, int64_t M, int64_t N, int64_t K) {
-    use();
-    if (!profile_ops_) return OpScope(nullptr, name, {}, 0);
-    return OpScope(this, name, gemm_key(name, M, N, K), 2.0 * double(M) * double(N) * double(K));
-  }
-  OpScope op_rows(const char* name, int64_t R, int64_t D) {
-    use();
-    if (!profile_ops_) return OpScope(nullptr, name, {}, 0);
-    return OpScope(this, name, rows_key(name, R, D), 0);
-  }
   cudaEvent_t take_event() {
     if (events_.empty()) {
       note_lazy_init("profiling event");
@@ -617,7 +533,7 @@ class CudaContext final : public Context {
   std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, LtDeleter> lt_;
   Tensor workspace_, err_;
   cuda::Env env_;
-  bool profile_ops_ = false;
+  std::vector<cudaEvent_t> open_;  // start events of the open op scopes, innermost last
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> events_;
 };

@@ -293,9 +293,6 @@ void dynamic_conv_backward(Env& e, const DynConvArgs& a, const Tensor& dy, const
   check_dev(op, du, "du", DType::BF16);
   check_dev(op, d_delta, "d_delta", DType::BF16);
   check_dev(op, d_base, "d_base", DType::F32);
-  DFLASH_CHECK(du.numel() == d.R * d.C && d_delta.numel() == a.delta.numel() && d_base.numel() == a.base.numel(), op,
-               ": du ", shape_str(du.shape), ", d_delta ", shape_str(d_delta.shape), ", d_base ",
-               shape_str(d_base.shape), " must have the shapes of u, delta, base");
   if (d.R == 0 || d.C == 0) return;
   const int tm = taps_bucket(d.T);
   ConvParams p = params(a, d);

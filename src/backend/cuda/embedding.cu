@@ -38,9 +38,7 @@ void embedding(Env& e, const Tensor& table, const Tensor& ids, const Tensor& out
   check_on_dev("embedding", table, "table");
   check_dev("embedding", ids, "ids", DType::I32);
   check_dev("embedding", out, "out", table.dtype);
-  DFLASH_CHECK(table.ndim() == 2, "embedding: table must be [V, H], got ", shape_str(table.shape));
   const int64_t V = table.dim(0), H = table.dim(1), T = ids.numel();
-  DFLASH_CHECK(out.numel() == T * H, "embedding: out ", shape_str(out.shape), " for ", T, " ids of width ", H);
   if (T == 0 || H == 0) return;
   switch (dtype_size(table.dtype)) {
     case 2: launch<uint16_t>(e, out.data, table.data, ids.ptr<int>(), T, H, V); break;

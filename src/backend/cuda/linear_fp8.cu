@@ -156,7 +156,6 @@ bool lt_fp8(Env& e, Fp8Path path, const LinearWeight& w, const void* xq, const f
 LinearWeight quantize_fp8(Env& e, const Tensor& w, int64_t bn, int64_t bk) {
   const char* op = "quantize_fp8";
   check_dev(op, w, "w", DType::BF16);
-  DFLASH_CHECK(w.ndim() == 2 && bn >= 1 && bk >= 1, op, ": w ", shape_str(w.shape), " block ", bn, "x", bk);
   const int64_t N = w.shape[0], K = w.shape[1], nb = (N + bn - 1) / bn, kb = (K + bk - 1) / bk;
   LinearWeight r;
   r.w = e.alloc(DType::F8E4M3, {N, K});
@@ -191,13 +190,8 @@ void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bi
   check_dev(op, w.w, "w", DType::F8E4M3);
   check_dev(op, w.scale, "scale", DType::F32);
   check_dev(op, y, "y", DType::BF16);
-  const int64_t K = x.dim(-1), N = w.rows(), M = x.rows();
-  DFLASH_CHECK(w.cols() == K && y.dim(-1) == N && y.rows() == M, op, ": x ", shape_str(x.shape), " w ",
-               shape_str(w.w.shape), " y ", shape_str(y.shape));
-  if (c && c->data != y.data) {
-    check_dev(op, *c, "c", y.dtype);
-    DFLASH_CHECK(c->numel() == y.numel(), op, ": c ", shape_str(c->shape), " vs y ", shape_str(y.shape));
-  }
+  const int64_t K = x.dim(-1), M = x.rows();
+  if (c && c->data != y.data) check_dev(op, *c, "c", y.dtype);
   if (M == 0) return;
   const Fp8Path path = fp8_path(w);
   bool done = false;

@@ -348,31 +348,17 @@ LossStats lm_head_loss(Env& e, const LossArgs& a) {
   check_dev(op, a.labels, "labels", DType::I32);
   check_dev(op, a.weights, "weights", DType::F32);
   const int64_t H = a.h.dim(-1), V = a.lm_head.dim(0), R = a.h.rows(), Rs = a.rows.numel();
-  DFLASH_CHECK(a.lm_head.ndim() == 2 && a.lm_head.dim(1) == H, op, ": lm_head ", shape_str(a.lm_head.shape),
-               " vs hidden ", H);
-  DFLASH_CHECK(a.labels.numel() == Rs && a.weights.numel() == Rs, op, ": rows/labels/weights of equal length");
   DFLASH_CHECK(V < (int64_t{1} << 31), op, ": vocabulary too large");
   const bool teacher = a.teacher_h.defined();
-  if (teacher) {
-    check_dev(op, a.teacher_h, "teacher_h", DType::BF16);
-    DFLASH_CHECK(a.teacher_h.rows() == Rs && a.teacher_h.dim(-1) == H, op, ": teacher_h ",
-                 shape_str(a.teacher_h.shape), " for ", Rs, " rows");
-  }
+  if (teacher) check_dev(op, a.teacher_h, "teacher_h", DType::BF16);
   const int64_t K = a.topk;
   if (K > 0) {
-    DFLASH_CHECK(K <= V && K <= 32, op, ": topk ", K, " for a ", V,
-                 "-token vocabulary (the CUDA top-k takes at most 32)");
+    DFLASH_CHECK(K <= 32, op, ": topk ", K, " for a ", V, "-token vocabulary (the CUDA top-k takes at most 32)");
     check_dev(op, a.topk_ids, "topk_ids", DType::I32);
     check_dev(op, a.topk_logits, "topk_logits", DType::F32);
-    DFLASH_CHECK(a.topk_ids.numel() == Rs * K && a.topk_logits.numel() == Rs * K, op, ": topk_ids ",
-                 shape_str(a.topk_ids.shape), " and topk_logits ", shape_str(a.topk_logits.shape), ", expected [", Rs,
-                 ", ", K, "]");
   }
   const bool grad = a.dh.defined();
-  if (grad) {
-    check_dev(op, a.dh, "dh", DType::BF16);
-    DFLASH_CHECK(a.dh.numel() == a.h.numel(), op, ": dh ", shape_str(a.dh.shape), " vs h ", shape_str(a.h.shape));
-  }
+  if (grad) check_dev(op, a.dh, "dh", DType::BF16);
   LossStats st;
   st.ce.assign(static_cast<size_t>(Rs), 0.0);
   st.kl.assign(static_cast<size_t>(Rs), 0.0);

@@ -4,9 +4,10 @@
 //
 // Every op takes an Env (what it needs from its CudaContext: the stream, the cuBLASLt handle, a workspace, the
 // device error word, the shared-memory budget and a stream-ordered allocator) and Tensors on the device. The
-// CudaContext methods in context.cpp are the one dispatch point: they move host index tensors to the device and
-// call these. Shapes and semantics are those documented on Context in backend/context.h; activations are BF16,
-// parameter gradients / saved statistics F32.
+// CudaContext's <op>_impl in context.cpp are the one dispatch point: they move host index tensors to the device and
+// call these. Shapes and semantics are those documented on Context in backend/context.h, and Context's public ops
+// have checked the shapes (backend/context_ops.cpp); these check what is CUDA's own: tensors on the device, the
+// dtypes (activations BF16, parameter gradients / saved statistics F32) and the kernels' limits.
 //
 // Index checks that would need a device->host copy (token ids, row indices, labels, anchors) are done on the
 // device: a kernel that meets a bad index writes zeros in its place and sets a bit in *Env::err_flag; the
