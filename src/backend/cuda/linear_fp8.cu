@@ -17,7 +17,9 @@
 // within each 128-column group, at a stride of M rounded up to 4); OUTER_VEC: one scale per row of A' (N) / of B'^T (M).
 #include <algorithm>
 
+#ifndef DFLASH_CUDA_EMU
 #include <cuda_fp8.h>
+#endif
 
 #include "backend/cuda/common.cuh"
 
@@ -25,6 +27,11 @@ namespace dflash::cuda {
 
 namespace {
 
+#ifdef DFLASH_CUDA_EMU
+// the kernel emulator (tests/cuda/emu): the host conversions of core/dtype.h (the same rounding: RNE, satfinite)
+inline uint8_t f_to_e4m3(float x) { return f32_to_f8e4m3(x); }
+inline float e4m3_to_f(uint8_t v) { return f8e4m3_to_f32(v); }
+#else
 __device__ __forceinline__ uint8_t f_to_e4m3(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
@@ -32,6 +39,7 @@ __device__ __forceinline__ float e4m3_to_f(uint8_t v) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v), __NV_E4M3);
   return __half2float(__half(h));
 }
+#endif
 
 // The maximum over the block (blockDim.x a multiple of 32; every thread calls it); scratch: 32 floats of shared memory.
 __device__ __forceinline__ float block_max(float v, float* scratch) {
@@ -78,19 +86,16 @@ __global__ void k_quantize_rows(const bf16* __restrict__ x, int64_t M, int64_t K
   float amax = 0.f;
   for (int64_t k = k0 + 4 * lane; k < k1; k += 128) {
     const uint2 v = *reinterpret_cast<const uint2*>(row + k);
-    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&v.x), b = *reinterpret_cast<const __nv_bfloat162*>(&v.y);
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(__low2float(a)), fabsf(__high2float(a))),
-                             fmaxf(fabsf(__low2float(b)), fabsf(__high2float(b)))));
+    const bf16* e = reinterpret_cast<const bf16*>(&v);
+    for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(__bfloat162float(e[i])));
   }
   amax = warp_max(amax);
   const float s = amax > 0.f ? amax / 448.f : 1.f;
   for (int64_t k = k0 + 4 * lane; k < k1; k += 128) {
     const uint2 v = *reinterpret_cast<const uint2*>(row + k);
-    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&v.x), b = *reinterpret_cast<const __nv_bfloat162*>(&v.y);
-    const uint32_t packed = static_cast<uint32_t>(f_to_e4m3(__low2float(a) / s)) |
-                            (static_cast<uint32_t>(f_to_e4m3(__high2float(a) / s)) << 8) |
-                            (static_cast<uint32_t>(f_to_e4m3(__low2float(b) / s)) << 16) |
-                            (static_cast<uint32_t>(f_to_e4m3(__high2float(b) / s)) << 24);
+    const bf16* e = reinterpret_cast<const bf16*>(&v);
+    uint32_t packed = 0;
+    for (int i = 0; i < 4; ++i) packed |= static_cast<uint32_t>(f_to_e4m3(__bfloat162float(e[i]) / s)) << (8 * i);
     *reinterpret_cast<uint32_t*>(q + m * K + k) = packed;
   }
   if (lane == 0) scale[g * ld + m] = s;
@@ -110,6 +115,9 @@ __global__ void k_dequantize(const uint8_t* __restrict__ q, const float* __restr
 enum class Fp8Path { Block128, PerChannel, Dequantize };
 
 Fp8Path fp8_path(const LinearWeight& w) {
+#ifdef DFLASH_CUDA_EMU
+  return Fp8Path::Dequantize;  // the emulator's cuBLASLt multiplies bf16 / f32 only
+#endif
   const int64_t N = w.rows(), K = w.cols();
   if (K % 16 != 0 || N % 8 != 0) return Fp8Path::Dequantize;  // cuBLASLt's FP8 alignment (16 bytes per row)
   if (w.block_n == 128 && w.block_k == 128) return Fp8Path::Block128;
@@ -120,6 +128,9 @@ Fp8Path fp8_path(const LinearWeight& w) {
 // y = xq Wq^T with the scales, through cuBLASLt; false when it offers no algorithm (the caller falls back).
 bool lt_fp8(Env& e, Fp8Path path, const LinearWeight& w, const void* xq, const float* xs, const float* ws, int64_t M,
             float beta, const void* c_in, const Tensor& y) {
+#ifdef DFLASH_CUDA_EMU
+  return false;  // (fp8_path never chooses this under the emulator)
+#else
   const int64_t N = w.rows(), K = w.cols();
   LtDescs d;
   DFLASH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -149,6 +160,7 @@ bool lt_fp8(Env& e, Fp8Path path, const LinearWeight& w, const void* xq, const f
   DFLASH_CUBLAS_CHECK(cublasLtMatmul(e.lt, d.op, &alpha, w.w.data, d.a, xq, d.b, &beta, c_in, d.c, y.data, d.c,
                                      &res.algo, e.workspace, wsb, e.stream));
   return true;
+#endif
 }
 
 }  // namespace
