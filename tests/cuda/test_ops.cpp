@@ -30,6 +30,7 @@
 
 #include "backend/context.h"
 #include "backend/cuda/ops.h"
+#include "common/drafter_fixture.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "model/draft_batch.h"
@@ -1260,22 +1261,7 @@ TEST(CudaOps, CandidateSelector) {
 }
 
 // ---- the whole drafter -----------------------------------------------------------------------------------------
-DrafterConfig tiny_config() {  // the drafter of tests/model/drafter.cpp
-  DrafterConfig c;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.vocab_size = 40;
-  c.block_size = 4;
-  c.target_layer_ids = {0, 2};
-  c.num_target_layers = 4;
-  c.mask_token_id = 39;
-  c.rope_theta = 100.0;
-  return c;
-}
+DrafterConfig tiny_config() { return test::tiny_drafter_config(); }  // the drafter of tests/model/drafter.cpp
 
 // One drafter on one context with inputs identical on every backend (all values bf16-representable).
 struct DrafterRun {

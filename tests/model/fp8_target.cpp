@@ -58,29 +58,16 @@ void write_copies(const std::string& src, const Fp8Copy& f, const std::string& f
       continue;
     }
     const int64_t N = v.shape[0], K = v.shape[1];
-    const LinearWeight w = cpu->quantize_fp8(v, f.bn > 0 ? f.bn : N, f.bk > 0 ? f.bk : K);
+    LinearWeight w = cpu->quantize_fp8(v, f.bn > 0 ? f.bn : N, f.bk > 0 ? f.bk : K);
     const std::string base = n.substr(0, n.size() - 6);
     q.emplace_back(n, w.w);
     if (f.method == "fp8") {
       q.emplace_back(base + "weight_scale_inv", w.scale);
-    } else {
-      q.emplace_back(base + "weight_scale", cpu_to_bf16(w.scale));  // per channel [N, 1], as llm-compressor writes
+    } else {  // BF16 scales [N, 1], as llm-compressor writes them: the model is the codes times those
+      q.emplace_back(base + "weight_scale", cpu_to_bf16(w.scale));
+      w.scale = cpu_to_f32(q.back().second);
     }
     p.emplace_back(n, fp8_dequantize(w));
-  }
-  // compressed-tensors stores BF16 scales: the plain copy must use the values the BF16 scales hold
-  if (f.method != "fp8") {
-    for (auto& [n, t] : p)
-      if (is_projection(n, t)) {
-        LinearWeight w;
-        for (auto& [qn, qt] : q)
-          if (qn == n) w.w = qt;
-        for (auto& [qn, qt] : q)
-          if (qn == n.substr(0, n.size() - 6) + "weight_scale") w.scale = cpu_to_f32(qt);
-        w.block_n = 1;
-        w.block_k = t.shape[1];
-        t = fp8_dequantize(w);
-      }
   }
   write_safetensors(fp8_dir + "/model.safetensors", q);
   write_safetensors(plain_dir + "/model.safetensors", p);

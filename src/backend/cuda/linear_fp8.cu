@@ -12,9 +12,9 @@
 // OP_T; B' = xq, [M, K] row-major = column-major K x M, OP_N; D = y, [M, N] row-major = column-major N x M.
 // Scale layouts (cuBLAS "scaling factor layouts"; PyTorch's scaled_mm checks the same): BLK128x128 of A' is the
 // column-major ceil(K/128) x ceil(N/128) grid with leading dimension ceil(K/128), i.e. the checkpoint's row-major
-// [ceil(N/128), ceil(K/128)] as it is (a grid padded to a multiple of 4 columns gives wrong results with CUDA 13.0's
-// cuBLASLt: CudaOps.LinearFp8's K 320 and 384 cases); VEC128 of B' is ceil(K/128) x M with M contiguous (token-major
-// within each 128-column group, at a stride of M rounded up to 4); OUTER_VEC: one scale per row of A' (N) / of B'^T (M).
+// [ceil(N/128), ceil(K/128)] as it is; VEC128 of B' is ceil(K/128) x M, token-major within each 128-column group, the
+// groups at a stride of M rounded up to 4; OUTER_VEC: one scale per row of A' (N) / of B'^T (M). (What the GPU runs
+// confirmed and what they have not: bench/NOTES.md "FP8 GEMM scale layouts".)
 #include <algorithm>
 
 #ifndef DFLASH_CUDA_EMU
@@ -210,8 +210,7 @@ void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bi
   if (path != Fp8Path::Dequantize) {
     const int64_t G = path == Fp8Path::Block128 ? 128 : K, groups = (K + G - 1) / G;
     Tensor xq = e.alloc(DType::F8E4M3, {M, K});
-    // VEC128: one group's M scales at a stride of M rounded up to 4 (cases M 17 and 33 of CudaOps.LinearFp8 read
-    // wrong scales at a stride of M)
+    // VEC128: each group's M scales at a stride of M rounded up to 4
     const int64_t ld = path == Fp8Path::Block128 ? (M + 3) / 4 * 4 : M;
     Tensor xs = e.alloc(DType::F32, {groups, ld});
     const int64_t warps = M * groups;

@@ -17,7 +17,7 @@ shift || true
 cmake --build "$B" -j "$JOBS" --target dflash_core | grep -vE "^\[|Built target" || true
 O="$B/emu"
 mkdir -p "$O"
-FLAGS="-std=c++20 -O1 -g -ffp-contract=off -DDFLASH_CUDA_EMU -DDFLASH_SOURCE_DIR=\"$PWD\" -Isrc -Itests/cuda/emu -Wall -Wno-unused-function -Wno-unknown-pragmas"
+FLAGS="-std=c++20 -O1 -g -ffp-contract=off -DDFLASH_CUDA_EMU -DDFLASH_SOURCE_DIR=\"$PWD\" -Isrc -Itests -Itests/cuda/emu -Wall -Wno-unused-function -Wno-unknown-pragmas"
 pids=()
 compile() {  # compile SRC OBJ [extra flags]
   local f=$1 o=$2
