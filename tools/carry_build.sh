@@ -11,11 +11,14 @@
 # libmpi is not known to be on the GPU machine. The other shared libraries it needs: PCRE2 (carried in .deps, found
 # through tools/device_env.sh), zlib, libcrypto 3, OpenBLAS, CUDA 13's cudart, cuBLASLt and NCCL; glibc >= 2.34.
 #
-# Usage: bash tools/carry_build.sh        (here; env JOBS, default 2)
+# The GPU machine is a Hopper: the build has its code only (ARCHS=90a-real; both kernel tiers run from it, the portable
+# one with DFLASH_KERNELS=portable); ARCHS="80-real;86-real;89-real;90a-real;89-virtual" builds CMake's default.
+# Usage: bash tools/carry_build.sh        (here; env JOBS, default 2; ARCHS)
 set -eu
 cd "$(dirname "$0")/.."
 B=build-cudacarry
-cmake -S . -B "$B" -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null
+cmake -S . -B "$B" -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON \
+  -DDFLASH_CUDA_ARCHS="${ARCHS:-90a-real}" >/dev/null
 cmake --build "$B" -j "${JOBS:-2}" --target dflash
 strip -o "$B/dflash.stripped" "$B/dflash"
 xz -9 -T "${JOBS:-2}" -c "$B/dflash.stripped" >"$B/dflash.xz.part"

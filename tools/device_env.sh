@@ -8,3 +8,6 @@ if ! pkg-config --exists libpcre2-8 && [ -d .deps/pcre2 ]; then
   export PKG_CONFIG_PATH=$D/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export LD_LIBRARY_PATH=$D/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# The GPU machine is a Hopper (H100 / H200): its builds need only sm_90a code (docs/gpus.md; both kernel tiers run
+# from it, the portable one with DFLASH_KERNELS=portable). Saves the other targets' compile time on device minutes.
+export DFLASH_CUDA_ARCHS=${DFLASH_CUDA_ARCHS:-90a-real}

@@ -28,6 +28,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/op_profile.h"
 #include "core/rng.h"
@@ -314,7 +316,12 @@ class Context {
   virtual Device device() const = 0;
   virtual DType compute_dtype() const = 0;
   virtual DType param_dtype() const = 0;
-  virtual std::string describe() const = 0;  // e.g. "cpu (2 threads)", "cuda:0 NVIDIA H200"
+  virtual std::string describe() const = 0;  // e.g. "cpu (2 threads)", "cuda:0 NVIDIA H200 (hopper kernels)"
+  // What runs each group of ops here, as {ops, kernel} rows for `dflash info --device` and a run's log (the CUDA
+  // kernel tiers: backend/kernel_tier.h, docs/gpus.md).
+  virtual std::vector<std::pair<std::string, std::string>> kernel_table() const {
+    return {{"every op", "the CPU reference (GEMMs through OpenBLAS)"}};
+  }
 
   // ---- memory -------------------------------------------------------------------------------------------
   virtual Tensor empty(DType t, Shape s) = 0;

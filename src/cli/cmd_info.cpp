@@ -1,6 +1,7 @@
-// cli/cmd_info.cpp — `dflash info PATH [--json]`: a model directory's parsed config.json — its family, the per-layer
-// plan, total and active parameters per token, what the weights take on the device, the drafter defaults — and its
-// weight summary, or a .safetensors file's tensors and metadata.
+// cli/cmd_info.cpp — `dflash info [PATH] [--device DEV] [--json]`: a model directory's parsed config.json — its
+// family, the per-layer plan, total and active parameters per token, what the weights take on the device, the
+// drafter defaults — and its weight summary, or a .safetensors file's tensors and metadata; with --device, the
+// device and which kernel runs each group of ops there (the CUDA kernel tiers, backend/kernel_tier.h).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/context.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -201,6 +203,12 @@ std::string list(const std::vector<int64_t>& v) {
 long long I(const ojson& j, const char* key) { return j[key].get<long long>(); }
 
 void print_text(const ojson& j) {
+  if (j.contains("device")) {
+    std::printf("device: %s\n", j["device"]["name"].get<std::string>().c_str());
+    for (const auto& r : j["device"]["kernels"])
+      std::printf("  %-40s %s\n", r["ops"].get<std::string>().c_str(), r["kernel"].get<std::string>().c_str());
+    if (!j.contains("path")) return;
+  }
   if (j.contains("tensors") && j["tensors"].is_array()) {  // one .safetensors file
     std::printf("%s: %zu tensors\n", j["path"].get<std::string>().c_str(), j["tensors"].size());
     for (const auto& t : j["tensors"])
@@ -266,14 +274,24 @@ void print_text(const ojson& j) {
 
 void register_info(CLI::App& app) {
   auto* sub = app.add_subcommand("info", "show a model directory's config and weights, or a .safetensors file");
-  static std::string path;
+  static std::string path, device;
   static bool as_json = false;
-  sub->add_option("path", path, "model directory, config.json or .safetensors file")->required();
+  sub->add_option("path", path, "model directory, config.json or .safetensors file");
+  sub->add_option("--device", device, "show the device (cpu, cuda, cuda:N) and which kernel runs each op there");
   sub->add_flag("--json", as_json, "print JSON");
   sub->callback([] {
+    DFLASH_CHECK(!path.empty() || !device.empty(), "info: give a model directory, a .safetensors file or --device");
     ojson out;
-    if (file_exists(path) && path.ends_with(".safetensors")) {
-      out = file_json(*SafetensorsFile::open(path));
+    if (!device.empty()) {
+      const std::unique_ptr<Context> ctx = make_context(device);
+      ojson rows = ojson::array();
+      for (const auto& [ops, kernel] : ctx->kernel_table()) rows.push_back({{"ops", ops}, {"kernel", kernel}});
+      out["device"] = {{"name", ctx->describe()}, {"kernels", rows}};
+    }
+    if (path.empty()) {
+      // --device alone
+    } else if (file_exists(path) && path.ends_with(".safetensors")) {
+      out.update(file_json(*SafetensorsFile::open(path)));
     } else {
       DFLASH_CHECK(file_exists(path) || dir_exists(path), path, ": no such file or directory");
       out["path"] = path;

@@ -219,6 +219,8 @@ int64_t warm_up(const TrainConfig& cfg, const OpenedRun& r, Workers& w) {
            r.nproc > 1 ? cat(" per process, ", r.nproc, " processes") : std::string(),
            " (gradients: ", w.reducer->describe(), ", ", cfg.queue_depth, " packets of up to ", w.max_S,
            " tokens in flight per drafter)");
+  if (w.drafters[0]->ctx().device() != Device::CPU)  // which kernel runs each op group (backend/kernel_tier.h)
+    for (const auto& [ops, kernel] : w.drafters[0]->ctx().kernel_table()) log_info("kernels: ", ops, ": ", kernel);
   log_info("target ", arch_name(r.tc.arch), " ", r.tc.num_hidden_layers, " layers, H ", r.tc.hidden_size, "; drafter ",
            dc.num_layers, " layers, B ", dc.block_size, ", layer ids ", nlohmann::json(dc.target_layer_ids).dump(),
            ", mask id ", dc.mask_token_id, ", ", ps.numel(), " parameters");

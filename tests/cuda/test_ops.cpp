@@ -1607,7 +1607,10 @@ void moe_gptoss_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, int 
 
 TEST(CudaOps, MoeGptOss) {
   moe_gptoss_case(19, 64, 32, 4, 2);
-  if (kEmu) return;
+  if (kEmu) {
+    moe_gptoss_case(70, 96, 160, 3, 2);  // MXFP4 on the portable kernel: 3 and 5 k-steps, 3 column tiles
+    return;
+  }
   moe_gptoss_case(300, 64, 32, 8, 2);          // the golden's widths: one k-step, half of it zero-filled (K 32)
   // gpt-oss's widths (K 2880 = 45 k-steps; 8 experts: the CPU side dequantises whole experts); scales up to 2^1: with
   // weights up to 6 x 2^6 the GLU's inputs reach ~1e4 and the tensor cores' fp32 accumulation over 2880 products
@@ -1645,6 +1648,9 @@ TEST(CudaOps, MoE) {
   }
   if (kEmu) {
     moe_layer_case(19, 16, 8, 4, 2);
+    // the portable tensor-core kernel: 2 row tiles per expert, 3 k-steps with a zero-filled tail (K 72) and 5 (K 136),
+    // 3 column tiles of SwiGLU outputs (N 136), one part-filled tile of 128 outputs (N 72)
+    moe_layer_case(150, 72, 136, 3, 2);
     return;
   }
   moe_route_case(64, 1024, 32, true);

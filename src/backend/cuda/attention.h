@@ -218,13 +218,19 @@ bool launch_dflash_backward_tc(Env& e, const AttnBwdParams& p);
 void attention_tc_init_attributes(int smem_optin);
 // Hopper warpgroup-MMA forward (attention_wgmma.cu): head dim exactly 128 (causal and DFlash) or 256 (causal
 // only), no causal window, 16-byte aligned tensors and ~200 KiB of shared memory (attention_wgmma.cu: fwd_wg_smem
-// + kFwdWgStatic), e.attn_wgmma set; returns false (launching nothing) otherwise, and in the emulator.
+// + kFwdWgStatic), the Hopper tier (e.tier) and e.attn_wgmma set; returns false (launching nothing) otherwise, and in
+// the emulator.
 // segs.n > 0: causal, several sequences in one launch (p.Tq = the longest; see AttnSegs).
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p, const AttnSegs& segs = AttnSegs{});
+// Shared memory per block (dynamic and static) the Hopper forward at head dim D (128, 256) and the Hopper DFlash
+// backward need (SIZE_MAX in the emulator, which has none).
+size_t attention_wgmma_fwd_smem(int D);
+size_t attention_wgmma_bwd_smem();
+// Sets the Hopper kernels' dynamic-shared-memory attribute (the Hopper tier's contexts only).
 void attention_wgmma_init_attributes(int smem_optin);
 // The DFlash backward (dQ, then dK / dV) on warpgroup MMA (attention_wgmma.cu), tried first by
-// launch_dflash_backward_tc once it has checked alignment: head dim 128, Tq <= 65536 and enough shared memory,
-// else false (launching nothing).
+// launch_dflash_backward_tc once it has checked alignment: the Hopper tier, head dim 128, Tq <= 65536 and enough
+// shared memory, else false (launching nothing).
 bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p);
 // Shared memory of the tensor-core kernels for head dim D (64 or 128; the forward also 256).
 size_t attn_tc_fwd_smem(int D);

@@ -249,13 +249,13 @@ std::string attention_config(int d, int smem_limit) {
              " B) limit ", smem_limit);
 }
 
-void attention_init_attributes(int smem_optin) {
+void attention_init_attributes(int smem_optin, KernelTier tier) {
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_attn_fwd<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_attn_fwd<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(k_attn_fwd<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
   dflash_backward_init_attributes(smem_optin);
   attention_tc_init_attributes(smem_optin);
-  attention_wgmma_init_attributes(smem_optin);
+  if (tier == KernelTier::Hopper) attention_wgmma_init_attributes(smem_optin);
 }
 
 void launch_attention_forward(Env& e, AttnFwdParams p) {

@@ -30,6 +30,8 @@
 // of the second product; tests/cuda compares these outputs by normalised mean square error for that reason.
 #include <algorithm>
 #include <climits>
+#include <initializer_list>
+#include <string>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention.h"
@@ -636,6 +638,40 @@ bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
     win ? launch(k_fwd_tc<256, true>) : launch(k_fwd_tc<256, false>);
   check_launch("attention_forward_tc");
   return true;
+}
+
+namespace {
+// "64, 128, 256" of the head dims whose kernel fits the shared-memory limit (smem(D) + slack bytes)
+template <class F>
+std::string dims_fitting(const Env& e, std::initializer_list<int> dims, F smem, size_t slack) {
+  std::string s;
+  for (int D : dims)
+    if (smem(D) + slack <= static_cast<size_t>(e.smem_limit)) s += (s.empty() ? "" : ", ") + std::to_string(D);
+  return s;
+}
+}  // namespace
+
+std::string attention_forward_kernels(const Env& e) {
+  std::string s;
+  if (e.tier == KernelTier::Hopper && e.attn_wgmma) {
+    const std::string wg = dims_fitting(e, {128, 256}, [](int D) { return attention_wgmma_fwd_smem(D); }, 0);
+    if (!wg.empty()) s = "warpgroup MMA (head dim " + wg + "; no causal window, DFlash at 128), else ";
+  }
+  const std::string tc = dims_fitting(e, {64, 128, 256}, attn_tc_fwd_smem, kStaticSmemSlack);
+  if (!tc.empty()) s += "mma.sync (head dim " + tc + "), else ";
+  return s + "CUDA cores (other head dims)";
+}
+
+std::string dflash_backward_kernels(const Env& e) {
+  std::string s;
+  if (e.tier == KernelTier::Hopper && attention_wgmma_bwd_smem() <= static_cast<size_t>(e.smem_limit))
+    s = "warpgroup MMA (head dim 128), else ";
+#ifndef DFLASH_CUDA_EMU
+  const std::string tc = dims_fitting(
+      e, {64, 128}, [](int D) { return std::max(attn_tc_dq_smem(D), attn_tc_dkv_smem(D)); }, kStaticSmemSlack);
+  if (!tc.empty()) s += "mma.sync (head dim " + tc + "), else ";
+#endif
+  return s + "CUDA cores";
 }
 
 #ifndef DFLASH_CUDA_EMU

@@ -51,6 +51,10 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/wgmma.cuh"
 
+#if defined(__CUDA_ARCH__) && !DFLASH_HOPPER_DEVICE
+#pragma nv_diag_suppress 177  // (the Hopper kernels' helpers, unused where their bodies are traps: common.cuh)
+#endif
+
 namespace dflash::cuda {
 
 namespace {
@@ -313,6 +317,7 @@ template <int D, int NWG, int KT, bool WIN, bool PACKED>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, const __grid_constant__ AttnSegs segs,
                                                                const __grid_constant__ std::conditional_t<PACKED, SeqMaps, KvMaps> maps,
                                                                const __grid_constant__ QoMaps qo) {
+#if DFLASH_HOPPER_DEVICE
   static_assert(NWG == 2, "the register split (setmaxnreg 56 / 224) is for one producer and two consumer warpgroups");
   static_assert((D == 128 || D == 256) && KT == fwd_wg_keys(D), "k_fwd_wg: head dim 128 or 256, its key tile");
   constexpr int NT = KT / 8, DT = D / 8, DP = D / 64, ROWS = 64 * NWG, NS = kFwdStages;
@@ -892,6 +897,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_fwd_wg(AttnFwdParams p, 
     }
 #endif
   }
+#else
+  __trap();  // (not the Hopper tier: never launched, common.cuh)
+#endif
 }
 
 // ---- backward: dQ ------------------------------------------------------------------------------------------------
@@ -917,6 +925,7 @@ constexpr int kDqWgThreads = 128 * (kDqWgs + 1);  // the consumer warpgroups and
 // drift apart, one's softmax under the other's products.
 template <int NWG, bool WIN>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_dq_wg(AttnBwdParams p, const __grid_constant__ KvMaps maps) {
+#if DFLASH_HOPPER_DEVICE
   static_assert(NWG == 2, "the register split (setmaxnreg 40 / 232) is for one load and two consumer warpgroups");
   constexpr int D = kWgD, KT = kDqWgKeys, NT = KT / 8, DT = D / 8, ROWS = 64 * NWG;
   constexpr int NS = kDqWgStages, kBarDqQ = 1;  // (named barrier 1: the consumers' Q / dO landed)
@@ -1050,6 +1059,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) k_dq_wg(AttnBwdParams p, c
       *reinterpret_cast<__nv_bfloat162*>(p.dq + orow[i] + n * 8 + 2 * t4) =
           __floats2bfloat162_rn(dq[n * 4 + 2 * i] * p.scale, dq[n * 4 + 2 * i + 1] * p.scale);
   }
+#else
+  __trap();  // (not the Hopper tier: never launched, common.cuh)
+#endif
 }
 
 // ---- backward: dK, dV --------------------------------------------------------------------------------------------
@@ -1150,6 +1162,7 @@ static_assert(dkv_order_is_permutation(48, 20) && dkv_order_is_permutation(48, 0
 template <bool WIN>
 __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, const __grid_constant__ QdoMaps qm,
                                                             DkvSplit sp) {
+#if DFLASH_HOPPER_DEVICE
   constexpr int D = kWgD, KN = kDkvWgKeys, QC = kDkvWgQ, NT = QC / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem_raw);
   __shared__ int sList[kDkvWgMaxChunks];
@@ -1441,6 +1454,9 @@ __global__ void __launch_bounds__(kDkvWgThreads, 2) k_dkv_wg(AttnBwdParams p, co
       *reinterpret_cast<__nv_bfloat162*>(dV + off + c) = __floats2bfloat162_rn(dv[n * 4 + 2 * i], dv[n * 4 + 2 * i + 1]);
     }
   }
+#else
+  __trap();  // (not the Hopper tier: never launched, common.cuh)
+#endif
 }
 
 }  // namespace
@@ -1619,7 +1635,7 @@ bool launch_fwd_wg(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
 }  // namespace
 
 bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnSegs& segs) {
-  if (!e.attn_wgmma) return false;  // (DFLASH_ATTN_WGMMA=0: the mma.sync forward, for comparison)
+  if (e.tier != KernelTier::Hopper || !e.attn_wgmma) return false;  // (DFLASH_ATTN_WGMMA=0: the mma.sync forward)
   if (p0.mode == kAttnCausal && p0.window > 0) return false;  // (its causal rows start at key 0: the mma.sync kernel)
   if (p0.d == 128) return launch_fwd_wg<128>(e, p0, segs);
   // head dim 256: the target's causal attention (sinks too; no window, above); DFlash attention at 256 stays on the
@@ -1629,6 +1645,7 @@ bool launch_attention_forward_wgmma(Env& e, const AttnFwdParams& p0, const AttnS
 }
 
 bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
+  if (e.tier != KernelTier::Hopper) return false;
   if (p0.d != kWgD || p0.Tq > kDkvWgMaxChunks * kDkvWgQ) return false;
   if (std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024) > static_cast<size_t>(e.smem_limit)) return false;
   // (the caller, launch_dflash_backward_tc, has checked the 16-byte alignment of every tensor)
@@ -1682,8 +1699,15 @@ bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p0) {
   return true;
 }
 
+size_t attention_wgmma_fwd_smem(int D) {
+  return (D == 128 ? fwd_wg_smem(128, kFwdWgs) : fwd_wg_smem(256, kFwdWgs)) + kFwdWgStatic;
+}
+size_t attention_wgmma_bwd_smem() { return std::max(kDkvWgSmem + kDkvWgStatic, kDqWgSmem + 1024); }
+
 #else  // DFLASH_CUDA_EMU: no warpgroup MMA in the emulator
 
+size_t attention_wgmma_fwd_smem(int) { return SIZE_MAX; }
+size_t attention_wgmma_bwd_smem() { return SIZE_MAX; }
 void attention_wgmma_init_attributes(int) {}
 bool launch_attention_forward_wgmma(Env&, const AttnFwdParams&, const AttnSegs&) { return false; }
 bool launch_dflash_backward_wgmma(Env&, const AttnBwdParams&) { return false; }

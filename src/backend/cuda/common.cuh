@@ -23,6 +23,17 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
 
+// DFLASH_HOPPER_DEVICE: 1 while nvcc compiles device code for sm_90a, the target of the Hopper tier's kernels
+// (warpgroup MMA, setmaxnreg, TMA, mbarrier transactions, programmatic dependent launch: attention_wgmma.cu and
+// moe.cu's grouped GEMMs), 0 for every other target of DFLASH_CUDA_ARCHS and for the host pass. Those kernels' bodies
+// compile only under it; elsewhere a body is a trap, never reached: the context runs them only on the Hopper tier
+// (backend/kernel_tier.h), which needs a compute capability 9.0 device and the build's sm_90a code.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DFLASH_HOPPER_DEVICE 1
+#else
+#define DFLASH_HOPPER_DEVICE 0
+#endif
+
 namespace dflash::cuda {
 
 using bf16 = __nv_bfloat16;

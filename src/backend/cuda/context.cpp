@@ -21,6 +21,10 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
 
+#ifndef DFLASH_CUDA_ARCHS_TEXT  // (set by CMakeLists.txt from DFLASH_CUDA_ARCHS; the kernel emulator: the portable tier)
+#define DFLASH_CUDA_ARCHS_TEXT "compute_80"
+#endif
+
 namespace dflash {
 
 namespace {
@@ -63,8 +67,14 @@ class CudaContext final : public Context {
     cudaDeviceProp prop{};
     DFLASH_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev_));
     name_ = prop.name;
-    DFLASH_CHECK(prop.major == 9 && prop.minor == 0, "cuda:", dev_, " (", name_, ", compute capability ", prop.major,
-                 ".", prop.minor, "): this dflash build contains kernels for sm_90a (Hopper, e.g. H100/H200) only");
+    // the kernel tier (backend/kernel_tier.h); refuses a card before 8.0 and one the build has no code for
+    const std::string who = cat("cuda:", dev_, " ", name_);
+    const TierChoice tier = choose_kernel_tier(who, prop.major, prop.minor, parse_cuda_targets(DFLASH_CUDA_ARCHS_TEXT),
+                                               std::getenv("DFLASH_KERNELS"));
+    cuda::check_kernel_image(who);  // (the driver may still be unable to load it: PTX newer than the driver)
+    tier_reason_ = tier.reason;
+    env_.tier = tier.tier;
+    env_.fp8_tensor_cores = prop.major >= 9;
     int optin = 0;
     DFLASH_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev_));
     st_ = std::make_shared<DeviceState>();
@@ -85,8 +95,8 @@ class CudaContext final : public Context {
     workspace_ = empty(DType::U8, {static_cast<int64_t>(kLtWorkspaceBytes)});
     err_ = empty(DType::I32, {1});
     DFLASH_CUDA_CHECK(cudaMemsetAsync(err_.data, 0, sizeof(int), st_->stream));
-    cuda::attention_init_attributes(optin);
-    cuda::moe_init_attributes(optin);
+    cuda::attention_init_attributes(optin, env_.tier);
+    cuda::moe_init_attributes(optin, env_.tier);
     cuda::gated_delta_init_attributes(optin);
     env_.stream = st_->stream;
     env_.device = dev_;
@@ -119,7 +129,10 @@ class CudaContext final : public Context {
   Device device() const override { return Device::CUDA; }
   DType compute_dtype() const override { return DType::BF16; }
   DType param_dtype() const override { return DType::F32; }
-  std::string describe() const override { return cat("cuda:", dev_, " ", name_); }
+  std::string describe() const override {
+    return cat("cuda:", dev_, " ", name_, " (", kernel_tier_name(env_.tier), " kernels)");
+  }
+  std::vector<std::pair<std::string, std::string>> kernel_table() const override;
 
   // ---- memory -------------------------------------------------------------------------------------------------
   Tensor empty(DType t, Shape s) override {
@@ -529,6 +542,7 @@ class CudaContext final : public Context {
 
   int dev_;
   std::string name_;
+  std::string tier_reason_;  // why this kernel tier (kernel_tier.h), for the kernel table
   std::shared_ptr<DeviceState> st_;
   std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, LtDeleter> lt_;
   Tensor workspace_, err_;
@@ -537,6 +551,25 @@ class CudaContext final : public Context {
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> events_;
 };
+
+std::vector<std::pair<std::string, std::string>> CudaContext::kernel_table() const {
+  const cuda::Env& e = env_;
+  return {
+      {"kernel tier", cat(kernel_tier_name(e.tier), " (", tier_reason_, "; DFLASH_KERNELS=portable forces the portable "
+                          "tier)")},
+      {"shared memory per block", cat(e.smem_limit / 1024, " KiB")},
+      {"dense linears (bf16)", "cuBLASLt"},
+      {"FP8 linears", e.fp8_tensor_cores ? "cuBLASLt on the FP8 tensor cores (128 x 128 blocks or per channel), else "
+                                           "dequantised to bf16 and cuBLASLt"
+                                         : "dequantised to bf16 and cuBLASLt (FP8 scaling by block or channel needs "
+                                           "compute capability 9.0)"},
+      {"attention forward (target, drafter)", cuda::attention_forward_kernels(e)},
+      {"DFlash attention backward", cuda::dflash_backward_kernels(e)},
+      {"MoE grouped GEMMs", cuda::moe_linear_kernels(e)},
+      {"gated delta rule (hybrid targets)", cuda::gated_delta_kernels(e)},
+      {"norms, RoPE, losses, top-k, optimizer, DFlash2 convolution and selector", "CUDA cores"},
+  };
+}
 
 }  // namespace
 

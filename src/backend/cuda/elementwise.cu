@@ -230,6 +230,20 @@ void pitched_copy(Env& e, const Tensor& dst, const Tensor& src, int64_t R, int64
 
 }  // namespace
 
+void check_kernel_image(const std::string& device) {
+#ifndef DFLASH_CUDA_EMU
+  cudaFuncAttributes fa{};
+  const cudaError_t err = cudaFuncGetAttributes(&fa, k_f32_to_bf16);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    DFLASH_FAIL(device, ": the driver cannot load this dflash build's kernels (", cudaGetErrorString(err),
+                "): rebuild for this card (DFLASH_CUDA_ARCHS, docs/gpus.md) or update the driver");
+  }
+#else
+  (void)device;
+#endif
+}
+
 void convert(Env& e, const Tensor& dst, const Tensor& src) {
   check_on_dev("convert", dst, "dst");
   check_on_dev("convert", src, "src");

@@ -466,6 +466,12 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_state(SplitParams p) {
 
 }  // namespace
 
+std::string gated_delta_kernels(const Env& e) {
+  if (e.smem_limit >= kSmemState) return "chunked, mma.sync (head dims 128, 64 tokens or more), else recurrent";
+  return cat("recurrent, CUDA cores (the chunked kernel needs ", kSmemState / 1024, " KiB of shared memory per block, ",
+             "this device allows ", e.smem_limit / 1024, " KiB)");
+}
+
 bool gated_delta_chunk_applies(const Env& e, const GatedDeltaArgs& a, int64_t T) {
   return a.qkv.dtype == DType::BF16 && a.dk == kD && a.dv == kD && T >= kC && e.smem_limit >= kSmemState;
 }

@@ -6,7 +6,8 @@
 //     quantized on the fly (per row and 128 columns, resp. per row) and cuBLASLt multiplies e4m3 by e4m3 on the FP8
 //     tensor cores with both scales applied in the fp32 accumulation (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F /
 //     VEC128_32F, resp. OUTER_VEC_32F: the DeepSeek-V3 / DeepGEMM scheme, cuBLAS >= 12.9 on Hopper).
-//     Any other blocking, or where cuBLASLt offers no algorithm: W is dequantised into a bf16 scratch and multiplied
+//     Any other blocking, a device before compute capability 9.0 (Env::fp8_tensor_cores: cuBLASLt scales FP8 only
+//     per tensor there), or where cuBLASLt offers no algorithm: W is dequantised into a bf16 scratch and multiplied
 //     by the bf16 GEMM (correct everywhere, without the FP8 speed).
 // Operand mapping (cuBLASLt is column-major, see linear.cu): A' = W, stored [N, K] row-major = column-major K x N,
 // OP_T; B' = xq, [M, K] row-major = column-major K x M, OP_N; D = y, [M, N] row-major = column-major N x M.
@@ -205,7 +206,7 @@ void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bi
   const int64_t K = x.dim(-1), M = x.rows();
   if (c && c->data != y.data) check_dev(op, *c, "c", y.dtype);
   if (M == 0) return;
-  const Fp8Path path = fp8_path(w);
+  const Fp8Path path = e.fp8_tensor_cores ? fp8_path(w) : Fp8Path::Dequantize;
   bool done = false;
   if (path != Fp8Path::Dequantize) {
     const int64_t G = path == Fp8Path::Block128 ? 128 : K, groups = (K + G - 1) / G;

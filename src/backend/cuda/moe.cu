@@ -29,7 +29,12 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/mma_sync.cuh"
 #include "backend/cuda/wgmma.cuh"
+
+#if defined(__CUDA_ARCH__) && !DFLASH_HOPPER_DEVICE
+#pragma nv_diag_suppress 177  // (the Hopper kernels' helpers, unused where their bodies are traps: common.cuh)
+#endif
 
 namespace dflash::cuda {
 
@@ -388,6 +393,176 @@ __global__ void k_moe_gemm_simt(MoeGemmParams p) {
   }
 }
 
+// ---- moe_linear: the portable tensor-core kernel (mma.sync, compute capability 8.0 and later; the emulator) ---------
+// A CTA of 4 warps computes 64 grouped rows x 128 weight rows: for SwiGLU 64 outputs (the expert's gate rows n0.. and
+// its up rows N + n0..), otherwise 128 outputs. K runs in steps of 32 through a ring of kMmaStages stages that
+// cp.async fills (the tile's rows of x gathered through `rows`; rows past the expert's end, weight rows past N and
+// columns past K zero-filled). Warp (wm, wn) multiplies rows 32 wm.. by weight rows 64 wn.. (SwiGLU: gate rows 32 wn..
+// and up rows 64 + 32 wn..: a thread's accumulators hold the gate and the up value of the same outputs) with
+// mma.sync m16n8k16 (fp32 accumulation) and applies the epilogue from its registers. MXFP4 weights: each stage holds
+// the 128 rows' 16 bytes of e2m1 codes; after it lands the CTA dequantises it (the row's e8m0 scale of those 32
+// columns, read from global memory) into one bf16 tile, which the products read (one more barrier per step).
+// Needs K % 8 == 0 and 16-byte aligned x and weights (moe_linear_path).
+constexpr int kMmaBM = 64, kMmaBW = 128, kMmaBK = 32, kMmaStages = 3, kMmaThreads = 128;
+constexpr int kMmaLd = kMmaBK + 8;  // a tile row: 80 bytes, so that ldmatrix's 8 rows fall in distinct banks
+constexpr int kMmaATile = kMmaBM * kMmaLd * 2, kMmaBTile = kMmaBW * kMmaLd * 2, kMmaRaw = kMmaBW * kMmaBK / 2;
+constexpr size_t moe_mma_smem(bool fp4) {
+  return fp4 ? static_cast<size_t>(kMmaStages) * (kMmaATile + kMmaRaw) + kMmaBTile
+             : static_cast<size_t>(kMmaStages) * (kMmaATile + kMmaBTile);
+}
+static_assert(moe_mma_smem(false) <= 48 * 1024 && moe_mma_smem(true) <= 48 * 1024,
+              "the portable grouped GEMM runs without a shared-memory opt-in, on every card");
+
+template <int ACT, bool FP4>
+__global__ void __launch_bounds__(kMmaThreads) k_moe_gemm_mma(MoeGemmParams p) {
+  constexpr bool SWIGLU = ACT != kActNone;
+  constexpr int OUT = SWIGLU ? kMmaBW / 2 : kMmaBW;  // outputs per tile
+  DFLASH_DYN_SMEM(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int mt = blockIdx.x / p.n_tiles, nt = blockIdx.x % p.n_tiles;
+  if (mt >= p.tile_off[p.E]) return;
+  const int e = tile_expert(p, mt);
+  const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kMmaBM, m_end = p.offsets[e + 1];
+  const int64_t n0 = static_cast<int64_t>(nt) * OUT, erow = static_cast<int64_t>(e) * p.Nw;
+  bf16* sA = reinterpret_cast<bf16*>(smem);             // [stage][kMmaBM][kMmaLd]
+  unsigned char* sB = smem + kMmaStages * kMmaATile;    // bf16 [stage][kMmaBW][kMmaLd], or MXFP4 [stage][kMmaBW][16]
+  bf16* sBd = reinterpret_cast<bf16*>(sB + kMmaStages * kMmaRaw);  // MXFP4: the dequantised tile [kMmaBW][kMmaLd]
+  const int64_t K = p.K;
+
+  // The weight row of tile row w (0 .. kMmaBW - 1), and whether it exists.
+  auto weight_row = [&](int w, bool& ok) -> int64_t {
+    const int64_t n = n0 + (SWIGLU ? (w & (kMmaBW / 2 - 1)) : w);
+    ok = n < p.N;
+    return erow + (SWIGLU && w >= kMmaBW / 2 ? p.N + n : n);
+  };
+  // This thread's copies of x: chunks c = tid + 128 i (row c / 4, 16-byte column c % 4 of the 32-column step).
+  const bf16* a_src[2];
+  bool a_ok[2];
+  DFLASH_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int c = tid + kMmaThreads * i;
+    const int64_t r = m0 + (c >> 2);
+    a_ok[i] = r < m_end;
+    int64_t src = 0;
+    if (a_ok[i]) {
+      src = p.rows ? p.rows[r] : r;
+      if (src < 0 || src >= p.x_rows) {
+        atomicOr(p.err, kErrGatherRow);
+        src = 0;
+        a_ok[i] = false;
+      }
+    }
+    a_src[i] = p.x + src * K + (c & 3) * 8;
+  }
+  auto load_stage = [&](int slot, int64_t k0) {
+    DFLASH_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int c = tid + kMmaThreads * i;
+      const bool ok = a_ok[i] && k0 + (c & 3) * 8 < K;
+      cp_async16(smem_u32(sA + (slot * kMmaBM + (c >> 2)) * kMmaLd + (c & 3) * 8), ok ? a_src[i] + k0 : p.x, ok);
+    }
+    if constexpr (FP4) {  // row tid's 32 codes of this step (K % 32 == 0)
+      bool wok;
+      const int64_t wr = weight_row(tid, wok);
+      cp_async16(smem_u32(sB + slot * kMmaRaw + tid * 16), wok ? p.wq + wr * (K / 2) + k0 / 2 : p.wq, wok);
+    } else {
+      DFLASH_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const int c = tid + kMmaThreads * i, col = (c & 3) * 8;
+        bool wok;
+        const int64_t wr = weight_row(c >> 2, wok);
+        const bool ok = wok && k0 + col < K;
+        cp_async16(smem_u32(reinterpret_cast<bf16*>(sB) + (slot * kMmaBW + (c >> 2)) * kMmaLd + col),
+                   ok ? p.w + wr * K + k0 + col : p.w, ok);
+      }
+    }
+  };
+  // MXFP4: row tid of stage `slot` (K columns k0 ..) into sBd as bf16.
+  auto dequantise = [&](int slot, int64_t k0) {
+    bool wok;
+    const int64_t wr = weight_row(tid, wok);
+    const uint32_t s = wok ? p.ws[wr * (K / 32) + k0 / 32] : 127u;  // (a missing row's codes were zero-filled)
+    __nv_bfloat162 m1, m2;
+    const bool two = e8m0_bf16_factors(s, m1, m2);
+    const uint32_t* raw = reinterpret_cast<const uint32_t*>(sB + slot * kMmaRaw + tid * 16);
+    DFLASH_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      uint32_t o[4];
+      e2m1x8_to_bf16(raw[j], m1, m2, two, o);
+      *reinterpret_cast<uint4*>(sBd + tid * kMmaLd + 8 * j) = uint4{o[0], o[1], o[2], o[3]};
+    }
+  };
+  // weight-tile row of this warp's n tile j (8 rows each)
+  auto wrow0 = [&](int j) { return SWIGLU ? (j < 4 ? wn * 32 + j * 8 : kMmaBW / 2 + wn * 32 + (j - 4) * 8) : wn * 64 + j * 8; };
+
+  float acc[2][8][4];
+  DFLASH_UNROLL
+  for (int mi = 0; mi < 2; ++mi)
+    DFLASH_UNROLL
+    for (int j = 0; j < 8; ++j)
+      DFLASH_UNROLL
+      for (int q = 0; q < 4; ++q) acc[mi][j][q] = 0.f;
+
+  const int64_t nk = (K + kMmaBK - 1) / kMmaBK;
+  for (int s = 0; s < kMmaStages - 1; ++s) {
+    if (s < nk) load_stage(s, static_cast<int64_t>(s) * kMmaBK);
+    cp_async_commit();
+  }
+  for (int64_t kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kMmaStages - 2>();
+    __syncthreads();  // step kt landed for every thread; every warp is past step kt - 1's products
+    const int64_t next = kt + kMmaStages - 1;
+    if (next < nk) load_stage(static_cast<int>(next % kMmaStages), next * kMmaBK);
+    cp_async_commit();
+    const int slot = static_cast<int>(kt % kMmaStages);
+    if constexpr (FP4) {
+      dequantise(slot, kt * kMmaBK);
+      __syncthreads();
+    }
+    const bf16* tA = sA + slot * kMmaBM * kMmaLd;
+    const bf16* tB = FP4 ? sBd : reinterpret_cast<const bf16*>(sB) + slot * kMmaBW * kMmaLd;
+    DFLASH_UNROLL
+    for (int kk = 0; kk < kMmaBK; kk += 16) {
+      uint32_t a[2][4];
+      DFLASH_UNROLL
+      for (int mi = 0; mi < 2; ++mi) mma::load_a(a[mi], tA, kMmaLd, wm * 32 + mi * 16, kk, lane);
+      DFLASH_UNROLL
+      for (int j = 0; j < 8; j += 2) {
+        uint32_t b[4];
+        mma::load_bt(b, tB, kMmaLd, wrow0(j), kk, lane);
+        DFLASH_UNROLL
+        for (int mi = 0; mi < 2; ++mi) {
+          mma::mma16816(acc[mi][j], a[mi], b[0], b[1]);
+          mma::mma16816(acc[mi][j + 1], a[mi], b[2], b[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // (no copy is left in flight at exit)
+
+  // epilogue: accumulator (mi, j, 2h + c) is row 32 wm + 16 mi + g + 8h, tile column 8 j + 2 t4 + c
+  constexpr int NJ = SWIGLU ? 4 : 8;
+  DFLASH_UNROLL
+  for (int mi = 0; mi < 2; ++mi)
+    DFLASH_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = m0 + wm * 32 + mi * 16 + g + 8 * h;
+      if (r >= m_end) continue;
+      DFLASH_UNROLL
+      for (int j = 0; j < NJ; ++j)
+        DFLASH_UNROLL
+        for (int c = 0; c < 2; ++c) {
+          const int64_t n = n0 + (SWIGLU ? wn * 32 : wn * 64) + j * 8 + 2 * t4 + c;
+          if (n >= p.N) continue;
+          float v = acc[mi][j][2 * h + c] + (p.bias ? to_f(p.bias[erow + n]) : 0.f);
+          if constexpr (SWIGLU)
+            v = moe_act<ACT>(v, acc[mi][j + 4][2 * h + c] + (p.bias ? to_f(p.bias[erow + p.N + n]) : 0.f));
+          p.y[r * p.N + n] = __float2bfloat16(v);
+        }
+    }
+}
+
 #ifndef DFLASH_CUDA_EMU
 // ---- moe_linear: the Hopper kernel ----------------------------------------------------------------------------------
 constexpr int kWgBM = 128, kWgBK = 64;        // tile rows, k-step
@@ -431,7 +606,7 @@ __device__ __forceinline__ void quad_store(bf16* row, const uint32_t (&pk)[4], i
   if (!row_ok) return;
   bf16* dst = row + 8 * q;
   if (vec && 8 * q + 8 <= cols) {
-    *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+    *reinterpret_cast<uint4*>(dst) = uint4{o[0], o[1], o[2], o[3]};
   } else {
     DFLASH_UNROLL
     for (int k = 0; k < 4; ++k)
@@ -444,6 +619,7 @@ __device__ __forceinline__ void quad_store(bf16* row, const uint32_t (&pk)[4], i
 // bf16 weights (MXFP4 weights: k_moe_gemm_fp4 below).
 template <int ACT, int BN, int NS>
 __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, const __grid_constant__ CUtensorMap wmap) {
+#if DFLASH_HOPPER_DEVICE
   static_assert(BN == 128 || BN == 256, "tiles of 128 or 256 columns");
   constexpr bool SWIGLU = ACT != kActNone;
   constexpr int kBTile = BN * 128, kBoxes = BN / 64;  // B stage bytes; 64-row TMA boxes per stage
@@ -604,6 +780,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
       }
     }
   }
+#else
+  __trap();  // (not the Hopper tier: never launched, common.cuh)
+#endif
 }
 
 // ---- moe_linear: the Hopper kernel for MXFP4 weights -----------------------------------------------------------------
@@ -646,6 +825,7 @@ __device__ __forceinline__ int64_t fp4_tile_row(const MoeGemmParams& p, int nt, 
 
 template <int ACT, int BT, int NS>
 __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_fp4(MoeGemmParams p) {
+#if DFLASH_HOPPER_DEVICE
   static_assert(BT == 128 || BT == 256, "tiles of 128 or 256 tokens");
   constexpr bool GATED = ACT != kActNone;
   constexpr int kXTile = BT * 128, kStage = kXTile + kFp4Raw;  // a stage: x's rows, then the raw weights
@@ -840,6 +1020,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_fp4(MoeGemmParams p)
       }
     }
   }
+#else
+  __trap();  // (not the Hopper tier: never launched, common.cuh)
+#endif
 }
 
 // The 2-D TMA map of the weights [E Nw, K] (bf16, K innermost): boxes of 64 columns x 64 rows, 128-byte swizzle (one
@@ -970,13 +1153,15 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 }  // namespace
 
-std::string moe_linear_path(int64_t N, int64_t K, bool swiglu) {
-#ifdef DFLASH_CUDA_EMU
-  (void)N, (void)K, (void)swiglu;
-  return "simt";
-#else
-  return N % 2 == 0 && K % 8 == 0 && K >= 8 ? "wgmma" : "simt";
-#endif
+std::string moe_linear_path(const Env& e, int64_t N, int64_t K, bool aligned) {
+  if (K % 8 != 0 || K < 8 || !aligned) return "simt";
+  if (e.tier == KernelTier::Hopper && N % 2 == 0) return "wgmma";
+  return "mma";
+}
+
+std::string moe_linear_kernels(const Env& e) {
+  return std::string(e.tier == KernelTier::Hopper ? "warpgroup MMA with TMA (K % 8 == 0, N even), else " : "") +
+         "mma.sync (K % 8 == 0), else CUDA cores; bf16 or MXFP4 weights (dequantised on chip)";
 }
 
 void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) {
@@ -1050,10 +1235,9 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
   p.y16 = d.N % 8 == 0 && aligned16(y.data);
   Tensor tile_off = e.alloc(DType::I32, {d.E + 1});
   p.tile_off = tile_off.ptr<int32_t>();
-  const bool wgmma =
-      moe_linear_path(d.N, d.K, act != MoeAct::None) == "wgmma" && aligned16(p.x) && aligned16(mw.w.data);
+  const std::string path = moe_linear_path(e, d.N, d.K, aligned16(p.x) && aligned16(mw.w.data));
 #ifndef DFLASH_CUDA_EMU
-  if (wgmma) {
+  if (path == "wgmma") {
     const int v = e.moe_variant >= 0 && e.moe_variant < 3 ? e.moe_variant : kMoeDefaultVariant;
     if (fp4) {
       if (a == kActNone) launch_fp4<kActNone>(e, p, d.R, v);
@@ -1070,9 +1254,28 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
     else launch_wg<kActClampedSwiGLU>(e, p, d.R, v, w_rows);
     return;
   }
-#else
-  (void)wgmma;
 #endif
+  if (path == "mma") {
+    DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, kMmaBM, tile_off.ptr<int32_t>());
+    check_launch("k_moe_tiles");
+    const int64_t out = act == MoeAct::None ? kMmaBW : kMmaBW / 2;
+    p.n_tiles = static_cast<int>((d.N + out - 1) / out);
+    const int64_t blocks = ((d.R + kMmaBM - 1) / kMmaBM + d.E) * p.n_tiles;
+    DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
+    const unsigned nb = static_cast<unsigned>(blocks);
+    const size_t smem = moe_mma_smem(fp4);
+    auto launch = [&](auto kernel) { DFLASH_LAUNCH(nb, kMmaThreads, smem, e.stream, kernel)(p); };
+    switch (a + 3 * fp4) {
+      case kActNone: launch(k_moe_gemm_mma<kActNone, false>); break;
+      case kActSwiGLU: launch(k_moe_gemm_mma<kActSwiGLU, false>); break;
+      case kActClampedSwiGLU: launch(k_moe_gemm_mma<kActClampedSwiGLU, false>); break;
+      case 3 + kActNone: launch(k_moe_gemm_mma<kActNone, true>); break;
+      case 3 + kActSwiGLU: launch(k_moe_gemm_mma<kActSwiGLU, true>); break;
+      default: launch(k_moe_gemm_mma<kActClampedSwiGLU, true>); break;
+    }
+    check_launch("k_moe_gemm_mma");
+    return;
+  }
   DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, kSimtBM, tile_off.ptr<int32_t>());
   check_launch("k_moe_tiles");
   p.n_tiles = static_cast<int>((d.N + 31) / 32);
@@ -1113,8 +1316,9 @@ void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weig
   }
 }
 
-void moe_init_attributes(int smem_optin) {
+void moe_init_attributes(int smem_optin, KernelTier tier) {
 #ifndef DFLASH_CUDA_EMU
+  if (tier != KernelTier::Hopper) return;
   allow_dynamic_smem(smem_optin, k_moe_gemm_wg<kActSwiGLU, 128, 4>, k_moe_gemm_wg<kActNone, 128, 4>,
                      k_moe_gemm_wg<kActSwiGLU, 256, 4>, k_moe_gemm_wg<kActNone, 256, 4>,
                      k_moe_gemm_wg<kActSwiGLU, 128, 6>, k_moe_gemm_wg<kActNone, 128, 6>,
@@ -1123,7 +1327,7 @@ void moe_init_attributes(int smem_optin) {
                      k_moe_gemm_fp4<kActSwiGLU, 128, 4>, k_moe_gemm_fp4<kActSwiGLU, 256, 4>,
                      k_moe_gemm_fp4<kActClampedSwiGLU, 128, 4>, k_moe_gemm_fp4<kActClampedSwiGLU, 256, 4>);
 #else
-  (void)smem_optin;
+  (void)smem_optin, (void)tier;
 #endif
 }
 

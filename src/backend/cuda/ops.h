@@ -27,6 +27,7 @@
 #endif
 
 #include "backend/context.h"
+#include "backend/kernel_tier.h"
 
 namespace dflash::cuda {
 
@@ -57,11 +58,21 @@ struct Env {
   // stages; 2 = 128 columns, 6 stages), from DFLASH_MOE_GEMM_VARIANT when the context is made (a benchmarking knob;
   // -1 = the measured default).
   int moe_variant = -1;
-  // Whether the attention forward may run on warpgroup MMA (attention_wgmma.cu); DFLASH_ATTN_WGMMA=0 when the context
-  // is made turns it off, so that the mma.sync forward (attention_tc.cu) can be timed on the same shapes (a
-  // benchmarking knob).
+  // The kernel tier (backend/kernel_tier.h): Hopper runs the warpgroup-MMA / TMA kernels where they apply, Portable
+  // never does (the emulator's, every non-Hopper card's, and any card's with DFLASH_KERNELS=portable).
+  KernelTier tier = KernelTier::Portable;
+  // Whether the device has FP8 tensor cores that cuBLASLt's block-scaled and outer-vector FP8 GEMMs use (compute
+  // capability 9.0 and later); elsewhere FP8 weights are dequantised to bf16 for each product (linear_fp8.cu).
+  bool fp8_tensor_cores = false;
+  // Whether the attention forward may run on warpgroup MMA (attention_wgmma.cu) on the Hopper tier;
+  // DFLASH_ATTN_WGMMA=0 when the context is made turns it off, so that the mma.sync forward (attention_tc.cu) can be
+  // timed on the same shapes (a benchmarking knob).
   bool attn_wgmma = true;
 };
+
+// Throws, naming the device, if the driver cannot load this build's kernels on the current device (no code for its
+// compute capability, or PTX newer than the driver compiles); elementwise.cu.
+void check_kernel_image(const std::string& device);
 
 // Checks that t is a CUDA tensor of dtype dt (Error naming op and tensor otherwise).
 void check_dev(const char* op, const Tensor& t, const char* name, DType dt);
@@ -99,8 +110,9 @@ void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bi
                 const Tensor* c);
 LinearWeight quantize_fp8(Env& e, const Tensor& w, int64_t block_n, int64_t block_k);
 Tensor dequantize_fp8(Env& e, const LinearWeight& w);  // -> BF16 [N, K]
-// Whether linear_fp8 runs w on the FP8 tensor cores (block 128 x 128 or per channel, K % 16 == 0, N % 8 == 0)
-// rather than dequantising it (a benchmark's and a test's question; cuBLASLt may still decline a shape).
+// Whether linear_fp8 runs w on the FP8 tensor cores (block 128 x 128 or per channel, K % 16 == 0, N % 8 == 0) on a
+// device that has them (Env::fp8_tensor_cores) rather than dequantising it (a benchmark's and a test's question;
+// cuBLASLt may still decline a shape).
 bool linear_fp8_on_tensor_cores(const LinearWeight& w);
 void linear_dx(Env& e, const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
 void linear_dw(Env& e, const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor* db);
@@ -147,8 +159,9 @@ constexpr int kMaxHeadDim = 256;
 bool attention_supported(int d, int smem_limit, std::string* why);
 // Human-readable tile configuration chosen for head_dim d under smem_limit, e.g. "fwd D128 M32 nk64 (50 KB) ...".
 std::string attention_config(int d, int smem_limit);
-// Sets the kernels' dynamic-shared-memory attribute to smem_optin (called once per context at construction).
-void attention_init_attributes(int smem_optin);
+// Sets the kernels' dynamic-shared-memory attribute to smem_optin (called once per context at construction; the
+// Hopper kernels' only on the Hopper tier).
+void attention_init_attributes(int smem_optin, KernelTier tier);
 
 // ---- Mixture of Experts (moe.cu) -----------------------------------------------------------------------------
 // Shapes as backend/context.h; logits / x / w / y / out BF16, weights F32. moe_route and moe_group take E <= 1024
@@ -159,11 +172,13 @@ void moe_group(Env& e, const Tensor& idx, const Tensor& offsets, const Tensor& r
 void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                 const Tensor& y, MoeAct act, const MoeLinearDims& d);
 void moe_combine(Env& e, const Tensor& y, const Tensor& slot, const Tensor& weights, const Tensor& out, float beta);
-// The kernel moe_linear runs for N output columns and inner size K: "wgmma" (the Hopper grouped GEMM; K % 8 == 0,
-// N even, 16-byte aligned x and w) or "simt" (any shape; the emulator).
-std::string moe_linear_path(int64_t N, int64_t K, bool swiglu);
-// Sets the Hopper grouped GEMM's dynamic-shared-memory attribute (once per context, at construction).
-void moe_init_attributes(int smem_optin);
+// The kernel moe_linear runs for N output columns and inner size K (aligned: x and the weights 16-byte aligned):
+// "wgmma" (the Hopper grouped GEMM, Hopper tier; K % 8 == 0, N even), "mma" (the portable tensor-core grouped GEMM,
+// mma.sync; K % 8 == 0) or "simt" (any shape).
+std::string moe_linear_path(const Env& e, int64_t N, int64_t K, bool aligned = true);
+// Sets the Hopper grouped GEMM's dynamic-shared-memory attribute (once per context, at construction, on the Hopper
+// tier; the portable kernels need no opt-in).
+void moe_init_attributes(int smem_optin, KernelTier tier);
 
 // ---- hybrid linear-attention targets (hybrid_rows.cu, conv1d_causal.cu, gated_delta_rule.cu, gated_delta_chunk.cu)
 // Arguments checked by backend/context.h's check_* (whose dims they take); act BF16 (F32 accepted too), g / beta /
@@ -201,6 +216,14 @@ void dynamic_conv(Env& e, const DynConvArgs& a, const Tensor& y, const Tensor* r
 void dynamic_conv_backward(Env& e, const DynConvArgs& a, const Tensor& dy, const Tensor& du, const Tensor& d_delta,
                            const Tensor& d_base, const DynConvDims& d);
 SelectorStats candidate_selector(Env& e, const SelectorArgs& a, const Tensor& scores, const SelectorDims& d);
+
+// ---- what runs where (CudaContext::kernel_table, `dflash info --device cuda`; docs/gpus.md) -------------------------
+// One line per op group for e's tier and shared-memory limit, naming the kernel each case of the op runs, in the
+// order the op tries them.
+std::string attention_forward_kernels(const Env& e);  // attention_tc.cu
+std::string dflash_backward_kernels(const Env& e);    // attention_tc.cu
+std::string moe_linear_kernels(const Env& e);         // moe.cu
+std::string gated_delta_kernels(const Env& e);        // gated_delta_chunk.cu
 
 // A CUDA context whose shared-memory budget is capped at smem_cap_bytes (> 0) instead of the device's opt-in
 // limit: case C07 tests that a valid smaller configuration is chosen.
