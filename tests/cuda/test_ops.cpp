@@ -211,9 +211,11 @@ bool compare(const std::string& cname, const Out& o, const std::vector<double>& 
 // Runs `run` on cpu64, cpu and CUDA; each returns its outputs (as doubles) in the order of `outs`.
 using Outs = std::vector<std::vector<double>>;
 using RunFn = std::function<Outs(Context&)>;
-void check_case(const std::string& cname, const std::vector<Out>& outs, const RunFn& run) {
+// gpu_override: a CUDA context of its own (a capped shared-memory budget) instead of the shared one.
+void check_case(const std::string& cname, const std::vector<Out>& outs, const RunFn& run,
+                Context* gpu_override = nullptr) {
   Backends& b = Backends::get();
-  const auto ref = run(*b.c64), c32 = run(*b.c32), gpu = run(*b.gpu);
+  const auto ref = run(*b.c64), c32 = run(*b.c32), gpu = run(gpu_override ? *gpu_override : *b.gpu);
   ASSERT_EQ(ref.size(), outs.size());
   for (size_t i = 0; i < outs.size(); ++i) compare(cname, outs[i], gpu[i], c32[i], ref[i]);
 }
@@ -517,12 +519,13 @@ constexpr double kAttnOutNmse = 1.0 / 65536, kAttnGradNmse = 1.0 / 16384;
 
 // Causal attention of the target: prefill (q_offset 0) and decode (queries at the end of a cache); with window > 0
 // a sliding window, with sinks per-head sink logits N(0, 1.5) (gpt-oss; CausalAttnOpts).
-void causal_case(int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t d, int64_t window = 0, bool sinks = false) {
+void causal_case(int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t d, int64_t window = 0, bool sinks = false,
+                 Context* gpu_override = nullptr, const std::string& note = "") {
   const Tensor q = rnd({Tq, nh, d}, 40), k = rnd({Tk, nkv, d}, 41), v = rnd({Tk, nkv, d}, 42);
   const Tensor sk = rnd({nh}, 39, 1.5);
   const int64_t off = Tk - Tq;
   check_case(cat("attention_causal Tq", Tq, " Tk", Tk, " q_offset", off, " nh/nkv ", nh, "/", nkv, " d", d,
-                 window ? cat(" window ", window) : std::string(), sinks ? " sinks" : ""),
+                 window ? cat(" window ", window) : std::string(), sinks ? " sinks" : "", note),
              {{"out", Kind::Nmse, true, double(Tk + d), kAttnOutNmse}}, [&](Context& c) {
                Tensor o = nan_out(c, {Tq, nh, d});
                CausalAttnOpts opts;
@@ -531,7 +534,8 @@ void causal_case(int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t d, int
                c.attention_causal(put(c, q), put(c, k), put(c, v), o, off, 1.0f / std::sqrt(static_cast<float>(d)),
                                   opts);
                return Outs{get(c, o)};
-             });
+             },
+             gpu_override);
 }
 
 // A batch of sequences in one call (the target's forward over several sequences): sequence i has lens[i] query rows
@@ -869,6 +873,22 @@ TEST(CudaOps, DFlashAttentionSlidingWindow) {
   dflash_case("window", 2048, 16, 32, 8, 64, sorted_anchors(2048, 32, 12), std::vector<uint8_t>(32, 1), nullptr, 100);
   auto capped = gpu_context(32 * 1024);  // the CUDA-core kernels (case C07's cap)
   dflash_case("window, 32K smem cap", 300, 16, 8, 2, 128, {3, 150, 298}, {1, 1, 1}, capped.get(), 70);
+}
+
+// The shared memory per block of the portable tier's cards (docs/gpus.md): 99 KiB on compute capability 8.6 / 8.9
+// (A10, L40S, RTX 30xx / 40xx), 163 KiB on 8.0 (A100). Under 99 KiB the mma.sync forward at head dim 256 (the hybrid
+// targets' attention) takes 16-key tiles; the DFlash attention and its backward at 128 stay on mma.sync.
+TEST(CudaOps, SharedMemoryOfAmpereAndAda) {
+  for (int cap : {99 * 1024, 163 * 1024}) {
+    auto g = gpu_context(cap);
+    const std::string note = cat(" (", cap / 1024, " KiB per block)");
+    causal_case(kEmu ? 45 : 1000, kEmu ? 45 : 1000, 16, 2, 256, 0, false, g.get(), note);
+    causal_case(1, kEmu ? 70 : 300, 16, 2, 256, 0, false, g.get(), note);
+    causal_case(kEmu ? 40 : 300, kEmu ? 41 : 301, 4, 2, 128, 0, false, g.get(), note);
+    dflash_case(cat("dflash", note), kEmu ? 120 : 1000, 16, 8, 2, 128,
+                kEmu ? std::vector<int32_t>{3, 60, 118} : sorted_anchors(1000, 40, 5),
+                std::vector<uint8_t>(kEmu ? 3 : 40, 1), g.get());
+  }
 }
 
 // case C07: a device whose per-block shared memory is capped lower than the kernels' first choice

@@ -233,7 +233,7 @@ void attention_wgmma_init_attributes(int smem_optin);
 // shared memory, else false (launching nothing).
 bool launch_dflash_backward_wgmma(Env& e, const AttnBwdParams& p);
 // Shared memory of the tensor-core kernels for head dim D (64 or 128; the forward also 256).
-size_t attn_tc_fwd_smem(int D);
+size_t attn_tc_fwd_smem(int D, int keys = 0);  // keys per tile: 0 = the kernel's first choice
 size_t attn_tc_dq_smem(int D);
 size_t attn_tc_dkv_smem(int D);
 

@@ -59,7 +59,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 // (FlashAttention-2's hd256 layout, 64-key S in the freed registers): one more ldmatrix per 4 B loads of
 // S = Q K^T, +12% shared-memory traffic in a loop bound by it; D split in two halves over two warps: each half needs
 // all of S, so Q K^T is computed twice (or S goes through shared memory).
+// On the cards with 99 KiB of shared memory per block (compute capability 8.6, 8.9) the 32-key tiles do not fit beside
+// the kernel's 16 static bytes: there head dim 256 takes 16-key tiles (66 KiB), kFwdKeys256Small.
 constexpr int fwd_keys(int D) { return D == 256 ? 32 : kFwdKeys; }
+constexpr int kFwdKeys256Small = 16;
 
 using mma::mma16816;  // backend/cuda/mma_sync.cuh: mma.sync, ldmatrix and the fragment loads of a tile
 using mma::pack_bf16;
@@ -91,9 +94,10 @@ __device__ __forceinline__ void stage_rows(bf16* dst, const bf16* src, int nrows
 
 // ---- forward ---------------------------------------------------------------------------------------------------
 // WIN: compiled for a sliding-window layer; false = full attention, with no window arithmetic in the loops.
-template <int D, bool WIN>
+// KT: keys per tile (fwd_keys(D), or kFwdKeys256Small at head dim 256 under 99 KiB).
+template <int D, bool WIN, int KT = fwd_keys(D)>
 __global__ void __launch_bounds__(kTcThreads) k_fwd_tc(AttnFwdParams p) {
-  constexpr int LDS = D + 8, KT = fwd_keys(D), NT = KT / 8, DT = D / 8;
+  constexpr int LDS = D + 8, NT = KT / 8, DT = D / 8;
   DFLASH_DYN_SMEM(smem);
   __shared__ int sExt[4];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [64][LDS]
@@ -599,7 +603,9 @@ __global__ void __launch_bounds__(kDkvThreads) k_dkv_tc(AttnBwdParams p) {
 
 }  // namespace
 
-size_t attn_tc_fwd_smem(int D) { return static_cast<size_t>(kTcRows + 4 * fwd_keys(D)) * (D + 8) * 2; }
+size_t attn_tc_fwd_smem(int D, int keys) {
+  return static_cast<size_t>(kTcRows + 4 * (keys > 0 ? keys : fwd_keys(D))) * (D + 8) * 2;
+}
 size_t attn_tc_dq_smem(int D) { return static_cast<size_t>(2 * kTcRows + 4 * kDqKeys) * (D + 8) * 2; }
 size_t attn_tc_dkv_smem(int D) {  // K, V and two groups' Q, dO; also holds the final fp32 exchange (2 x 64 x D)
   return std::max(static_cast<size_t>(2 * kDkvKeys + 4 * kDkvQ) * (D + 8) * 2, size_t{2} * kDkvKeys * D * 4);
@@ -610,7 +616,8 @@ void attention_tc_init_attributes(int smem_optin) {
   allow_dynamic_smem(smem_optin, k_fwd_tc<64, false>, k_fwd_tc<128, false>, k_dq_tc<64, false>, k_dq_tc<128, false>,
                      k_dkv_tc<64, false>, k_dkv_tc<128, false>, k_fwd_tc<64, true>, k_fwd_tc<128, true>,
                      k_dq_tc<64, true>, k_dq_tc<128, true>, k_dkv_tc<64, true>, k_dkv_tc<128, true>,
-                     k_fwd_tc<256, false>, k_fwd_tc<256, true>);
+                     k_fwd_tc<256, false>, k_fwd_tc<256, true>, k_fwd_tc<256, false, kFwdKeys256Small>,
+                     k_fwd_tc<256, true, kFwdKeys256Small>);
 }
 #else
 void attention_tc_init_attributes(int) {}
@@ -618,13 +625,16 @@ void attention_tc_init_attributes(int) {}
 
 bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
   if (p0.d != 64 && p0.d != 128 && p0.d != 256) return false;
-  const size_t smem = attn_tc_fwd_smem(p0.d);
+  int keys = fwd_keys(p0.d);
+  if (p0.d == 256 && attn_tc_fwd_smem(256, keys) + kStaticSmemSlack > static_cast<size_t>(e.smem_limit))
+    keys = kFwdKeys256Small;  // (99 KiB per block: compute capability 8.6, 8.9)
+  const size_t smem = attn_tc_fwd_smem(p0.d, keys);
   if (smem + kStaticSmemSlack > static_cast<size_t>(e.smem_limit)) return false;
   if (!aligned16(p0.q) || !aligned16(p0.k1) || !aligned16(p0.v1) || !aligned16(p0.out)) return false;
   if (p0.k2 && (!aligned16(p0.k2) || !aligned16(p0.v2))) return false;
   AttnFwdParams p = p0;
   attn_rows_tiling(p.nh, p.nkv, kTcRows, p.hc, p.mq);
-  p.nk = fwd_keys(p.d);
+  p.nk = keys;
   const int64_t gy = static_cast<int64_t>(p.nkv) * (p.nh / p.nkv / p.hc);
   DFLASH_CHECK(gy <= 65535, "attention (cuda): too many heads (", p.nh, ")");
   const dim3 grid(static_cast<unsigned>((p.Tq + p.mq - 1) / p.mq), static_cast<unsigned>(gy));
@@ -634,7 +644,9 @@ bool launch_attention_forward_tc(Env& e, const AttnFwdParams& p0) {
     win ? launch(k_fwd_tc<64, true>) : launch(k_fwd_tc<64, false>);
   else if (p.d == 128)
     win ? launch(k_fwd_tc<128, true>) : launch(k_fwd_tc<128, false>);
-  else  // the hybrid targets' gated attention (Qwen3-Next, Qwen3.5: head_dim 256)
+  else if (keys == kFwdKeys256Small)  // the hybrid targets' gated attention (Qwen3-Next, Qwen3.5: head_dim 256)
+    win ? launch(k_fwd_tc<256, true, kFwdKeys256Small>) : launch(k_fwd_tc<256, false, kFwdKeys256Small>);
+  else
     win ? launch(k_fwd_tc<256, true>) : launch(k_fwd_tc<256, false>);
   check_launch("attention_forward_tc");
   return true;
@@ -657,7 +669,8 @@ std::string attention_forward_kernels(const Env& e) {
     const std::string wg = dims_fitting(e, {128, 256}, [](int D) { return attention_wgmma_fwd_smem(D); }, 0);
     if (!wg.empty()) s = "warpgroup MMA (head dim " + wg + "; no causal window, DFlash at 128), else ";
   }
-  const std::string tc = dims_fitting(e, {64, 128, 256}, attn_tc_fwd_smem, kStaticSmemSlack);
+  const std::string tc = dims_fitting(
+      e, {64, 128, 256}, [](int D) { return attn_tc_fwd_smem(D, D == 256 ? kFwdKeys256Small : 0); }, kStaticSmemSlack);
   if (!tc.empty()) s += "mma.sync (head dim " + tc + "), else ";
   return s + "CUDA cores (other head dims)";
 }
