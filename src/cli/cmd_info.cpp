@@ -1,6 +1,9 @@
 // cli/cmd_info.cpp — `dflash info PATH [--json]`: a model directory's parsed config.json — its family, the per-layer
 // plan, total and active parameters per token, what the weights take on the device, the drafter defaults — and its
-// weight summary, or a .safetensors file's tensors and metadata.
+// weight summary, or a .safetensors file's tensors and metadata. `dflash info --plan --target DIR [train's layout
+// options]`: the memory plan of a training layout (train/memory_plan.h) as a table (--json: as JSON); exit status 1
+// when it does not fit, with train's refusal.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +21,9 @@
 #include "model/drafter.h"
 #include "model/target.h"
 #include "model/target/mixer.h"
+#include "io/dataset.h"
+#include "train/memory_plan.h"
+#include "train/trainer.h"
 
 namespace dflash::cli {
 
@@ -268,9 +274,43 @@ void register_info(CLI::App& app) {
   auto* sub = app.add_subcommand("info", "show a model directory's config and weights, or a .safetensors file");
   static std::string path;
   static bool as_json = false;
-  sub->add_option("path", path, "model directory, config.json or .safetensors file")->required();
+  static bool plan = false;
+  static TrainConfig layout;
+  static std::string data;
+  sub->add_option("path", path, "model directory, config.json or .safetensors file");
   sub->add_flag("--json", as_json, "print JSON");
+  sub->add_flag("--plan", plan, "the memory plan of a training layout (with --target and train's layout options): "
+                "bytes per device, exit status 1 when it does not fit");
+  sub->add_option("--target", layout.target_dir, "--plan: the target model directory (or give it as PATH)");
+  sub->add_option("--data", data, "--plan: a data directory whose longest sequence sizes the plan (else --max-length)");
+  add_layout_options(sub, layout);
   sub->callback([] {
+    if (plan) {
+      if (layout.target_dir.empty()) layout.target_dir = path;
+      DFLASH_CHECK(!layout.target_dir.empty(), "info --plan: give --target DIR");
+      int64_t longest = 0;
+      if (!data.empty()) {
+        const Dataset d = Dataset::open(data);
+        for (size_t i = 0; i < d.size(); ++i)
+          longest = std::max<int64_t>(longest, static_cast<int64_t>(d.get(i).tokens.size()));
+      }
+      const int64_t assumed = layout.device_memory.empty() ? 0 : parse_bytes(layout.device_memory, "--device-memory");
+      const MemoryPlanInputs in = memory_plan_inputs(layout, longest);
+      const MemoryPlan p = plan_memory(in);
+      if (as_json) {
+        nlohmann::json j = p;
+        nlohmann::json fr = nlohmann::json::object();
+        for (const auto& [pool, need] : p.needed()) fr[pool] = pool_free_bytes(pool, assumed);
+        j["free"] = fr;
+        std::cout << j.dump(2) << "\n";
+      } else {
+        std::cout << memory_plan_table(p, assumed);
+      }
+      std::cout.flush();
+      check_memory_plan(in, p, assumed);
+      return;
+    }
+    DFLASH_CHECK(!path.empty(), "info: give a PATH (or --plan --target DIR)");
     ojson out;
     if (file_exists(path) && path.ends_with(".safetensors")) {
       out = file_json(*SafetensorsFile::open(path));
