@@ -2,6 +2,9 @@
 // family, the per-layer plan, total and active parameters per token, what the weights take on the device, the
 // drafter defaults — and its weight summary, or a .safetensors file's tensors and metadata; with --device, the
 // device and which kernel runs each group of ops there (the CUDA kernel tiers, backend/kernel_tier.h).
+// `dflash info --plan --target DIR [train's layout options]`: the memory plan of a training layout
+// (train/memory_plan.h) as a table (--json: as JSON); exit status 1 when it does not fit, with train's refusal.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +23,9 @@
 #include "model/drafter.h"
 #include "model/target.h"
 #include "model/target/mixer.h"
+#include "io/dataset.h"
+#include "train/memory_plan.h"
+#include "train/trainer.h"
 
 namespace dflash::cli {
 
@@ -274,16 +280,50 @@ void print_text(const ojson& j) {
 
 void register_info(CLI::App& app) {
   auto* sub = app.add_subcommand("info", "show a model directory's config and weights, or a .safetensors file");
-  static std::string path, device;
+  static std::string path;
   static bool as_json = false;
+  static bool plan = false;
+  static TrainConfig layout;
+  static std::string data;
   sub->add_option("path", path, "model directory, config.json or .safetensors file");
-  sub->add_option("--device", device, "show the device (cpu, cuda, cuda:N) and which kernel runs each op there");
   sub->add_flag("--json", as_json, "print JSON");
-  sub->callback([] {
-    DFLASH_CHECK(!path.empty() || !device.empty(), "info: give a model directory, a .safetensors file or --device");
+  sub->add_flag("--plan", plan, "the memory plan of a training layout (with --target and train's layout options): "
+                "bytes per device, exit status 1 when it does not fit");
+  sub->add_option("--target", layout.target_dir, "--plan: the target model directory (or give it as PATH)");
+  sub->add_option("--data", data, "--plan: a data directory whose longest sequence sizes the plan (else --max-length)");
+  add_layout_options(sub, layout);
+  sub->callback([sub] {
+    if (plan) {
+      if (layout.target_dir.empty()) layout.target_dir = path;
+      DFLASH_CHECK(!layout.target_dir.empty(), "info --plan: give --target DIR");
+      int64_t longest = 0;
+      if (!data.empty()) {
+        const Dataset d = Dataset::open(data);
+        for (size_t i = 0; i < d.size(); ++i)
+          longest = std::max<int64_t>(longest, static_cast<int64_t>(d.get(i).tokens.size()));
+      }
+      const int64_t assumed = layout.device_memory.empty() ? 0 : parse_bytes(layout.device_memory, "--device-memory");
+      const MemoryPlanInputs in = memory_plan_inputs(layout, longest);
+      const MemoryPlan p = plan_memory(in);
+      if (as_json) {
+        nlohmann::json j = p;
+        nlohmann::json fr = nlohmann::json::object();
+        for (const auto& [pool, need] : p.needed()) fr[pool] = pool_free_bytes(pool, assumed);
+        j["free"] = fr;
+        std::cout << j.dump(2) << "\n";
+      } else {
+        std::cout << memory_plan_table(p, assumed);
+      }
+      std::cout.flush();
+      check_memory_plan(in, p, assumed);
+      return;
+    }
+    const bool show_device = sub->count("--device") > 0;  // (train's layout option, bound to layout.device)
+    DFLASH_CHECK(!path.empty() || show_device,
+                 "info: give a model directory, a .safetensors file, --device or --plan --target DIR");
     ojson out;
-    if (!device.empty()) {
-      const std::unique_ptr<Context> ctx = make_context(device);
+    if (show_device) {
+      const std::unique_ptr<Context> ctx = make_context(layout.device);
       ojson rows = ojson::array();
       for (const auto& [ops, kernel] : ctx->kernel_table()) rows.push_back({{"ops", ops}, {"kernel", kernel}});
       out["device"] = {{"name", ctx->describe()}, {"kernels", rows}};

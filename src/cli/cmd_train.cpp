@@ -8,12 +8,9 @@
 
 namespace dflash::cli {
 
-void add_train_options(CLI::App* sub, TrainConfig& c) {
-  sub->add_option("--target", c.target_dir, "Hugging Face target model directory")->required();
-  sub->add_option("--data", c.data_dir, "data directory written by `dflash prepare`")->required();
-  sub->add_option("--out", c.out_dir, "output directory (checkpoints/, metrics.jsonl, export/)")->required();
+// The options that shape the layout and its memory (train/memory_plan.h), shared by `train` and `info --plan`.
+void add_layout_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--device", c.device, "cpu, cuda or cuda:N")->capture_default_str();
-  sub->add_option("--threads", c.threads, "CPU threads per worker (0 = all cores)")->capture_default_str();
   sub->add_option("--targets", c.targets,
                   "target workers: CUDA device indices (e.g. 0,1,2,3,4), or a count on the CPU (default: 1, "
                   "co-located with the drafter on --device)");
@@ -22,6 +19,14 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_flag("--colocate", c.colocate,
                 "every device of the one list given runs a target worker and a drafter worker (the default for "
                 "a single device)");
+  sub->add_option("--target-split", c.target_split,
+                  "stages per target worker: its layers cut into this many consecutive stages balanced by cost, one "
+                  "device each (--targets 0,1,2,3 --target-split 2: two workers of two GPUs; CPU: --targets 4 "
+                  "--target-split 2)")
+      ->capture_default_str();
+  sub->add_option("--device-memory", c.device_memory,
+                  "free bytes per device for the memory plan, e.g. 80GiB (default: what each device reports; CPU: the "
+                  "host's available memory)");
   sub->add_option("--queue-depth", c.queue_depth, "feature packets in flight per drafter (backpressure)")
       ->capture_default_str();
   // plain flags with callbacks (as --no-export): a "!--no-..." flag would show its hidden default in --help
@@ -30,15 +35,6 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
                 "reduce-scatter, master all-gather); the default");
   sub->add_flag("--no-shard-optimizer", [&c](int64_t n) { c.shard_optimizer = n <= 0; },
                 "every drafter holds the whole optimizer state (gradient all-reduce)");
-  sub->add_option("--collective-timeout", c.collective_timeout_s,
-                  "seconds a gradient/statistics all-reduce may wait before the job fails naming the workers "
-                  "waited on")
-      ->capture_default_str();
-  sub->add_flag("--random-target", c.random_target,
-                "benchmarks: draw the target's weights at random from its config.json (no safetensors needed)");
-  sub->add_option("--inject-fault", c.inject_fault, "testing aid: KIND:INDEX:STEP makes worker 'target N' or "
-                  "'drafter N' throw at step STEP (0-based); checkpoint:0:STEP stalls the write of the checkpoint of "
-                  "step STEP midway (for a test to kill the process)");
   sub->add_option("--num-layers", c.num_layers, "draft layers Ld")->capture_default_str();
   sub->add_option("--block-size", c.block_size, "block size B (16 for Qwen3 targets, 10 for Llama-3.1)")
       ->capture_default_str();
@@ -47,10 +43,6 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
                   "drafter is trained on and exported with; default: spec 1 rule for --num-target-features)")
       ->delimiter(',');
   sub->add_option("--num-target-features", c.num_target_features, "nf when --target-layer-ids is not given")
-      ->capture_default_str();
-  sub->add_option("--mask-token-id", c.mask_token_id,
-                  "mask token id (an existing embedding row); -1 = the tokenizer's mask token (the only negative "
-                  "value accepted)")
       ->capture_default_str();
   sub->add_option("--arch", c.arch,
                   "drafter architecture: dflash (spec 1) or dflash2 (dynamic convolutions around every sublayer and a "
@@ -63,10 +55,37 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
       ->capture_default_str();
   sub->add_option("--selector-rank", c.selector_rank, "DFlash2: rank of the selector's codebooks")->capture_default_str();
   sub->add_option("--selector-top-k", c.selector_top_k, "DFlash2: candidates per slot")->capture_default_str();
-  sub->add_option("--selector-alpha", c.selector_alpha, "DFlash2: weight of the selector's loss")->capture_default_str();
   sub->add_option("--intermediate-size", c.intermediate_size, "drafter MLP width (0 = the default: the target's dense width; 3 x hidden for an MoE target, as the published "
                   "MoE drafters)")
       ->capture_default_str();
+  sub->add_option("--max-anchors", c.max_anchors, "anchors (blocks) per sequence, N")->capture_default_str();
+  sub->add_option("--kl-weight", c.kl_weight, "weight of the soft-label KL term (0 = off; e.g. 0.15)")
+      ->capture_default_str();
+  sub->add_option("--max-length", c.max_length, "truncate sequences to this many tokens (0 = as prepared)")
+      ->capture_default_str();
+  sub->add_option("--batch-size", c.batch_size, "sequences per optimizer step")->capture_default_str();
+}
+
+void add_train_options(CLI::App* sub, TrainConfig& c) {
+  sub->add_option("--target", c.target_dir, "Hugging Face target model directory")->required();
+  sub->add_option("--data", c.data_dir, "data directory written by `dflash prepare`")->required();
+  sub->add_option("--out", c.out_dir, "output directory (checkpoints/, metrics.jsonl, export/)")->required();
+  add_layout_options(sub, c);
+  sub->add_option("--threads", c.threads, "CPU threads per worker (0 = all cores)")->capture_default_str();
+  sub->add_option("--collective-timeout", c.collective_timeout_s,
+                  "seconds a gradient/statistics all-reduce may wait before the job fails naming the workers "
+                  "waited on")
+      ->capture_default_str();
+  sub->add_flag("--random-target", c.random_target,
+                "benchmarks: draw the target's weights at random from its config.json (no safetensors needed)");
+  sub->add_option("--inject-fault", c.inject_fault, "testing aid: KIND:INDEX:STEP makes worker 'target N' or "
+                  "'drafter N' throw at step STEP (0-based); checkpoint:0:STEP stalls the write of the checkpoint of "
+                  "step STEP midway (for a test to kill the process)");
+  sub->add_option("--mask-token-id", c.mask_token_id,
+                  "mask token id (an existing embedding row); -1 = the tokenizer's mask token (the only negative "
+                  "value accepted)")
+      ->capture_default_str();
+  sub->add_option("--selector-alpha", c.selector_alpha, "DFlash2: weight of the selector's loss")->capture_default_str();
   sub->add_option("--init-std", c.init_std, "std of the Linear weights at init")->capture_default_str();
   sub->add_option("--init-from-target", c.init_from_target,
                   "start the draft layers as target decoder layers: \"next\" (the layers after the last captured "
@@ -83,7 +102,6 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
                   "one per draft layer, full_attention (full) or sliding_attention (sliding), e.g. "
                   "sliding,sliding,full (default: every layer sliding with --sliding-window, else full)")
       ->delimiter(',');
-  sub->add_option("--max-anchors", c.max_anchors, "anchors (blocks) per sequence, N")->capture_default_str();
   sub->add_option("--loss", c.loss,
                   "loss weights per slot: dpace (D-PACE, arXiv 2605.18810: from the drafter's own predicted acceptance; "
                   "--gamma unused) or decay (exp(-(i-1)/gamma)); spec 2.4")
@@ -91,10 +109,6 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--gamma", c.gamma, "loss decay gamma, with --loss decay (0 = default for B; < 0 = uniform weights)")
       ->capture_default_str();
   sub->add_option("--dpace-alpha", c.dpace_alpha, "D-PACE's confidence smoothing alpha in (0, 1] (--loss dpace)")
-      ->capture_default_str();
-  sub->add_option("--kl-weight", c.kl_weight, "weight of the soft-label KL term (0 = off; e.g. 0.15)")
-      ->capture_default_str();
-  sub->add_option("--max-length", c.max_length, "truncate sequences to this many tokens (0 = as prepared)")
       ->capture_default_str();
   sub->add_option("--lr", c.optim.lr, "peak learning rate")->capture_default_str();
   sub->add_option("--beta1", c.optim.beta1, "AdamW beta1")->capture_default_str();
@@ -110,7 +124,6 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--time-budget", c.time_budget_s,
                   "seconds of training: the step count is planned from two timed calibration steps (0 = off)")
       ->capture_default_str();
-  sub->add_option("--batch-size", c.batch_size, "sequences per optimizer step")->capture_default_str();
   sub->add_option("--seed", c.seed, "seed of init, data order and anchors")->capture_default_str();
   sub->add_flag("--recompute", c.recompute, "activation recompute of the draft layers");
   sub->add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0 = at the end only)")

@@ -6,6 +6,10 @@
 
 #include <CLI/CLI.hpp>
 
+namespace dflash {
+struct TrainConfig;  // train/trainer.h
+}
+
 namespace dflash::cli {
 
 void register_prepare(CLI::App& app);
@@ -19,6 +23,10 @@ void register_tokenize(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_capture(CLI::App& app);
+
+// The train options that shape the layout and its memory (devices, workers, --target-split, drafter shape, sequence
+// length, queue depth, optimizer sharding, --device-memory): `train` and `info --plan` (cli/cmd_train.cpp).
+void add_layout_options(CLI::App* sub, TrainConfig& c);
 
 // `s` as one shell word for a std::system / popen command line: single-quoted, each ' written as '\''.
 inline std::string shell_quote(const std::string& s) {

@@ -231,24 +231,15 @@ DynConvArgs Drafter::conv_args(const Param& base, const Tensor& u, const Tensor&
   return DynConvArgs{u, delta, base.compute, side, cfg_.block_size, cfg_.conv_group_size};
 }
 
-Drafter::Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std) : cfg_(std::move(cfg)) {
-  cfg_.validate();
-  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, d = cfg_.head_dim;
-  const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, nf = cfg_.nf();
-  uint64_t index = 0;
-  // values depend on (seed, parameter index) only, drawn where the parameter lives (Context::fill_normal)
-  auto linear = [&](const std::string& name, Shape s) {
-    Tensor t = ctx.empty(ctx.param_dtype(), std::move(s));
-    ctx.fill_normal(t, init_std, seed, RngPurpose::Init, index++);
-    params_.adopt(ctx, name, std::move(t));
-  };
-  auto norm = [&](const std::string& name, int64_t n) {
-    ++index;
-    params_.add(ctx, name, cpu_tensor(std::vector<float>(static_cast<size_t>(n), 1.0f), {n}));
-  };
+std::vector<DrafterParamSpec> drafter_param_specs(const DrafterConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, d = c.head_dim;
+  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, nf = c.nf();
+  std::vector<DrafterParamSpec> v;
+  auto linear = [&](std::string name, Shape s) { v.push_back({std::move(name), std::move(s), ParamInit::Normal}); };
+  auto norm = [&](std::string name, int64_t n) { v.push_back({std::move(name), {n}, ParamInit::Ones}); };
   linear("fc.weight", {H, nf * H});
   norm("hidden_norm.weight", H);
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+  for (int64_t l = 0; l < c.num_layers; ++l) {
     norm(lp(l, "input_layernorm.weight"), H);
     linear(lp(l, "self_attn.q_proj.weight"), {nh * d, H});
     linear(lp(l, "self_attn.k_proj.weight"), {nkv * d, H});
@@ -262,30 +253,54 @@ Drafter::Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std
     linear(lp(l, "mlp.down_proj.weight"), {H, I});
   }
   norm("norm.weight", H);
-  if (cfg_.dflash2()) {
+  if (c.dflash2()) {
     // DFlash2's parameters come after DFlash's, so that both start from the same backbone for one seed. Each
     // convolution starts as the identity (base tap 0 = 1, other taps and the projection 0), the selector's
     // transition as nothing (successor codebook 0): SpecForge's dflash2.py initialisation; the predecessor codebook
     // and the hidden projection ~ N(0, init_std).
-    const int64_t Tn = cfg_.conv_kernel_size, r = cfg_.selector_rank, V = cfg_.vocab_size;
-    auto zeros = [&](const std::string& name, Shape sh) {
-      ++index;
-      params_.adopt(ctx, name, ctx.zeros(ctx.param_dtype(), std::move(sh)));
-    };
-    auto identity = [&](const std::string& name) {
-      ++index;
-      std::vector<float> b(static_cast<size_t>(2 * Tn * H), 0.0f);
-      for (int64_t sd = 0; sd < 2; ++sd) std::fill_n(b.begin() + sd * Tn * H, H, 1.0f);
-      params_.add(ctx, name, cpu_tensor(b, {2, Tn, H}));
-    };
-    for (int64_t l = 0; l < cfg_.num_layers; ++l)
+    const int64_t Tn = c.conv_kernel_size, r = c.selector_rank, V = c.vocab_size;
+    for (int64_t l = 0; l < c.num_layers; ++l)
       for (const char* conv : {"attention_conv", "mlp_conv"}) {
-        identity(lp(l, cat(conv, ".base_kernel").c_str()));
-        zeros(lp(l, cat(conv, ".kernel_projection.weight").c_str()), {cfg_.conv_coefficients(), H});
+        v.push_back({lp(l, cat(conv, ".base_kernel").c_str()), {2, Tn, H}, ParamInit::ConvIdentity});
+        v.push_back({lp(l, cat(conv, ".kernel_projection.weight").c_str()), {c.conv_coefficients(), H},
+                     ParamInit::Zeros});
       }
     linear("candidate_selector.hidden_projection.weight", {r, H});
     linear("candidate_selector.predecessor_codebook", {V, r});
-    zeros("candidate_selector.successor_codebook", {V, r});
+    v.push_back({"candidate_selector.successor_codebook", {V, r}, ParamInit::Zeros});
+  }
+  return v;
+}
+
+Drafter::Drafter(Context& ctx, DrafterConfig cfg, uint64_t seed, double init_std) : cfg_(std::move(cfg)) {
+  cfg_.validate();
+  const int64_t d = cfg_.head_dim;
+  // values depend on (seed, parameter index) only, drawn where the parameter lives (Context::fill_normal)
+  uint64_t index = 0;
+  for (DrafterParamSpec& p : drafter_param_specs(cfg_)) {
+    const uint64_t k = index++;
+    switch (p.init) {
+      case ParamInit::Normal: {
+        Tensor t = ctx.empty(ctx.param_dtype(), std::move(p.shape));
+        ctx.fill_normal(t, init_std, seed, RngPurpose::Init, k);
+        params_.adopt(ctx, p.name, std::move(t));
+        break;
+      }
+      case ParamInit::Ones:
+        params_.add(ctx, p.name, cpu_tensor(std::vector<float>(static_cast<size_t>(p.shape[0]), 1.0f),
+                                            p.shape));
+        break;
+      case ParamInit::Zeros:
+        params_.adopt(ctx, p.name, ctx.zeros(ctx.param_dtype(), std::move(p.shape)));
+        break;
+      case ParamInit::ConvIdentity: {  // [2, T, H]: tap 0 of both sides 1, the others 0
+        const int64_t Tn = p.shape[1], H = p.shape[2];
+        std::vector<float> b(static_cast<size_t>(2 * Tn * H), 0.0f);
+        for (int64_t sd = 0; sd < 2; ++sd) std::fill_n(b.begin() + sd * Tn * H, H, 1.0f);
+        params_.add(ctx, p.name, cpu_tensor(b, p.shape));
+        break;
+      }
+    }
   }
   inv_freq_ = ctx.to_device(rope_inv_freq(d, cfg_.rope_theta, cfg_.rope_scaling));
 }

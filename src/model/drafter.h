@@ -124,6 +124,18 @@ struct DraftStepStats {
   std::vector<uint8_t> covered;    // DFlash2, per selected row: the label is among the top-k candidates
 };
 
+// One drafter parameter as the constructor makes it: its export name, shape and how it starts (Normal: N(0,
+// init_std); Ones: RMSNorm weights; Zeros; ConvIdentity: DFlash2's base kernel, tap 0 = 1 on both sides).
+enum class ParamInit { Normal, Ones, Zeros, ConvIdentity };
+struct DrafterParamSpec {
+  std::string name;
+  Shape shape;
+  ParamInit init;
+};
+// Every parameter of a drafter of config c, in the order the Drafter adds them (parameter k draws its values from
+// fill_normal(seed, Init, k)): the one list behind the constructor and the memory plan (train/memory_plan.h).
+std::vector<DrafterParamSpec> drafter_param_specs(const DrafterConfig& c);
+
 class Drafter {
  public:
   // Random init (spec 1): Linear ~ N(0, init_std = 0.02), RMSNorm weights 1; values from fill_normal(seed, Init,

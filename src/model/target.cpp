@@ -32,11 +32,17 @@ TargetLayer load_layer(WeightSource& src, const ModelConfig& cfg, const WeightNa
   return L;
 }
 
-std::vector<TargetLayer> load_layers(WeightSource& src, const ModelConfig& cfg) {
+std::vector<TargetLayer> load_layers(WeightSource& src, const ModelConfig& cfg, int64_t first = 0, int64_t end = -1) {
   const WeightNames& n = family_of(cfg.arch).names;
   std::vector<TargetLayer> layers;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) layers.push_back(load_layer(src, cfg, n, l));
+  if (end < 0) end = cfg.num_hidden_layers;
+  for (int64_t l = first; l < end; ++l) layers.push_back(load_layer(src, cfg, n, l));
   return layers;
+}
+
+void check_stage(const ModelConfig& cfg, TargetStage st) {
+  DFLASH_CHECK(st.first >= 0 && st.first < st.end && st.end <= cfg.num_hidden_layers, "target stage of layers [",
+               st.first, ", ", st.end, ") outside [0, ", cfg.num_hidden_layers, ")");
 }
 
 // The embedding and lm_head (tied or not) from an opened checkpoint.
@@ -67,6 +73,46 @@ std::shared_ptr<const Target> Target::load(const std::string& dir, Context& ctx)
   w.layers = load_layers(src, cfg);
   w.inv_freq = ctx.to_device(rope_inv_freq(cfg.rope_dim(), cfg.rope_theta, cfg.rope_scaling));
   return std::make_shared<const Target>(std::move(cfg), std::move(w));
+}
+
+std::shared_ptr<const Target> Target::load_stage(const std::string& dir, Context& ctx, TargetStage st) {
+  ModelConfig cfg = load_model_config(dir);
+  check_stage(cfg, st);
+  const WeightNames& n = family_of(cfg.arch).names;
+  CheckpointWeights src(dir, ctx, cfg.linear_format == WeightFormat::FP8 ? &cfg.fp8 : nullptr);
+  const WeightStore& ws = src.store();
+  const Shape shape = {cfg.vocab_size, cfg.hidden_size};
+  TargetWeights w;
+  w.first_layer = st.first;
+  w.stage = true;
+  if (st.first == 0) w.embed = ctx.to_device(ws.f32(n.embed, shape), ctx.compute_dtype());
+  if (st.end == cfg.num_hidden_layers) {
+    w.final_norm = src.norm(n.final_norm, {cfg.hidden_size});
+    const bool tied = cfg.tie_word_embeddings || !ws.has(n.lm_head);
+    DFLASH_CHECK(!tied || cfg.tie_word_embeddings, dir, ": ", n.lm_head, " is missing and tie_word_embeddings is false");
+    w.lm_head = tied && w.embed.defined() ? w.embed
+                                          : ctx.to_device(ws.f32(tied ? n.embed : n.lm_head, shape), ctx.compute_dtype());
+  }
+  w.layers = load_layers(src, cfg, st.first, st.end);
+  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.rope_dim(), cfg.rope_theta, cfg.rope_scaling));
+  return std::make_shared<const Target>(std::move(cfg), std::move(w));
+}
+
+std::shared_ptr<const Target> Target::random_stage(const ModelConfig& cfg, Context& ctx, uint64_t seed,
+                                                   TargetStage st) {
+  check_stage(cfg, st);
+  const std::shared_ptr<const Target> all = random(cfg, ctx, seed);
+  TargetWeights w;
+  w.first_layer = st.first;
+  w.stage = true;
+  if (st.first == 0) w.embed = all->w_.embed;
+  if (st.end == cfg.num_hidden_layers) {
+    w.final_norm = all->w_.final_norm;
+    w.lm_head = all->w_.lm_head;
+  }
+  w.inv_freq = all->w_.inv_freq;
+  w.layers.assign(all->w_.layers.begin() + st.first, all->w_.layers.begin() + st.end);
+  return std::make_shared<const Target>(cfg, std::move(w));
 }
 
 TargetHead load_target_head(const std::string& dir, Context& ctx) {
@@ -118,26 +164,32 @@ int64_t fp8_projection_params(const ModelConfig& cfg, const LayerSpec& s) {
 
 }  // namespace
 
-TargetParams target_params(const ModelConfig& cfg) {
+TargetParams& TargetParams::operator+=(const TargetParams& o) {
+  total += o.total;
+  active += o.active;
+  embedding += o.embedding;
+  mxfp4 += o.mxfp4;
+  fp8 += o.fp8;
+  fp8_scale_bytes += o.fp8_scale_bytes;
+  return *this;
+}
+
+TargetParams target_layer_params(const ModelConfig& cfg, int64_t l) {
+  DFLASH_CHECK(l >= 0 && l < cfg.num_hidden_layers, "target layer ", l, " outside [0, ", cfg.num_hidden_layers, ")");
   TargetParams p;
   const int64_t H = cfg.hidden_size;
-  p.embedding = cfg.vocab_size * H;
-  p.total = p.embedding * (cfg.tie_word_embeddings ? 1 : 2) + H;  // embedding, lm_head, final norm
-  p.active = cfg.vocab_size * H + H;                             // lm_head (the embedding is a lookup), final norm
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    const LayerSpec s = cfg.layer(l);
-    const int64_t attn = token_mixer(s.mixer).params(cfg, s) + 2 * H;  // + the two norms
-    MlpParams m = mlp_params(cfg, s);
-    if (s.mlp == ChannelMixer::MoE && cfg.moe.shared_expert_width > 0) {
-      const int64_t se = shared_expert_params(H, cfg.moe.shared_expert_width);
-      m.total += se;
-      m.active += se;
-    }
-    p.total += attn + m.total;
-    p.active += attn + m.active;
-    p.mxfp4 += m.mxfp4;
-    if (cfg.linear_format == WeightFormat::FP8) p.fp8 += fp8_projection_params(cfg, s);
+  const LayerSpec s = cfg.layer(l);
+  const int64_t attn = token_mixer(s.mixer).params(cfg, s) + 2 * H;  // + the two norms
+  MlpParams m = mlp_params(cfg, s);
+  if (s.mlp == ChannelMixer::MoE && cfg.moe.shared_expert_width > 0) {
+    const int64_t se = shared_expert_params(H, cfg.moe.shared_expert_width);
+    m.total += se;
+    m.active += se;
   }
+  p.total = attn + m.total;
+  p.active = attn + m.active;
+  p.mxfp4 = m.mxfp4;
+  if (cfg.linear_format == WeightFormat::FP8) p.fp8 = fp8_projection_params(cfg, s);
   if (p.fp8 > 0) {  // one F32 scale per block (per channel: per row of K = H, the usual K)
     const int64_t bn = cfg.fp8.block_n > 0 ? cfg.fp8.block_n : H, bk = cfg.fp8.block_k > 0 ? cfg.fp8.block_k : H;
     p.fp8_scale_bytes = 4 * ((p.fp8 + bn * bk - 1) / (bn * bk));
@@ -145,12 +197,26 @@ TargetParams target_params(const ModelConfig& cfg) {
   return p;
 }
 
+TargetParams target_params(const ModelConfig& cfg) {
+  TargetParams p;
+  const int64_t H = cfg.hidden_size;
+  p.embedding = cfg.vocab_size * H;
+  p.total = p.embedding * (cfg.tie_word_embeddings ? 1 : 2) + H;  // embedding, lm_head, final norm
+  p.active = cfg.vocab_size * H + H;                             // lm_head (the embedding is a lookup), final norm
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) p += target_layer_params(cfg, l);
+  return p;
+}
+
 Target::Target(ModelConfig cfg, TargetWeights w) : cfg_(std::move(cfg)), w_(std::move(w)) {
-  DFLASH_CHECK(static_cast<int64_t>(w_.layers.size()) == cfg_.num_hidden_layers, "target: ", w_.layers.size(),
-               " layers given, config says ", cfg_.num_hidden_layers);
-  for (size_t l = 0; l < w_.layers.size(); ++l) {
-    TargetLayer& L = w_.layers[l];
-    L.spec = cfg_.layer(static_cast<int64_t>(l));  // the config's plan is the one truth (hand-built layers too)
+  DFLASH_CHECK(!w_.stage ? w_.first_layer == 0 && static_cast<int64_t>(w_.layers.size()) == cfg_.num_hidden_layers
+                         : !w_.layers.empty() && w_.first_layer >= 0 &&
+                               w_.first_layer + static_cast<int64_t>(w_.layers.size()) <= cfg_.num_hidden_layers,
+               "target: ", w_.layers.size(), " layers given from layer ", w_.first_layer, ", config says ",
+               cfg_.num_hidden_layers);
+  for (size_t i = 0; i < w_.layers.size(); ++i) {
+    TargetLayer& L = w_.layers[i];
+    const int64_t l = w_.first_layer + static_cast<int64_t>(i);
+    L.spec = cfg_.layer(l);  // the config's plan is the one truth (hand-built layers too)
     const std::string missing = token_mixer(L.spec.mixer).missing(L.mixer, L.spec);
     DFLASH_CHECK(missing.empty(), "target layer ", l, ": ", missing);
     const bool experts = L.moe.gate_up.w.defined() || L.moe.gate_up_fp8.defined();
@@ -199,28 +265,45 @@ Target::Output Target::forward_at(Context& ctx, const Tensor& ids, const std::ve
 
 Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const SeqSegment> segs,
                            std::span<const int64_t> layer_ids, int64_t run_layers, bool want_final) const {
+  DFLASH_CHECK(whole(), "target: this is stage [", stage().first, ", ", stage().end, ") of a split target; it runs "
+               "forward_stage only");
   const int64_t R = ids.numel(), H = cfg_.hidden_size;
   const DType dt = ctx.compute_dtype();
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
   Output out;
   out.features = ctx.empty(dt, {R, static_cast<int64_t>(layer_ids.size()) * H});
   Tensor h = ctx.empty(dt, {R, H});
   ctx.embedding(w_.embed, ids, h);
-  Tensor x = ctx.empty(dt, {R, H});
-  Tensor none;
-  // RMSNorm with the family's weight convention (zero-centred: 1 + w)
-  auto norm = [&](const Tensor& in, const Tensor& w, const Tensor& y) {
-    if (cfg_.zero_centred_norms) {
-      ctx.rmsnorm_gated(in, w, nullptr, eps, true, y);
-    } else {
-      ctx.rmsnorm(in, w, eps, y, none);
-    }
-  };
-  for (int64_t l = 0; l < run_layers; ++l) {
-    const TargetLayer& L = w_.layers[l];
-    norm(h, L.in_norm, x);
+  this->run_layers(ctx, h, pos, segs, layer_ids, 0, run_layers, out);
+  if (want_final) {
+    out.final_hidden = ctx.empty(dt, {R, H});
+    final_norm(ctx, h, out.final_hidden);
+  }
+  return out;
+}
+
+// RMSNorm with the family's weight convention (zero-centred: 1 + w)
+static void family_norm(Context& ctx, const ModelConfig& cfg, const Tensor& in, const Tensor& w, const Tensor& y) {
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  if (cfg.zero_centred_norms) {
+    ctx.rmsnorm_gated(in, w, nullptr, eps, true, y);
+  } else {
+    ctx.rmsnorm(in, w, eps, y, Tensor());
+  }
+}
+
+void Target::final_norm(Context& ctx, const Tensor& h, const Tensor& y) const {
+  family_norm(ctx, cfg_, h, w_.final_norm, y);
+}
+
+void Target::run_layers(Context& ctx, const Tensor& h, const Tensor& pos, std::span<const SeqSegment> segs,
+                        std::span<const int64_t> layer_ids, int64_t l0, int64_t l1, Output& out) const {
+  const int64_t H = cfg_.hidden_size;
+  Tensor x = ctx.empty(ctx.compute_dtype(), {h.rows(), H});
+  for (int64_t l = l0; l < l1; ++l) {
+    const TargetLayer& L = w_.layers[static_cast<size_t>(l - w_.first_layer)];
+    family_norm(ctx, cfg_, h, L.in_norm, x);
     token_mixer(L.spec.mixer).forward(ctx, L.mixer, {cfg_, L.spec, l, x, pos, w_.inv_freq, segs}, h);
-    norm(h, L.post_norm, x);
+    family_norm(ctx, cfg_, h, L.post_norm, x);
     if (L.spec.mlp == ChannelMixer::Dense) {
       dense_mlp_forward(ctx, L.mlp, x, h);
       out.router_topk.emplace_back();
@@ -231,11 +314,48 @@ Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, s
     for (size_t f = 0; f < layer_ids.size(); ++f)
       if (layer_ids[f] == l) ctx.copy_columns(out.features, h, static_cast<int64_t>(f) * H);
   }
-  if (want_final) {
-    out.final_hidden = ctx.empty(dt, {R, H});
-    norm(h, w_.final_norm, out.final_hidden);
+}
+
+Target::StageState Target::forward_stage(Context& ctx, const Tensor& ids, const StageState* in,
+                                         std::span<const int64_t> layer_ids, bool want_final,
+                                         Tensor* final_hidden) const {
+  const int64_t T = ids.numel(), H = cfg_.hidden_size, Lt = cfg_.num_hidden_layers;
+  const int64_t nfH = static_cast<int64_t>(layer_ids.size()) * H;
+  const DType dt = ctx.compute_dtype();
+  const TargetStage st = stage();
+  int64_t last = -1;
+  for (int64_t l : layer_ids) {
+    DFLASH_CHECK(l >= 0 && l < Lt, "target layer id ", l, " outside [0, ", Lt, ")");
+    last = std::max(last, l);
   }
-  return out;
+  Output out;
+  StageState s;
+  s.h = ctx.empty(dt, {T, H});
+  out.features = s.features = ctx.empty(dt, {T, nfH});
+  if (st.first == 0) {
+    ctx.embedding(w_.embed, ctx.to_device(ids), s.h);
+  } else {
+    DFLASH_CHECK(in != nullptr, "target stage [", st.first, ", ", st.end, "): no state from the stage before");
+    DFLASH_CHECK(in->h.shape == s.h.shape && in->features.shape == s.features.shape, "target stage [", st.first, ", ",
+                 st.end, "): the state from the stage before is ", shape_str(in->h.shape), " + ",
+                 shape_str(in->features.shape), ", expected ", shape_str(s.h.shape), " + ",
+                 shape_str(s.features.shape));
+    ctx.copy(s.h, in->h);
+    if (nfH > 0) ctx.copy(s.features, in->features);
+  }
+  const int64_t l1 = want_final ? st.end : std::min(st.end, last + 1);
+  if (l1 > st.first) {
+    std::vector<int32_t> pos_host(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos_host[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+    const SeqSegment seg{0, T, 0, nullptr};
+    run_layers(ctx, s.h, ctx.to_device(cpu_tensor_i32(pos_host, {T})), {&seg, 1}, layer_ids, st.first, l1, out);
+  }
+  if (want_final && st.end == Lt) {
+    DFLASH_CHECK(final_hidden != nullptr, "target stage [", st.first, ", ", st.end, "): want_final without an output");
+    *final_hidden = ctx.empty(dt, {T, H});
+    final_norm(ctx, s.h, *final_hidden);
+  }
+  return s;
 }
 
 void Target::logits(Context& ctx, const Tensor& hidden, const Tensor& out) const {

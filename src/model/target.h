@@ -24,6 +24,7 @@
 #include "model/target/mixer.h"          // MixerWeights, SeqSegment
 #include "model/target/mlp.h"            // DenseMlpWeights, MoeLayerWeights
 #include "model/target/shared_expert.h"  // SharedExpertWeights
+#include "model/target_stages.h"         // TargetStage
 
 namespace dflash {
 
@@ -39,12 +40,16 @@ struct TargetLayer {
 };
 
 // All tensors on one device, in that context's compute dtype; immutable once built (safe to share between
-// workers on the same device).
+// workers on the same device). A stage of a split target (model/target_stages.h) holds layers [first_layer,
+// first_layer + layers.size()) only: the embedding when it starts at layer 0, the final norm and lm_head when it ends
+// at the last layer (else undefined).
 struct TargetWeights {
   Tensor embed;       // [V, H]
-  Tensor lm_head;     // [V, H] (the same tensor as embed when tied)
+  Tensor lm_head;     // [V, H] (the same tensor as embed when tied and whole)
   Tensor final_norm;  // [H]
   Tensor inv_freq;    // [r/2] F32, RoPE frequencies (with scaling); r = cfg.rope_dim() (head_dim unless partial)
+  int64_t first_layer = 0;          // layers[i] is decoder layer first_layer + i
+  bool stage = false;               // a stage (Target::load_stage / random_stage): layers need not be all of them
   std::vector<TargetLayer> layers;
 };
 
@@ -63,12 +68,21 @@ TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t see
 // byte, plus one scale byte per 32); fp8 = those of total held in FP8 when the config declares FP8 linears (the
 // layer projections: attention, Gated DeltaNet, dense and shared-expert SwiGLU; routed experts are dequantised to
 // bf16), one byte each plus fp8_scale_bytes (one F32 per block).
+// device_bytes(e): the same with e bytes per plain parameter (the context's compute dtype: 2 for bf16 on CUDA, 4 for
+// F32 on "cpu", 8 on "cpu64"); MXFP4 and FP8 stay in their format on every backend.
 struct TargetParams {
   int64_t total = 0, active = 0, embedding = 0, mxfp4 = 0, fp8 = 0, fp8_scale_bytes = 0;
   int64_t bf16_bytes() const { return 2 * total; }
-  int64_t device_bytes() const { return 2 * (total - mxfp4 - fp8) + mxfp4 / 32 * 17 + fp8 + fp8_scale_bytes; }
+  int64_t device_bytes(int64_t plain_bytes = 2) const {
+    return plain_bytes * (total - mxfp4 - fp8) + mxfp4 / 32 * 17 + fp8 + fp8_scale_bytes;
+  }
+  TargetParams& operator+=(const TargetParams& o);
 };
 TargetParams target_params(const ModelConfig& cfg);
+// The terms of target_params for decoder layer l alone (0 <= l < num_hidden_layers; embedding 0): its norms, token
+// mixer and channel mixer, fp8_scale_bytes those of its FP8 projections. target_params is the head's terms (embedding,
+// lm_head unless tied, final norm) plus these over every layer.
+TargetParams target_layer_params(const ModelConfig& cfg, int64_t l);
 
 class Target {
  public:
@@ -80,7 +94,19 @@ class Target {
   // drawn on ctx's device by fill_normal(seed, RandomTarget, tensor index): identical on every device. With MoE
   // layers the router logits of random weights are nearly equal, so the experts are chosen almost uniformly.
   static std::shared_ptr<const Target> random(const ModelConfig& cfg, Context& ctx, uint64_t seed = 0);
+  // One stage of a split target (train --target-split): layers [st.first, st.end) read from `dir` (only their tensors
+  // are read from the mapped shards: no other layer's bytes are touched), the embedding when st.first == 0, the final
+  // norm and lm_head (the embedding's values when tied) when st.end is the last layer. Errors as load.
+  static std::shared_ptr<const Target> load_stage(const std::string& dir, Context& ctx, TargetStage st);
+  // The same stage of Target::random(cfg, ctx, seed): bit-identical weights (the whole random target is drawn, then
+  // the stage's tensors kept: its device holds the whole target for a moment).
+  static std::shared_ptr<const Target> random_stage(const ModelConfig& cfg, Context& ctx, uint64_t seed, TargetStage st);
+  // w holds every layer (first_layer 0) or a stage (first_layer + layers.size() <= num_hidden_layers). Throws Error
+  // naming the layer whose weights disagree with the config's plan.
   Target(ModelConfig cfg, TargetWeights w);
+  // The layers this target holds: [0, num_hidden_layers) unless it is a stage.
+  TargetStage stage() const { return {w_.first_layer, w_.first_layer + static_cast<int64_t>(w_.layers.size())}; }
+  bool whole() const { return w_.first_layer == 0 && static_cast<int64_t>(w_.layers.size()) == cfg_.num_hidden_layers; }
 
   const ModelConfig& config() const { return cfg_; }
   const TargetWeights& weights() const { return w_; }
@@ -116,6 +142,22 @@ class Target {
   // forward(ctx, ids[i], layer_ids, want_final) up to GEMM rounding. Throws Error as forward_batch.
   Output forward_packed(Context& ctx, std::span<const std::vector<int32_t>> ids, std::span<const int64_t> layer_ids,
                         bool want_final) const;
+  // What flows from one stage of a split target to the next for one sequence (a micro-batch): the residual stream
+  // after the stage's last layer and the features captured so far.
+  struct StageState {
+    Tensor h;         // [T, H] act
+    Tensor features;  // [T, nf*H] act: the columns of the captured layers up to the stage's last one are written
+  };
+  // This target's layers (a stage, or the whole target) over one sequence of T tokens without a cache, at positions
+  // 0..T-1: forward(ctx, ids, layer_ids, want_final) cut at the stage's boundaries. `ids` [T] I32 (host or device).
+  // The stage holding layer 0 starts from the embedding (in: null); a later one from `in`, the state the stage before
+  // returned (on any device: copied to ctx's). Layers after max(layer_ids) are skipped unless want_final. With
+  // want_final, the stage holding the last layer also returns final_hidden [T, H] (RMSNorm_final(h)) in *final_hidden.
+  // Every op is the one forward runs, on the same rows in the same order: the result is forward's, bit for bit, on
+  // a deterministic backend. Throws Error for a stage after layer 0 without `in`, a state of another shape, ids
+  // outside the vocabulary, or want_final without final_hidden at the last stage.
+  StageState forward_stage(Context& ctx, const Tensor& ids, const StageState* in, std::span<const int64_t> layer_ids,
+                           bool want_final, Tensor* final_hidden = nullptr) const;
   // logits [R, V] act = hidden [R, H] (final-normed) @ lm_head^T
   void logits(Context& ctx, const Tensor& hidden, const Tensor& out) const;
   // A cache of `capacity` positions for this target (KVCache::create), recording each forward for a rollback when
@@ -126,6 +168,10 @@ class Target {
   // The decoder over stacked rows (ids, pos on the device): the one layer loop behind forward and forward_batch.
   Output run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const SeqSegment> segs,
              std::span<const int64_t> layer_ids, int64_t run_layers, bool want_final) const;
+  // Layers [l0, l1) (held by this target) on h [R, H], capturing layer_ids' outputs into out.features.
+  void run_layers(Context& ctx, const Tensor& h, const Tensor& pos, std::span<const SeqSegment> segs,
+                  std::span<const int64_t> layer_ids, int64_t l0, int64_t l1, Output& out) const;
+  void final_norm(Context& ctx, const Tensor& h, const Tensor& y) const;
 
   ModelConfig cfg_;
   TargetWeights w_;

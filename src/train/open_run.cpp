@@ -15,6 +15,7 @@
 #include "model/draft_loss.h"     // parse_loss_kind, check_dpace_alpha
 #include "model/drafter_init.h"   // resolve_init_layers
 #include "train/checkpoint.h"     // latest_checkpoint
+#include "train/memory_plan.h"    // plan_memory, check_memory_plan
 #include "train/run_inputs.h"     // run_inputs, check_resume_inputs
 #include "train/step_plan.h"      // count_trainable_samples
 
@@ -84,14 +85,24 @@ int parse_count(const std::string& s, const char* opt) {
   return std::stoi(s);
 }
 
+}  // namespace
+
 Topology parse_topology(const TrainConfig& c) {
   Topology t;
+  DFLASH_CHECK(c.target_split >= 1, "--target-split ", c.target_split, ": give a number of stages >= 1");
+  t.split = c.target_split;
+  const int S = c.target_split;
   const bool cuda = c.device == "cuda" || c.device.rfind("cuda:", 0) == 0;
+  DFLASH_CHECK(S == 1 || !c.colocate, "--target-split ", S, " with --colocate: give the stages' devices with "
+               "--targets and the drafters' with --drafters");
   if (!cuda) {
     DFLASH_CHECK(c.device == "cpu" || c.device == "cpu64", "unknown device '", c.device, "' (cpu, cpu64, cuda, cuda:N)");
     t.backend = c.device;
     const int nd = parse_count(c.drafters, "--drafters");
-    const int nt = c.colocate && c.targets.empty() ? nd : parse_count(c.targets, "--targets");
+    // CPU: --targets counts CPU devices (S per target worker); none given: one worker
+    const int nt = c.colocate && c.targets.empty() ? nd : c.targets.empty() ? S : parse_count(c.targets, "--targets");
+    DFLASH_CHECK(nt % S == 0, "--targets ", c.targets, " with --target-split ", S, ": the ", nt,
+                 " target devices are not a whole number of workers of ", S, " stages (give a multiple of ", S, ")");
     t.targets.assign(static_cast<size_t>(nt), 0);
     t.drafters.assign(static_cast<size_t>(nd), 0);
     return t;
@@ -99,7 +110,8 @@ Topology parse_topology(const TrainConfig& c) {
   t.backend = "cuda";
   const int dev = c.device.size() > 5 ? std::stoi(c.device.substr(5)) : 0;
   if (c.targets.empty() && c.drafters.empty()) {
-    t.targets = t.drafters = {dev};
+    t.drafters = {dev};
+    t.targets.assign(static_cast<size_t>(S), dev);  // every stage on the one device
   } else if (c.colocate) {
     DFLASH_CHECK(c.targets.empty() || c.drafters.empty() || c.targets == c.drafters,
                  "--colocate: give the devices once (--drafters 0,1 or --targets 0,1)");
@@ -109,9 +121,14 @@ Topology parse_topology(const TrainConfig& c) {
                  "give both --targets and --drafters (device lists), or --colocate with one list");
     t.targets = parse_index_list(c.targets, "--targets");
     t.drafters = parse_index_list(c.drafters, "--drafters");
+    DFLASH_CHECK(t.targets.size() % static_cast<size_t>(S) == 0, "--targets ", c.targets, " with --target-split ", S,
+                 ": the ", t.targets.size(), " devices are not a whole number of workers of ", S,
+                 " stages (give a multiple of ", S, ")");
   }
   return t;
 }
+
+namespace {
 
 // The data, the tokenizer, the target's and the drafter's shapes; the config as recorded; this run's inputs.
 void read_inputs(const TrainConfig& cfg, OpenedRun& r) {
@@ -300,6 +317,23 @@ void check_space(const TrainConfig& cfg, const OpenedRun& r) {
            "intact)");
 }
 
+// Before anything loads: the bytes every device of the layout will hold against what it has free (train/memory_plan.h);
+// a layout that does not fit is refused, naming the device, the bytes and a layout that fits.
+void check_memory(const TrainConfig& cfg, const OpenedRun& r) {
+  int64_t longest = 0;
+  for (size_t i = 0; i < r.data.size(); ++i)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(r.data.get(i).tokens.size()));
+  const int64_t assumed = cfg.device_memory.empty() ? 0 : parse_bytes(cfg.device_memory, "--device-memory");
+  const MemoryPlanInputs in = memory_plan_inputs(cfg, longest, r.nproc);
+  const MemoryPlan plan = plan_memory(in);
+  check_memory_plan(in, plan, assumed);
+  for (const auto& [pool, need] : plan.needed()) {
+    const int64_t f = pool_free_bytes(pool, assumed);
+    log_info("memory plan: ", pool, " ", format_bytes(need), f >= 0 ? cat(" of ", format_bytes(f), " free") : "",
+             " (dflash info --plan: the table)");
+  }
+}
+
 }  // namespace
 
 OpenedRun open_run(const TrainConfig& cfg) {
@@ -317,6 +351,7 @@ OpenedRun open_run(const TrainConfig& cfg) {
   r.topo = parse_topology(cfg);
   r.fault = FaultPlan::parse(cfg.inject_fault);
   read_inputs(cfg, r);
+  check_memory(cfg, r);
   // An earlier run in out_dir is refused unless --resume / --overwrite; checked once every input is valid, so a
   // bad option never costs the old run.
   if (r.lead) hold_run_dir(cfg, r);

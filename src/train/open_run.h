@@ -26,12 +26,21 @@
 namespace dflash {
 
 // Which workers run where (spec 6). backend: the make_context device name without index ("cpu", "cpu64",
-// "cuda"); targets/drafters: per worker the device index (CPU: 0 for every worker).
+// "cuda"); drafters: per drafter worker its device index; targets: the target workers' devices, `split` consecutive
+// ones per worker (stage s of worker i on targets[i * split + s]); CPU: index 0 for every worker and stage.
 struct Topology {
   std::string backend;
   std::vector<int> targets, drafters;
+  int split = 1;  // stages per target worker (train --target-split)
+  int target_workers() const { return static_cast<int>(targets.size()) / split; }
+  int target_device(int worker, int stage) const { return targets[static_cast<size_t>(worker * split + stage)]; }
   std::string device_name(int index) const { return backend == "cuda" ? cat("cuda:", index) : backend; }
 };
+
+// The topology of cfg's --device, --targets, --drafters, --colocate and --target-split. Throws Error naming the
+// option: an unknown device, a malformed list or count, a device listed twice, --targets not a multiple of
+// --target-split.
+Topology parse_topology(const TrainConfig& cfg);
 
 // What the first phase hands on: the run's inputs, resolved and checked, and where the run starts.
 struct OpenedRun {

@@ -1,13 +1,14 @@
-// train/target_worker.h — a target worker: its own Context on one device, the frozen target (weights shared,
-// immutable, with any other worker of the same device), and a loop that takes jobs from the JobSource, runs the
-// target forward with hidden-state capture (spec 2.1.1) and publishes the feature packet into the job's drafter
-// queue (train/feature_queue.h). Never produces full-vocabulary logits.
+// train/target_worker.h — a target worker: its own Context on one device (or one per stage over S devices: a split
+// target), the frozen target (weights shared, immutable, with any other worker of the same device), and a loop
+// that takes jobs from the JobSource, runs the target forward with hidden-state capture (spec 2.1.1) and publishes
+// the feature packet into the job's drafter queue (train/feature_queue.h). Never produces full-vocabulary logits.
 // defines: TargetWorker
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/job_control.h"
 #include "model/target.h"
 #include "train/feature_queue.h"
 
@@ -20,24 +21,46 @@ class TargetWorker {
   // Warm-up phase (single-threaded): takes its context; makes one `ready` event per slot of every queue.
   TargetWorker(int index, std::string name, std::unique_ptr<Context> ctx, std::shared_ptr<const Target> target,
                std::vector<int64_t> layer_ids, bool final_hidden, const std::vector<FeatureQueue*>& queues);
+  // A worker over S > 1 devices (train --target-split): stage s (Target::load_stage, layers in order) runs on ctxs[s]
+  // in a thread of its own; a job's sequence flows through the stages as one micro-batch (Target::forward_stage),
+  // handed on through bounded queues of `depth` micro-batches, so that the stages work on consecutive sequences at
+  // the same time; the stage holding the last needed layer (the last captured one, or the last layer with soft
+  // labels) copies the features into the drafter's packet. `control`: the job's, polled by every wait.
+  TargetWorker(int index, std::string name, std::vector<std::unique_ptr<Context>> ctxs,
+               std::vector<std::shared_ptr<const Target>> stages, std::vector<int64_t> layer_ids, bool final_hidden,
+               const std::vector<FeatureQueue*>& queues, JobControl& control, int depth = 2);
+  ~TargetWorker();
   // Dry run of the forward on a short sequence, and one copy into every queue's first slot (peer paths set up).
   void warm_up();
-  // The worker thread's body: until the JobSource is exhausted or the job stops. Throws on failure.
+  // The worker thread's body: until the JobSource is exhausted or the job stops. Throws on failure (a stage's
+  // failure names the stage).
   void run(JobSource& jobs, const FaultPlan* fault);
 
   const std::string& name() const { return name_; }
-  Context& ctx() { return *ctx_; }
+  Context& ctx() { return *ctxs_[0]; }      // stage 0's
+  int stages() const { return static_cast<int>(ctxs_.size()); }
   WorkerClock clock;
 
  private:
+  struct Pipe;  // the bounded queues between the stages (target_worker.cpp)
+  // Runs the job's sequence through stages [0, S) one after the other in this thread (S = 1, the warm-up).
+  Target::Output forward_all(const Tensor& ids);
+  // The job's features (in ctx) into its drafter's packet, then publish.
+  void deliver(Context& ctx, const Job& job, const Tensor& features, const Tensor& final_hidden);
+  void stage_loop(int s);
+
   int index_;
   std::string name_;
-  std::unique_ptr<Context> ctx_;
-  std::shared_ptr<const Target> target_;
+  std::vector<std::unique_ptr<Context>> ctxs_;
+  std::vector<std::shared_ptr<const Target>> targets_;  // one per stage (the whole target when unsplit)
   std::vector<int64_t> layer_ids_;
   bool final_hidden_;
+  int last_stage_ = 0;  // the stage that delivers: the last one needed
   std::vector<FeatureQueue*> queues_;
-  std::vector<std::vector<std::unique_ptr<Event>>> ready_;  // [drafter][slot], this context's events
+  std::vector<std::vector<std::unique_ptr<Event>>> ready_;  // [drafter][slot], the delivering stage's events
+  JobControl* control_ = nullptr;
+  int depth_ = 2;
+  std::unique_ptr<Pipe> pipe_;
 };
 
 // Test aid (--inject-fault KIND:INDEX:STEP): the worker "target N" or "drafter N" (local index) throws when it

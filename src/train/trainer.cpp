@@ -23,6 +23,7 @@
 #include "model/drafter_init.h"   // init_drafter_from_target
 #include "model/export.h"
 #include "model/target.h"
+#include "model/target_stages.h"  // split_target_layers
 #include "train/checkpoint.h"
 #include "train/drafter_worker.h"  // DrafterWorker, StepReport
 #include "train/feature_queue.h"   // FeatureQueue, JobSource
@@ -40,6 +41,7 @@ void to_json(nlohmann::json& j, const TrainConfig& c) {
                      {"targets", c.targets},
                      {"drafters", c.drafters},
                      {"colocate", c.colocate},
+                     {"target_split", c.target_split},
                      {"queue_depth", c.queue_depth},
                      {"shard_optimizer", c.shard_optimizer},
                      {"arch", c.arch},
@@ -126,7 +128,8 @@ std::unique_ptr<Workers> build_workers(const TrainConfig& cfg, const OpenedRun& 
   const ContextOptions copt{.threads = cfg.threads, .profile_ops = cfg.profile};
   const Topology& topo = r.topo;
   const DrafterConfig& dc = r.dc;
-  w->T = static_cast<int>(topo.targets.size());
+  w->T = topo.target_workers();
+  const int S = topo.split;
   w->D = static_cast<int>(topo.drafters.size());
   w->world = w->D * r.nproc;
   w->rank0 = w->D * Mpi::rank();
@@ -139,8 +142,8 @@ std::unique_ptr<Workers> build_workers(const TrainConfig& cfg, const OpenedRun& 
     w->max_S = std::max<int64_t>(w->max_S, static_cast<int64_t>(r.data.get(i).tokens.size()));
   if (cfg.max_length > 0) w->max_S = std::min(w->max_S, cfg.max_length);
 
-  std::vector<std::unique_ptr<Context>> tctx;
-  for (int i = 0; i < w->T; ++i) tctx.push_back(make_context(topo.device_name(topo.targets[i]), copt));
+  std::vector<std::unique_ptr<Context>> tctx;  // [worker * S + stage]
+  for (int dev : topo.targets) tctx.push_back(make_context(topo.device_name(dev), copt));
   std::vector<std::unique_ptr<Context>> dctx;
   for (int i = 0; i < w->D; ++i) dctx.push_back(make_context(topo.device_name(topo.drafters[i]), copt));
   for (auto& a : tctx)
@@ -148,12 +151,30 @@ std::unique_ptr<Workers> build_workers(const TrainConfig& cfg, const OpenedRun& 
       a->enable_peer_access(*b);
       b->enable_peer_access(*a);
     }
+  for (int i = 0; i < w->T; ++i)  // a split worker hands the residual stream from each stage to the next
+    for (int s = 0; s + 1 < S; ++s) {
+      tctx[static_cast<size_t>(i * S + s)]->enable_peer_access(*tctx[static_cast<size_t>(i * S + s + 1)]);
+      tctx[static_cast<size_t>(i * S + s + 1)]->enable_peer_access(*tctx[static_cast<size_t>(i * S + s)]);
+    }
   // the target's weights: loaded once per device, shared (immutable) by the workers of that device
   std::map<int, std::shared_ptr<const Target>> target_on;
+  // a split target: each stage loaded once per device (only its layers' tensors read), shared likewise
+  std::map<std::pair<int, int>, std::shared_ptr<const Target>> stage_on;
+  const std::vector<TargetStage> stages = split_target_layers(r.tc, S);
   for (int i = 0; i < w->T; ++i)
-    if (!target_on.count(topo.targets[i]))
-      target_on[topo.targets[i]] = cfg.random_target ? Target::random(r.tc, *tctx[i], cfg.seed)
-                                                     : Target::load(cfg.target_dir, *tctx[i]);
+    for (int s = 0; s < S; ++s) {
+      const int dev = topo.target_device(i, s);
+      Context& c = *tctx[static_cast<size_t>(i * S + s)];
+      if (S == 1 && !target_on.count(dev))
+        target_on[dev] = cfg.random_target ? Target::random(r.tc, c, cfg.seed) : Target::load(cfg.target_dir, c);
+      const TargetStage st = stages[static_cast<size_t>(s)];
+      if (S > 1 && !stage_on.count({dev, s}))
+        stage_on[{dev, s}] = cfg.random_target ? Target::random_stage(r.tc, c, cfg.seed, st)
+                                               : Target::load_stage(cfg.target_dir, c, st);
+    }
+  if (S > 1)
+    for (size_t s = 0; s < stages.size(); ++s)
+      log_info("target stage ", s, ": layers ", stages[s].first, "-", stages[s].end - 1);
   for (int i = 0; i < w->D; ++i) {
     Tensor embed, lm_head;
     if (auto it = target_on.find(topo.drafters[i]); it != target_on.end()) {
@@ -183,10 +204,26 @@ std::unique_ptr<Workers> build_workers(const TrainConfig& cfg, const OpenedRun& 
                                                        dc.hidden_size, r.soft, w->control));
     qptr.push_back(w->queues.back().get());
   }
-  for (int i = 0; i < w->T; ++i)
-    w->targets.push_back(std::make_unique<TargetWorker>(i, worker_name("target", i, topo.targets[i]),
-                                                        std::move(tctx[i]), target_on.at(topo.targets[i]),
-                                                        dc.target_layer_ids, r.soft, qptr));
+  for (int i = 0; i < w->T; ++i) {
+    if (S == 1) {
+      w->targets.push_back(std::make_unique<TargetWorker>(i, worker_name("target", i, topo.targets[i]),
+                                                          std::move(tctx[i]), target_on.at(topo.targets[i]),
+                                                          dc.target_layer_ids, r.soft, qptr));
+      continue;
+    }
+    std::vector<std::unique_ptr<Context>> cs;
+    std::vector<std::shared_ptr<const Target>> ts;
+    std::string devs;
+    for (int s = 0; s < S; ++s) {
+      cs.push_back(std::move(tctx[static_cast<size_t>(i * S + s)]));
+      ts.push_back(stage_on.at({topo.target_device(i, s), s}));
+      devs += cat(s ? "+" : "", topo.device_name(topo.target_device(i, s)));
+    }
+    const std::string name = r.nproc > 1 ? cat("target ", i, " (", devs, ", process ", Mpi::rank(), ")")
+                                         : cat("target ", i, " (", devs, ")");
+    w->targets.push_back(std::make_unique<TargetWorker>(i, name, std::move(cs), std::move(ts), dc.target_layer_ids,
+                                                        r.soft, qptr, w->control, cfg.queue_depth));
+  }
   std::vector<std::string> dnames;
   for (auto& d : w->drafters) dnames.push_back(d->name());
   w->host_group = std::make_unique<HostGroup>(dnames, w->control, cfg.collective_timeout_s);

@@ -30,6 +30,10 @@ struct TrainConfig {
   // co-located on `device`. colocate: every listed device runs a target worker and a drafter worker (give one list).
   std::string targets, drafters;
   bool colocate = false;
+  int target_split = 1;            // stages per target worker: its layers cut into this many consecutive stages, one
+                                   // device each (model/target_stages.h), --targets listing split devices per worker
+  std::string device_memory;       // the free bytes per device the memory plan checks against ("80GiB", "2.5e9"); "":
+                                   // what each device reports (CPU: the host's available memory)
   int queue_depth = 2;             // feature packets in flight per drafter (memory: depth x max_S x nf*H)
   bool shard_optimizer = true;     // with more than one drafter in the job (all processes): the AdamW moments are
                                    // sharded over the drafters (ZeRO-1, train/optimizer.h), gradients

@@ -142,7 +142,7 @@ TEST(KernelTier, InfoShowsTheDevicesKernels) {
   EXPECT_NE(text.find("every op"), std::string::npos) << text;
   EXPECT_NE(text.find("arch: qwen3"), std::string::npos) << text;
   EXPECT_NE(run("", err), 0);
-  EXPECT_NE(slurp(err).find("give a model directory, a .safetensors file or --device"), std::string::npos)
+  EXPECT_NE(slurp(err).find("give a model directory, a .safetensors file, --device or --plan"), std::string::npos)
       << slurp(err);
   EXPECT_NE(run("--device tpu", err), 0);
   EXPECT_NE(slurp(err).find("unknown device 'tpu'"), std::string::npos) << slurp(err);
