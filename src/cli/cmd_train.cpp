@@ -79,8 +79,9 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_flag("--random-target", c.random_target,
                 "benchmarks: draw the target's weights at random from its config.json (no safetensors needed)");
   sub->add_option("--inject-fault", c.inject_fault, "testing aid: KIND:INDEX:STEP makes worker 'target N' or "
-                  "'drafter N' throw at step STEP (0-based); checkpoint:0:STEP stalls the write of the checkpoint of "
-                  "step STEP midway (for a test to kill the process)");
+                  "'drafter N' throw at step STEP (0-based), stage:S:STEP stage S of each split target; "
+                  "checkpoint:0:STEP stalls the write of the checkpoint of step STEP midway (for a test to kill the "
+                  "process)");
   sub->add_option("--mask-token-id", c.mask_token_id,
                   "mask token id (an existing embedding row); -1 = the tokenizer's mask token (the only negative "
                   "value accepted)")

@@ -20,8 +20,8 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
   DFLASH_CHECK(a != std::string::npos && b != std::string::npos, "--inject-fault '", spec,
                "': expected KIND:INDEX:STEP, e.g. drafter:1:3");
   f.kind = spec.substr(0, a);
-  DFLASH_CHECK(f.kind == "target" || f.kind == "drafter" || f.kind == "checkpoint", "--inject-fault '", spec,
-               "': KIND is target, drafter or checkpoint");
+  DFLASH_CHECK(f.kind == "target" || f.kind == "stage" || f.kind == "drafter" || f.kind == "checkpoint",
+               "--inject-fault '", spec, "': KIND is target, stage, drafter or checkpoint");
   f.index = std::stoi(spec.substr(a + 1, b - a - 1));
   f.step = std::stoll(spec.substr(b + 1));
   return f;
@@ -171,7 +171,7 @@ void TargetWorker::deliver(Context& ctx, const Job& job, const Tensor& features,
 }
 
 // Stage s >= 1 of a split worker: micro-batches from stage s - 1, on to stage s + 1 or into the drafter's packet.
-void TargetWorker::stage_loop(int s) {
+void TargetWorker::stage_loop(int s, const FaultPlan* fault) {
   Channel& in = *pipe_->into[static_cast<size_t>(s)];
   Context& c = *ctxs_[static_cast<size_t>(s)];
   const Target& t = *targets_[static_cast<size_t>(s)];
@@ -181,6 +181,7 @@ void TargetWorker::stage_loop(int s) {
       if (s < last_stage_) pipe_->into[static_cast<size_t>(s) + 1]->push(std::move(m));
       return;
     }
+    if (fault) fault->maybe_throw("stage", s, m.job->plan->step);
     Tensor final_hidden;
     Target::StageState next = t.forward_stage(c, m.ids, &m.state, layer_ids_, final_hidden_, &final_hidden);
     c.synchronize();  // the copy of m.state is done (its memory goes back to stage s - 1's pool) and next is complete
@@ -197,9 +198,9 @@ void TargetWorker::run(JobSource& jobs, const FaultPlan* fault) {
   std::vector<std::thread> threads;
   std::atomic<bool> stage_failed{false};
   for (int s = 1; s <= last_stage_; ++s)
-    threads.emplace_back([this, s, &stage_failed] {
+    threads.emplace_back([this, s, fault, &stage_failed] {
       try {
-        stage_loop(s);
+        stage_loop(s, fault);
       } catch (const JobAborted&) {
         // another worker failed first, or the job is ending
       } catch (const std::exception& e) {

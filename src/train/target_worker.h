@@ -47,7 +47,7 @@ class TargetWorker {
   Target::Output forward_all(const Tensor& ids);
   // The job's features (in ctx) into its drafter's packet, then publish.
   void deliver(Context& ctx, const Job& job, const Tensor& features, const Tensor& final_hidden);
-  void stage_loop(int s);
+  void stage_loop(int s, const FaultPlan* fault);
 
   int index_;
   std::string name_;
@@ -64,11 +64,12 @@ class TargetWorker {
 };
 
 // Test aid (--inject-fault KIND:INDEX:STEP): the worker "target N" or "drafter N" (local index) throws when it
-// reaches global step STEP (0-based) or a later one, to test how the job stops. KIND "checkpoint" (INDEX 0): the
+// reaches global step STEP (0-based) or a later one, to test how the job stops. KIND "stage" (INDEX S >= 1): stage S
+// of every split target worker (--target-split) throws on a micro-batch of step STEP or later. KIND "checkpoint" (INDEX 0): the
 // write of the checkpoint of step STEP (its directory step-<STEP>) stalls once params.safetensors is complete in its
 // temporary directory, for a test to kill the process mid-write (it throws after 600 s if nobody does).
 struct FaultPlan {
-  std::string kind;  // "target", "drafter" or "checkpoint"
+  std::string kind;  // "target", "stage", "drafter" or "checkpoint"
   int index = -1;
   int64_t step = -1;
   static FaultPlan parse(const std::string& spec);  // "" -> no fault; Error names a malformed spec

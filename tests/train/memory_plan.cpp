@@ -93,7 +93,9 @@ TEST(MemoryPlan, StageWeightsAreTheCheckpointsTensorBytes) {
           return (s == 0 && n == wn.embed) || (last && (n == wn.final_norm || n == wn.lm_head));
         });
         if (last && S > 1 && cfg.tie_word_embeddings) want += 4 * cfg.vocab_size * cfg.hidden_size;
-        if (last && S == 1 && !cfg.tie_word_embeddings) EXPECT_TRUE(WeightStore::open(dir).has(wn.lm_head));
+        if (last && S == 1 && !cfg.tie_word_embeddings) {
+          EXPECT_TRUE(WeightStore::open(dir).has(wn.lm_head));
+        }
         EXPECT_EQ(p.devices[static_cast<size_t>(s)].bytes[kTargetWeights], want) << name << " S " << S << " stage " << s;
         // worker 1's stage s holds the same tensors on the same (CPU) device: shared, not counted again
         EXPECT_EQ(p.devices[static_cast<size_t>(S + s)].bytes[kTargetWeights], 0) << name;

@@ -88,5 +88,38 @@ TEST(TargetSplit, TrainingEqualsTheUnsplitRun) {
   std::filesystem::remove_all(root);
 }
 
+// A stage after the first that fails ends the whole job with its own message, after a checkpoint of the last
+// completed step; --resume then completes the run, with the uninterrupted run's final parameters.
+TEST(TargetSplit, AFailedStageEndsTheJobAndResumeCompletes) {
+  const std::string root = test::train_tmpdir("target_split_fault");
+  const std::string data = test::make_train_data(root);
+  TrainConfig c = test::tiny_train_config(root, data);
+  c.target_dir = golden("target_qwen3");
+  c.max_steps = 12;
+  c.targets = "3";
+  c.target_split = 3;
+  c.out_dir = root + "/clean";
+  train(c);
+  c.out_dir = root + "/fault";
+  c.inject_fault = "stage:1:5";
+  try {
+    train(c);
+    FAIL() << "the job must fail";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("stage 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("injected fault"), std::string::npos) << m;
+    EXPECT_NE(m.find("--resume"), std::string::npos) << m;
+  }
+  const auto done = test::read_metrics_jsonl(c.out_dir);
+  EXPECT_LE(done.size(), 5u);  // the stage failed on a micro-batch of step 5 (0-based): steps 0-4 at most are done
+  c.inject_fault.clear();
+  c.resume = true;
+  const TrainSummary s = train(c);
+  EXPECT_EQ(s.steps_done, 12);
+  EXPECT_EQ(test::final_params(c.out_dir), test::final_params(root + "/clean"));
+  std::filesystem::remove_all(root);
+}
+
 }  // namespace
 }  // namespace dflash
