@@ -43,13 +43,13 @@ PY
 mkdir -p "$W/q8"
 python3 bench/q8_data.py "$W/q8/config.json" "$W/rows.jsonl" 96
 $B prepare --tokenizer assets/demo/target --input "$W/rows.jsonl" --out "$W/q8data" >"$OUT/prep_q8.log" 2>&1
-COMMON="--target $W/q8 --random-target --data $W/q8data --mask-token-id 151669 --num-layers 5 --block-size 16 \
-  --max-anchors 512 --max-steps $STEPS --quiet --no-export --checkpoint-every 0 --batch-size 4 --device cuda:0"
+LAYOUT="--target $W/q8 --data $W/q8data --num-layers 5 --block-size 16 --max-anchors 512 --batch-size 4 --device cuda:0"
+COMMON="$LAYOUT --random-target --mask-token-id 151669 --max-steps $STEPS --quiet --no-export --checkpoint-every 0"
 for S in 1 2; do
   timeout 150 $B train $COMMON --target-split $S --out "$W/q8_s$S" >"$OUT/q8_s$S.log" 2>&1
   say "Qwen3-8B shapes, $S stage(s) rc=$?"
   cp "$W/q8_s$S/metrics.jsonl" "$OUT/metrics_q8_s$S.jsonl" 2>/dev/null
-  $B info --plan $COMMON --target-split $S >"$OUT/plan_s$S.txt" 2>&1
+  $B info --plan $LAYOUT --target-split $S >"$OUT/plan_s$S.txt" 2>&1
 done
 python3 - "$W" <<'PY' | tee -a "$OUT/summary.txt"
 import json, os, sys
