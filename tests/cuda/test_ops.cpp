@@ -1925,7 +1925,9 @@ TEST(CudaOps, HybridCausalConvSeqs) {
 namespace {
 // The gated delta rule on T tokens (nk x dk keys, nv x dv values), from zeros and from a random state; the chunked
 // kernel's bf16 operands (normalised q, k, T, W, P, V', S) make its outputs an Nmse comparison.
-void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv, std::vector<int64_t> seqs = {}) {
+// gpu: a context of its own (a capped shared-memory budget), or the shared one.
+void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv, std::vector<int64_t> seqs = {},
+                      Context* gpu = nullptr, const std::string& note = "") {
   const int64_t C = 2 * nk * dk + nv * dv;
   const bool chunked = dk == 128 && dv == 128 && T >= 64;
   const Tensor qkv = rnd({T, C}, 321);
@@ -1937,16 +1939,18 @@ void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv,
   const double nt = 2e-4;  // Nmse: several bf16 operand roundings (about 1e-5 each)
   if (!seqs.empty()) {  // several sequences in one call (a packed prefill), each from zeros
     check_case(cat("gated_delta_rule T", T, " nk", nk, " dk", dk, " nv", nv, " dv", dv, " in ", seqs.size() - 1,
-                   " sequences", chunked ? " (chunked)" : ""),
+                   " sequences", chunked ? " (chunked)" : "", note),
                {{"out", k, true, double(dk), nt}}, [&](Context& c) {
                  Tensor o = nan_out(c, {T, nv, dv});
                  c.gated_delta_rule({put(c, qkv), put(c, g, false), put(c, beta, false), Tensor{}, nk, dk, nv, dv, seqs},
                                     o);
                  return Outs{get(c, o)};
-               });
+               },
+               gpu);
     return;
   }
-  check_case(cat("gated_delta_rule T", T, " nk", nk, " dk", dk, " nv", nv, " dv", dv, chunked ? " (chunked)" : ""),
+  check_case(cat("gated_delta_rule T", T, " nk", nk, " dk", dk, " nv", nv, " dv", dv, chunked ? " (chunked)" : "",
+                 note),
              {{"out from zeros", k, true, double(dk), nt}, {"out from state", k, true, double(dk), nt},
               {"state after", k, false, double(T), nt}},
              [&](Context& c) {
@@ -1955,7 +1959,8 @@ void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv,
                c.gated_delta_rule({qd, gd, bd, Tensor{}, nk, dk, nv, dv, {}}, o0);
                c.gated_delta_rule({qd, gd, bd, s, nk, dk, nv, dv, {}}, o1);
                return Outs{get(c, o0), get(c, o1), get(c, s)};
-             });
+             },
+             gpu);
 }
 }  // namespace
 
@@ -1976,6 +1981,20 @@ TEST(CudaOps, HybridGatedDeltaRule) {
   gated_delta_case(1000, 4, 128, 8, 128);   // chunked: 16 chunks, 2 value heads per key head
   gated_delta_case(3072, 16, 128, 32, 128); // chunked: Qwen3.5-9B's heads at the benchmark's length
   gated_delta_case(40, 3, 64, 6, 96);       // recurrent: odd head dims
+}
+
+// The chunked kernel with one stage of workspace tiles (128 KiB: an A100's 163 KiB per block; docs/gpus.md), and the
+// recurrent one under 99 KiB (compute capability 8.6 / 8.9): the same cases.
+TEST(CudaOps, HybridGatedDeltaRuleSharedMemoryOfAmpereAndAda) {
+  for (int cap : {163 * 1024, 99 * 1024}) {
+    auto g = gpu_context(cap);
+    const std::string note = cat(" (", cap / 1024, " KiB per block)");
+    gated_delta_case(130, 1, 128, 2, 128, {}, g.get(), note);
+    gated_delta_case(130, 1, 128, 2, 128, {0, 70, 71, 71, 130}, g.get(), note);
+    if (kEmu) continue;
+    gated_delta_case(1000, 4, 128, 8, 128, {}, g.get(), note);
+    gated_delta_case(4 * 3072, 16, 128, 32, 128, {0, 3072, 6144, 9216, 12288}, g.get(), note);
+  }
 }
 
 // The tiny hybrid targets of tests/golden (transformers 5.17 in float64: Qwen3-Next, Qwen3.5 dense and MoE) on CUDA

@@ -192,7 +192,8 @@ void gdn_gate(Env& e, const Tensor& ba, const Tensor& A_log, const Tensor& dt_bi
 // The recurrent kernel, or the chunked tensor-core ones where they apply (gated_delta_chunk_applies).
 void gated_delta_rule(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
 // The chunked kernels (WY form, mma.sync; a state-free kernel over all chunks, then the state's walk): BF16 qkv,
-// dk = dv = 128, T >= 64, 206 KB of shared memory per block; a stream-ordered workspace of ~1.8 MB per 64 tokens at
+// dk = dv = 128, T >= 64, 206 KiB of shared memory per block (128 KiB with one stage of tiles, where the device has
+// less); a stream-ordered workspace of ~1.8 MB per 64 tokens at
 // 32 value / 16 key heads.
 bool gated_delta_chunk_applies(const Env& e, const GatedDeltaArgs& a, int64_t T);
 void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
