@@ -19,6 +19,7 @@
 #include "core/fs.h"
 #include "io/hf_config.h"
 #include "io/model_family.h"
+#include "io/safetensors.h"
 #include "model/drafter.h"
 #include "model/target.h"
 #include "train/trainer.h"
@@ -315,6 +316,37 @@ TEST(Gemma4EndToEnd, InfoShowsThePlan) {
           << out;
     }
     EXPECT_NE(out.find("tensors under model.vision_tower."), std::string::npos) << out;
+  }
+  std::filesystem::remove_all(tmp);
+}
+
+// dflash capture writes HF's output_hidden_states (hidden_0 = the scaled embedding, the last = the final norm), the
+// soft-capped logits and the experts chosen.
+TEST(Gemma4EndToEnd, CaptureWritesHfHiddenStates) {
+  const std::string tmp = test::train_tmpdir("gemma4capture");
+  for (const char* name : {"target_gemma4", "target_gemma4_moe"}) {
+    auto g = SafetensorsFile::open(golden_dir(name) + "/golden.safetensors");
+    const Tensor ids = g->view("input_ids");
+    json row = {{"input_ids", std::vector<int32_t>(ids.ptr<int32_t>(), ids.ptr<int32_t>() + ids.numel())}};
+    write_file_atomic(tmp + "/ids.jsonl", row.dump() + "\n");
+    const std::string out = cat(tmp, "/", name, ".safetensors");
+    const std::string cmd = cat(DFLASH_BINARY, " capture --target ", golden_dir(name), " --input ", tmp,
+                                "/ids.jsonl --out ", out, " --logits --router > ", tmp, "/log.txt 2>&1");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp + "/log.txt");
+    auto f = SafetensorsFile::open(out);
+    for (int i = 0; i <= 5; ++i)
+      EXPECT_LT(test::rel_err(test::to_f64(f->view(cat("row_0.hidden_", i))),
+                              test::to_f64(g->view(cat("hidden_states.", i)))),
+                3e-5)
+          << name << " hidden_" << i;
+    EXPECT_LT(test::rel_err(test::to_f64(f->view("row_0.logits")), test::to_f64(g->view("logits"))), 3e-5) << name;
+    for (int l = 0; l < 5; ++l) {
+      if (!g->find(cat("router_topk.", l))) continue;
+      const Tensor got = f->view(cat("row_0.router_", l)), want = g->view(cat("router_topk.", l));
+      ASSERT_EQ(got.numel(), want.numel()) << name << " layer " << l;
+      for (int64_t i = 0; i < got.numel(); ++i)
+        EXPECT_EQ(got.ptr<int32_t>()[i], want.ptr<int32_t>()[i]) << name << " layer " << l << " pair " << i;
+    }
   }
   std::filesystem::remove_all(tmp);
 }

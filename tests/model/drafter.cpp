@@ -110,6 +110,23 @@ TEST(DrafterConfig, CheckpointJsonBytesAndOlderKeys) {
   EXPECT_THROW(old.get<DrafterConfig>(), nlohmann::json::out_of_range);
 }
 
+// embed_scale (a Gemma target's sqrt(H)): the drafter embeds its block tokens times the scale, i.e. it computes what
+// the same drafter without a scale computes on the embedding table times the scale (8: exact in every dtype).
+TEST(Drafter, EmbedScaleEqualsAScaledTable) {
+  DrafterConfig scaled = test::tiny_drafter_config();
+  scaled.embed_scale = 8.0;
+  Fixture a("cpu64", scaled), b("cpu64");
+  const std::vector<double> e = to_f64(b.embed);
+  Tensor t = cpu_empty(DType::F64, b.embed.shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<double>()[i] = 8.0 * e[static_cast<size_t>(i)];
+  b.embed = b.ctx->to_device(t, b.ctx->compute_dtype());
+  EXPECT_EQ(to_f64(a.drafter->forward_hidden(*a.ctx, a.in, a.embed)),
+            to_f64(b.drafter->forward_hidden(*b.ctx, b.in, b.embed)));
+  EXPECT_NE(to_f64(a.drafter->forward_hidden(*a.ctx, a.in, a.embed)),
+            to_f64(b.drafter->forward_hidden(*b.ctx, b.in, a.embed)));  // the scale matters
+  EXPECT_EQ(a.loss(0.0f), b.loss(0.0f));
+}
+
 TEST(Drafter, RecomputeGivesIdenticalGradients) {  // case C06
   Fixture f("cpu");
   const float scale = static_cast<float>(1.0 / f.batch.sum_w);
