@@ -67,9 +67,10 @@ namespace {
 void embed_blocks(Context& ctx, const Tensor& embed, const Tensor& ids, const Tensor& h, double scale) {
   ctx.embedding(embed, ids, h);
   if (scale <= 0) return;
-  const float s = to_f32_vector(
-      ctx.to_host(ctx.to_device(cpu_tensor({static_cast<float>(scale)}, {1}), ctx.compute_dtype()), true))[0];
-  ctx.add(h, h, s - 1.0f);
+  const float f = static_cast<float>(scale);
+  const DType dt = ctx.compute_dtype();
+  const float s = dt == DType::BF16 ? round_bf16(f) : dt == DType::F16 ? f16_to_f32(f32_to_f16(f)) : f;
+  ctx.add(h, h, s - 1.0f);  // h + (s - 1) h, one rounding
 }
 
 }  // namespace

@@ -311,8 +311,9 @@ void Target::embed(Context& ctx, const Tensor& ids, const Tensor& h) const {
   ctx.embedding(w_.embed, ids, h);
   if (cfg_.embed_scale > 0) {
     // h *= s, s rounded to the compute dtype as transformers' Gemma4TextScaledWordEmbedding casts it to the weights'
-    const float s = to_f32_vector(ctx.to_host(
-        ctx.to_device(cpu_tensor({static_cast<float>(cfg_.embed_scale)}, {1}), ctx.compute_dtype()), true))[0];
+    const float f = static_cast<float>(cfg_.embed_scale);
+    const DType dt = ctx.compute_dtype();
+    const float s = dt == DType::BF16 ? round_bf16(f) : dt == DType::F16 ? f16_to_f32(f32_to_f16(f)) : f;
     ctx.add(h, h, s - 1.0f);  // h + (s - 1) h, one rounding
   }
 }
