@@ -61,6 +61,20 @@ void DrafterConfig::validate() const {
                "existing row; set it with --mask-token-id or use a tokenizer that defines one)");
 }
 
+namespace {
+
+// h = embed[ids], times the target's embedding scale when it has one (rounded to the compute dtype, as the target).
+void embed_blocks(Context& ctx, const Tensor& embed, const Tensor& ids, const Tensor& h, double scale) {
+  ctx.embedding(embed, ids, h);
+  if (scale <= 0) return;
+  const float f = static_cast<float>(scale);
+  const DType dt = ctx.compute_dtype();
+  const float s = dt == DType::BF16 ? round_bf16(f) : dt == DType::F16 ? f16_to_f32(f32_to_f16(f)) : f;
+  ctx.add(h, h, s - 1.0f);  // h + (s - 1) h, one rounding
+}
+
+}  // namespace
+
 float DrafterConfig::softmax_scale() const {
   const double af = rope_scaling.attention_scaling();  // YaRN: cos and sin times af in transformers' RoPE
   return 1.0f / std::sqrt(static_cast<float>(head_dim)) * static_cast<float>(af * af);
@@ -98,6 +112,9 @@ DrafterConfig DrafterConfig::for_target(const ModelConfig& t, int64_t num_layers
   c.rope_theta = t.rope_theta;
   c.rope_scaling = t.rope_scaling;
   c.max_position_embeddings = t.max_position_embeddings;
+  if (const auto family = family_of(t.arch).drafter)  // Gemma 4: the full-attention layers' theta, as published
+    if (const double theta = family(t).rope_theta; theta > 0) c.rope_theta = theta;
+  c.embed_scale = t.embed_scale;
   return c;
 }
 
@@ -158,6 +175,7 @@ const auto drafter_config_fields = [](auto& c, auto&& f) {
   f("max_position_embeddings", c.max_position_embeddings, true);
   f("layer_types", c.layer_types, false);  // absent in checkpoints written before sliding windows
   f("sliding_window", c.sliding_window, false);
+  f("embed_scale", c.embed_scale, false);  // absent before Gemma targets: 0
 };
 
 }  // namespace
@@ -511,7 +529,7 @@ DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, co
   // block tokens through the layers; hs[l] is the input of layer l
   std::vector<Tensor> hs(static_cast<size_t>(L + 1));
   hs[0] = ctx.empty(dt, {NB, H});
-  ctx.embedding(embed, in.block_ids, hs[0]);
+  embed_blocks(ctx, embed, in.block_ids, hs[0], cfg_.embed_scale);
   std::vector<LayerActs> acts(static_cast<size_t>(L));
   for (int64_t l = 0; l < L; ++l) {
     hs[l + 1] = ctx.empty(dt, {NB, H});
@@ -619,7 +637,7 @@ Tensor Drafter::forward_hidden(Context& ctx, const DraftInputs& in, const Tensor
   ctx.linear(in.features, params_.get("fc.weight").compute, nullptr, Ht);
   ctx.rmsnorm(Ht, params_.get("hidden_norm.weight").compute, eps, Ht, none);
   Tensor h = ctx.empty(dt, {NB, H}), h2 = ctx.empty(dt, {NB, H});
-  ctx.embedding(embed, in.block_ids, h);
+  embed_blocks(ctx, embed, in.block_ids, h, cfg_.embed_scale);
   for (int64_t l = 0; l < L; ++l) {
     LayerActs a;
     layer_forward(ctx, l, in, Ht, h, a, h2);
@@ -682,7 +700,7 @@ Tensor Drafter::draft_block(Context& ctx, const Cache& c, int32_t bonus_token, c
   valid.ptr<uint8_t>()[0] = 1;
   in.valid = ctx.to_device(valid);
   Tensor h = ctx.empty(dt, {B, H}), h2 = ctx.empty(dt, {B, H}), none;
-  ctx.embedding(embed, in.block_ids, h);
+  embed_blocks(ctx, embed, in.block_ids, h, cfg_.embed_scale);
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     LayerActs a;
     a.kc = c.k[l].slice(0, p);

@@ -1800,6 +1800,13 @@ TEST(CudaTarget, GptOssGolden) {
   golden_case("target_gpt_oss");
   golden_case("target_gpt_oss_mxfp4");
 }
+// Gemma 4 (tools/ref_gemma4.py): sliding (window 8) and full layers with their own head dim and kv heads, k = v, the
+// proportional RoPE, sandwich norms, the scaled embedding, the GeGLU, the soft-capped logits; the MoE block.
+TEST(CudaTarget, Gemma4Golden) {
+  golden_case("target_gemma4");
+  golden_case("target_gemma4_text");
+  golden_case("target_gemma4_moe");
+}
 
 // ---- hybrid linear-attention ops ----------------------------------------------------------------------------------
 // rmsnorm_gated (zero-centred; gated by silu(z)), sigmoid_gate (per element, per row), partial RoPE, conv1d_causal with
@@ -1849,6 +1856,36 @@ TEST(CudaOps, HybridRowsAndGates) {
                c.gdn_gate(put(c, ba), put(c, al), put(c, dt), g, b);
                return Outs{get(c, g), get(c, b)};
              });
+}
+
+// Gemma's elementwise ops: gelu_tanh_mul (the GeGLU of its MLPs and experts; the 8-wide bf16 path, the scalar path on
+// an odd count, in place) and softcap (final_logit_softcapping at 30, inputs past the cap); the proportional RoPE of its
+// full-attention layers (head dim 512, 128 dims turning, the other frequencies 0) at positions past 4096.
+TEST(CudaOps, GemmaGeluTanhSoftcapAndProportionalRope) {
+  using RD = std::pair<int64_t, int64_t>;
+  const std::vector<RD> shapes =
+      kEmu ? std::vector<RD>{{9, 16}, {5, 13}} : std::vector<RD>{{9, 16}, {5, 13}, {4096, 2112}};
+  for (auto [R, D] : shapes) {
+    const Tensor g = rnd({R, D}, 311, 2.0), u = rnd({R, D}, 312), x = rnd({R, D}, 313, 40.0);
+    check_case(cat("gemma elementwise R", R, " D", D),
+               {{"gelu_tanh_mul", Kind::TwoX}, {"gelu_tanh_mul in place", Kind::TwoX}, {"softcap 30", Kind::TwoX}},
+               [&](Context& c) {
+                 Tensor gd = put(c, g), ud = put(c, u), y = nan_out(c, {R, D}), gi = put(c, g), xd = put(c, x);
+                 c.gelu_tanh_mul(gd, ud, y);
+                 c.gelu_tanh_mul(gi, ud, gi);
+                 c.softcap(xd, 30.0f);
+                 return Outs{get(c, y), get(c, gi), get(c, xd)};
+               });
+  }
+  const int64_t T = kEmu ? 5 : 3000, heads = 4, d = 512;
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t * 7 + 4000);
+  const Tensor inv = rope_inv_freq_proportional(d, 128, 1e6), xr = rnd({T, heads, d}, 314);
+  check_case(cat("rope proportional T", T, " d", d, " rotated 128"), {{"x", Kind::TwoX, true, 2}}, [&](Context& c) {
+    Tensor xd = put(c, xr);
+    c.rope(xd, put_i32(c, pos), put_raw(c, inv), false);
+    return Outs{get(c, xd)};
+  });
 }
 
 TEST(CudaOps, HybridCausalConv) {

@@ -127,6 +127,8 @@ void rmsnorm_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w
                       const Tensor& dx, const Tensor& dw, float beta, const RopeArgs* rope = nullptr);
 void rope(Env& e, const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse);
 void silu_mul(Env& e, const Tensor& gate, const Tensor& up, const Tensor& out);
+void gelu_tanh_mul(Env& e, const Tensor& gate, const Tensor& up, const Tensor& out);  // gelu_tanh.cu
+void softcap(Env& e, const Tensor& x, float cap);                                      // softcap.cu
 void silu_mul_backward(Env& e, const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                        const Tensor& dup);
 void embedding(Env& e, const Tensor& table, const Tensor& ids, const Tensor& out);
