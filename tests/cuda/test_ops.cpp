@@ -626,6 +626,13 @@ TEST(CudaOps, AttentionCausal) {
   causal_case(kEmu ? 33 : 1024, kEmu ? 33 : 1024, 16, 4, 256);
   causal_case(1, kEmu ? 70 : 300, 16, 2, 256);
   causal_batch_case({kEmu ? 30 : 300, 1, kEmu ? 17 : 129}, {0, 40, 0}, 16, 2, 256);
+  // heads wider than the tiled kernels (k_attn_causal_wide): Gemma 4's full-attention layers, head dim 512 with 8 query
+  // heads per kv head (the 31B's 32 / 4); a prefill, decode over a cache, a window, sinks at head dim 384, a batch
+  causal_case(kEmu ? 20 : 300, kEmu ? 20 : 300, 8, 1, 512);
+  causal_case(1, kEmu ? 30 : 2000, 8, 2, 512);
+  causal_case(kEmu ? 9 : 100, kEmu ? 25 : 400, 4, 2, 512, kEmu ? 6 : 64);
+  causal_case(5, 12, 4, 1, 384, 0, true);
+  causal_batch_case({kEmu ? 12 : 200, 1, 7}, {0, 20, 0}, 8, 1, 512);
   if (!kEmu) {
     causal_case(128, 128, 32, 8, 128);
     causal_case(129, 130, 4, 2, 64);

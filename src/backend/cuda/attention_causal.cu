@@ -4,7 +4,10 @@
 // sinks (attn_fwd_finish: one more term in each row's denominator). Runs the shared flash-style forward kernel
 // (attention_fwd.cu) with one key segment whose length for query t is q_offset + t + 1: no T x Tk buffer.
 // attention_causal_batch: the sequences of a batch in one launch of the wgmma forward per kAttnMaxSegs of them (one
-// launch per sequence on the other kernels).
+// launch per sequence on the other kernels). Heads wider than the tiled kernels take (kMaxHeadDim < d <= 1024, d % 32
+// == 0: Gemma 4's full-attention layers, d 512) run on k_attn_causal_wide: one warp per (query, head), the q row and
+// the output row in registers, an online softmax over the row's keys; CUDA cores, no tiles (a correct fallback:
+// decode and verification rows are cheap, a long prefill is not; a tiled kernel for d 512 is still to be written).
 #include <algorithm>
 #include <span>
 #include <utility>
@@ -16,6 +19,57 @@
 namespace dflash::cuda {
 
 namespace {
+
+constexpr int kWideMaxPer = 32;  // elements per lane of k_attn_causal_wide: d <= 32 x 32
+
+// One warp per (query row t, head h), 8 warps a block: lane i holds elements i, i + 32, ... of the row (coalesced
+// loads of q, k and v rows). Keys lo .. hi of kv head h / (nh / nkv), hi = q_offset + t, lo = hi - window + 1 (0
+// without a window); scores q.k * scale in fp32; exp(s - m) weights with a running max m; the sink (when given) joins
+// the denominator; out = acc / l rounded once to bf16.
+__global__ void k_attn_causal_wide(AttnFwdParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (w >= static_cast<int64_t>(p.Tq) * p.nh) return;
+  const int t = static_cast<int>(w / p.nh), h = static_cast<int>(w % p.nh), g = h / (p.nh / p.nkv);
+  const int per = p.d >> 5;
+  const bf16* q = static_cast<const bf16*>(p.q) + (static_cast<int64_t>(t) * p.nh + h) * p.d;
+  float qv[kWideMaxPer], acc[kWideMaxPer];
+  DFLASH_UNROLL
+  for (int i = 0; i < kWideMaxPer; ++i) {
+    qv[i] = i < per ? to_f(q[lane + 32 * i]) * p.scale : 0.0f;
+    acc[i] = 0.0f;
+  }
+  const int hi = p.q_offset + t, lo = p.window > 0 ? max(0, hi - p.window + 1) : 0;
+  float m = -INFINITY, l = 0.0f;
+  for (int j = lo; j <= hi; ++j) {
+    const int64_t row = (static_cast<int64_t>(j) * p.nkv + g) * p.d;
+    const bf16* k = static_cast<const bf16*>(p.k1) + row;
+    const bf16* v = static_cast<const bf16*>(p.v1) + row;
+    float s = 0.0f;
+    DFLASH_UNROLL
+    for (int i = 0; i < kWideMaxPer; ++i)
+      if (i < per) s += qv[i] * to_f(k[lane + 32 * i]);
+    s = warp_sum(s);
+    const float mn = fmaxf(m, s), c = expf(m - mn), e = expf(s - mn);
+    l = l * c + e;
+    DFLASH_UNROLL
+    for (int i = 0; i < kWideMaxPer; ++i)
+      if (i < per) acc[i] = acc[i] * c + e * to_f(v[lane + 32 * i]);
+    m = mn;
+  }
+  if (p.sinks) {  // one more term in the denominator, no output
+    const float sk = p.sinks[h], mn = fmaxf(m, sk), c = expf(m - mn);
+    l = l * c + expf(sk - mn);
+    DFLASH_UNROLL
+    for (int i = 0; i < kWideMaxPer; ++i) acc[i] *= c;
+  }
+  const float inv = 1.0f / l;
+  bf16* o = static_cast<bf16*>(p.out) + (static_cast<int64_t>(t) * p.nh + h) * p.d;
+  DFLASH_UNROLL
+  for (int i = 0; i < kWideMaxPer; ++i)
+    if (i < per) o[lane + 32 * i] = from_f<bf16>(acc[i] * inv);
+}
+
 // The parameters (and the CUDA checks: dtypes, the device, 32-bit sizes) shared by attention_causal and
 // attention_causal_batch; Context's public ops checked the shapes and the options.
 AttnFwdParams causal_params(Env& e, const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -51,7 +105,19 @@ AttnFwdParams causal_params(Env& e, const char* op, const Tensor& q, const Tenso
 
 void attention_causal(Env& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int64_t q_offset,
                       float scale, const CausalAttnOpts& opts) {
-  launch_attention_forward(e, causal_params(e, "attention_causal", q, k, v, out, q_offset, scale, opts));
+  const AttnFwdParams p = causal_params(e, "attention_causal", q, k, v, out, q_offset, scale, opts);
+  if (p.d <= kMaxHeadDim) {
+    launch_attention_forward(e, p);
+    return;
+  }
+  DFLASH_CHECK(p.d % 32 == 0 && p.d <= 32 * kWideMaxPer, "attention_causal (cuda): head_dim ", p.d,
+               " is not supported (up to ", kMaxHeadDim, " on the tiled kernels; above, multiples of 32 up to ",
+               32 * kWideMaxPer, ")");
+  if (p.Tq == 0 || p.nh == 0) return;
+  const int64_t warps = static_cast<int64_t>(p.Tq) * p.nh, blocks = (warps + 7) / 8;
+  DFLASH_CHECK(blocks < (int64_t{1} << 31), "attention_causal (cuda): ", warps, " rows x heads");
+  DFLASH_LAUNCH(static_cast<unsigned>(blocks), 256, 0, e.stream, k_attn_causal_wide)(p);
+  check_launch("attention_causal_wide");
 }
 
 void attention_causal_batch(Env& e, const Tensor& q, const Tensor& out, std::span<const CausalSeq> seqs,
