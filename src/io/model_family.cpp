@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "io/model_family_hybrid.h"
+#include "io/model_family_minimax.h"
 
 namespace dflash {
 
@@ -209,6 +210,10 @@ const std::vector<ModelFamily>& model_families() {
       {Arch::Qwen3_5MoeVl, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3.5-MoE (image-text checkpoint)",
        "Qwen3.5-35B-A3B, Qwen3.5-122B-A10B, Qwen3.6-35B-A3B", read_qwen3_5_moe, qwen3_5_moe_layer, nullptr,
        hybrid_names(true), hybrid_drafter},
+      // io/model_family_minimax.cpp
+      {Arch::MiniMaxM2, "minimax_m2", "MiniMaxM2ForCausalLM", "MiniMax-M2",
+       "MiniMax-M2, MiniMax-M2.1, MiniMax-M2.5, MiniMax-M2.7", read_minimax_m2, minimax_m2_layer, nullptr,
+       minimax_m2_names()},
   };
   return families;
 }

@@ -48,6 +48,11 @@ struct WeightNames {
   // down_proj_blocks [E, H, I/32, 16] + down_proj_scales [E, H, I/32].
   std::string sinks = "self_attn.sinks";
   std::string router_bias = "mlp.gate.bias";
+  // RouterKind::SigmoidTopK's score-correction bias [E] F32 (MoeConfig::score_correction_bias)
+  std::string router_score_bias = "mlp.gate.e_score_correction_bias";
+  // The per-expert projections' names after expert + "{e}." (ExpertsLayout::Rows): gate, up, down
+  // (MiniMax-M2: w1, w3, w2)
+  std::string expert_gate = "gate_proj.weight", expert_up = "up_proj.weight", expert_down = "down_proj.weight";
   ExpertsLayout experts_layout = ExpertsLayout::Rows;
   // Hybrid families: the Gated DeltaNet's tensors are layer + "{l}." + linear_attn + in_proj_qkv.weight, ...
   // (model/target/linear_attention.h); the shared expert's shared_expert + gate_proj.weight, ... and its gate.
