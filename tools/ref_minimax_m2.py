@@ -260,6 +260,12 @@ def main() -> int:
     ap.add_argument("--out", default="tests/golden/target_minimax_m2")
     ap.add_argument("--seed", type=int, default=3001)
     a = ap.parse_args()
+    return main_for(a.out, a.seed)
+
+
+def main_for(out: str, seed: int = 3001) -> int:
+    """Writes the directory `out` (config.json, model.safetensors, golden.safetensors); 0 on success."""
+    a = argparse.Namespace(out=out, seed=seed)
     cfg = CFG
     w = make_weights(cfg, a.seed)
     ids = torch.randint(0, cfg["vocab_size"], (SEQ,), generator=torch.Generator().manual_seed(a.seed + 7))
