@@ -210,7 +210,8 @@ TEST(TargetGolden, MiniMaxM2MatchesTheReference) {
   check_golden("target_minimax_m2", "cpu", {.experts = true});
 }
 
-TEST(TargetGolden, MiniMaxM2InFp64) { check_golden("target_minimax_m2", "cpu64", {.f64 = 1e-9, .experts = true}); }
+// fp64: bounded by the golden's F32 storage (~3e-8 relative), the reference being float64 throughout
+TEST(TargetGolden, MiniMaxM2InFp64) { check_golden("target_minimax_m2", "cpu64", {.f64 = 1e-7, .experts = true}); }
 
 // The correction bias decides which experts: the same weights read with use_routing_bias false choose other experts
 // for some tokens of every layer (as the reference printed: 16-21 of 40), and the golden's choice needs it.
@@ -315,7 +316,9 @@ TEST(MiniMaxM2Load, Fp8CheckpointEqualsItsDequantisation) {
   EXPECT_TRUE(attn->wq.fp8());
   EXPECT_EQ(attn->q_norm.numel(), 4 * 32);  // over all heads
   const Tensor ids = SafetensorsFile::open(golden_dir() + "/golden.safetensors")->view("input_ids");
-  auto fa = a->forward(*ctx, ids, {0, 1, 2, 3}, true), fb = b->forward(*ctx, ids, {0, 1, 2, 3}, true);
+  const std::vector<int64_t> all = {0, 1, 2, 3};
+  auto fa = a->forward(*ctx, ids, all, true);
+  auto fb = b->forward(*ctx, ids, all, true);
   EXPECT_EQ(to_f32_vector(fa.features), to_f32_vector(fb.features));
   EXPECT_EQ(to_f32_vector(fa.final_hidden), to_f32_vector(fb.final_hidden));
 }
