@@ -28,6 +28,17 @@ Qwen3.5), the golden carries that rounding (~1e-6); __metadata__ says so.
                         text_config, plus two mtp.* tensors (as the published checkpoints carry) that must be
                         ignored; golden = the forward on text tokens only.
 
+  target_gemma4         Gemma4ForConditionalGeneration (the published class): 5 layers sliding (window 8) / full
+                        (sliding, sliding, full, sliding, full), head_dim 16 / global_head_dim 32, kv heads 2 / global
+                        1 with attention_k_eq_v, proportional RoPE (partial 0.25), GELU-tanh MLP, tied embedding,
+                        final_logit_softcapping 15, a tiny vision tower to be ignored; 40 tokens (past the window).
+  target_gemma4_text    Gemma4ForCausalLM: attention_k_eq_v false (v_proj on the full layers), untied lm_head, no
+                        softcap.
+  target_gemma4_moe     target_gemma4 with enable_moe_block: 8 experts top-2 of width 32 beside the dense MLP.
+                        The three Gemma 4 directories are also made by tools/ref_gemma4.py (an independent float64
+                        reading without transformers, on any machine): the same configs, other random weights; this
+                        script's files replace those and the C++ tests must pass on either.
+
   target_minimax_m2     MiniMaxM2ForCausalLM on the checkpoint tools/ref_minimax_m2.py writes (the published
                         config.json keys and tensor names: block_sparse_moe.gate, .e_score_correction_bias,
                         .experts.{e}.w1/w3/w2, the MTP module's model.layers.4.* to be ignored), loaded into
@@ -137,8 +148,27 @@ def hybrid_text_kw(moe: bool) -> dict:
     return kw
 
 
+def gemma4_text_kw(name: str) -> dict:
+    """Gemma4TextConfig keys of tools/ref_gemma4.py's tiny models (the published key layout)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ref_gemma4
+
+    kw = ref_gemma4.text_config(name)
+    kw.pop("model_type", None)
+    return kw
+
+
 def make_model(name: str):
     import transformers as T
+
+    if name.startswith("target_gemma4"):
+        kw = gemma4_text_kw(name)
+        if name == "target_gemma4_text":
+            return T.Gemma4ForCausalLM(T.Gemma4TextConfig(**kw)), 2011
+        vis = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+                   intermediate_size=32)
+        cfg = T.Gemma4Config(text_config=kw, vision_config=vis, audio_config=None, tie_word_embeddings=True)
+        return T.Gemma4ForConditionalGeneration(cfg), 2012 if name == "target_gemma4" else 2013
 
     if name == "target_gpt_oss":
         return T.GptOssForCausalLM(gpt_oss_config()), 2001
@@ -181,6 +211,10 @@ def reinit_(model, seed: int) -> None:
                 mod.dt_bias.copy_(-1.0 + 0.5 * torch.randn(n, generator=g))
             if hasattr(mod, "sinks") and isinstance(mod.sinks, torch.nn.Parameter):
                 mod.sinks.copy_(torch.randn(mod.sinks.shape, generator=g))
+            if cls == "Gemma4TextScaledWordEmbedding" and "per_layer" not in mname:
+                mod.weight.copy_(0.5 * torch.randn(mod.weight.shape, generator=g))  # logits reach the softcap's bend
+            if hasattr(mod, "layer_scalar") and torch.is_tensor(mod.layer_scalar):
+                mod.layer_scalar.copy_(0.6 + 0.8 * torch.rand(mod.layer_scalar.shape, generator=g))
             for bn in ("gate_up_proj_bias", "down_proj_bias"):
                 if hasattr(mod, bn) and isinstance(getattr(mod, bn), torch.nn.Parameter):
                     p = getattr(mod, bn)
@@ -210,6 +244,7 @@ def hf_forward(model, ids: torch.Tensor) -> dict:
     routers = []
     for l, layer in enumerate(dec.layers):
         r = getattr(getattr(layer, "mlp", None), "router", None) or getattr(getattr(layer, "mlp", None), "gate", None)
+        r = r or getattr(layer, "router", None)  # Gemma 4: the router beside the dense MLP
         if r is not None:
             routers.append(l)
             hooks.append(r.register_forward_hook(
@@ -256,7 +291,11 @@ def write_golden(name: str, model, cfg_seed: int, d: str, seq: int, prefill: int
         "hidden_states_last_is_normed": maxdiff(hs[-1], cap["final_hidden"]) < 1e-12,
     }
     lm = model.get_output_embeddings().weight.detach()
-    check(maxdiff(cap["final_hidden"] @ lm.T, cap["logits"]) < 1e-9, f"{name}: logits = final_hidden @ lm_head^T")
+    want = cap["final_hidden"] @ lm.T
+    softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    if softcap:  # Gemma: cap tanh(logits / cap)
+        want = softcap * torch.tanh(want / softcap)
+    check(maxdiff(want, cap["logits"]) < 1e-9, f"{name}: logits = final_hidden @ lm_head^T (soft-capped)")
     dkv = maxdiff(kv, cap["logits"][prefill:])
     # Hybrids decode with the recurrent form, prefill with the chunked one (both float32 inside): ~1e-6.
     check(dkv < 1e-4, f"{name}: cached decode logits equal the full forward (max diff {dkv:.2e})")
@@ -324,7 +363,8 @@ def build(name: str, out_root: str) -> None:
         cj = json.load(f)
     model = model.double()
     eager(model)
-    seq, pre = (GPT_OSS_SEQ, GPT_OSS_PREFILL) if "gpt_oss" in name else (HYBRID_SEQ, HYBRID_PREFILL)
+    short = "gpt_oss" in name or "gemma4" in name
+    seq, pre = (GPT_OSS_SEQ, GPT_OSS_PREFILL) if short else (HYBRID_SEQ, HYBRID_PREFILL)
     cap = write_golden(name, model, seed, d, seq, pre, extra)
     # Reload what was saved: the directory alone must reproduce the golden.
     try:
@@ -339,10 +379,43 @@ def build(name: str, out_root: str) -> None:
         check(drl < 1e-9, f"{name}: reloaded directory reproduces the logits (max diff {drl:.2e})")
     except Exception as e:  # noqa: BLE001
         check(False, f"{name}: reload failed: {e!r}")
+    if name.startswith("target_gemma4"):
+        compare_gemma4_reference(name, model, d, seed, seq, pre, cap)
     print(f"SUMMARY golden {name}: files={sorted(os.listdir(d))} model_type={cj.get('model_type')} "
           f"({time.time() - t0:.1f}s)", flush=True)
     if name == "target_gpt_oss":
         build_gpt_oss_mxfp4(model, seed, out_root)
+
+
+def compare_gemma4_reference(name: str, model, d: str, seed: int, seq: int, pre: int, cap: dict) -> None:
+    """tools/ref_gemma4.py's independent reading on the weights transformers saved in d: its logits, layer outputs and
+    experts must equal transformers' (what confirms the reading the CPU goldens of ref_gemma4.py rest on)."""
+    import ref_gemma4
+    from safetensors.torch import load_file
+
+    sd = load_file(os.path.join(d, "model.safetensors"))
+    pre_lm = "model.language_model." if any(k.startswith("model.language_model.") for k in sd) else "model."
+    w = {"embed": sd[pre_lm + "embed_tokens.weight"], "norm": sd[pre_lm + "norm.weight"]}
+    if "lm_head.weight" in sd:
+        w["lm_head"] = sd["lm_head.weight"]
+    for k, t in sd.items():
+        if not k.startswith(pre_lm + "layers."):
+            continue
+        _, l, rest = k[len(pre_lm):].split(".", 2)
+        rest = rest.replace("self_attn.", "").replace("mlp.", "")
+        if rest.endswith(".weight"):
+            rest = rest[: -len(".weight")]
+        w[f"layers.{l}.{rest}"] = t
+    cfg = ref_gemma4.text_config(name)
+    ids = torch.randint(0, cfg["vocab_size"], (seq,), generator=torch.Generator().manual_seed(seed + 7))
+    o = ref_gemma4.forward(w, cfg, ids)
+    dl = maxdiff(o["logits"], cap["logits"])
+    dh = max(maxdiff(o["layer_output"][l], cap[f"layer_output.{l}"]) for l in range(cfg["num_hidden_layers"]))
+    print(f"  {name}: ref_gemma4 vs transformers: logits {dl:.2e}, layer outputs {dh:.2e}")
+    check(dl < 1e-5 and dh < 1e-5, f"{name}: tools/ref_gemma4.py equals transformers (logits {dl:.2e}, layers {dh:.2e})")
+    for l, ti in o["router_topk"].items():
+        if f"router_out.{l}" in cap:
+            check(torch.equal(ti, router_topk(cap[f"router_out.{l}"])), f"{name}: layer {l} experts equal transformers'")
 
 
 def build_gpt_oss_mxfp4(model, seed: int, out_root: str) -> None:
@@ -516,7 +589,7 @@ def build_minimax_m2(out_root: str) -> None:
 
 
 ALL = ["target_gpt_oss", "target_qwen3_next", "target_qwen3_5", "target_qwen3_5_moe", "target_qwen3_5_vl",
-       "target_minimax_m2"]
+       "target_gemma4", "target_gemma4_text", "target_gemma4_moe", "target_minimax_m2"]
 
 
 def main() -> int:

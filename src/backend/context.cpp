@@ -176,6 +176,19 @@ Tensor Context::to_host(const Tensor& t, bool as_f32) {
   return o;
 }
 
+Tensor rope_inv_freq_proportional(int64_t head_dim, int64_t rotated, double theta) {
+  DFLASH_CHECK(head_dim > 0 && head_dim % 2 == 0 && rotated >= 0 && rotated <= head_dim && rotated % 2 == 0,
+               "proportional RoPE: head_dim ", head_dim, " and rotated dims ", rotated, " (even, at most head_dim)");
+  Tensor t = cpu_empty(DType::F32, {head_dim / 2});
+  float* f = t.ptr<float>();
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    // transformers: 1 / base^(arange(0, 2 rope_angles, 2) / head_dim) in float32, then zeros for the other angles
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    f[i] = 2 * i < rotated ? 1.0f / std::pow(static_cast<float>(theta), expo) : 0.0f;
+  }
+  return t;
+}
+
 Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& sc) {
   DFLASH_CHECK(head_dim > 0 && head_dim % 2 == 0, "RoPE needs an even head_dim, got ", head_dim);
   const int64_t half = head_dim / 2;

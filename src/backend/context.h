@@ -406,6 +406,11 @@ class Context {
   void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
   void silu_mul_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                          const Tensor& dup);
+  // out = gelu_tanh(gate) * up (the GeGLU of Gemma's MLPs; gelu_pytorch_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g +
+  // 0.044715 g^3)))); all [R, I], fp32 math (fp64 on cpu64), out may alias gate or up.
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
+  // x = cap * tanh(x / cap) in place (Gemma's final_logit_softcapping); x act, cap > 0.
+  void softcap(const Tensor& x, float cap);
   // out[T, H] = table[ids[t], :]   (ids I32, checked to be in [0, V))
   void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
   // y += alpha * x  (same shape and dtype)
@@ -565,6 +570,8 @@ class Context {
   virtual void silu_mul_impl(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   virtual void silu_mul_backward_impl(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                                       const Tensor& dup) = 0;
+  virtual void gelu_tanh_mul_impl(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  virtual void softcap_impl(const Tensor& x, float cap) = 0;
   virtual void embedding_impl(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
   virtual void add_impl(const Tensor& y, const Tensor& x, float alpha) = 0;
   virtual void copy_columns_impl(const Tensor& dst, const Tensor& src, int64_t col0) = 0;
@@ -676,5 +683,8 @@ std::unique_ptr<Context> make_context(const std::string& device, const ContextOp
 // attention factor is not in the frequencies: RopeScaling::attention_scaling, folded into the softmax scale).
 struct RopeScaling;
 Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling);
+// transformers' "proportional" RoPE (_compute_proportional_rope_parameters; Gemma 4's full-attention layers): F32 host
+// [head_dim / 2], entry i = 1 / theta^(2i / head_dim) in float32 for i < rotated / 2, 0 after (those pairs do not turn).
+Tensor rope_inv_freq_proportional(int64_t head_dim, int64_t rotated, double theta);
 
 }  // namespace dflash

@@ -3,6 +3,7 @@
 // the backend's <op>_impl, which only computes (backend/context.h).
 // defines: Context's compute ops (linear ... fill_normal), Context::attention_causal_batch_impl (the default)
 #include <algorithm>
+#include <cmath>
 
 #include "backend/context.h"
 
@@ -153,6 +154,21 @@ void Context::silu_mul_backward(const Tensor& dout, const Tensor& gate, const Te
                  shape_str(t->shape), " differ");
   const OpScope scope = op("silu_mul_backward");
   silu_mul_backward_impl(dout, gate, up, dgate, dup);
+}
+
+void Context::gelu_tanh_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  DFLASH_CHECK(up.numel() == gate.numel() && out.numel() == gate.numel(), "gelu_tanh_mul: shapes ",
+               shape_str(gate.shape), " ", shape_str(up.shape), " ", shape_str(out.shape), " differ");
+  DFLASH_CHECK(up.dtype == gate.dtype && out.dtype == gate.dtype, "gelu_tanh_mul: dtypes ", dtype_name(gate.dtype), " ",
+               dtype_name(up.dtype), " ", dtype_name(out.dtype), " differ");
+  const OpScope scope = op("gelu_tanh_mul");
+  gelu_tanh_mul_impl(gate, up, out);
+}
+
+void Context::softcap(const Tensor& x, float cap) {
+  DFLASH_CHECK(cap > 0 && std::isfinite(cap), "softcap: cap must be positive and finite, got ", cap);
+  const OpScope scope = op("softcap");
+  softcap_impl(x, cap);
 }
 
 void Context::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {

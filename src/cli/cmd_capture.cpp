@@ -114,7 +114,7 @@ void run(const CaptureCli& c) {
       Tensor h = cpu_empty(DType::F32, {T, H});
       if (i == 0) {  // the embedding output
         Tensor e = ctx->empty(ctx->compute_dtype(), {T, H});
-        ctx->embedding(target->weights().embed, ctx->to_device(idt), e);
+        target->embed(*ctx, ctx->to_device(idt), e);
         h = ctx->to_host(e);
       } else if (i == L) {
         h = ctx->to_host(o.final_hidden);

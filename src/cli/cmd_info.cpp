@@ -37,20 +37,26 @@ using ojson = nlohmann::ordered_json;
 // "attention (q/k/v bias, o bias, sinks, sliding window 128) + MoE 32 experts top-4 of width 2880 (top-k
 // renormalised; clamped SwiGLU, biases; MXFP4)".
 std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
-  const std::string a = token_mixer(s.mixer).describe(c, s);
-  if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense SwiGLU of width ", s.mlp_width);
+  const std::string a = token_mixer(s.mixer).describe(c, s) + (s.sandwich_norms ? " (sandwich norms)" : "");
+  const char* dense = c.mlp_act == MlpAct::GeluTanh ? "GeGLU (gelu_tanh)" : "SwiGLU";
+  const std::string tail = s.layer_scalar ? " x layer_scalar" : "";
+  if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense ", dense, " of width ", s.mlp_width, tail);
   std::vector<std::string> notes;
   if (c.moe.router == RouterKind::SigmoidTopK)
     notes.push_back(c.moe.score_correction_bias ? "sigmoid router, score-correction bias" : "sigmoid router");
   if (c.moe.norm_topk_prob) notes.push_back("top-k renormalised");
-  std::string act = c.moe.act == ExpertAct::ClampedSwiGLU ? "clamped SwiGLU" : "";
+  if (c.moe.router_scales) notes.push_back("router scales");
+  std::string act = c.moe.act == ExpertAct::ClampedSwiGLU ? "clamped SwiGLU"
+                    : c.moe.act == ExpertAct::GeluTanh    ? "GeGLU"
+                                                           : "";
   if (c.moe.router_bias || c.moe.expert_bias) act += act.empty() ? "biases" : ", biases";
   if (!act.empty()) notes.push_back(act);
   if (c.moe.expert_format == WeightFormat::MXFP4) notes.push_back("MXFP4");
   std::string m = cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width);
   for (size_t i = 0; i < notes.size(); ++i) m += (i ? "; " : " (") + notes[i] + (i + 1 == notes.size() ? ")" : "");
   if (c.moe.shared_expert_width > 0) m += cat(" + shared expert of width ", c.moe.shared_expert_width);
-  return m;
+  if (c.moe.dense_beside_width > 0) m += cat(" beside a dense ", dense, " of width ", c.moe.dense_beside_width);
+  return m + tail;
 }
 
 // The plan as runs of equal consecutive layers: [{"layers": "0-1", "plan": "..."}, ...]. A plan that repeats with a
@@ -116,6 +122,11 @@ ojson config_json(const ModelConfig& c) {
   j["qk_norm"] = c.qk_norm;
   if (c.zero_centred_norms) j["zero_centred_norms"] = true;
   if (c.rope_dim() != c.head_dim) j["rotary_dim"] = c.rope_dim();
+  if (c.embed_scale > 0) j["embed_scale"] = c.embed_scale;
+  if (c.final_logit_softcap > 0) j["final_logit_softcapping"] = c.final_logit_softcap;
+  if (c.rope_alt.defined())
+    j["rope_full_attention"] = {{"rope_type", "proportional"}, {"rope_theta", c.rope_alt.theta},
+                                {"head_dim", c.rope_alt.dim}, {"rotary_dim", c.rope_alt.rotated}};
   // each mixer kind with config keys of its own that some layer uses: {"layers": how many, its keys...}
   for (const TokenMixerKind* m : token_mixers()) {
     if (!m->info_key) continue;

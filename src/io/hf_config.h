@@ -25,6 +25,9 @@ enum class Arch {
   // hybrid linear-attention families (io/model_family_hybrid.cpp); the *Vl ones are the image-text checkpoints
   // (Qwen3_5ForConditionalGeneration, ...) whose language model is read alone
   Qwen3Next, Qwen3_5, Qwen3_5Vl, Qwen3_5Moe, Qwen3_5MoeVl,
+  // Gemma 4 text models (io/model_family_gemma4.cpp): Gemma4ForCausalLM and the image-text checkpoints'
+  // (Gemma4ForConditionalGeneration) language model
+  Gemma4, Gemma4Vl,
   MiniMaxM2,
 };
 // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next", ...
@@ -45,6 +48,20 @@ struct AttentionSpec {
   // Gated attention (Qwen3-Next, Qwen3.5: transformers' Qwen3NextAttention): q_proj yields per head [q (d) | gate (d)];
   // the attention output is multiplied by sigmoid(gate) before o_proj.
   bool output_gate = false;
+  // Per-layer geometry and Gemma 4's options (transformers' Gemma4TextAttention). head_dim / num_kv_heads: 0 = the
+  // config's head_dim / num_key_value_heads (ModelConfig::head_dim_of, kv_heads_of); Gemma 4's full-attention layers
+  // have their own (global_head_dim, num_global_key_value_heads).
+  int64_t head_dim = 0, num_kv_heads = 0;
+  bool k_eq_v = false;    // no v_proj: the values are the k projection's output before k_norm (attention_k_eq_v)
+  bool v_norm = false;    // the values RMS-normed per head without a weight (Gemma 4's v_norm)
+  double scale = 0;       // the softmax scale; 0 = 1 / sqrt(d) (times YaRN's af^2). Gemma 4: 1 (q and k are normed)
+  bool rope_alt = false;  // RoPE of ModelConfig::rope_alt instead of the config's (Gemma 4's full-attention layers)
+};
+
+// The activation of the dense MLPs: down(act(gate(x)) * up(x)).
+enum class MlpAct {
+  SiLU,      // SwiGLU (Llama, Qwen)
+  GeluTanh,  // gelu_pytorch_tanh: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (Gemma)
 };
 
 // The token mixer of one target layer.
@@ -65,6 +82,12 @@ struct LayerSpec {
   AttentionSpec attention;      // mixer == Attention
   ChannelMixer mlp = ChannelMixer::Dense;
   int64_t mlp_width = 0;  // Dense: its intermediate size; MoE: each expert's (moe.expert_width)
+  // Gemma's sandwich norms: the token mixer's and the channel mixer's outputs are RMS-normed before each residual
+  // add (h += RMSNorm_mo(mixer(..)), h += RMSNorm_co(mlp(..)); transformers' post_attention_layernorm and
+  // post_feedforward_layernorm; the norm before the channel mixer is pre_feedforward_layernorm).
+  bool sandwich_norms = false;
+  // h *= layer_scalar at the end of the layer (a [1] weight of the checkpoint: Gemma 4's layer_scalar).
+  bool layer_scalar = false;
 };
 
 // How a group of weights is stored on the device (decided once from config.json's quantization_config:
@@ -115,6 +138,7 @@ enum class RouterKind {
 enum class ExpertAct {
   SwiGLU,         // silu(g) * u
   ClampedSwiGLU,  // (clamp(u, -7, 7) + 1) * min(g, 7) * sigmoid(1.702 min(g, 7)) (vLLM's swigluoai; gpt-oss)
+  GeluTanh,       // gelu_tanh(g) * u (Gemma 4's experts; not run yet: refused where the plan would need it)
 };
 
 // Mixture-of-Experts keys and features (Qwen3-MoE: transformers' Qwen3MoeSparseMoeBlock). Router: p = softmax(x Wr^T)
@@ -139,6 +163,14 @@ struct MoeConfig {
   // A shared expert beside the routed ones (Qwen3-Next, Qwen3.5-MoE: Qwen3NextSparseMoeBlock): every token also goes
   // through a SwiGLU of this width, scaled by sigmoid(x Wsg^T) (Wsg [1, H]) and added. 0 = none.
   int64_t shared_expert_width = 0;
+  // Gemma 4's router (Gemma4TextRouter): it reads RMSNorm(x) without a weight, times a learned scale [H] and H^-1/2
+  // (folded into the router's weight when loaded), and the renormalised top-k weights are multiplied by a learned
+  // per-expert scale [E] (folded into each expert's down rows when loaded).
+  bool router_scales = false;
+  // Gemma 4's MoE block: a dense MLP of this width (of ModelConfig::mlp_act) beside the experts on the same residual
+  // stream r, each side with its own norms: h = r + RMSNorm_co(RMSNorm_d(dense(RMSNorm_pre(r))) +
+  // RMSNorm_e(experts(RMSNorm_pre2(r)))), the router reading r (LayerSpec::sandwich_norms). 0 = none.
+  int64_t dense_beside_width = 0;
 };
 
 // Gated DeltaNet keys (transformers' Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet; model/target/linear_attention.h).
@@ -157,6 +189,15 @@ struct LinearAttnConfig {
 // "linear_attention"), read by the family (io/model_family*.cpp) into its LayerSpec.
 enum class LayerType { FullAttention, SlidingAttention, LinearAttention };
 
+// A second RoPE for the layers whose AttentionSpec::rope_alt is set: transformers' "proportional" RoPE of Gemma 4's
+// full-attention layers over heads of `dim`: the pairs (i, i + dim/2) for i < rotated/2 turn by pos * theta^(-2i/dim),
+// the other pairs do not turn (inv_freq [dim/2] with zeros after the first rotated/2: rope_inv_freq_proportional).
+struct RopeAlt {
+  double theta = 0;
+  int64_t dim = 0;      // the head dim it turns (0: no second RoPE)
+  int64_t rotated = 0;  // dims rotated: 2 int(partial_rotary_factor dim / 2)
+  bool defined() const { return dim > 0; }
+};
 struct ModelConfig {
   Arch arch = Arch::Qwen3;
   std::string model_type;            // as in config.json: "llama", "qwen2", "qwen3", "qwen3_moe"
@@ -180,6 +221,17 @@ struct ModelConfig {
   // RMSNorm weights are zero-centred: y = norm(x) * (1 + w) (Qwen3-Next, Qwen3.5: the input, post-attention, final
   // and q/k norms; not the gated norm of the linear-attention output).
   bool zero_centred_norms = false;
+  MlpAct mlp_act = MlpAct::SiLU;     // the dense MLPs' activation (Gemma: gelu_pytorch_tanh)
+  // The embedding output times embed_scale (0: none; Gemma: sqrt(H) rounded to float32, transformers'
+  // Gemma4TextScaledWordEmbedding, then to the compute dtype).
+  double embed_scale = 0;
+  // logits = cap tanh(logits / cap) (final_logit_softcapping; 0: none).
+  double final_logit_softcap = 0;
+  RopeAlt rope_alt;                  // the RoPE of layers with AttentionSpec::rope_alt (Gemma 4's full attention)
+  // Gemma 4's full-attention layers: their head dim (global_head_dim), their kv heads when attention_k_eq_v
+  // (num_global_key_value_heads), and whether their values are the keys' projection (the family's plan reads them).
+  int64_t global_head_dim = 0, num_global_kv_heads = 0;
+  bool attention_k_eq_v = false;
   MoeConfig moe;
   LinearAttnConfig linear_attn;      // layers whose mixer is LinearAttention
   // config.json layer_types, one per layer (SlidingAttention / FullAttention: gpt-oss; LinearAttention /
@@ -196,6 +248,11 @@ struct ModelConfig {
   bool has_moe() const;  // some layer's channel mixer is MoE
   bool has_linear_attention() const;  // some layer's token mixer is LinearAttention (a hybrid target)
   int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+  // The attention geometry of a layer: its own head dim / kv heads (AttentionSpec), else the config's.
+  int64_t head_dim_of(const LayerSpec& s) const { return s.attention.head_dim > 0 ? s.attention.head_dim : head_dim; }
+  int64_t kv_heads_of(const LayerSpec& s) const {
+    return s.attention.num_kv_heads > 0 ? s.attention.num_kv_heads : num_key_value_heads;
+  }
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
   // Prefixes of checkpoint tensors that are not the language model, read from this config beyond the family's own

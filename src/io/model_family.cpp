@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/model_family_gemma4.h"
 #include "io/model_family_hybrid.h"
 #include "io/model_family_minimax.h"
 
@@ -210,6 +211,11 @@ const std::vector<ModelFamily>& model_families() {
       {Arch::Qwen3_5MoeVl, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3.5-MoE (image-text checkpoint)",
        "Qwen3.5-35B-A3B, Qwen3.5-122B-A10B, Qwen3.6-35B-A3B", read_qwen3_5_moe, qwen3_5_moe_layer, nullptr,
        hybrid_names(true), hybrid_drafter},
+      // Gemma 4 (io/model_family_gemma4.cpp)
+      {Arch::Gemma4, "gemma4_text", "Gemma4ForCausalLM", "Gemma 4", "Gemma 4 dense and MoE, text only", read_gemma4,
+       gemma4_layer, nullptr, gemma4_names(false), gemma4_drafter},
+      {Arch::Gemma4Vl, "gemma4", "Gemma4ForConditionalGeneration", "Gemma 4 (image-text checkpoint)",
+       "gemma-4-31B-it, gemma-4-26B-A4B-it", read_gemma4, gemma4_layer, nullptr, gemma4_names(true), gemma4_drafter},
       // io/model_family_minimax.cpp
       {Arch::MiniMaxM2, "minimax_m2", "MiniMaxM2ForCausalLM", "MiniMax-M2",
        "MiniMax-M2, MiniMax-M2.1, MiniMax-M2.5, MiniMax-M2.7", read_minimax_m2, minimax_m2_layer, nullptr,

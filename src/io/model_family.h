@@ -47,6 +47,15 @@ struct WeightNames {
   // gate_up_proj_blocks [E, 2I, H/32, 16] U8 + gate_up_proj_scales [E, 2I, H/32] U8 (rows interleaved likewise) and
   // down_proj_blocks [E, H, I/32, 16] + down_proj_scales [E, H, I/32].
   std::string sinks = "self_attn.sinks";
+  // Gemma's sandwich norms (LayerSpec::sandwich_norms: in_norm / post_norm are then the norms before the mixers) and
+  // its per-layer scalar [1] (LayerSpec::layer_scalar).
+  std::string mixer_out_norm = "post_attention_layernorm.weight", mlp_out_norm = "post_feedforward_layernorm.weight";
+  std::string layer_scalar = "layer_scalar";
+  // Gemma 4's MoE block (MoeConfig::router_scales, dense_beside_width): the router's scale [H] and per-expert scale
+  // [E]; the experts' input norm and the two sides' output norms.
+  std::string router_scale = "router.scale", per_expert_scale = "router.per_expert_scale";
+  std::string moe_in_norm = "pre_feedforward_layernorm_2.weight", moe_out_norm = "post_feedforward_layernorm_2.weight";
+  std::string dense_out_norm = "post_feedforward_layernorm_1.weight";
   std::string router_bias = "mlp.gate.bias";
   // RouterKind::SigmoidTopK's score-correction bias [E] F32 (MoeConfig::score_correction_bias)
   std::string router_score_bias = "mlp.gate.e_score_correction_bias";
@@ -70,6 +79,7 @@ struct WeightNames {
 struct DrafterDefaults {
   int64_t intermediate_size = 0;
   int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  double rope_theta = 0;  // 0: the target's rope_theta
 };
 
 struct ModelFamily {

@@ -61,6 +61,20 @@ void DrafterConfig::validate() const {
                "existing row; set it with --mask-token-id or use a tokenizer that defines one)");
 }
 
+namespace {
+
+// h = embed[ids], times the target's embedding scale when it has one (rounded to the compute dtype, as the target).
+void embed_blocks(Context& ctx, const Tensor& embed, const Tensor& ids, const Tensor& h, double scale) {
+  ctx.embedding(embed, ids, h);
+  if (scale <= 0) return;
+  const float f = static_cast<float>(scale);
+  const DType dt = ctx.compute_dtype();
+  const float s = dt == DType::BF16 ? round_bf16(f) : dt == DType::F16 ? f16_to_f32(f32_to_f16(f)) : f;
+  ctx.add(h, h, s - 1.0f);  // h + (s - 1) h, one rounding
+}
+
+}  // namespace
+
 float DrafterConfig::softmax_scale() const {
   const double af = rope_scaling.attention_scaling();  // YaRN: cos and sin times af in transformers' RoPE
   return 1.0f / std::sqrt(static_cast<float>(head_dim)) * static_cast<float>(af * af);
@@ -98,6 +112,9 @@ DrafterConfig DrafterConfig::for_target(const ModelConfig& t, int64_t num_layers
   c.rope_theta = t.rope_theta;
   c.rope_scaling = t.rope_scaling;
   c.max_position_embeddings = t.max_position_embeddings;
+  if (const auto family = family_of(t.arch).drafter)  // Gemma 4: the full-attention layers' theta, as published
+    if (const double theta = family(t).rope_theta; theta > 0) c.rope_theta = theta;
+  c.embed_scale = t.embed_scale;
   return c;
 }
 
@@ -158,6 +175,7 @@ const auto drafter_config_fields = [](auto& c, auto&& f) {
   f("max_position_embeddings", c.max_position_embeddings, true);
   f("layer_types", c.layer_types, false);  // absent in checkpoints written before sliding windows
   f("sliding_window", c.sliding_window, false);
+  f("embed_scale", c.embed_scale, false);  // absent before Gemma targets: 0
 };
 
 }  // namespace
@@ -511,7 +529,7 @@ DraftStepStats Drafter::forward_backward(Context& ctx, const DraftInputs& in, co
   // block tokens through the layers; hs[l] is the input of layer l
   std::vector<Tensor> hs(static_cast<size_t>(L + 1));
   hs[0] = ctx.empty(dt, {NB, H});
-  ctx.embedding(embed, in.block_ids, hs[0]);
+  embed_blocks(ctx, embed, in.block_ids, hs[0], cfg_.embed_scale);
   std::vector<LayerActs> acts(static_cast<size_t>(L));
   for (int64_t l = 0; l < L; ++l) {
     hs[l + 1] = ctx.empty(dt, {NB, H});
@@ -619,7 +637,7 @@ Tensor Drafter::forward_hidden(Context& ctx, const DraftInputs& in, const Tensor
   ctx.linear(in.features, params_.get("fc.weight").compute, nullptr, Ht);
   ctx.rmsnorm(Ht, params_.get("hidden_norm.weight").compute, eps, Ht, none);
   Tensor h = ctx.empty(dt, {NB, H}), h2 = ctx.empty(dt, {NB, H});
-  ctx.embedding(embed, in.block_ids, h);
+  embed_blocks(ctx, embed, in.block_ids, h, cfg_.embed_scale);
   for (int64_t l = 0; l < L; ++l) {
     LayerActs a;
     layer_forward(ctx, l, in, Ht, h, a, h2);
@@ -682,7 +700,7 @@ Tensor Drafter::draft_block(Context& ctx, const Cache& c, int32_t bonus_token, c
   valid.ptr<uint8_t>()[0] = 1;
   in.valid = ctx.to_device(valid);
   Tensor h = ctx.empty(dt, {B, H}), h2 = ctx.empty(dt, {B, H}), none;
-  ctx.embedding(embed, in.block_ids, h);
+  embed_blocks(ctx, embed, in.block_ids, h, cfg_.embed_scale);
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     LayerActs a;
     a.kc = c.k[l].slice(0, p);
@@ -700,50 +718,48 @@ std::vector<int32_t> Drafter::select_path(Context& ctx, const Tensor& hidden, in
   DFLASH_CHECK(cfg_.dflash2(), "select_path: a ", draft_arch_name(cfg_.arch), " drafter has no candidate selector");
   const int64_t n = hidden.rows(), K = cfg_.selector_top_k;
   if (n == 0) return {};
-  std::vector<int32_t> rows(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) rows[t] = static_cast<int32_t>(t);
+  // The lattice of the greedy walk in one selector call: row 0 is slot 0 after the anchor's token, row
+  // 1 + (t-1) K + i slot t > 0 after slot t-1's candidate i (M = 1 + (n-1) K scored rows). Everything the device needs
+  // goes up in one upload (the slots' rows 0..n-1, zero labels, each lattice row's slot, the anchor) and the lattice
+  // is built there from the top-k (no round trip between the top-k and the scores); the walk runs on the host.
+  const int64_t M = 1 + (n - 1) * K;
+  std::vector<int32_t> ints(static_cast<size_t>(2 * n + M + 1), 0);
+  for (int64_t t = 0; t < n; ++t) ints[t] = static_cast<int32_t>(t);  // rows; ints[n .. 2n) labels 0
+  for (int64_t m = 1; m < M; ++m) ints[2 * n + m] = static_cast<int32_t>(1 + (m - 1) / K);  // slot of lattice row m
+  ints[2 * n + M] = anchor_token;
+  const Tensor up = ctx.to_device(cpu_tensor_i32(ints, {static_cast<int64_t>(ints.size())}));
+  const Tensor mrow = up.slice(2 * n, 2 * n + M);
   // the top-k of each slot's logits, from the loss head's chunked pass (its loss is not used here)
   LossArgs la;
   la.h = hidden;
   la.lm_head = lm_head;
-  la.rows = ctx.to_device(cpu_tensor_i32(rows, {n}));
-  la.labels = ctx.to_device(cpu_tensor_i32(std::vector<int32_t>(static_cast<size_t>(n), 0), {n}));
-  la.weights = ctx.to_device(cpu_tensor(std::vector<float>(static_cast<size_t>(n), 0.0f), {n}));
+  la.rows = up.slice(0, n);
+  la.labels = up.slice(n, 2 * n);
+  la.weights = ctx.zeros(DType::F32, {n});
   la.topk = K;
   la.topk_ids = ctx.empty(DType::I32, {n, la.topk});
   la.topk_logits = ctx.empty(ctx.param_dtype(), {n, la.topk});
   ctx.lm_head_loss(la);
-  const Tensor cand = ctx.to_host(la.topk_ids, false);
-  const int32_t* C = cand.ptr<int32_t>();
-  // The lattice of the greedy walk in one selector call: slot 0 after the anchor's token, slot t > 0 after each of
-  // slot t-1's candidates (1 + (n-1) K scored rows); the walk itself on the host.
-  const int64_t M = 1 + (n - 1) * K;
-  const std::vector<float> U = to_f32_vector(ctx.to_host(la.topk_logits));
-  std::vector<int32_t> mrow(static_cast<size_t>(M)), mprev(static_cast<size_t>(M)), mcand(static_cast<size_t>(M * K));
-  std::vector<float> mU(static_cast<size_t>(M * K));  // the candidates' logits, F32 on the host
-  auto put = [&](int64_t m, int64_t t, int32_t prev) {
-    mrow[m] = static_cast<int32_t>(t);
-    mprev[m] = prev;
-    std::copy_n(C + t * K, K, mcand.begin() + m * K);
-    std::copy_n(U.begin() + t * K, K, mU.begin() + m * K);
-  };
-  put(0, 0, anchor_token);
-  for (int64_t t = 1; t < n; ++t)
-    for (int64_t i = 0; i < K; ++i) put(1 + (t - 1) * K + i, t, C[(t - 1) * K + i]);
+  SelectorArgs sa;
+  sa.rows = mrow;
+  sa.prev = ctx.empty(DType::I32, {M});  // the anchor, then slot t-1's candidates in order
+  ctx.copy(sa.prev.slice(0, 1), up.slice(2 * n + M, 2 * n + M + 1));
+  if (M > 1) ctx.copy(sa.prev.slice(1, M), la.topk_ids.slice(0, n - 1).reshape({(n - 1) * K}));
+  sa.cand = ctx.empty(DType::I32, {M, K});
+  ctx.gather_rows(sa.cand, la.topk_ids, mrow);
+  sa.cand_logit = ctx.empty(ctx.param_dtype(), {M, K});
+  ctx.gather_rows(sa.cand_logit, la.topk_logits, mrow);
   const DType dt = ctx.compute_dtype();
   Tensor g = ctx.empty(dt, {n, cfg_.selector_rank});
   ctx.linear(hidden, params_.get("candidate_selector.hidden_projection.weight").compute, nullptr, g);
-  SelectorArgs sa;
   sa.g = g;
-  sa.rows = ctx.to_device(cpu_tensor_i32(mrow, {M}));
-  sa.prev = ctx.to_device(cpu_tensor_i32(mprev, {M}));
-  sa.cand = ctx.to_device(cpu_tensor_i32(mcand, {M, K}));
-  sa.cand_logit = ctx.to_device(cpu_tensor(mU, {M, K}), ctx.param_dtype());
   sa.pred_cb = params_.get("candidate_selector.predecessor_codebook").compute;
   sa.succ_cb = params_.get("candidate_selector.successor_codebook").compute;
   Tensor scores = ctx.empty(ctx.param_dtype(), {M, K});
   ctx.candidate_selector(sa, scores);
   const std::vector<float> e = to_f32_vector(ctx.to_host(scores));
+  const Tensor cand = ctx.to_host(la.topk_ids, false);
+  const int32_t* C = cand.ptr<int32_t>();
   std::vector<int32_t> out(static_cast<size_t>(n));
   int64_t m = 0;
   for (int64_t t = 0; t < n; ++t) {

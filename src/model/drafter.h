@@ -61,6 +61,9 @@ struct DrafterConfig {
   int64_t conv_group_size = 16;
   int64_t selector_rank = 256;
   int64_t selector_top_k = 16;
+  // The target's embedding scale (ModelConfig::embed_scale; Gemma: sqrt(H)): the block tokens' embedding is multiplied
+  // by it, as the target's own embedding module does (transformers' Gemma4TextScaledWordEmbedding). 0 = none.
+  double embed_scale = 0;
 
   int64_t nf() const { return static_cast<int64_t>(target_layer_ids.size()); }
   bool dflash2() const { return arch == DraftArch::DFlash2; }

@@ -18,6 +18,7 @@ nlohmann::json drafter_hf_config(const DrafterConfig& c, const nlohmann::json& t
   j["block_size"] = c.block_size;
   j["num_target_layers"] = c.num_target_layers;
   j["dflash_config"] = {{"mask_token_id", c.mask_token_id}, {"target_layer_ids", c.target_layer_ids}};
+  if (c.embed_scale > 0) j["dflash_config"]["embed_scale"] = c.embed_scale;  // Gemma: the target's sqrt(H)
   if (c.dflash2()) {  // the keys vLLM's qwen3_dflash2.py reads; the optional scales keep their defaults (absent)
     j["dflash_config"]["block_size"] = c.block_size;
     j["dflash_config"]["conv_kernel_size"] = c.conv_kernel_size;
@@ -116,6 +117,7 @@ ExportedDrafter read_exported_drafter(const std::string& dir) {
                  ": dflash_config needs mask_token_id and target_layer_ids");
     c.mask_token_id = dc["mask_token_id"].get<int32_t>();
     c.target_layer_ids = dc["target_layer_ids"].get<std::vector<int64_t>>();
+    c.embed_scale = dc.value("embed_scale", 0.0);
     if (c.dflash2()) {
       auto key = [&](const char* k) {
         DFLASH_CHECK(dc.contains(k), path, ": dflash_config needs ", k, " for a DFlash2DraftModel");

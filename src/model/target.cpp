@@ -28,6 +28,22 @@ TargetLayer load_layer(WeightSource& src, const ModelConfig& cfg, const WeightNa
   } else {
     L.moe = load_moe(src, p, n, H, cfg.moe);
     if (cfg.moe.shared_expert_width > 0) L.shared = load_shared_expert(src, p, n, H, cfg.moe.shared_expert_width);
+    if (cfg.moe.dense_beside_width > 0) {  // Gemma 4: the dense MLP beside the experts, and the block's norms
+      L.mlp = load_dense_mlp(src, p, n, H, cfg.moe.dense_beside_width);
+      L.moe_in_norm = src.norm(p + n.moe_in_norm, {H});
+      L.dense_out_norm = src.norm(p + n.dense_out_norm, {H});
+      L.moe_out_norm = src.norm(p + n.moe_out_norm, {H});
+      Tensor ones = cpu_empty(DType::F32, {H});
+      for (int64_t i = 0; i < H; ++i) ones.ptr<float>()[i] = 1.0f;
+      L.ones = src.ctx().to_device(ones, src.ctx().compute_dtype());
+    }
+  }
+  if (L.spec.sandwich_norms) {
+    L.mixer_out_norm = src.norm(p + n.mixer_out_norm, {H});
+    L.mlp_out_norm = src.norm(p + n.mlp_out_norm, {H});
+  }
+  if (L.spec.layer_scalar && !src.random()) {  // a random target's scalar is 1
+    L.layer_scalar = static_cast<double>(src.host_f32(p + n.layer_scalar, {1}).ptr<float>()[0]);
   }
   return L;
 }
@@ -38,6 +54,14 @@ std::vector<TargetLayer> load_layers(WeightSource& src, const ModelConfig& cfg, 
   if (end < 0) end = cfg.num_hidden_layers;
   for (int64_t l = first; l < end; ++l) layers.push_back(load_layer(src, cfg, n, l));
   return layers;
+}
+
+// The RoPE frequencies of the config's layers, and of the layers with AttentionSpec::rope_alt when it has them.
+void set_rope(Context& ctx, const ModelConfig& cfg, TargetWeights& w) {
+  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.rope_dim(), cfg.rope_theta, cfg.rope_scaling));
+  if (cfg.rope_alt.defined())
+    w.inv_freq_alt =
+        ctx.to_device(rope_inv_freq_proportional(cfg.rope_alt.dim, cfg.rope_alt.rotated, cfg.rope_alt.theta));
 }
 
 void check_stage(const ModelConfig& cfg, TargetStage st) {
@@ -71,7 +95,7 @@ std::shared_ptr<const Target> Target::load(const std::string& dir, Context& ctx)
   w.lm_head = head.lm_head;
   w.final_norm = src.norm(family_of(cfg.arch).names.final_norm, {cfg.hidden_size});
   w.layers = load_layers(src, cfg);
-  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.rope_dim(), cfg.rope_theta, cfg.rope_scaling));
+  set_rope(ctx, cfg, w);
   return std::make_shared<const Target>(std::move(cfg), std::move(w));
 }
 
@@ -94,7 +118,7 @@ std::shared_ptr<const Target> Target::load_stage(const std::string& dir, Context
                                           : ctx.to_device(ws.f32(tied ? n.embed : n.lm_head, shape), ctx.compute_dtype());
   }
   w.layers = load_layers(src, cfg, st.first, st.end);
-  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.rope_dim(), cfg.rope_theta, cfg.rope_scaling));
+  set_rope(ctx, cfg, w);
   return std::make_shared<const Target>(std::move(cfg), std::move(w));
 }
 
@@ -111,6 +135,7 @@ std::shared_ptr<const Target> Target::random_stage(const ModelConfig& cfg, Conte
     w.lm_head = all->w_.lm_head;
   }
   w.inv_freq = all->w_.inv_freq;
+  w.inv_freq_alt = all->w_.inv_freq_alt;
   w.layers.assign(all->w_.layers.begin() + st.first, all->w_.layers.begin() + st.end);
   return std::make_shared<const Target>(cfg, std::move(w));
 }
@@ -135,7 +160,7 @@ std::shared_ptr<const Target> Target::random(const ModelConfig& cfg, Context& ct
   w.lm_head = head.lm_head;
   w.final_norm = src.norm("final_norm", {cfg.hidden_size});
   w.layers = load_layers(src, cfg);
-  w.inv_freq = ctx.to_device(rope_inv_freq(cfg.rope_dim(), cfg.rope_theta, cfg.rope_scaling));
+  set_rope(ctx, cfg, w);
   return std::make_shared<const Target>(cfg, std::move(w));
 }
 
@@ -145,12 +170,12 @@ namespace {
 // mixer's projections (q, k, v, o and the output gate rows; the Gated DeltaNet's qkv, z and out) and the dense or
 // shared-expert SwiGLU's three.
 int64_t fp8_projection_params(const ModelConfig& cfg, const LayerSpec& s) {
-  const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const int64_t H = cfg.hidden_size, d = cfg.head_dim_of(s), nh = cfg.num_attention_heads, nkv = cfg.kv_heads_of(s);
   int64_t n = 0;
   if (s.mixer == TokenMixer::LinearAttention) {
     n += H * (cfg.linear_attn.conv_dim() + 2 * cfg.linear_attn.value_dim());
   } else {
-    n += 2 * H * nh * d + 2 * H * nkv * d + (s.attention.output_gate ? H * nh * d : 0);
+    n += 2 * H * nh * d + (s.attention.k_eq_v ? 1 : 2) * H * nkv * d + (s.attention.output_gate ? H * nh * d : 0);
   }
   if (s.mlp == ChannelMixer::Dense) n += 3 * H * s.mlp_width;
   if (s.mlp == ChannelMixer::MoE) {
@@ -179,7 +204,8 @@ TargetParams target_layer_params(const ModelConfig& cfg, int64_t l) {
   TargetParams p;
   const int64_t H = cfg.hidden_size;
   const LayerSpec s = cfg.layer(l);
-  const int64_t attn = token_mixer(s.mixer).params(cfg, s) + 2 * H;  // + the two norms
+  // + the two norms (four with sandwich norms, and the layer scalar)
+  const int64_t attn = token_mixer(s.mixer).params(cfg, s) + (s.sandwich_norms ? 4 : 2) * H + (s.layer_scalar ? 1 : 0);
   MlpParams m = mlp_params(cfg, s);
   if (s.mlp == ChannelMixer::MoE && cfg.moe.shared_expert_width > 0) {
     const int64_t se = shared_expert_params(H, cfg.moe.shared_expert_width);
@@ -272,13 +298,24 @@ Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, s
   Output out;
   out.features = ctx.empty(dt, {R, static_cast<int64_t>(layer_ids.size()) * H});
   Tensor h = ctx.empty(dt, {R, H});
-  ctx.embedding(w_.embed, ids, h);
+  embed(ctx, ids, h);
   this->run_layers(ctx, h, pos, segs, layer_ids, 0, run_layers, out);
   if (want_final) {
     out.final_hidden = ctx.empty(dt, {R, H});
     final_norm(ctx, h, out.final_hidden);
   }
   return out;
+}
+
+void Target::embed(Context& ctx, const Tensor& ids, const Tensor& h) const {
+  ctx.embedding(w_.embed, ids, h);
+  if (cfg_.embed_scale > 0) {
+    // h *= s, s rounded to the compute dtype as transformers' Gemma4TextScaledWordEmbedding casts it to the weights'
+    const float f = static_cast<float>(cfg_.embed_scale);
+    const DType dt = ctx.compute_dtype();
+    const float s = dt == DType::BF16 ? round_bf16(f) : dt == DType::F16 ? f16_to_f32(f32_to_f16(f)) : f;
+    ctx.add(h, h, s - 1.0f);  // h + (s - 1) h, one rounding
+  }
 }
 
 // RMSNorm with the family's weight convention (zero-centred: 1 + w)
@@ -301,16 +338,38 @@ void Target::run_layers(Context& ctx, const Tensor& h, const Tensor& pos, std::s
   Tensor x = ctx.empty(ctx.compute_dtype(), {h.rows(), H});
   for (int64_t l = l0; l < l1; ++l) {
     const TargetLayer& L = w_.layers[static_cast<size_t>(l - w_.first_layer)];
+    const Tensor& inv_freq = L.spec.attention.rope_alt ? w_.inv_freq_alt : w_.inv_freq;
+    // with sandwich norms each mixer adds into a zeroed buffer y, normed before the residual add
+    const Tensor y = L.spec.sandwich_norms ? ctx.zeros(ctx.compute_dtype(), {h.rows(), H}) : h;
     family_norm(ctx, cfg_, h, L.in_norm, x);
-    token_mixer(L.spec.mixer).forward(ctx, L.mixer, {cfg_, L.spec, l, x, pos, w_.inv_freq, segs}, h);
+    token_mixer(L.spec.mixer).forward(ctx, L.mixer, {cfg_, L.spec, l, x, pos, inv_freq, segs}, y);
+    if (L.spec.sandwich_norms) {
+      family_norm(ctx, cfg_, y, L.mixer_out_norm, y);
+      ctx.add(h, y);
+      ctx.zero(y);
+    }
     family_norm(ctx, cfg_, h, L.post_norm, x);
     if (L.spec.mlp == ChannelMixer::Dense) {
-      dense_mlp_forward(ctx, L.mlp, x, h);
+      dense_mlp_forward(ctx, L.mlp, x, y, cfg_.mlp_act);
       out.router_topk.emplace_back();
+    } else if (L.moe_in_norm.defined()) {  // Gemma 4: dense MLP and experts side by side on the residual stream h
+      dense_mlp_forward(ctx, L.mlp, x, y, cfg_.mlp_act);
+      family_norm(ctx, cfg_, y, L.dense_out_norm, y);
+      Tensor xr = ctx.empty(ctx.compute_dtype(), {h.rows(), H}), y2 = ctx.zeros(ctx.compute_dtype(), {h.rows(), H});
+      family_norm(ctx, cfg_, h, L.ones, xr);         // the router's input: RMSNorm(h) (its scales are folded)
+      family_norm(ctx, cfg_, h, L.moe_in_norm, x);   // the experts' input
+      out.router_topk.push_back(moe_forward(ctx, L.moe, cfg_.moe, x, y2, &xr));
+      family_norm(ctx, cfg_, y2, L.moe_out_norm, y2);
+      ctx.add(y, y2);
     } else {
-      out.router_topk.push_back(moe_forward(ctx, L.moe, cfg_.moe, x, h));
-      if (L.shared.gate.defined()) shared_expert_forward(ctx, L.shared, x, h);
+      out.router_topk.push_back(moe_forward(ctx, L.moe, cfg_.moe, x, y));
+      if (L.shared.gate.defined()) shared_expert_forward(ctx, L.shared, x, y);
     }
+    if (L.spec.sandwich_norms) {
+      family_norm(ctx, cfg_, y, L.mlp_out_norm, y);
+      ctx.add(h, y);
+    }
+    if (L.spec.layer_scalar && L.layer_scalar != 1.0) ctx.add(h, h, static_cast<float>(L.layer_scalar - 1.0));
     for (size_t f = 0; f < layer_ids.size(); ++f)
       if (layer_ids[f] == l) ctx.copy_columns(out.features, h, static_cast<int64_t>(f) * H);
   }
@@ -333,7 +392,7 @@ Target::StageState Target::forward_stage(Context& ctx, const Tensor& ids, const 
   s.h = ctx.empty(dt, {T, H});
   out.features = s.features = ctx.empty(dt, {T, nfH});
   if (st.first == 0) {
-    ctx.embedding(w_.embed, ctx.to_device(ids), s.h);
+    embed(ctx, ctx.to_device(ids), s.h);
   } else {
     DFLASH_CHECK(in != nullptr, "target stage [", st.first, ", ", st.end, "): no state from the stage before");
     DFLASH_CHECK(in->h.shape == s.h.shape && in->features.shape == s.features.shape, "target stage [", st.first, ", ",
@@ -360,6 +419,7 @@ Target::StageState Target::forward_stage(Context& ctx, const Tensor& ids, const 
 
 void Target::logits(Context& ctx, const Tensor& hidden, const Tensor& out) const {
   ctx.linear(hidden, w_.lm_head, nullptr, out);
+  if (cfg_.final_logit_softcap > 0) ctx.softcap(out, static_cast<float>(cfg_.final_logit_softcap));
 }
 
 KVCache Target::make_cache(Context& ctx, int64_t capacity, bool rollback) const {

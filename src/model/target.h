@@ -8,8 +8,10 @@
 //   h += channel_mixer(RMSNorm_post(h))  dense SwiGLU or Mixture of Experts (model/target/mlp.h), with a shared
 //                                        expert when the family has one (model/target/shared_expert.h)
 // then the final RMSNorm and lm_head (tied to the embedding or not). RMSNorms scale by 1 + w when the config says
-// zero_centred_norms. Families: Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss, Qwen3-Next, Qwen3.5 / Qwen3.6 (dense and
-// MoE).
+// zero_centred_norms. Gemma's options (io/hf_config.h): the embedding times embed_scale; sandwich norms (each mixer's
+// output RMS-normed before its residual add) and h *= layer_scalar; the MoE block beside a dense MLP; soft-capped
+// logits. Families: Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss, Qwen3-Next, Qwen3.5 / Qwen3.6 (dense and MoE), Gemma 4
+// (dense and MoE).
 // Captured features (spec 1): h_after_layer(l) = the residual stream AFTER decoder layer l (0-based), before
 // the final norm — HF's output_hidden_states[l + 1]. Never the full-vocabulary logits of every position.
 #pragma once
@@ -37,6 +39,11 @@ struct TargetLayer {
   DenseMlpWeights mlp;        // spec.mlp == Dense
   MoeLayerWeights moe;        // spec.mlp == MoE
   SharedExpertWeights shared; // spec.mlp == MoE and moe.shared_expert_width > 0
+  Tensor mixer_out_norm, mlp_out_norm;  // spec.sandwich_norms: [H] (post_attention / post_feedforward_layernorm)
+  double layer_scalar = 1.0;            // spec.layer_scalar: the checkpoint's value, else 1
+  // MoE with a dense MLP beside the experts (MoeConfig::dense_beside_width; `mlp` holds the dense one): the experts'
+  // input norm, each side's output norm [H], and ones [H] (the router's weightless RMSNorm).
+  Tensor moe_in_norm, moe_out_norm, dense_out_norm, ones;
 };
 
 // All tensors on one device, in that context's compute dtype; immutable once built (safe to share between
@@ -48,6 +55,7 @@ struct TargetWeights {
   Tensor lm_head;     // [V, H] (the same tensor as embed when tied and whole)
   Tensor final_norm;  // [H]
   Tensor inv_freq;    // [r/2] F32, RoPE frequencies (with scaling); r = cfg.rope_dim() (head_dim unless partial)
+  Tensor inv_freq_alt;  // [rope_alt.dim / 2] F32 when cfg.rope_alt is defined (layers with AttentionSpec::rope_alt)
   int64_t first_layer = 0;          // layers[i] is decoder layer first_layer + i
   bool stage = false;               // a stage (Target::load_stage / random_stage): layers need not be all of them
   std::vector<TargetLayer> layers;
@@ -158,7 +166,11 @@ class Target {
   // outside the vocabulary, or want_final without final_hidden at the last stage.
   StageState forward_stage(Context& ctx, const Tensor& ids, const StageState* in, std::span<const int64_t> layer_ids,
                            bool want_final, Tensor* final_hidden = nullptr) const;
-  // logits [R, V] act = hidden [R, H] (final-normed) @ lm_head^T
+  // h [R, H] act = the embedding of ids [R] (I32 on ctx's device), times cfg.embed_scale when set (Gemma's scaled
+  // embedding: HF's output_hidden_states[0]).
+  void embed(Context& ctx, const Tensor& ids, const Tensor& h) const;
+  // logits [R, V] act = hidden [R, H] (final-normed) @ lm_head^T, soft-capped when the config says
+  // (final_logit_softcapping: cap tanh(logits / cap))
   void logits(Context& ctx, const Tensor& hidden, const Tensor& out) const;
   // A cache of `capacity` positions for this target (KVCache::create), recording each forward for a rollback when
   // `rollback` (speculative decoding's verification: KVCache::truncate(ctx, n)).

@@ -1819,6 +1819,13 @@ TEST(CudaTarget, GptOssGolden) {
   golden_case("target_gpt_oss");
   golden_case("target_gpt_oss_mxfp4");
 }
+// Gemma 4 (tools/ref_gemma4.py): sliding (window 8) and full layers with their own head dim and kv heads, k = v, the
+// proportional RoPE, sandwich norms, the scaled embedding, the GeGLU, the soft-capped logits; the MoE block.
+TEST(CudaTarget, Gemma4Golden) {
+  golden_case("target_gemma4");
+  golden_case("target_gemma4_text");
+  golden_case("target_gemma4_moe");
+}
 
 // ---- hybrid linear-attention ops ----------------------------------------------------------------------------------
 // rmsnorm_gated (zero-centred; gated by silu(z)), sigmoid_gate (per element, per row), partial RoPE, conv1d_causal with
@@ -1868,6 +1875,36 @@ TEST(CudaOps, HybridRowsAndGates) {
                c.gdn_gate(put(c, ba), put(c, al), put(c, dt), g, b);
                return Outs{get(c, g), get(c, b)};
              });
+}
+
+// Gemma's elementwise ops: gelu_tanh_mul (the GeGLU of its MLPs and experts; the 8-wide bf16 path, the scalar path on
+// an odd count, in place) and softcap (final_logit_softcapping at 30, inputs past the cap); the proportional RoPE of its
+// full-attention layers (head dim 512, 128 dims turning, the other frequencies 0) at positions past 4096.
+TEST(CudaOps, GemmaGeluTanhSoftcapAndProportionalRope) {
+  using RD = std::pair<int64_t, int64_t>;
+  const std::vector<RD> shapes =
+      kEmu ? std::vector<RD>{{9, 16}, {5, 13}} : std::vector<RD>{{9, 16}, {5, 13}, {4096, 2112}};
+  for (auto [R, D] : shapes) {
+    const Tensor g = rnd({R, D}, 311, 2.0), u = rnd({R, D}, 312), x = rnd({R, D}, 313, 40.0);
+    check_case(cat("gemma elementwise R", R, " D", D),
+               {{"gelu_tanh_mul", Kind::TwoX}, {"gelu_tanh_mul in place", Kind::TwoX}, {"softcap 30", Kind::TwoX}},
+               [&](Context& c) {
+                 Tensor gd = put(c, g), ud = put(c, u), y = nan_out(c, {R, D}), gi = put(c, g), xd = put(c, x);
+                 c.gelu_tanh_mul(gd, ud, y);
+                 c.gelu_tanh_mul(gi, ud, gi);
+                 c.softcap(xd, 30.0f);
+                 return Outs{get(c, y), get(c, gi), get(c, xd)};
+               });
+  }
+  const int64_t T = kEmu ? 5 : 3000, heads = 4, d = 512;
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t * 7 + 4000);
+  const Tensor inv = rope_inv_freq_proportional(d, 128, 1e6), xr = rnd({T, heads, d}, 314);
+  check_case(cat("rope proportional T", T, " d", d, " rotated 128"), {{"x", Kind::TwoX, true, 2}}, [&](Context& c) {
+    Tensor xd = put(c, xr);
+    c.rope(xd, put_i32(c, pos), put_raw(c, inv), false);
+    return Outs{get(c, xd)};
+  });
 }
 
 TEST(CudaOps, HybridCausalConv) {
@@ -1944,7 +1981,9 @@ TEST(CudaOps, HybridCausalConvSeqs) {
 namespace {
 // The gated delta rule on T tokens (nk x dk keys, nv x dv values), from zeros and from a random state; the chunked
 // kernel's bf16 operands (normalised q, k, T, W, P, V', S) make its outputs an Nmse comparison.
-void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv, std::vector<int64_t> seqs = {}) {
+// gpu: a context of its own (a capped shared-memory budget), or the shared one.
+void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv, std::vector<int64_t> seqs = {},
+                      Context* gpu = nullptr, const std::string& note = "") {
   const int64_t C = 2 * nk * dk + nv * dv;
   const bool chunked = dk == 128 && dv == 128 && T >= 64;
   const Tensor qkv = rnd({T, C}, 321);
@@ -1956,16 +1995,18 @@ void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv,
   const double nt = 2e-4;  // Nmse: several bf16 operand roundings (about 1e-5 each)
   if (!seqs.empty()) {  // several sequences in one call (a packed prefill), each from zeros
     check_case(cat("gated_delta_rule T", T, " nk", nk, " dk", dk, " nv", nv, " dv", dv, " in ", seqs.size() - 1,
-                   " sequences", chunked ? " (chunked)" : ""),
+                   " sequences", chunked ? " (chunked)" : "", note),
                {{"out", k, true, double(dk), nt}}, [&](Context& c) {
                  Tensor o = nan_out(c, {T, nv, dv});
                  c.gated_delta_rule({put(c, qkv), put(c, g, false), put(c, beta, false), Tensor{}, nk, dk, nv, dv, seqs},
                                     o);
                  return Outs{get(c, o)};
-               });
+               },
+               gpu);
     return;
   }
-  check_case(cat("gated_delta_rule T", T, " nk", nk, " dk", dk, " nv", nv, " dv", dv, chunked ? " (chunked)" : ""),
+  check_case(cat("gated_delta_rule T", T, " nk", nk, " dk", dk, " nv", nv, " dv", dv, chunked ? " (chunked)" : "",
+                 note),
              {{"out from zeros", k, true, double(dk), nt}, {"out from state", k, true, double(dk), nt},
               {"state after", k, false, double(T), nt}},
              [&](Context& c) {
@@ -1974,7 +2015,8 @@ void gated_delta_case(int64_t T, int64_t nk, int64_t dk, int64_t nv, int64_t dv,
                c.gated_delta_rule({qd, gd, bd, Tensor{}, nk, dk, nv, dv, {}}, o0);
                c.gated_delta_rule({qd, gd, bd, s, nk, dk, nv, dv, {}}, o1);
                return Outs{get(c, o0), get(c, o1), get(c, s)};
-             });
+             },
+             gpu);
 }
 }  // namespace
 
@@ -1995,6 +2037,20 @@ TEST(CudaOps, HybridGatedDeltaRule) {
   gated_delta_case(1000, 4, 128, 8, 128);   // chunked: 16 chunks, 2 value heads per key head
   gated_delta_case(3072, 16, 128, 32, 128); // chunked: Qwen3.5-9B's heads at the benchmark's length
   gated_delta_case(40, 3, 64, 6, 96);       // recurrent: odd head dims
+}
+
+// The chunked kernel with one stage of workspace tiles (128 KiB: an A100's 163 KiB per block; docs/gpus.md), and the
+// recurrent one under 99 KiB (compute capability 8.6 / 8.9): the same cases.
+TEST(CudaOps, HybridGatedDeltaRuleSharedMemoryOfAmpereAndAda) {
+  for (int cap : {163 * 1024, 99 * 1024}) {
+    auto g = gpu_context(cap);
+    const std::string note = cat(" (", cap / 1024, " KiB per block)");
+    gated_delta_case(130, 1, 128, 2, 128, {}, g.get(), note);
+    gated_delta_case(130, 1, 128, 2, 128, {0, 70, 71, 71, 130}, g.get(), note);
+    if (kEmu) continue;
+    gated_delta_case(1000, 4, 128, 8, 128, {}, g.get(), note);
+    gated_delta_case(4 * 3072, 16, 128, 32, 128, {0, 3072, 6144, 9216, 12288}, g.get(), note);
+  }
 }
 
 // The tiny hybrid targets of tests/golden (transformers 5.17 in float64: Qwen3-Next, Qwen3.5 dense and MoE) on CUDA

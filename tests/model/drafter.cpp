@@ -79,7 +79,7 @@ TEST(DrafterConfig, CheckpointJsonBytesAndOlderKeys) {
   c.sliding_window = 5;
   const nlohmann::json j = c;
   EXPECT_EQ(j.dump(),
-            R"({"block_size":4,"head_dim":8,"hidden_size":16,"intermediate_size":24,)"
+            R"({"block_size":4,"embed_scale":0.0,"head_dim":8,"hidden_size":16,"intermediate_size":24,)"
             R"("layer_types":["sliding_attention","full_attention"],"mask_token_id":39,"max_position_embeddings":128,)"
             R"("num_heads":4,"num_kv_heads":2,"num_layers":2,"num_target_layers":4,"rms_norm_eps":1e-06,)"
             R"("rope_scaling":{"attention_factor":0.0,"beta_fast":32.0,"beta_slow":1.0,"factor":4.0,)"
@@ -91,11 +91,13 @@ TEST(DrafterConfig, CheckpointJsonBytesAndOlderKeys) {
   nlohmann::json old = j;
   old.erase("layer_types");
   old.erase("sliding_window");
+  old.erase("embed_scale");  // checkpoints before Gemma targets
   for (const char* k : {"beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"})
     old["rope_scaling"].erase(k);
   const DrafterConfig o = old.get<DrafterConfig>();
   EXPECT_TRUE(o.layer_types.empty());
   EXPECT_EQ(o.sliding_window, 0);
+  EXPECT_EQ(o.embed_scale, 0.0);
   RopeScaling want;  // the keys the older checkpoint has, the struct's defaults for the rest (truncate true)
   want.kind = "yarn";
   want.factor = 4.0;
@@ -106,6 +108,23 @@ TEST(DrafterConfig, CheckpointJsonBytesAndOlderKeys) {
   old = j;
   old["rope_scaling"].erase("factor");
   EXPECT_THROW(old.get<DrafterConfig>(), nlohmann::json::out_of_range);
+}
+
+// embed_scale (a Gemma target's sqrt(H)): the drafter embeds its block tokens times the scale, i.e. it computes what
+// the same drafter without a scale computes on the embedding table times the scale (8: exact in every dtype).
+TEST(Drafter, EmbedScaleEqualsAScaledTable) {
+  DrafterConfig scaled = test::tiny_drafter_config();
+  scaled.embed_scale = 8.0;
+  Fixture a("cpu64", scaled), b("cpu64");
+  const std::vector<double> e = to_f64(b.embed);
+  Tensor t = cpu_empty(DType::F64, b.embed.shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<double>()[i] = 8.0 * e[static_cast<size_t>(i)];
+  b.embed = b.ctx->to_device(t, b.ctx->compute_dtype());
+  EXPECT_EQ(to_f64(a.drafter->forward_hidden(*a.ctx, a.in, a.embed)),
+            to_f64(b.drafter->forward_hidden(*b.ctx, b.in, b.embed)));
+  EXPECT_NE(to_f64(a.drafter->forward_hidden(*a.ctx, a.in, a.embed)),
+            to_f64(b.drafter->forward_hidden(*b.ctx, b.in, a.embed)));  // the scale matters
+  EXPECT_EQ(a.loss(0.0f), b.loss(0.0f));
 }
 
 TEST(Drafter, RecomputeGivesIdenticalGradients) {  // case C06

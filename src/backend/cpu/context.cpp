@@ -96,6 +96,10 @@ class CpuContext final : public Context {
     cpu::rope(pool_, x, pos, inv_freq, inverse);
   }
   void silu_mul_impl(const Tensor& g, const Tensor& u, const Tensor& out) override { cpu::silu_mul(pool_, g, u, out); }
+  void gelu_tanh_mul_impl(const Tensor& g, const Tensor& u, const Tensor& out) override {
+    cpu::gelu_tanh_mul(pool_, g, u, out);
+  }
+  void softcap_impl(const Tensor& x, float cap) override { cpu::softcap(pool_, x, cap); }
   void silu_mul_backward_impl(const Tensor& dout, const Tensor& g, const Tensor& u, const Tensor& dg,
                               const Tensor& du) override {
     cpu::silu_mul_backward(pool_, dout, g, u, dg, du);

@@ -24,6 +24,8 @@ void rope(ThreadPool& tp, const Tensor& x, const Tensor& pos, const Tensor& inv_
 void silu_mul(ThreadPool& tp, const Tensor& gate, const Tensor& up, const Tensor& out);
 void silu_mul_backward(ThreadPool& tp, const Tensor& dout, const Tensor& gate, const Tensor& up,
                        const Tensor& dgate, const Tensor& dup);
+void gelu_tanh_mul(ThreadPool& tp, const Tensor& gate, const Tensor& up, const Tensor& out);
+void softcap(ThreadPool& tp, const Tensor& x, float cap);
 void embedding(ThreadPool& tp, const Tensor& table, const Tensor& ids, const Tensor& out);
 void add(ThreadPool& tp, const Tensor& y, const Tensor& x, float alpha);
 void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0);

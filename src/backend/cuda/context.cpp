@@ -327,6 +327,10 @@ class CudaContext final : public Context {
     cuda::rope(env_, x, on_device(pos), on_device(inv_freq), inverse);
   }
   void silu_mul_impl(const Tensor& g, const Tensor& u, const Tensor& out) override { cuda::silu_mul(env_, g, u, out); }
+  void gelu_tanh_mul_impl(const Tensor& g, const Tensor& u, const Tensor& out) override {
+    cuda::gelu_tanh_mul(env_, g, u, out);
+  }
+  void softcap_impl(const Tensor& x, float cap) override { cuda::softcap(env_, x, cap); }
   void silu_mul_backward_impl(const Tensor& dout, const Tensor& g, const Tensor& u, const Tensor& dg,
                               const Tensor& du) override {
     cuda::silu_mul_backward(env_, dout, g, u, dg, du);

@@ -31,7 +31,8 @@
 //    this chunk computes. Per chunk: S to bf16 in shared memory; one block barrier (the stage and S); V' = U + (-W) S
 //    (U from its bf16 tile into the accumulators; V' back into U's bytes, the same elements by the same lanes, and
 //    V' e^{gc_63 - gc} beside); O = e^gc (Q S); a barrier (V' complete); O += P V' written out;
-//    S <- e^{gc_63} S + K^T V'd. Shared memory 206 KB (1 CTA / SM), 2 block barriers per chunk.
+//    S <- e^{gc_63} S + K^T V'd. Shared memory 206 KB (1 CTA / SM), 2 block barriers per chunk. With 163 KiB per
+//    block (compute capability 8.0) one stage of 128 KiB: the next chunk's tiles load after a third barrier.
 // Warps split the 64 x 128 products as 4 row groups of 16 x 2 column halves of 64.
 // Roundings (as flash-linear-attention): normalised q, k, the scaled T, W, U, P, V' and S as bf16 operands; every sum
 // in fp32. U is rounded to bf16 in the workspace (flash-linear-attention stores u in bf16 too): one rounding more
@@ -75,11 +76,16 @@ constexpr int kPX = kPA + kTileF, kPTi = kPX + 3 * 256 * 4, kSmemPrep = kPTi + k
 constexpr int kPT1 = kPA, kPT2 = kPT1 + kTile64;
 static_assert(kPT2 + kTile64 <= kPTi, "T1, T2 fit in A's and the scratch's bytes");
 
-// k_gdr_state's shared memory: two stages of a chunk's workspace tiles (chunk i in stage i % 2), then the state's
-// bf16 copy [128][136] and V' e^{gc_63 - gc} [64][136]
+// k_gdr_state's shared memory: NS stages of a chunk's workspace tiles (chunk i in stage i % NS), then the state's
+// bf16 copy [128][136] and V' e^{gc_63 - gc} [64][136]. Two stages (206 KiB: the next chunk's tiles load while this
+// one is computed) where the device allows it (compute capability 9.0), else one (128 KiB: the next chunk loads after
+// this one's products; compute capability 8.0's 163 KiB); below that (8.6, 8.9: 99 KiB) the recurrent kernel runs.
 constexpr int kSW = 0, kSU = kSW + kTile128, kSQ = kSU + kTile128, kSK = kSQ + kTile128, kSP = kSK + kTile128;
 constexpr int kSG = kSP + kTile64, kStage = kSG + kC * 4;
-constexpr int kSS = 2 * kStage, kSVD = kSS + kD * LD * 2, kSmemState = kSVD + kTile128;
+constexpr int state_ss(int NS) { return NS * kStage; }
+constexpr int state_svd(int NS) { return state_ss(NS) + kD * LD * 2; }
+constexpr int state_smem(int NS) { return state_svd(NS) + kTile128; }
+constexpr int kSmemState = state_smem(2), kSmemState1 = state_smem(1);
 
 constexpr int kMaxSeqs = 32;  // sequences per launch (k_gdr_state's blockIdx.y)
 
@@ -346,10 +352,13 @@ __device__ __forceinline__ void load_stage(uint32_t st, const SplitParams& p, in
 }
 
 // Grid (nv, sequences of the launch): value head blockIdx.x of sequence blockIdx.y walks its chunks' records.
+// NS: stages of workspace tiles (2, or 1 where shared memory is short: state_smem).
+template <int NS>
 __global__ void __launch_bounds__(kThreads, 1) k_gdr_state(SplitParams p) {
+  static_assert(NS == 1 || NS == 2, "one or two stages");
   DFLASH_DYN_SMEM(smem);
-  bf16* sS = reinterpret_cast<bf16*>(smem + kSS);    // [128][136]
-  bf16* sVD = reinterpret_cast<bf16*>(smem + kSVD);  // V' rows x exp(gc_63 - gc_i)
+  bf16* sS = reinterpret_cast<bf16*>(smem + state_ss(NS));    // [128][136]
+  bf16* sVD = reinterpret_cast<bf16*>(smem + state_svd(NS));  // V' rows x exp(gc_63 - gc_i)
   const uint32_t smem_s = smem_u32(smem);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
@@ -373,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_state(SplitParams p) {
   cp_async_commit();
   for (int c = 0; c < nc; ++c) {
     const int64_t t0 = static_cast<int64_t>(c) * kC;
-    const int L = static_cast<int>(T - t0 < kC ? T - t0 : kC), stage = c & 1;
+    const int L = static_cast<int>(T - t0 < kC ? T - t0 : kC), stage = NS == 2 ? c & 1 : 0;
     unsigned char* sbuf = smem + stage * kStage;
     const bf16* sW = reinterpret_cast<const bf16*>(sbuf + kSW);  // -W
     bf16* sU = reinterpret_cast<bf16*>(sbuf + kSU);              // U, then V'
@@ -391,8 +400,10 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_state(SplitParams p) {
       }
     cp_async_wait<0>();
     __syncthreads();  // this chunk's stage and S for every warp; the previous chunk's reads of the other stage done
-    if (c + 1 < nc) load_stage(smem_s + static_cast<uint32_t>((stage ^ 1) * kStage), p, c0 + c + 1, h, kh, tid);
-    cp_async_commit();
+    if (NS == 2) {
+      if (c + 1 < nc) load_stage(smem_s + static_cast<uint32_t>((stage ^ 1) * kStage), p, c0 + c + 1, h, kh, tid);
+      cp_async_commit();
+    }
 
     // ---- V' = U - W S; O = e^{gc} Q S + P V'; S <- e^{gc_63} S + K^T (V' e^{gc_63 - gc}) -------------------------
     float V[8][4];  // U, then V'
@@ -450,8 +461,14 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_state(SplitParams p) {
         mma::mma16816(S[nt + 1], af, bf[2], bf[3]);
       }
     }
-    // no barrier: the next chunk's first one comes before anything this chunk reads is written again (S's bf16 copy
-    // is written before it, but its last reads here preceded the second barrier)
+    // two stages, no barrier: the next chunk's first one comes before anything this chunk reads is written again
+    // (S's bf16 copy is written before it, but its last reads here preceded the second barrier). One stage: every
+    // warp is past its reads of the stage (K above, P and V' before) before the next chunk's tiles overwrite it.
+    if (NS == 1 && c + 1 < nc) {
+      __syncthreads();
+      load_stage(smem_s, p, c0 + c + 1, h, kh, tid);
+      cp_async_commit();
+    }
   }
   if (p.state) {
     DFLASH_UNROLL
@@ -467,18 +484,22 @@ __global__ void __launch_bounds__(kThreads, 1) k_gdr_state(SplitParams p) {
 }  // namespace
 
 std::string gated_delta_kernels(const Env& e) {
-  if (e.smem_limit >= kSmemState) return "chunked, mma.sync (head dims 128, 64 tokens or more), else recurrent";
-  return cat("recurrent, CUDA cores (the chunked kernel needs ", kSmemState / 1024, " KiB of shared memory per block, ",
+  if (e.smem_limit >= kSmemState)
+    return "chunked, mma.sync, 2 stages (head dims 128, 64 tokens or more), else recurrent";
+  if (e.smem_limit >= kSmemState1)
+    return "chunked, mma.sync, 1 stage (head dims 128, 64 tokens or more), else recurrent";
+  return cat("recurrent, CUDA cores (the chunked kernel needs ", kSmemState1 / 1024, " KiB of shared memory per block, ",
              "this device allows ", e.smem_limit / 1024, " KiB)");
 }
 
 bool gated_delta_chunk_applies(const Env& e, const GatedDeltaArgs& a, int64_t T) {
-  return a.qkv.dtype == DType::BF16 && a.dk == kD && a.dv == kD && T >= kC && e.smem_limit >= kSmemState;
+  return a.qkv.dtype == DType::BF16 && a.dk == kD && a.dv == kD && T >= kC && e.smem_limit >= kSmemState1;
 }
 
 void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T) {
-  DFLASH_CHECK(e.smem_limit >= kSmemState, "gated_delta_rule (cuda): the chunked kernel needs ", kSmemState,
+  DFLASH_CHECK(e.smem_limit >= kSmemState1, "gated_delta_rule (cuda): the chunked kernel needs ", kSmemState1,
                " bytes of shared memory per block, the device allows ", e.smem_limit);
+  const bool two = e.smem_limit >= kSmemState;
   const std::vector<int64_t> seqs = a.seqs.empty() ? std::vector<int64_t>{0, T} : a.seqs;
   const int64_t n = static_cast<int64_t>(seqs.size()) - 1;
   auto chunks_of = [&](int64_t s) {
@@ -515,15 +536,16 @@ void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64
     DFLASH_LAUNCH(dim3(static_cast<unsigned>(a.nv), static_cast<unsigned>(chunks)), kThreads, kSmemPrep, e.stream,
                   k_gdr_prep)(p);
     check_launch("gated_delta_rule (chunked, state-free part)");
-    DFLASH_LAUNCH(dim3(static_cast<unsigned>(a.nv), static_cast<unsigned>(ns)), kThreads, kSmemState, e.stream,
-                  k_gdr_state)(p);
+    const dim3 grid(static_cast<unsigned>(a.nv), static_cast<unsigned>(ns));
+    if (two) DFLASH_LAUNCH(grid, kThreads, kSmemState, e.stream, k_gdr_state<2>)(p);
+    else DFLASH_LAUNCH(grid, kThreads, kSmemState1, e.stream, k_gdr_state<1>)(p);
     check_launch("gated_delta_rule (chunked, state part)");
   }
 }
 
 void gated_delta_init_attributes(int smem_optin) {
 #ifndef DFLASH_CUDA_EMU
-  allow_dynamic_smem(smem_optin, k_gdr_prep, k_gdr_state);
+  allow_dynamic_smem(smem_optin, k_gdr_prep, k_gdr_state<2>, k_gdr_state<1>);
 #else
   (void)smem_optin;
 #endif

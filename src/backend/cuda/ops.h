@@ -127,6 +127,8 @@ void rmsnorm_backward(Env& e, const Tensor& dy, const Tensor& x, const Tensor& w
                       const Tensor& dx, const Tensor& dw, float beta, const RopeArgs* rope = nullptr);
 void rope(Env& e, const Tensor& x, const Tensor& pos, const Tensor& inv_freq, bool inverse);
 void silu_mul(Env& e, const Tensor& gate, const Tensor& up, const Tensor& out);
+void gelu_tanh_mul(Env& e, const Tensor& gate, const Tensor& up, const Tensor& out);  // gelu_tanh.cu
+void softcap(Env& e, const Tensor& x, float cap);                                      // softcap.cu
 void silu_mul_backward(Env& e, const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                        const Tensor& dup);
 void embedding(Env& e, const Tensor& table, const Tensor& ids, const Tensor& out);
@@ -193,7 +195,8 @@ void gdn_gate(Env& e, const Tensor& ba, const Tensor& A_log, const Tensor& dt_bi
 // The recurrent kernel, or the chunked tensor-core ones where they apply (gated_delta_chunk_applies).
 void gated_delta_rule(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);
 // The chunked kernels (WY form, mma.sync; a state-free kernel over all chunks, then the state's walk): BF16 qkv,
-// dk = dv = 128, T >= 64, 206 KB of shared memory per block; a stream-ordered workspace of ~1.8 MB per 64 tokens at
+// dk = dv = 128, T >= 64, 206 KiB of shared memory per block (128 KiB with one stage of tiles, where the device has
+// less); a stream-ordered workspace of ~1.8 MB per 64 tokens at
 // 32 value / 16 key heads.
 bool gated_delta_chunk_applies(const Env& e, const GatedDeltaArgs& a, int64_t T);
 void gated_delta_chunk(Env& e, const GatedDeltaArgs& a, const Tensor& out, int64_t T);

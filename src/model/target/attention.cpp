@@ -32,7 +32,8 @@ LinearWeight head_rows(Context& ctx, const LinearWeight& qg, int64_t nh, int64_t
 MixerWeights load(WeightSource& src, const std::string& p, const WeightNames& n, const ModelConfig& cfg,
                   const LayerSpec& layer) {
   const AttentionSpec& spec = layer.attention;
-  const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const int64_t H = cfg.hidden_size, d = cfg.head_dim_of(layer), nh = cfg.num_attention_heads,
+                nkv = cfg.kv_heads_of(layer);
   AttentionWeights w;
   if (spec.output_gate) {  // q_proj [nh 2d, H]: per head d query rows, then d gate rows
     const std::string name = p + n.q + ".weight";
@@ -44,7 +45,7 @@ MixerWeights load(WeightSource& src, const std::string& p, const WeightNames& n,
     w.wq = src.linear(p + n.q + ".weight", {nh * d, H});
   }
   w.wk = src.linear(p + n.k + ".weight", {nkv * d, H});
-  w.wv = src.linear(p + n.v + ".weight", {nkv * d, H});
+  if (!spec.k_eq_v) w.wv = src.linear(p + n.v + ".weight", {nkv * d, H});
   w.wo = src.linear(p + n.o + ".weight", {H, nh * d});
   if (spec.bias) {
     w.bq = src.matrix(p + n.q + ".bias", {nh * d});
@@ -57,12 +58,19 @@ MixerWeights load(WeightSource& src, const std::string& p, const WeightNames& n,
   }
   if (spec.out_bias) w.bo = src.matrix(p + n.o + ".bias", {H});
   if (spec.sinks) w.sinks = src.f32(p + n.sinks, {nh});
+  if (spec.v_norm) {
+    Tensor ones = cpu_empty(DType::F32, {d});
+    for (int64_t i = 0; i < d; ++i) ones.ptr<float>()[i] = 1.0f;
+    w.v_ones = src.ctx().to_device(ones, src.ctx().compute_dtype());
+  }
   return w;
 }
 
 std::string missing(const MixerWeights& mw, const LayerSpec& spec) {
   const AttentionWeights* w = std::any_cast<AttentionWeights>(&mw);
   if (!w || !w->wq.defined()) return "the weights of its attention are missing";
+  if (!spec.attention.k_eq_v && !w->wv.defined()) return "the weights of its attention's v_proj are missing";
+  if (spec.attention.v_norm && !w->v_ones.defined()) return "the plan has a v_norm but its attention has none";
   if (spec.attention.sinks && !w->sinks.defined()) return "the plan has attention sinks but their weights are missing";
   return "";
 }
@@ -72,12 +80,20 @@ std::string missing(const MixerWeights& mw, const LayerSpec& spec) {
 void project_qkv(Context& ctx, const AttentionWeights& w, const MixerArgs& a, const Tensor& q, const Tensor& k,
                  const Tensor& v) {
   const ModelConfig& cfg = a.cfg;
-  const int64_t R = a.x.rows(), d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const int64_t R = a.x.rows(), d = cfg.head_dim_of(a.spec), nh = cfg.num_attention_heads, nkv = cfg.kv_heads_of(a.spec);
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   Tensor none;
   ctx.linear(a.x, w.wq, w.bq.defined() ? &w.bq : nullptr, q.reshape({R, nh * d}));
   ctx.linear(a.x, w.wk, w.bk.defined() ? &w.bk : nullptr, k.reshape({R, nkv * d}));
-  ctx.linear(a.x, w.wv, w.bv.defined() ? &w.bv : nullptr, v.reshape({R, nkv * d}));
+  if (a.spec.attention.k_eq_v) {  // the values are the keys' projection, taken before k_norm and RoPE
+    ctx.copy(v, k);
+  } else {
+    ctx.linear(a.x, w.wv, w.bv.defined() ? &w.bv : nullptr, v.reshape({R, nkv * d}));
+  }
+  if (a.spec.attention.v_norm) {
+    Tensor v2 = v.reshape({R * nkv, d});
+    ctx.rmsnorm(v2, w.v_ones, eps, v2, none);
+  }
   if (a.spec.attention.qk_norm) {
     const bool all = a.spec.attention.qk_norm_all_heads;
     Tensor q2 = all ? q.reshape({R, nh * d}) : q.reshape({R * nh, d});
@@ -97,11 +113,13 @@ void project_qkv(Context& ctx, const AttentionWeights& w, const MixerArgs& a, co
 void forward(Context& ctx, const MixerWeights& mw, const MixerArgs& a, const Tensor& h) {
   const AttentionWeights& w = mixer_weights<AttentionWeights>(mw, "attention");
   const AttentionSpec& spec = a.spec.attention;
-  const int64_t R = a.x.rows(), d = a.cfg.head_dim, nh = a.cfg.num_attention_heads, nkv = a.cfg.num_key_value_heads;
+  const int64_t R = a.x.rows(), d = a.cfg.head_dim_of(a.spec), nh = a.cfg.num_attention_heads,
+                nkv = a.cfg.kv_heads_of(a.spec);
   const DType dt = ctx.compute_dtype();
   // YaRN scales q and k by its attention factor af in transformers (cos and sin times af): af^2 on the scores
   const double af = a.cfg.rope_scaling.attention_scaling();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d)) * static_cast<float>(af * af);
+  const float scale = spec.scale > 0 ? static_cast<float>(spec.scale)
+                                     : 1.0f / std::sqrt(static_cast<float>(d)) * static_cast<float>(af * af);
   Tensor q = ctx.empty(dt, {R, nh, d});
   Tensor k = ctx.empty(dt, {R, nkv, d});
   Tensor v = ctx.empty(dt, {R, nkv, d});
@@ -143,15 +161,16 @@ void forward(Context& ctx, const MixerWeights& mw, const MixerArgs& a, const Ten
 
 int64_t params(const ModelConfig& cfg, const LayerSpec& layer) {
   const AttentionSpec& spec = layer.attention;
-  const int64_t H = cfg.hidden_size, d = cfg.head_dim, nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  return 2 * H * nh * d + 2 * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? (spec.qk_norm_all_heads ? (nh + nkv) * d : 2 * d) : 0) +
+  const int64_t H = cfg.hidden_size, d = cfg.head_dim_of(layer), nh = cfg.num_attention_heads,
+                nkv = cfg.kv_heads_of(layer);
+  return 2 * H * nh * d + (spec.k_eq_v ? 1 : 2) * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? (spec.qk_norm_all_heads ? (nh + nkv) * d : 2 * d) : 0) +
          (spec.out_bias ? H : 0) + (spec.sinks ? nh : 0) + (spec.output_gate ? H * nh * d : 0);
 }
 
-LayerCache make_cache(Context& ctx, const ModelConfig& cfg, const LayerSpec&, int64_t capacity) {
+LayerCache make_cache(Context& ctx, const ModelConfig& cfg, const LayerSpec& s, int64_t capacity) {
   LayerCache c;
-  c.k = ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim});
-  c.v = ctx.empty(ctx.compute_dtype(), {capacity, cfg.num_key_value_heads, cfg.head_dim});
+  c.k = ctx.empty(ctx.compute_dtype(), {capacity, cfg.kv_heads_of(s), cfg.head_dim_of(s)});
+  c.v = ctx.empty(ctx.compute_dtype(), {capacity, cfg.kv_heads_of(s), cfg.head_dim_of(s)});
   return c;
 }
 
@@ -165,7 +184,16 @@ std::string describe(const ModelConfig& c, const LayerSpec& s) {
   if (s.attention.sinks) opts.push_back("sinks");
   if (s.attention.sliding_window > 0) opts.push_back(cat("sliding window ", s.attention.sliding_window));
   if (s.attention.output_gate) opts.push_back("output gate");
-  if (c.rope_dim() != c.head_dim) opts.push_back(cat("rotary ", c.rope_dim(), " of ", c.head_dim));
+  if (s.attention.head_dim > 0 || s.attention.num_kv_heads > 0)
+    opts.push_back(cat("head_dim ", c.head_dim_of(s), ", kv heads ", c.kv_heads_of(s)));
+  if (s.attention.k_eq_v) opts.push_back("k = v");
+  if (s.attention.v_norm) opts.push_back("v-norm");
+  if (s.attention.scale > 0) opts.push_back(cat("scale ", s.attention.scale));
+  if (s.attention.rope_alt) {
+    opts.push_back(cat("proportional rotary ", c.rope_alt.rotated, " of ", c.rope_alt.dim, ", theta ", c.rope_alt.theta));
+  } else if (c.rope_dim() != c.head_dim) {
+    opts.push_back(cat("rotary ", c.rope_dim(), " of ", c.head_dim));
+  }
   for (size_t i = 0; i < opts.size(); ++i) a += (i ? ", " : " (") + opts[i] + (i + 1 == opts.size() ? ")" : "");
   return a;
 }

@@ -9,7 +9,9 @@
 //                                                                  when cfg.zero_centred_norms)
 //   q, k = RoPE(q), RoPE(k)                                       (rotate-half, at each row's position; the first
 //                                                                  cfg.rope_dim() dims of a head)
-//   o = softmax(q k^T af^2 / sqrt(d) + causal) v                  (GQA: nh / nkv query heads per kv head)
+//   v = RMSNorm_head(v) without a weight                          (v_norm; with k_eq_v: v = the k projection)
+//   o = softmax(q k^T af^2 / sqrt(d) + causal) v                  (GQA: nh / nkv query heads per kv head; scale:
+//                                                                  AttentionSpec::scale when set, Gemma 4's 1)
 //   o = o * sigmoid(x Wg^T)                                       (output_gate: Wg = the gate rows of q_proj)
 //   h += o Wo^T (+bo)
 // af = YaRN's attention factor (1 without YaRN: RopeScaling::attention_scaling); with a sliding window W the query
@@ -27,7 +29,8 @@
 
 namespace dflash {
 
-// d = cfg.head_dim, nh = num_attention_heads, nkv = num_key_value_heads; in the compute dtype unless said.
+// d = cfg.head_dim_of(spec), nh = num_attention_heads, nkv = cfg.kv_heads_of(spec) (the layer's own with Gemma 4's
+// full-attention layers); in the compute dtype unless said. With spec.k_eq_v there is no v_proj (wv undefined).
 struct AttentionWeights {
   LinearWeight wq, wk, wv, wo;  // [nh*d, H], [nkv*d, H], [nkv*d, H], [H, nh*d]; plain or FP8
   LinearWeight wg;  // spec.output_gate: [nh*d, H], the gate rows of q_proj; else undefined
@@ -35,6 +38,7 @@ struct AttentionWeights {
   Tensor q_norm, k_norm;  // spec.qk_norm: [d]; else undefined
   Tensor bo;              // spec.out_bias: [H]; else undefined
   Tensor sinks;           // spec.sinks: [nh] F32; else undefined
+  Tensor v_ones;          // spec.v_norm: [d] ones, the weight of the values' weightless RMSNorm; else undefined
 };
 
 }  // namespace dflash

@@ -1,6 +1,7 @@
 // model/target/mlp.cpp — the dense and Mixture-of-Experts channel mixers (model/target/mlp.h).
 #include "model/target/mlp.h"
 
+#include <cmath>
 #include <cstring>
 #include <optional>
 
@@ -14,13 +15,17 @@ DenseMlpWeights load_dense_mlp(WeightSource& src, const std::string& p, const We
   return w;
 }
 
-void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, const Tensor& h) {
+void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, const Tensor& h, MlpAct act) {
   const int64_t R = x.rows(), I = w.w_gate.rows();
   Tensor g = ctx.empty(ctx.compute_dtype(), {R, I});
   Tensor u = ctx.empty(ctx.compute_dtype(), {R, I});
   ctx.linear(x, w.w_gate, nullptr, g);
   ctx.linear(x, w.w_up, nullptr, u);
-  ctx.silu_mul(g, u, g);
+  if (act == MlpAct::GeluTanh) {
+    ctx.gelu_tanh_mul(g, u, g);
+  } else {
+    ctx.silu_mul(g, u, g);
+  }
   ctx.linear(g, w.w_down, nullptr, h, 1.0f);  // h += down(...)
 }
 
@@ -93,7 +98,47 @@ bool load_fp8_experts(WeightSource& src, const std::string& ex, const WeightName
 
 }  // namespace
 
+namespace {
+
+// Gemma 4's experts (MoeConfig::router_scales): the router's weight with its input scale folded in, Wr[e, c] scale[c]
+// H^-1/2 (the router then reads the weightless RMSNorm of its input), and the fused experts with the per-expert scale
+// folded into each expert's down rows (p_j s_e down_e(..) = p_j (s_e down_e)(..)). A random target draws the router
+// and the experts and keeps both scales 1.
+MoeLayerWeights load_scaled_moe(WeightSource& src, const std::string& p, const WeightNames& n, int64_t H,
+                                const MoeConfig& m) {
+  const int64_t E = m.num_experts, I = m.expert_width;
+  Context& ctx = src.ctx();
+  const std::string ex = p + n.expert;
+  DFLASH_CHECK(m.expert_format == WeightFormat::Plain && !m.expert_bias && !m.router_bias, p,
+               ": scaled routers are read with plain experts without biases");
+  MoeLayerWeights w;
+  if (src.random()) {
+    w.router = src.matrix(p + n.router, {E, H});
+    w.gate_up = src.matrix(ex + "gate_up_proj", {E, 2 * I, H});
+    w.down = src.matrix(ex + "down_proj", {E, H, I});
+    return w;
+  }
+  Tensor router = src.host_f32(p + n.router, {E, H});
+  const Tensor scale = src.host_f32(p + n.router_scale, {H});
+  const Tensor per_expert = src.host_f32(p + n.per_expert_scale, {E});
+  const double root = 1.0 / std::sqrt(static_cast<double>(H));
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t c = 0; c < H; ++c)
+      router.ptr<float>()[e * H + c] = static_cast<float>(static_cast<double>(router.ptr<float>()[e * H + c]) *
+                                                          scale.ptr<float>()[c] * root);
+  w.router = ctx.to_device(router, ctx.compute_dtype());
+  w.gate_up = src.matrix(ex + "gate_up_proj", {E, 2 * I, H});
+  Tensor down = src.host_f32(ex + "down_proj", {E, H, I});
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = 0; i < H * I; ++i) down.ptr<float>()[e * H * I + i] *= per_expert.ptr<float>()[e];
+  w.down = ctx.to_device(down, ctx.compute_dtype());
+  return w;
+}
+
+}  // namespace
+
 MoeLayerWeights load_moe(WeightSource& src, const std::string& p, const WeightNames& n, int64_t H, const MoeConfig& m) {
+  if (m.router_scales) return load_scaled_moe(src, p, n, H, m);
   const int64_t E = m.num_experts, I = m.expert_width;
   Context& ctx = src.ctx();
   MoeLayerWeights w;
@@ -124,12 +169,13 @@ MoeLayerWeights load_moe(WeightSource& src, const std::string& p, const WeightNa
   return w;
 }
 
-Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& m, const Tensor& x, const Tensor& h) {
+Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& m, const Tensor& x, const Tensor& h,
+                   const Tensor* router_x) {
   const int64_t R = x.rows(), E = m.num_experts, k = m.top_k, I = m.expert_width, H = x.shape.back();
   const DType dt = ctx.compute_dtype();
   Tensor logits = ctx.empty(dt, {R, E});
   // in the activation dtype, as transformers' router (then fp32 softmax); with the router's bias when it has one
-  ctx.linear(x, w.router, w.router_bias.defined() ? &w.router_bias : nullptr, logits);
+  ctx.linear(router_x ? *router_x : x, w.router, w.router_bias.defined() ? &w.router_bias : nullptr, logits);
   Tensor idx = ctx.empty(DType::I32, {R, k});
   Tensor weights = ctx.empty(ctx.param_dtype(), {R, k});
   // RouterKind::TopKSoftmax, the softmax over the top-k logits, is moe_route's softmax over all E renormalised over
@@ -149,8 +195,16 @@ Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& m, c
   // FP8 experts: this layer's, dequantised for the bf16 grouped GEMM (a scratch freed after the layer)
   const MoeWeights gate_up = w.gate_up_fp8.defined() ? MoeWeights(ctx.dequantize_fp8(w.gate_up_fp8).reshape({E, 2 * I, H}))
                                                       : w.gate_up;
-  ctx.moe_linear(x, &rows, gate_up, offsets, act,
-                 m.act == ExpertAct::ClampedSwiGLU ? MoeAct::ClampedSwiGLU : MoeAct::SwiGLU);
+  if (m.act == ExpertAct::GeluTanh) {  // the GEMM without an epilogue, then the GeGLU on its gate and up halves
+    Tensor gu = ctx.empty(dt, {R * k, 2 * I}), u = ctx.empty(dt, {R * k, I});
+    ctx.moe_linear(x, &rows, gate_up, offsets, gu, MoeAct::None);
+    ctx.gather_columns(act, gu, 0);
+    ctx.gather_columns(u, gu, I);
+    ctx.gelu_tanh_mul(act, u, act);
+  } else {
+    ctx.moe_linear(x, &rows, gate_up, offsets, act,
+                   m.act == ExpertAct::ClampedSwiGLU ? MoeAct::ClampedSwiGLU : MoeAct::SwiGLU);
+  }
   Tensor y = ctx.empty(dt, {R * k, H});
   const MoeWeights down = w.down_fp8.defined() ? MoeWeights(ctx.dequantize_fp8(w.down_fp8).reshape({E, H, I})) : w.down;
   ctx.moe_linear(act, nullptr, down, offsets, y, MoeAct::None);  // (+ the down bias with expert_bias)
@@ -165,7 +219,10 @@ MlpParams mlp_params(const ModelConfig& cfg, const LayerSpec& spec) {
   const int64_t router = E * H + (cfg.moe.router_bias ? E : 0) + (cfg.moe.score_correction_bias ? E : 0);
   const int64_t bias = cfg.moe.expert_bias ? 2 * I + H : 0;  // one expert's gate_up and down biases
   const int64_t mx = cfg.moe.expert_format == WeightFormat::MXFP4 ? E * 3 * H * I : 0;
-  return {router + E * (3 * H * I + bias), router + k * (3 * H * I + bias), mx};
+  // Gemma 4: the router's two scales; the dense MLP beside the experts and the block's three extra norms
+  const int64_t extra = (cfg.moe.router_scales ? H + E : 0) +
+                        (cfg.moe.dense_beside_width > 0 ? 3 * H * cfg.moe.dense_beside_width + 3 * H : 0);
+  return {router + E * (3 * H * I + bias) + extra, router + k * (3 * H * I + bias) + extra, mx};
 }
 
 }  // namespace dflash

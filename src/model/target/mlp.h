@@ -2,6 +2,7 @@
 // defines: DenseMlpWeights, MoeLayerWeights, load_dense_mlp, dense_mlp_forward, load_moe, moe_forward, mlp_params
 //
 // Dense (LlamaMLP / Qwen3MLP):      h += down(silu(gate(x)) * up(x))                         width I
+// (Gemma4TextMLP: gelu_tanh in place of silu, ModelConfig::mlp_act)
 // MoE (Qwen3MoeSparseMoeBlock):     p = softmax(x Wr^T) (fp32, all E experts); the top_k experts of largest p,
 //                                   their p renormalised to sum 1 when norm_topk_prob;
 //                                   h += sum_j p_j down_e(silu(gate_e(x)) * up_e(x))         width expert_width
@@ -46,8 +47,9 @@ struct MoeLayerWeights {
 // Calls in this order: gate, up, down.
 DenseMlpWeights load_dense_mlp(WeightSource& src, const std::string& prefix, const WeightNames& names, int64_t H,
                                int64_t I);
-// h [R, H] += down(silu(gate(x)) * up(x)); x [R, H] act.
-void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, const Tensor& h);
+// h [R, H] += down(act(gate(x)) * up(x)); x [R, H] act; act SiLU (SwiGLU) or GeluTanh (Gemma's GeGLU).
+void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, const Tensor& h,
+                       MlpAct act = MlpAct::SiLU);
 
 // The experts in the family's layout (io/model_family.h ExpertsLayout). Rows: per expert (prefix + names.expert +
 // "{e}.gate_proj.weight", ...: the published checkpoints) or fused (prefix + names.expert + "gate_up_proj"
@@ -62,8 +64,11 @@ void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, 
 // quantization_config (and the reverse).
 MoeLayerWeights load_moe(WeightSource& src, const std::string& prefix, const WeightNames& names, int64_t H,
                          const MoeConfig& moe);
-// h [R, H] += MoE(x); x [R, H] act. Returns the experts chosen, idx [R, k] I32 (on ctx's device).
-Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& moe, const Tensor& x, const Tensor& h);
+// h [R, H] += MoE(x); x [R, H] act. The router reads router_x [R, H] when given (Gemma 4: RMSNorm(r) without a
+// weight), else x. ExpertAct::GeluTanh runs the gate / up GEMM without an epilogue, then gelu_tanh_mul on its two
+// halves. Returns the experts chosen, idx [R, k] I32 (on ctx's device).
+Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& moe, const Tensor& x, const Tensor& h,
+                   const Tensor* router_x = nullptr);
 
 // Parameters of one layer's channel mixer: all of them, and those each token uses (router + top_k experts); mxfp4 =
 // those of total held in MXFP4 when moe.expert_format is MXFP4 (the experts' weights, not their biases).
