@@ -39,6 +39,16 @@ Qwen3.5), the golden carries that rounding (~1e-6); __metadata__ says so.
                         reading without transformers, on any machine): the same configs, other random weights; this
                         script's files replace those and the C++ tests must pass on either.
 
+  target_minimax_m2     MiniMaxM2ForCausalLM on the checkpoint tools/ref_minimax_m2.py writes (the published
+                        config.json keys and tensor names: block_sparse_moe.gate, .e_score_correction_bias,
+                        .experts.{e}.w1/w3/w2, the MTP module's model.layers.4.* to be ignored), loaded into
+                        transformers' modules by hand (w1 and w3 stacked into gate_up_proj); 40 tokens. The golden is
+                        transformers' forward; it is compared with the one ref_minimax_m2.py wrote (printed and
+                        checked at 1e-9) and replaces it. router_topk.l is sorted as dflash chooses (descending
+                        sigmoid + correction bias, ties to the lower index): transformers' topk is unsorted.
+                        config.json keeps rotary_dim and adds rope_parameters.partial_rotary_factor, which is what
+                        transformers' rotary embedding reads (checked: inv_freq has rotary_dim / 2 entries).
+
 Linear-attention parameters are drawn so that decay and norms are non-trivial: A_log = log U(0.05, 1.5),
 dt_bias ~ N(-1, 0.5) (per-step decay exp(g) spread over ~0.4 .. 0.99, so the state carries across chunks), the
 zero-centred norms' weights N(0, 0.1).
@@ -260,13 +270,15 @@ def router_topk(o) -> torch.Tensor:
     raise RuntimeError(f"router output without indices: {type(o)}")
 
 
-def write_golden(name: str, model, cfg_seed: int, d: str, seq: int, prefill: int, extra_md: dict) -> dict:
+def write_golden(name: str, model, cfg_seed: int, d: str, seq: int, prefill: int, extra_md: dict,
+                 ids: torch.Tensor | None = None, sort_topk=None) -> dict:
     import transformers
 
     dec = decoder(model)
     vocab = dec.embed_tokens.weight.shape[0]
-    g = torch.Generator().manual_seed(cfg_seed + 7)
-    ids = torch.randint(0, vocab, (seq,), generator=g)
+    if ids is None:
+        g = torch.Generator().manual_seed(cfg_seed + 7)
+        ids = torch.randint(0, vocab, (seq,), generator=g)
     cap = hf_forward(model, ids)
     kv = mg.hf_kv_decode(model, ids, prefill)
     L = len(dec.layers)
@@ -296,6 +308,8 @@ def write_golden(name: str, model, cfg_seed: int, d: str, seq: int, prefill: int
     for l in cap["router_layers"]:
         if f"router_out.{l}" in cap:
             tensors[f"router_topk.{l}"] = router_topk(cap[f"router_out.{l}"])
+            if sort_topk is not None:
+                tensors[f"router_topk.{l}"] = sort_topk(l, cap[f"router_out.{l}"], tensors[f"router_topk.{l}"])
     md = {
         "description": "transformers forward in float64 (model.double(), eager attention and experts) of the model "
                        "in this directory on input_ids; stored as F32",
@@ -491,8 +505,93 @@ def self_check_mxfp4() -> None:
     check(torch.equal(b, b2) and torch.equal(s, s2), "mxfp4: quantise(dequantise(q)) == q")
 
 
+# ------------------------------------------------------------------------------------------------------------
+# MiniMax-M2: transformers on the checkpoint of tools/ref_minimax_m2.py
+# ------------------------------------------------------------------------------------------------------------
+
+def build_minimax_m2(out_root: str) -> None:
+    import transformers as T
+    from safetensors.torch import load_file
+
+    import ref_minimax_m2 as ref
+
+    t0 = time.time()
+    name = "target_minimax_m2"
+    d = os.path.join(out_root, name)
+    if not os.path.exists(os.path.join(d, "model.safetensors")):  # the checkpoint comes from the reference script
+        check(ref.main_for(d) == 0, f"{name}: tools/ref_minimax_m2.py failed")
+    with open(os.path.join(d, "config.json")) as f:
+        pub = json.load(f)
+    sd = load_file(os.path.join(d, "model.safetensors"))
+    ref_golden = load_file(os.path.join(d, "golden.safetensors"))
+    L, E, rd, hd = pub["num_hidden_layers"], pub["num_local_experts"], pub["rotary_dim"], pub["head_dim"]
+    rope = {"rope_type": "default", "rope_theta": float(pub["rope_theta"]), "partial_rotary_factor": rd / hd}
+    cfg = T.MiniMaxM2Config(
+        vocab_size=pub["vocab_size"], hidden_size=pub["hidden_size"], intermediate_size=pub["intermediate_size"],
+        num_hidden_layers=L, num_attention_heads=pub["num_attention_heads"],
+        num_key_value_heads=pub["num_key_value_heads"], head_dim=hd, hidden_act="silu",
+        max_position_embeddings=pub["max_position_embeddings"], rms_norm_eps=pub["rms_norm_eps"],
+        bos_token_id=None, eos_token_id=pub["eos_token_id"], pad_token_id=None, tie_word_embeddings=False,
+        num_experts_per_tok=pub["num_experts_per_tok"], num_local_experts=E, rope_parameters=rope)
+    model = T.MiniMaxM2ForCausalLM(cfg).eval()
+    inv = model.model.rotary_emb.inv_freq
+    check(inv.numel() == rd // 2, f"{name}: transformers' inv_freq has {inv.numel()} entries (want rotary_dim/2 = "
+          f"{rd // 2}): partial_rotary_factor not read")
+    # the published names -> transformers' modules
+    state = {}
+    for k, v in sd.items():
+        if k.startswith(f"model.layers.{L}."):
+            continue  # the MTP module: not the language model
+        if ".block_sparse_moe." not in k:
+            state[k] = v
+    for l in range(L):
+        m = f"model.layers.{l}.block_sparse_moe."
+        state[f"model.layers.{l}.mlp.gate.weight"] = sd[m + "gate.weight"]
+        state[f"model.layers.{l}.mlp.e_score_correction_bias"] = sd[m + "e_score_correction_bias"]
+        state[f"model.layers.{l}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([sd[m + f"experts.{e}.w1.weight"], sd[m + f"experts.{e}.w3.weight"]]) for e in range(E)])
+        state[f"model.layers.{l}.mlp.experts.down_proj"] = torch.stack(
+            [sd[m + f"experts.{e}.w2.weight"] for e in range(E)])
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "rotary_emb" not in k]
+    check(not missing and not unexpected, f"{name}: state dict missing {missing} unexpected {unexpected}")
+    model = model.double()
+    eager(model)
+    ids = ref_golden["input_ids"].long()
+    k = pub["num_experts_per_tok"]
+
+    def sort_topk(l, out, idx):
+        logits = out[0] if isinstance(out, (tuple, list)) else out
+        c = torch.sigmoid(logits.double()) + model.model.layers[l].mlp.e_score_correction_bias.double()[None, :]
+        rows = []
+        for t in range(idx.shape[0]):
+            chosen = sorted(idx[t].tolist(), key=lambda e: (-float(c[t, e]), e))
+            rows.append(chosen)
+        return torch.tensor(rows, dtype=torch.int32)
+
+    cap = write_golden(name, model, 0, d, ref.SEQ, ref.PREFILL,
+                       {"checkpoint": "tools/ref_minimax_m2.py's (the published key layout and names)",
+                        "router_topk_order": "sorted by descending sigmoid + correction bias (dflash's order)"},
+                       ids=ids, sort_topk=sort_topk)
+    new = load_file(os.path.join(d, "golden.safetensors"))
+    worst = 0.0
+    for key in ("final_hidden", "logits", "kv_decode_logits"):
+        worst = max(worst, maxdiff(new[key].double(), ref_golden[key].double()))
+    for l in range(L):
+        worst = max(worst, maxdiff(new[f"layer_output.{l}"].double(), ref_golden[f"layer_output.{l}"].double()))
+        check(torch.equal(new[f"router_topk.{l}"], ref_golden[f"router_topk.{l}"]),
+              f"{name}: layer {l}: transformers chooses other experts than tools/ref_minimax_m2.py")
+    print(f"  {name}: transformers vs tools/ref_minimax_m2.py: max abs diff {worst:.2e}")
+    check(worst < 1e-5, f"{name}: transformers' golden differs from the reference's ({worst:.2e})")
+    # config.json: the published keys, plus what transformers reads for the partial rotary
+    pub["rope_parameters"] = rope
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(pub, f, indent=2)
+    print(f"SUMMARY golden {name}: transformers {T.__version__} ({time.time() - t0:.1f}s)", flush=True)
+
+
 ALL = ["target_gpt_oss", "target_qwen3_next", "target_qwen3_5", "target_qwen3_5_moe", "target_qwen3_5_vl",
-       "target_gemma4", "target_gemma4_text", "target_gemma4_moe"]
+       "target_gemma4", "target_gemma4_text", "target_gemma4_moe", "target_minimax_m2"]
 
 
 def main() -> int:
@@ -505,6 +604,9 @@ def main() -> int:
     names = [n for n in a.only.split(",") if n] or ALL
     for n in names:
         try:
+            if n == "target_minimax_m2":
+                build_minimax_m2(a.out)
+                continue
             build(n, a.out)
         except Exception as e:  # noqa: BLE001
             import traceback

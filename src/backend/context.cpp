@@ -56,7 +56,7 @@ void need(bool ok, const char* op, const char* what, const Tensor& t, const std:
 }  // namespace
 
 void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act,
-                     DType param) {
+                     DType param, const MoeRouteOpts& opts) {
   const char* op = "moe_route";
   need(logits.dtype == act && logits.ndim() == 2, op, "logits", logits, cat(dtype_name(act), " [T, E]"));
   const int64_t T = logits.shape[0], E = logits.shape[1];
@@ -64,6 +64,11 @@ void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const T
   need(idx.dtype == DType::I32 && idx.numel() == T * k, op, "idx", idx, cat("I32 [", T, ", ", k, "]"));
   need(weights.dtype == param && weights.numel() == T * k, op, "weights", weights,
        cat(dtype_name(param), " [", T, ", ", k, "]"));
+  if (opts.choice_bias.defined()) {
+    DFLASH_CHECK(opts.score == MoeScore::Sigmoid, op, ": a choice bias goes with sigmoid scores only");
+    need(opts.choice_bias.dtype == DType::F32 && opts.choice_bias.numel() == E, op, "choice_bias", opts.choice_bias,
+         cat("F32 [", E, "]"));
+  }
 }
 
 void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) {

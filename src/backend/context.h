@@ -158,6 +158,14 @@ class Event {
   virtual ~Event() = default;
 };
 
+// How Context::moe_route scores the experts: a softmax over all E logits (Qwen3-MoE, gpt-oss), or a sigmoid of each
+// (MiniMax-M2, DeepSeek-V3), optionally with a bias added for choosing only (their e_score_correction_bias).
+enum class MoeScore { Softmax, Sigmoid };
+struct MoeRouteOpts {
+  MoeScore score = MoeScore::Softmax;
+  Tensor choice_bias;  // [E] F32 on the op's device, or undefined; Sigmoid only: the top k of p + b are chosen
+};
+
 // The epilogue of Context::moe_linear.
 enum class MoeAct {
   None,       // y = a W_e^T (+ b_e)
@@ -270,7 +278,8 @@ struct CausalAttnOpts {
 struct MoeLinearDims {
   int64_t R, N, K, E;  // grouped rows, output columns, inner size, experts
 };
-void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act, DType param);
+void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act, DType param,
+                     const MoeRouteOpts& opts = {});
 void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
 // moe_linear: MXFP4 weights need U8 w [E, N', K/2] and scales [E, N', K/32] with K % 32 == 0; a bias [E, N'] of dt.
 MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
@@ -445,7 +454,11 @@ class Context {
   // expert index (softmax is monotonic: these are transformers' torch.topk(softmax(logits)) choices, case C21):
   // idx [T, k] I32; weights [T, k] param dtype (F32; F64 on cpu64): p = softmax(logits) in fp32 over all E, w_j = p[idx_j], divided by
   // sum_j p[idx_j] when normalize (Qwen3MoeTopKRouter's norm_topk_prob).
-  void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights);
+  // opts.score Sigmoid (MiniMaxM2TopKRouter): p = sigmoid(logits) in fp32 per expert; the k experts of largest
+  // p + opts.choice_bias (the bias only chooses; ties to the lower index), in descending order of p + b; w_j = p[idx_j],
+  // divided by sum_j p[idx_j] when normalize.
+  void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights,
+                 const MoeRouteOpts& opts = {});
   // The (token, slot) pairs of idx [T, k] (I32) grouped by expert, each expert's in token order: offsets [E + 1] I32
   // (expert e's pairs are the grouped rows offsets[e] .. offsets[e + 1] - 1; offsets[E] = T k), rows [T k] I32 (the
   // token of each grouped row), slot [T k] I32 (the grouped row of pair (t, j), at t k + j). An expert id outside
@@ -576,7 +589,7 @@ class Context {
                                               const Tensor& dout, const Tensor& dq, const Tensor& dk_ctx,
                                               const Tensor& dv_ctx, const Tensor& dk_blk, const Tensor& dv_blk) = 0;
   virtual void moe_route_impl(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
-                              const Tensor& weights) = 0;
+                              const Tensor& weights, const MoeRouteOpts& opts) = 0;
   virtual void moe_group_impl(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) = 0;
   virtual void moe_linear_impl(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                                const Tensor& y, MoeAct act, const MoeLinearDims& d) = 0;

@@ -284,10 +284,11 @@ void Context::dflash_attention_backward(const DFlashAttnArgs& a, const Tensor& o
 }
 
 // ---- Mixture of Experts ---------------------------------------------------------------------------------------------
-void Context::moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) {
-  check_moe_route(logits, k, idx, weights, compute_dtype(), param_dtype());
-  const OpScope scope = op("moe_route");
-  moe_route_impl(logits, k, normalize, idx, weights);
+void Context::moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights,
+                        const MoeRouteOpts& opts) {
+  check_moe_route(logits, k, idx, weights, compute_dtype(), param_dtype(), opts);
+  const OpScope scope = op(opts.score == MoeScore::Sigmoid ? "moe_route_sigmoid" : "moe_route");
+  moe_route_impl(logits, k, normalize, idx, weights, opts);
 }
 
 void Context::moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) {

@@ -42,6 +42,8 @@ std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   const std::string tail = s.layer_scalar ? " x layer_scalar" : "";
   if (s.mlp == ChannelMixer::Dense) return cat(a, " + dense ", dense, " of width ", s.mlp_width, tail);
   std::vector<std::string> notes;
+  if (c.moe.router == RouterKind::SigmoidTopK)
+    notes.push_back(c.moe.score_correction_bias ? "sigmoid router, score-correction bias" : "sigmoid router");
   if (c.moe.norm_topk_prob) notes.push_back("top-k renormalised");
   if (c.moe.router_scales) notes.push_back("router scales");
   std::string act = c.moe.act == ExpertAct::ClampedSwiGLU ? "clamped SwiGLU"
@@ -352,6 +354,7 @@ void register_info(CLI::App& app) {
         const ModelConfig c = load_model_config(path);
         out["config"] = config_json(c);
         ignored = family_of(c.arch).names.ignored;
+        ignored.insert(ignored.end(), c.ignored_weights.begin(), c.ignored_weights.end());
       }
       if (is_dir && has_weights(path)) out["weights"] = weights_json(WeightStore::open(path), ignored);
       DFLASH_CHECK(out.contains("config") || out.contains("weights"), path, ": no config.json and no .safetensors");

@@ -50,8 +50,10 @@ std::vector<std::string> string_list(const Fields& f, const char* key) {
 
 // transformers' FineGrainedFP8Config (integrations/finegrained_fp8.py): fmt, activation_scheme, weight_block_size.
 void parse_fp8(const Fields& q, Fp8Format& fp8) {
+  // "float8_e4m3fn" (torch's name of the same format): MiniMax-M2's published configs
   const std::string fmt = q.opt_str("fmt", "e4m3");
-  DFLASH_CHECK(fmt == "e4m3", q.src, ": ", q.prefix, "fmt: '", fmt, "' is not supported (FP8 weights in \"e4m3\")");
+  DFLASH_CHECK(fmt == "e4m3" || fmt == "float8_e4m3fn", q.src, ": ", q.prefix, "fmt: '", fmt,
+               "' is not supported (FP8 weights in \"e4m3\")");
   const std::string act = q.opt_str("activation_scheme", "dynamic");
   DFLASH_CHECK(act == "dynamic", q.src, ": ", q.prefix, "activation_scheme: '", act,
                "' is not supported (only \"dynamic\": activations scaled per token as they come; static input "

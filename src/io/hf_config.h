@@ -28,6 +28,7 @@ enum class Arch {
   // Gemma 4 text models (io/model_family_gemma4.cpp): Gemma4ForCausalLM and the image-text checkpoints'
   // (Gemma4ForConditionalGeneration) language model
   Gemma4, Gemma4Vl,
+  MiniMaxM2,
 };
 // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next", ...
 const char* arch_name(Arch a);
@@ -38,6 +39,9 @@ const char* arch_name(Arch a);
 struct AttentionSpec {
   bool bias = false;            // q/k/v projections with biases (Qwen2, gpt-oss)
   bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3, Qwen3-MoE)
+  // With qk_norm: one RMSNorm over all heads' q (nh d, weight [nh d]) and one over all of k (nkv d), not per head
+  // (MiniMax-M2: qk_norm_type "per_layer", transformers' MiniMaxM2Attention).
+  bool qk_norm_all_heads = false;
   int64_t sliding_window = 0;   // 0 = full causal attention; W > 0: the query at p sees keys p - W + 1 .. p
   bool out_bias = false;        // o_proj with a bias (gpt-oss)
   bool sinks = false;           // a learned per-head sink logit in the softmax's denominator (gpt-oss)
@@ -125,6 +129,9 @@ enum class RouterKind {
   SoftmaxTopK,  // p = softmax(z) over all experts, the top_k largest, renormalised to sum 1 when norm_topk_prob
   TopKSoftmax,  // the top_k largest z, softmax over those k: the renormalised SoftmaxTopK, exp(z_j - m) /
                 // sum_{i in top k} exp(z_i - m) either way (gpt-oss's router)
+  SigmoidTopK,  // p = sigmoid(z) per expert in fp32; the top_k largest p + b chosen (b: the score-correction bias
+                // when MoeConfig::score_correction_bias, else 0), weighted by their p, renormalised to sum 1 when
+                // norm_topk_prob (MiniMax-M2's MiniMaxM2TopKRouter)
 };
 
 // The gated activation of an expert (backend/context.h MoeAct of the same names).
@@ -148,6 +155,8 @@ struct MoeConfig {
   std::vector<int64_t> mlp_only_layers;  // ... and l is not listed here (those are dense of intermediate_size)
   RouterKind router = RouterKind::SoftmaxTopK;
   bool router_bias = false;       // the router has a bias [E]
+  bool score_correction_bias = false;  // SigmoidTopK: a bias [E] added to the scores for choosing only
+                                       // (e_score_correction_bias)
   bool expert_bias = false;       // every expert's gate / up and down projections have biases
   ExpertAct act = ExpertAct::SwiGLU;
   WeightFormat expert_format = WeightFormat::Plain;  // the experts' projection weights (not their biases)
@@ -246,6 +255,9 @@ struct ModelConfig {
   }
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
+  // Prefixes of checkpoint tensors that are not the language model, read from this config beyond the family's own
+  // (WeightNames::ignored): MiniMax-M2's MTP modules model.layers.{L + i}. (num_mtp_modules). dflash info counts them.
+  std::vector<std::string> ignored_weights;
   std::string torch_dtype = "bfloat16";
   // The linears' storage (quantization_config): Plain, or FP8 with `fp8` (MXFP4 is the experts' alone:
   // moe.expert_format).

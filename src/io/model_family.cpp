@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "io/model_family_gemma4.h"
 #include "io/model_family_hybrid.h"
+#include "io/model_family_minimax.h"
 
 namespace dflash {
 
@@ -215,6 +216,10 @@ const std::vector<ModelFamily>& model_families() {
        gemma4_layer, nullptr, gemma4_names(false), gemma4_drafter},
       {Arch::Gemma4Vl, "gemma4", "Gemma4ForConditionalGeneration", "Gemma 4 (image-text checkpoint)",
        "gemma-4-31B-it, gemma-4-26B-A4B-it", read_gemma4, gemma4_layer, nullptr, gemma4_names(true), gemma4_drafter},
+      // io/model_family_minimax.cpp
+      {Arch::MiniMaxM2, "minimax_m2", "MiniMaxM2ForCausalLM", "MiniMax-M2",
+       "MiniMax-M2, MiniMax-M2.1, MiniMax-M2.5, MiniMax-M2.7", read_minimax_m2, minimax_m2_layer, nullptr,
+       minimax_m2_names()},
   };
   return families;
 }

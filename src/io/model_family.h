@@ -57,6 +57,11 @@ struct WeightNames {
   std::string moe_in_norm = "pre_feedforward_layernorm_2.weight", moe_out_norm = "post_feedforward_layernorm_2.weight";
   std::string dense_out_norm = "post_feedforward_layernorm_1.weight";
   std::string router_bias = "mlp.gate.bias";
+  // RouterKind::SigmoidTopK's score-correction bias [E] F32 (MoeConfig::score_correction_bias)
+  std::string router_score_bias = "mlp.gate.e_score_correction_bias";
+  // The per-expert projections' names after expert + "{e}." (ExpertsLayout::Rows): gate, up, down
+  // (MiniMax-M2: w1, w3, w2)
+  std::string expert_gate = "gate_proj.weight", expert_up = "up_proj.weight", expert_down = "down_proj.weight";
   ExpertsLayout experts_layout = ExpertsLayout::Rows;
   // Hybrid families: the Gated DeltaNet's tensors are layer + "{l}." + linear_attn + in_proj_qkv.weight, ...
   // (model/target/linear_attention.h); the shared expert's shared_expert + gate_proj.weight, ... and its gate.

@@ -1512,6 +1512,23 @@ void moe_route_case(int64_t T, int64_t E, int64_t k, bool normalize) {
              });
 }
 
+// Sigmoid scores with a choice bias (MiniMax-M2's router): experts whose logits tie (tie_logits) and whose biases are
+// equal (the bias repeats every 11 experts) tie in p + b, exercising the lower-index rule; with and without the bias.
+void moe_route_sigmoid_case(int64_t T, int64_t E, int64_t k, bool with_bias) {
+  const Tensor z = tie_logits(T, E, 200 + E + k);
+  Tensor b = cpu_empty(DType::F32, {E});
+  for (int64_t e = 0; e < E; ++e) b.ptr<float>()[e] = static_cast<float>((e * 37 % 11) - 5) / 64.0f;
+  check_case(cat("moe_route sigmoid T", T, " E", E, " k", k, with_bias ? " bias" : ""),
+             {{"idx", Kind::Exact, false}, {"weights", Kind::TwoX, false, static_cast<double>(k)}}, [&](Context& c) {
+               Tensor idx = c.empty(DType::I32, {T, k}), w = nan_out(c, {T, k}, false);
+               MoeRouteOpts o;
+               o.score = MoeScore::Sigmoid;
+               if (with_bias) o.choice_bias = c.to_device(b);
+               c.moe_route(put(c, z), k, true, idx, w, o);
+               return Outs{get(c, idx), get(c, w)};
+             });
+}
+
 // ||got - want|| / ||want|| against a golden's F32 tensor.
 double rel_rms(const std::vector<double>& got, const Tensor& want) {
   double num = 0, den = 0;
@@ -1672,6 +1689,8 @@ TEST(CudaOps, MoE) {
   for (auto [T, E, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{37, 8, 2}, {70, 128, 8}, {5, 130, 3}}) {
     moe_route_case(T, E, k, true);
     moe_route_case(T, E, k, false);
+    moe_route_sigmoid_case(T, E, k, true);
+    moe_route_sigmoid_case(T, E, k, false);
   }
   if (kEmu) {
     moe_layer_case(19, 16, 8, 4, 2);

@@ -50,6 +50,54 @@ TEST(MoeOps, RouteTopKTiesAndWeights) {
   EXPECT_THROW(ctx->moe_route(z, 5, true, idx, w), Error);  // k > E
 }
 
+// Sigmoid scores with a choice bias (MiniMax-M2's router): the bias decides which experts, p = sigmoid(z) their
+// weights; ties of p + b to the lower index; without normalize the weights are the p themselves.
+TEST(MoeOps, RouteSigmoidWithChoiceBias) {
+  for (const char* dev : {"cpu", "cpu64"}) {
+    auto ctx = make_context(dev);
+    const DType dt = ctx->compute_dtype();
+    // token 0: p = sigmoid(2, 0, 1, -1); the bias (0, 0.5, -0.5, 1.2) makes the choice values
+    //   0.881, 1.0, 0.231, 1.469: experts 3, 1 (not 0 and 2, the largest p)
+    // token 1: z = 0 everywhere, p = 0.5; bias (0, 0.25, 0, 0.25): experts 1 and 3 tie at 0.75, lower index first
+    std::vector<double> zv = {2, 0, 1, -1, 0, 0, 0, 0};
+    Tensor z = cpu_empty(dt, {2, 4});
+    for (size_t i = 0; i < zv.size(); ++i) {
+      if (dt == DType::F64) z.ptr<double>()[i] = zv[i];
+      else z.ptr<float>()[i] = static_cast<float>(zv[i]);
+    }
+    MoeRouteOpts o;
+    o.score = MoeScore::Sigmoid;
+    Tensor b = cpu_tensor({0.0f, 0.5f, -0.5f, 1.2f}, {4});
+    o.choice_bias = b;
+    Tensor idx = cpu_empty(DType::I32, {2, 2}), w = cpu_empty(ctx->param_dtype(), {2, 2});
+    // token 1 with its own bias: run the two tokens separately (one bias per call)
+    ctx->moe_route(z.slice(0, 1), 2, false, idx.slice(0, 1), w.slice(0, 1), o);
+    Tensor b1 = cpu_tensor({0.0f, 0.25f, 0.0f, 0.25f}, {4});
+    o.choice_bias = b1;
+    ctx->moe_route(z.slice(1, 2), 2, false, idx.slice(1, 2), w.slice(1, 2), o);
+    EXPECT_EQ(ints(idx), (std::vector<int32_t>{3, 1, 1, 3})) << dev;
+    auto sig = [](double x) { return 1 / (1 + std::exp(-x)); };
+    const std::vector<double> want = {sig(-1), sig(0), 0.5, 0.5};  // p, not p + b
+    const std::vector<double> got = test::to_f64(w);
+    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 1e-7) << dev << " " << i;
+    o.choice_bias = b;
+    ctx->moe_route(z.slice(0, 1), 2, true, idx.slice(0, 1), w.slice(0, 1), o);  // renormalised over the chosen
+    const std::vector<double> gn = test::to_f64(w);
+    EXPECT_NEAR(gn[0], sig(-1) / (sig(-1) + sig(0)), 1e-7) << dev;
+    EXPECT_NEAR(gn[0] + gn[1], 1.0, 1e-7) << dev;
+    // without a bias: the largest p (experts 0 and 2)
+    o.choice_bias = Tensor();
+    ctx->moe_route(z.slice(0, 1), 2, true, idx.slice(0, 1), w.slice(0, 1), o);
+    EXPECT_EQ(ints(idx.slice(0, 1)), (std::vector<int32_t>{0, 2})) << dev;
+    // a bias with softmax scores, or of another size, is refused
+    MoeRouteOpts bad;
+    bad.choice_bias = b;
+    EXPECT_THROW(ctx->moe_route(z, 2, true, idx, w, bad), Error);
+    o.choice_bias = cpu_tensor({0.0f, 0.5f}, {2});
+    EXPECT_THROW(ctx->moe_route(z, 2, true, idx, w, o), Error);
+  }
+}
+
 TEST(MoeOps, GroupSortsPairsByExpertThenToken) {
   auto ctx = make_context("cpu");
   // pairs (token, slot): (0,0)->2 (0,1)->0 (1,0)->2 (1,1)->1 (2,0)->0 (2,1)->2

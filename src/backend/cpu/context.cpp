@@ -133,9 +133,9 @@ class CpuContext final : public Context {
                                       const Tensor& dvb) override {
     cpu::dflash_attention_backward(pool_, a, out, lse, dout, dq, dkc, dvc, dkb, dvb);
   }
-  void moe_route_impl(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
-                      const Tensor& weights) override {
-    cpu::moe_route(pool_, logits, k, normalize, idx, weights);
+  void moe_route_impl(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights,
+                      const MoeRouteOpts& opts) override {
+    cpu::moe_route(pool_, logits, k, normalize, idx, weights, opts);
   }
   void moe_group_impl(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) override {
     cpu::moe_group(idx, offsets, rows, slot);

@@ -12,14 +12,33 @@
 namespace dflash::cpu {
 
 void moe_route(ThreadPool& tp, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
-               const Tensor& weights) {
+               const Tensor& weights, const MoeRouteOpts& opts) {
   dispatch_float("moe_route", logits.dtype, [&](auto tag) {
     using T = decltype(tag);
     const int64_t T_ = logits.shape[0], E = logits.shape[1];
+    const float* bias = opts.choice_bias.defined() ? opts.choice_bias.ptr<float>() : nullptr;
     tp.parallel_for(T_, 16, [&](int64_t b, int64_t e) {
       std::vector<int32_t> order(static_cast<size_t>(E));
+      std::vector<T> p(static_cast<size_t>(E)), c(static_cast<size_t>(E));
       for (int64_t t = b; t < e; ++t) {
         const T* z = logits.ptr<T>() + t * E;
+        if (opts.score == MoeScore::Sigmoid) {  // p = sigmoid(z); the top k of c = p + b; w = p (renormalised)
+          for (int64_t i = 0; i < E; ++i) {
+            p[i] = T(1) / (T(1) + std::exp(-z[i]));
+            c[i] = p[i] + (bias ? static_cast<T>(bias[i]) : T(0));
+          }
+          std::iota(order.begin(), order.end(), 0);
+          const T* cv = c.data();
+          std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                            [cv](int32_t a, int32_t d) { return cv[a] > cv[d] || (cv[a] == cv[d] && a < d); });
+          T chosen = 0;
+          for (int64_t j = 0; j < k; ++j) chosen += p[order[j]];
+          for (int64_t j = 0; j < k; ++j) {
+            idx.ptr<int32_t>()[t * k + j] = order[j];
+            weights.ptr<T>()[t * k + j] = normalize ? p[order[j]] / chosen : p[order[j]];
+          }
+          continue;
+        }
         std::iota(order.begin(), order.end(), 0);
         // the k largest logits, ties to the lower expert index (a strict weak order: logit desc, index asc)
         std::partial_sort(order.begin(), order.begin() + k, order.end(),

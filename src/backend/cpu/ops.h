@@ -42,7 +42,7 @@ void dflash_attention_backward(ThreadPool& tp, const DFlashAttnArgs& a, const Te
                                const Tensor& dk_blk, const Tensor& dv_blk);
 
 void moe_route(ThreadPool& tp, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
-               const Tensor& weights);
+               const Tensor& weights, const MoeRouteOpts& opts = {});
 void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
 void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                 const Tensor& y, MoeAct act, const MoeLinearDims& d);

@@ -386,9 +386,9 @@ class CudaContext final : public Context {
   void gated_delta_rule_impl(const GatedDeltaArgs& a, const Tensor& out, int64_t T) override {
     cuda::gated_delta_rule(env_, a, out, T);
   }
-  void moe_route_impl(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx,
-                      const Tensor& weights) override {
-    cuda::moe_route(env_, on_device(logits), k, normalize, idx, weights);
+  void moe_route_impl(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights,
+                      const MoeRouteOpts& opts) override {
+    cuda::moe_route(env_, on_device(logits), k, normalize, idx, weights, opts);
   }
   void moe_group_impl(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot) override {
     cuda::moe_group(env_, on_device(idx), offsets, rows, slot);

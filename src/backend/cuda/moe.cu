@@ -3,7 +3,8 @@
 // and the launch sizes depend only on T, k, E and the weights' shapes (never on how the tokens were routed).
 //
 //  moe_route    one warp per token: the fp32 softmax over E <= 1024 logits (E / 32 per lane in registers), the k
-//               largest by k warp arg-max reductions (logit descending, expert index ascending on ties).
+//               largest by k warp arg-max reductions (logit descending, expert index ascending on ties); with
+//               sigmoid scores (MoeRouteOpts) each lane's p = sigmoid(z) and the choice value p + bias instead.
 //  moe_group    three small kernels over chunks of 64 tokens: per-chunk expert counts, one block scanning them into
 //               the experts' offsets and each chunk's starting row per expert (all its threads over the counts,
 //               kMaxExperts / E per expert column), then each chunk placing its pairs
@@ -45,14 +46,16 @@ constexpr int kMoeDefaultVariant = 1;  // the Hopper grouped GEMM's variant when
 constexpr int kMaxExperts = 1024;   // moe_route keeps E / 32 logits per lane; moe_group scans E in one block
 
 // ---- moe_route ------------------------------------------------------------------------------------------------------
-template <int EPL>  // experts per lane: E <= 32 EPL
+// SIGMOID (MoeScore::Sigmoid): p = sigmoid(z) per expert, the top k of p + bias (bias may be null), w = p.
+template <int EPL, bool SIGMOID>  // experts per lane: E <= 32 EPL
 __global__ void k_moe_route(const bf16* __restrict__ logits, int64_t T, int E, int k, bool normalize,
-                            int32_t* __restrict__ idx, float* __restrict__ weights) {
+                            const float* __restrict__ bias, int32_t* __restrict__ idx, float* __restrict__ weights) {
   const int lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= T) return;
   const bf16* z = logits + t * E;
-  float v[EPL];
+  float v[EPL];  // softmax: the logits; sigmoid: p + bias, the value that chooses
+  float s[EPL];  // sigmoid: p
   unsigned taken = 0;  // bit i: this lane's expert lane + 32 i already chosen
   float mx = -INFINITY;
   DFLASH_UNROLL
@@ -60,13 +63,20 @@ __global__ void k_moe_route(const bf16* __restrict__ logits, int64_t T, int E, i
     const int e = lane + 32 * i;
     v[i] = e < E ? __bfloat162float(z[e]) : -INFINITY;
     if (e >= E) taken |= 1u << i;
+    if constexpr (SIGMOID) {
+      s[i] = e < E ? 1.f / (1.f + expf(-v[i])) : 0.f;
+      if (e < E) v[i] = s[i] + (bias ? bias[e] : 0.f);
+    }
     mx = fmaxf(mx, v[i]);
   }
-  mx = warp_max(mx);
-  float sum = 0.f;
-  DFLASH_UNROLL
-  for (int i = 0; i < EPL; ++i) sum += lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
-  sum = warp_sum(sum);
+  float sum = 1.f;
+  if constexpr (!SIGMOID) {
+    mx = warp_max(mx);
+    sum = 0.f;
+    DFLASH_UNROLL
+    for (int i = 0; i < EPL; ++i) sum += lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
+    sum = warp_sum(sum);
+  }
   float chosen_sum = 0.f, my_p = 0.f;
   int my_e = 0;
   for (int j = 0; j < k; ++j) {
@@ -90,7 +100,16 @@ __global__ void k_moe_route(const bf16* __restrict__ logits, int64_t T, int E, i
       }
     }
     if ((be & 31) == lane) taken |= 1u << (be >> 5);
-    const float p = expf(bv - mx) / sum;
+    float p;
+    if constexpr (SIGMOID) {  // p of the chosen expert, from the lane that holds it
+      float mine = 0.f;
+      DFLASH_UNROLL
+      for (int i = 0; i < EPL; ++i)
+        if (i == (be >> 5)) mine = s[i];
+      p = __shfl_sync(0xffffffffu, mine, be & 31);
+    } else {
+      p = expf(bv - mx) / sum;
+    }
     chosen_sum += p;
     if (lane == j) {
       my_e = be;
@@ -1164,9 +1183,24 @@ std::string moe_linear_kernels(const Env& e) {
          "mma.sync (K % 8 == 0), else CUDA cores; bf16 or MXFP4 weights (dequantised on chip)";
 }
 
-void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights) {
+namespace {
+template <bool SIGMOID>
+void launch_moe_route(Env& e, unsigned blocks, const bf16* z, int64_t T, int E, int k, bool normalize,
+                      const float* b, int32_t* ix, float* w) {
+  if (E <= 32) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<1, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
+  else if (E <= 64) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<2, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
+  else if (E <= 128) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<4, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
+  else if (E <= 256) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<8, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
+  else if (E <= 512) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<16, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
+  else DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<32, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
+}
+}  // namespace
+
+void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights,
+               const MoeRouteOpts& opts) {
   check_on_dev("moe_route", idx, "idx");
   check_on_dev("moe_route", weights, "weights");
+  if (opts.choice_bias.defined()) check_on_dev("moe_route", opts.choice_bias, "choice_bias");
   const int64_t T = logits.shape[0], E = logits.shape[1];
   DFLASH_CHECK(E <= kMaxExperts && k <= 32, "moe_route (cuda): E = ", E, " experts, k = ", k,
                " (supported: E <= ", kMaxExperts, ", k <= 32)");
@@ -1176,12 +1210,9 @@ void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Te
   int32_t* ix = idx.ptr<int32_t>();
   float* w = weights.ptr<float>();
   const int Ei = static_cast<int>(E), ki = static_cast<int>(k);
-  if (E <= 32) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<1>)(z, T, Ei, ki, normalize, ix, w);
-  else if (E <= 64) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<2>)(z, T, Ei, ki, normalize, ix, w);
-  else if (E <= 128) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<4>)(z, T, Ei, ki, normalize, ix, w);
-  else if (E <= 256) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<8>)(z, T, Ei, ki, normalize, ix, w);
-  else if (E <= 512) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<16>)(z, T, Ei, ki, normalize, ix, w);
-  else DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<32>)(z, T, Ei, ki, normalize, ix, w);
+  const float* b = opts.choice_bias.defined() ? opts.choice_bias.ptr<float>() : nullptr;
+  if (opts.score == MoeScore::Sigmoid) launch_moe_route<true>(e, blocks, z, T, Ei, ki, normalize, b, ix, w);
+  else launch_moe_route<false>(e, blocks, z, T, Ei, ki, normalize, nullptr, ix, w);
   check_launch("k_moe_route");
 }
 

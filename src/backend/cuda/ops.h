@@ -168,7 +168,8 @@ void attention_init_attributes(int smem_optin, KernelTier tier);
 // ---- Mixture of Experts (moe.cu) -----------------------------------------------------------------------------
 // Shapes as backend/context.h; logits / x / w / y / out BF16, weights F32. moe_route and moe_group take E <= 1024
 // experts and k <= 32.
-void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights);
+void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights,
+               const MoeRouteOpts& opts = {});
 void moe_group(Env& e, const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
 // w: bf16 or MXFP4 (MoeWeights; on the device), optional bias; act None, SwiGLU or ClampedSwiGLU.
 void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,

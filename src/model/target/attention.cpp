@@ -52,9 +52,9 @@ MixerWeights load(WeightSource& src, const std::string& p, const WeightNames& n,
     w.bk = src.matrix(p + n.k + ".bias", {nkv * d});
     w.bv = src.matrix(p + n.v + ".bias", {nkv * d});
   }
-  if (spec.qk_norm) {
-    w.q_norm = src.norm(p + n.q_norm, {d});
-    w.k_norm = src.norm(p + n.k_norm, {d});
+  if (spec.qk_norm) {  // per head [d], or over all heads [nh d] / [nkv d]
+    w.q_norm = src.norm(p + n.q_norm, {spec.qk_norm_all_heads ? nh * d : d});
+    w.k_norm = src.norm(p + n.k_norm, {spec.qk_norm_all_heads ? nkv * d : d});
   }
   if (spec.out_bias) w.bo = src.matrix(p + n.o + ".bias", {H});
   if (spec.sinks) w.sinks = src.f32(p + n.sinks, {nh});
@@ -75,7 +75,8 @@ std::string missing(const MixerWeights& mw, const LayerSpec& spec) {
   return "";
 }
 
-// q, k, v of the rows; q and k normed per head (qk_norm) and turned by RoPE at each row's position.
+// q, k, v of the rows; q and k normed (qk_norm: per head, or over all heads with qk_norm_all_heads) and turned by
+// RoPE at each row's position.
 void project_qkv(Context& ctx, const AttentionWeights& w, const MixerArgs& a, const Tensor& q, const Tensor& k,
                  const Tensor& v) {
   const ModelConfig& cfg = a.cfg;
@@ -94,7 +95,9 @@ void project_qkv(Context& ctx, const AttentionWeights& w, const MixerArgs& a, co
     ctx.rmsnorm(v2, w.v_ones, eps, v2, none);
   }
   if (a.spec.attention.qk_norm) {
-    Tensor q2 = q.reshape({R * nh, d}), k2 = k.reshape({R * nkv, d});
+    const bool all = a.spec.attention.qk_norm_all_heads;
+    Tensor q2 = all ? q.reshape({R, nh * d}) : q.reshape({R * nh, d});
+    Tensor k2 = all ? k.reshape({R, nkv * d}) : k.reshape({R * nkv, d});
     if (cfg.zero_centred_norms) {
       ctx.rmsnorm_gated(q2, w.q_norm, nullptr, eps, true, q2);
       ctx.rmsnorm_gated(k2, w.k_norm, nullptr, eps, true, k2);
@@ -160,7 +163,7 @@ int64_t params(const ModelConfig& cfg, const LayerSpec& layer) {
   const AttentionSpec& spec = layer.attention;
   const int64_t H = cfg.hidden_size, d = cfg.head_dim_of(layer), nh = cfg.num_attention_heads,
                 nkv = cfg.kv_heads_of(layer);
-  return 2 * H * nh * d + (spec.k_eq_v ? 1 : 2) * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? 2 * d : 0) +
+  return 2 * H * nh * d + (spec.k_eq_v ? 1 : 2) * H * nkv * d + (spec.bias ? (nh + 2 * nkv) * d : 0) + (spec.qk_norm ? (spec.qk_norm_all_heads ? (nh + nkv) * d : 2 * d) : 0) +
          (spec.out_bias ? H : 0) + (spec.sinks ? nh : 0) + (spec.output_gate ? H * nh * d : 0);
 }
 
@@ -175,7 +178,7 @@ LayerCache make_cache(Context& ctx, const ModelConfig& cfg, const LayerSpec& s, 
 std::string describe(const ModelConfig& c, const LayerSpec& s) {
   std::string a = "attention";
   std::vector<std::string> opts;
-  if (s.attention.qk_norm) opts.push_back("qk-norm");
+  if (s.attention.qk_norm) opts.push_back(s.attention.qk_norm_all_heads ? "qk-norm over all heads" : "qk-norm");
   if (s.attention.bias) opts.push_back("q/k/v bias");
   if (s.attention.out_bias) opts.push_back("o bias");
   if (s.attention.sinks) opts.push_back("sinks");

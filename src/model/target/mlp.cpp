@@ -62,22 +62,23 @@ MoeWeights load_interleaved_projection(WeightSource& src, const std::string& nam
 // every expert stacked as [E 2I, H], down as [E H, I], with their scale rows; possible when every expert's rows
 // start a block (I and H multiples of the block rows). False (nothing loaded) when the experts are not FP8 or their
 // blocks straddle experts: the caller stacks them dequantised.
-bool load_fp8_experts(WeightSource& src, const std::string& ex, int64_t E, int64_t H, int64_t I, MoeLayerWeights& w) {
-  const std::optional<LinearWeight> g0 = src.fp8_host_if(cat(ex, 0, ".gate_proj.weight"), {I, H});
+bool load_fp8_experts(WeightSource& src, const std::string& ex, const WeightNames& n, int64_t E, int64_t H,
+                      int64_t I, MoeLayerWeights& w) {
+  const std::optional<LinearWeight> g0 = src.fp8_host_if(cat(ex, 0, ".", n.expert_gate), {I, H});
   if (!g0 || I % g0->block_n != 0 || H % g0->block_n != 0) return false;
   const int64_t bn = g0->block_n;
   auto stack = [&](const std::vector<std::string>& parts, int64_t rows, int64_t K) {
     LinearWeight out;
-    const int64_t n = static_cast<int64_t>(parts.size()) * rows;
-    out.w = cpu_empty(DType::F8E4M3, {E * n, K});
+    const int64_t per = static_cast<int64_t>(parts.size()) * rows;  // rows per expert
+    out.w = cpu_empty(DType::F8E4M3, {E * per, K});
     int64_t kb = 0, r = 0, sr = 0;
     for (int64_t e = 0; e < E; ++e)
       for (const std::string& part : parts) {
         const std::optional<LinearWeight> q = src.fp8_host_if(cat(ex, e, ".", part), {rows, K});
-        DFLASH_CHECK(q && q->block_n == bn, ex, e, ".", part, ": expected FP8 like ", ex, "0.gate_proj.weight");
+        DFLASH_CHECK(q && q->block_n == bn, ex, e, ".", part, ": expected FP8 like ", ex, "0.", n.expert_gate);
         if (!out.scale.defined()) {
           kb = q->scale.shape[1];
-          out.scale = cpu_empty(DType::F32, {E * n / bn, kb});
+          out.scale = cpu_empty(DType::F32, {E * per / bn, kb});
           out.block_n = bn;
           out.block_k = q->block_k;
         }
@@ -90,8 +91,8 @@ bool load_fp8_experts(WeightSource& src, const std::string& ex, int64_t E, int64
     out.scale = src.ctx().to_device(out.scale);
     return out;
   };
-  w.gate_up_fp8 = stack({"gate_proj.weight", "up_proj.weight"}, I, H);
-  w.down_fp8 = stack({"down_proj.weight"}, H, I);
+  w.gate_up_fp8 = stack({n.expert_gate, n.expert_up}, I, H);
+  w.down_fp8 = stack({n.expert_down}, H, I);
   return true;
 }
 
@@ -143,6 +144,7 @@ MoeLayerWeights load_moe(WeightSource& src, const std::string& p, const WeightNa
   MoeLayerWeights w;
   w.router = src.matrix(p + n.router, {E, H});
   if (m.router_bias) w.router_bias = src.matrix(p + n.router_bias, {E});
+  if (m.score_correction_bias) w.score_bias = src.f32(p + n.router_score_bias, {E});
   const std::string ex = p + n.expert;
   if (n.experts_layout == ExpertsLayout::InterleavedColumns) {
     DFLASH_CHECK(m.expert_bias, p, ": experts stored as interleaved columns are read with their biases");
@@ -158,12 +160,12 @@ MoeLayerWeights load_moe(WeightSource& src, const std::string& p, const WeightNa
     w.down = src.matrix(ex + "down_proj", {E, H, I});
     return w;
   }
-  if (load_fp8_experts(src, ex, E, H, I, w)) return w;
+  if (load_fp8_experts(src, ex, n, E, H, I, w)) return w;
   w.gate_up = ctx.empty(ctx.compute_dtype(), {E, 2 * I, H});
   w.down = ctx.empty(ctx.compute_dtype(), {E, H, I});
-  src.stack_experts(w.gate_up.w, 0, ex, "gate_proj.weight", {I, H});
-  src.stack_experts(w.gate_up.w, I, ex, "up_proj.weight", {I, H});
-  src.stack_experts(w.down.w, 0, ex, "down_proj.weight", {H, I});
+  src.stack_experts(w.gate_up.w, 0, ex, n.expert_gate, {I, H});
+  src.stack_experts(w.gate_up.w, I, ex, n.expert_up, {I, H});
+  src.stack_experts(w.down.w, 0, ex, n.expert_down, {H, I});
   return w;
 }
 
@@ -178,7 +180,13 @@ Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& m, c
   Tensor weights = ctx.empty(ctx.param_dtype(), {R, k});
   // RouterKind::TopKSoftmax, the softmax over the top-k logits, is moe_route's softmax over all E renormalised over
   // the top k: the same number, exp(z_j - m) / sum_{i in top k} exp(z_i - m)
-  ctx.moe_route(logits, k, m.norm_topk_prob || m.router == RouterKind::TopKSoftmax, idx, weights);
+  // RouterKind::SigmoidTopK: sigmoid scores, the correction bias choosing only (MoeRouteOpts)
+  MoeRouteOpts ro;
+  if (m.router == RouterKind::SigmoidTopK) {
+    ro.score = MoeScore::Sigmoid;
+    ro.choice_bias = w.score_bias;
+  }
+  ctx.moe_route(logits, k, m.norm_topk_prob || m.router == RouterKind::TopKSoftmax, idx, weights, ro);
   Tensor offsets = ctx.empty(DType::I32, {E + 1});
   Tensor rows = ctx.empty(DType::I32, {R * k});
   Tensor slot = ctx.empty(DType::I32, {R * k});
@@ -208,7 +216,7 @@ MlpParams mlp_params(const ModelConfig& cfg, const LayerSpec& spec) {
   const int64_t H = cfg.hidden_size, I = spec.mlp_width;
   if (spec.mlp == ChannelMixer::Dense) return {3 * H * I, 3 * H * I, 0};
   const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k;
-  const int64_t router = E * H + (cfg.moe.router_bias ? E : 0);
+  const int64_t router = E * H + (cfg.moe.router_bias ? E : 0) + (cfg.moe.score_correction_bias ? E : 0);
   const int64_t bias = cfg.moe.expert_bias ? 2 * I + H : 0;  // one expert's gate_up and down biases
   const int64_t mx = cfg.moe.expert_format == WeightFormat::MXFP4 ? E * 3 * H * I : 0;
   // Gemma 4: the router's two scales; the dense MLP beside the experts and the block's three extra norms

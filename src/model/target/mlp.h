@@ -8,6 +8,8 @@
 //                                   h += sum_j p_j down_e(silu(gate_e(x)) * up_e(x))         width expert_width
 // MoE features (io/hf_config.h MoeConfig; gpt-oss's GptOssMLP has all of them):
 //   router_bias                     z = x Wr^T + br
+//   RouterKind::SigmoidTopK         p = sigmoid(z) (fp32); the top_k of p + b_corr chosen (score_correction_bias),
+//                                   weighted by p renormalised (MiniMax-M2's MiniMaxM2TopKRouter)
 //   RouterKind::TopKSoftmax         p = softmax over the top_k logits (= moe_route's renormalised softmax:
 //                                   exp(z_j - m) / sum_{i in top k} exp(z_i - m) either way)
 //   expert_bias, ExpertAct          h += sum_j p_j (down_e(act(gate_e(x) + bg, up_e(x) + bu)) + bd_e), act SwiGLU or
@@ -33,6 +35,7 @@ struct DenseMlpWeights {
 struct MoeLayerWeights {
   Tensor router;        // [E, H]
   Tensor router_bias;   // [E] (MoeConfig::router_bias); else undefined
+  Tensor score_bias;    // [E] F32: RouterKind::SigmoidTopK's score-correction bias (choosing only); else undefined
   MoeWeights gate_up;   // [E, 2 I, H]: expert e's gate rows 0..I-1, then its up rows (transformers 5's Qwen3-MoE
                         // layout); + bias [E, 2 I] with expert_bias; plain or MXFP4 (backend/context.h MoeWeights)
   MoeWeights down;      // [E, H, I]; + bias [E, H] with expert_bias; plain or MXFP4
@@ -50,7 +53,8 @@ void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, 
 
 // The experts in the family's layout (io/model_family.h ExpertsLayout). Rows: per expert (prefix + names.expert +
 // "{e}.gate_proj.weight", ...: the published checkpoints) or fused (prefix + names.expert + "gate_up_proj"
-// [E, 2I, H] and "down_proj" [E, H, I]: what transformers 5 holds in memory). Calls: router (+ router bias), gate
+// [E, 2I, H] and "down_proj" [E, H, I]: what transformers 5 holds in memory); the per-expert names are the family's
+// (WeightNames::expert_gate, ...). Calls: router (+ router bias, + score-correction bias), gate
 // (+ up), down.
 // InterleavedColumns (gpt-oss): router, router bias, then gate_up and down as columns (gate_up_proj [E, H, 2I] with
 // gate / up interleaved, down_proj [E, I, H]) or as MXFP4 rows (moe.expert_format: *_blocks / *_scales, gate / up
