@@ -116,20 +116,7 @@ MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, int64_t data_max_tok
   MemoryPlanInputs in;
   in.topo = parse_topology(cfg);
   in.target = load_model_config(cfg.target_dir);
-  std::vector<int64_t> ids = cfg.target_layer_ids;
-  if (ids.empty()) ids = default_target_layer_ids(in.target.num_hidden_layers, cfg.num_target_features);
-  validate_target_layer_ids(ids, in.target.num_hidden_layers);
-  DrafterConfig& dc = in.drafter;
-  dc = DrafterConfig::for_target(in.target, cfg.num_layers, cfg.block_size, ids,
-                                 cfg.mask_token_id >= 0 ? cfg.mask_token_id : 0);
-  if (cfg.intermediate_size > 0) dc.intermediate_size = cfg.intermediate_size;
-  dc.layer_types = resolve_layer_types(cfg.layer_types, dc.num_layers, cfg.sliding_window);
-  dc.sliding_window = dc.layer_types.empty() ? 0 : cfg.sliding_window;
-  dc.arch = parse_draft_arch(cfg.arch, "--arch");
-  dc.conv_kernel_size = cfg.conv_kernel_size;
-  dc.conv_group_size = cfg.conv_group_size;
-  dc.selector_rank = cfg.selector_rank;
-  dc.selector_top_k = cfg.selector_top_k;
+  in.drafter = resolve_drafter_config(cfg, in.target, cfg.mask_token_id >= 0 ? cfg.mask_token_id : 0);
   DFLASH_CHECK(cfg.max_length >= 0, "--max-length ", cfg.max_length, ": give 0 (as prepared) or a positive length");
   in.max_tokens = cfg.max_length > 0 ? (data_max_tokens > 0 ? std::min(cfg.max_length, data_max_tokens)
                                                             : cfg.max_length)

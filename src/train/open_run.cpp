@@ -87,6 +87,22 @@ int parse_count(const std::string& s, const char* opt) {
 
 }  // namespace
 
+DrafterConfig resolve_drafter_config(const TrainConfig& cfg, const ModelConfig& target, int32_t mask_id) {
+  std::vector<int64_t> layer_ids = cfg.target_layer_ids;
+  if (layer_ids.empty()) layer_ids = default_target_layer_ids(target.num_hidden_layers, cfg.num_target_features);
+  validate_target_layer_ids(layer_ids, target.num_hidden_layers);  // distinct, ascending: the exported order
+  DrafterConfig dc = DrafterConfig::for_target(target, cfg.num_layers, cfg.block_size, layer_ids, mask_id);
+  if (cfg.intermediate_size > 0) dc.intermediate_size = cfg.intermediate_size;
+  dc.layer_types = resolve_layer_types(cfg.layer_types, dc.num_layers, cfg.sliding_window);
+  dc.sliding_window = dc.layer_types.empty() ? 0 : cfg.sliding_window;
+  dc.arch = parse_draft_arch(cfg.arch, "--arch");
+  dc.conv_kernel_size = cfg.conv_kernel_size;
+  dc.conv_group_size = cfg.conv_group_size;
+  dc.selector_rank = cfg.selector_rank;
+  dc.selector_top_k = cfg.selector_top_k;
+  return dc;
+}
+
 Topology parse_topology(const TrainConfig& c) {
   Topology t;
   DFLASH_CHECK(c.target_split >= 1, "--target-split ", c.target_split, ": give a number of stages >= 1");
@@ -149,19 +165,8 @@ void read_inputs(const TrainConfig& cfg, OpenedRun& r) {
   if (mask_id < 0 && tok && tok->mask_id()) mask_id = *tok->mask_id();
   DFLASH_CHECK(mask_id >= 0, "train: no mask token id: pass --mask-token-id (an existing, unused row of the "
                "target's embedding) or use a tokenizer that defines one (e.g. <|MASK|>)");
-  std::vector<int64_t> layer_ids = cfg.target_layer_ids;
-  if (layer_ids.empty()) layer_ids = default_target_layer_ids(r.tc.num_hidden_layers, cfg.num_target_features);
-  validate_target_layer_ids(layer_ids, r.tc.num_hidden_layers);  // distinct, ascending: the exported order
-  DrafterConfig& dc = r.dc;
-  dc = DrafterConfig::for_target(r.tc, cfg.num_layers, cfg.block_size, layer_ids, mask_id);
-  if (cfg.intermediate_size > 0) dc.intermediate_size = cfg.intermediate_size;
-  dc.layer_types = resolve_layer_types(cfg.layer_types, dc.num_layers, cfg.sliding_window);
-  dc.sliding_window = dc.layer_types.empty() ? 0 : cfg.sliding_window;
-  dc.arch = parse_draft_arch(cfg.arch, "--arch");
-  dc.conv_kernel_size = cfg.conv_kernel_size;
-  dc.conv_group_size = cfg.conv_group_size;
-  dc.selector_rank = cfg.selector_rank;
-  dc.selector_top_k = cfg.selector_top_k;
+  r.dc = resolve_drafter_config(cfg, r.tc, mask_id);
+  const DrafterConfig& dc = r.dc;
   DFLASH_CHECK(cfg.selector_alpha >= 0, "--selector-alpha ", cfg.selector_alpha, " must be >= 0");
   {  // the DFlash2 options mean nothing to a DFlash drafter: say so rather than ignore them silently
     const TrainConfig dflt;
@@ -208,7 +213,7 @@ void read_inputs(const TrainConfig& cfg, OpenedRun& r) {
       cfg.max_steps > 0 ? cfg.max_steps
                         : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cfg.epochs * r.n / cfg.batch_size)));
   r.cfg_json = cfg;
-  r.cfg_json["target_layer_ids"] = layer_ids;
+  r.cfg_json["target_layer_ids"] = dc.target_layer_ids;
   r.cfg_json["mask_token_id"] = mask_id;
   r.cfg_json["intermediate_size"] = dc.intermediate_size;
   r.cfg_json["gamma"] = r.gamma;

@@ -42,6 +42,11 @@ struct Topology {
 // --target-split.
 Topology parse_topology(const TrainConfig& cfg);
 
+// The drafter's shape as train resolves it from the options and the target's config: the target layer ids (given, or
+// the spec's default; validated), width, layer types and window, architecture and the DFlash2 options, with mask token
+// `mask_id`. Throws Error naming the option for a bad one. Used by open_run and the memory plan (train/memory_plan.h).
+DrafterConfig resolve_drafter_config(const TrainConfig& cfg, const ModelConfig& target, int32_t mask_id);
+
 // What the first phase hands on: the run's inputs, resolved and checked, and where the run starts.
 struct OpenedRun {
   explicit OpenedRun(Dataset d) : data(std::move(d)) {}
