@@ -14,7 +14,7 @@ OUT=${OUT:-build-cuda/split_check}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 W=$(mktemp -d)
-B=build-cuda/dflash
+B=${BUILD:-build-cuda}/dflash
 STEPS=${STEPS:-10}
 say() { echo "[split_check +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 source tools/device_env.sh

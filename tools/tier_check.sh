@@ -22,7 +22,7 @@ OUT=$(cd "$OUT" && pwd)
 JOBS=${JOBS:-16}
 say() { echo "[tier_check +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 source tools/device_env.sh
-B=build-tiers  # (its own build directory: every card's targets, apart from the Hopper-only build-cuda)
+B=${B:-build-tiers}  # (its own build directory: every card's targets, apart from the Hopper-only build-cuda)
 # run_tiers NAME CMD...: CMD on the Hopper tier, then the portable one; its RESULT lines prefixed with the tier
 run_tiers() {
   local name=$1
