@@ -9,6 +9,7 @@
 
 #include "backend/context.h"
 #include "cli/commands.h"
+#include "cli/target_devices.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -30,15 +31,16 @@ struct EvalCli {
   uint64_t seed = 0;
   int64_t block_size = 16, draft_layers = 1, num_target_layers = 0;
   int32_t mask_token_id = -1;
+  int target_split = 1;
   std::vector<int32_t> stop_ids;
 };
 
 void run(const EvalCli& c) {
   DFLASH_CHECK(c.untrained != !c.drafter.empty(), "eval: give exactly one of --drafter DIR and --untrained-drafter");
-  auto ctx = make_context(c.device);
-  log_info("eval: loading the target from ", c.target, " on ", ctx->describe());
-  auto target = Target::load(c.target, *ctx);
-  const ModelConfig& tc = target->config();
+  TargetOnDevices on = load_target_on_devices(c.target, c.device, c.target_split);
+  Context* ctx = &on.ctx();  // the drafter's, stage 0's
+  const SplitTarget& target = *on.target;
+  const ModelConfig& tc = target.config();
   std::shared_ptr<const Tokenizer> tok;
   if (file_exists(path_join(c.target, "tokenizer.json"))) tok = Tokenizer::load(c.target);
 
@@ -99,8 +101,8 @@ void run(const EvalCli& c) {
   const size_t n = c.max_samples > 0 ? std::min<size_t>(data.size(), static_cast<size_t>(c.max_samples))
                                      : data.size();
   for (size_t i = 0; i < n; ++i) samples.push_back(data.get(i));
-  DFlashDraftModel dm(*drafter, *target, c.anchors_per_forward);
-  TauReport rep = evaluate_tau(*ctx, *target, dm, samples, o);
+  DFlashDraftModel dm(*drafter, tc, target.head(*ctx), c.anchors_per_forward);
+  TauReport rep = evaluate_tau(*ctx, target, dm, samples, o);
   std::printf("%s", rep.table().c_str());
   if (!c.json_out.empty()) {
     nlohmann::json j = rep.to_json();
@@ -109,6 +111,7 @@ void run(const EvalCli& c) {
     j["drafter"] = drafter_desc;
     j["data_provenance_differences"] = data_diffs;
     j["device"] = ctx->describe();
+    j["target_split"] = c.target_split;
     j["mode"] = c.mode;
     j["max_new_tokens"] = c.max_new_tokens;
     j["stop_ids"] = o.eos_ids;
@@ -133,6 +136,7 @@ void register_eval(CLI::App& app) {
                   "run of loss-mask-1 tokens, the prompt everything before it")
       ->required();
   sub->add_option("--device", c->device, "cpu | cuda | cuda:N")->capture_default_str();
+  add_target_split_option(sub, c->target_split);
   sub->add_option("--mode", c->mode, "teacher (offline, teacher forcing), generate (real speculative decoding), both")
       ->capture_default_str()
       ->check(CLI::IsMember({"teacher", "generate", "both"}));

@@ -5,6 +5,7 @@
 #include "backend/context.h"
 #include "cli/chat_options.h"
 #include "cli/commands.h"
+#include "cli/target_devices.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "eval/generate.h"
@@ -20,18 +21,17 @@ struct GenerateCli {
   std::string target, device = "cpu", tokenizer;
   std::vector<int32_t> stop_ids;
   bool no_default_stops = false;
+  int target_split = 1;
 };
 
 void run(const GenerateCli& c) {
-  auto ctx = make_context(c.device);
   const std::string tok_path = c.tokenizer.empty() ? c.target : c.tokenizer;
   auto tok = Tokenizer::load(tok_path);
-  log_info("generate: loading the target from ", c.target, " on ", ctx->describe());
-  auto target = Target::load(c.target, *ctx);
+  TargetOnDevices on = load_target_on_devices(c.target, c.device, c.target_split);
   GenerateOptions g = c.g;
-  if (!c.no_default_stops) g.decode.eos_ids = stop_token_ids(c.target, target->config(), tok.get());
+  if (!c.no_default_stops) g.decode.eos_ids = stop_token_ids(c.target, on.target->config(), tok.get());
   g.decode.eos_ids.insert(g.decode.eos_ids.end(), c.stop_ids.begin(), c.stop_ids.end());
-  GenerateSummary s = run_generate(*ctx, *target, tok, g);
+  GenerateSummary s = run_generate(on.ctx(), *on.target, tok, g);
   std::printf("%s", s.to_string().c_str());
 }
 
@@ -53,6 +53,7 @@ void register_generate(CLI::App& app) {
       ->required();
   sub->add_option("--tokenizer", c->tokenizer, "tokenizer.json or its directory (default: the target directory)");
   sub->add_option("--device", c->device, "cpu | cuda | cuda:N")->capture_default_str();
+  add_target_split_option(sub, c->target_split);
   sub->add_option("--batch-size", c->g.decode.batch_size, "sequences decoded together (continuous batching; the "
                   "output does not depend on it)")
       ->capture_default_str()

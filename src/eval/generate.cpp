@@ -82,7 +82,7 @@ int32_t sample_token(std::span<const float> z, const SamplingOptions& s, uint64_
 
 // ---- batched decoding -----------------------------------------------------------------------------------------
 
-void generate_batched(Context& ctx, const Target& target, const DecodeOptions& o,
+void generate_batched(Context& ctx, const SplitTarget& target, const DecodeOptions& o,
                       const std::function<bool(GenerationRequest*)>& next,
                       const std::function<void(GenerationResult&&)>& on_result,
                       const std::function<void(int64_t)>& on_step) {
@@ -115,7 +115,7 @@ void generate_batched(Context& ctx, const Target& target, const DecodeOptions& o
       auto s = std::make_unique<Seq>();
       s->ordinal = admitted++;
       s->res.row = r.row;
-      s->cache = KVCache::create(ctx, cfg, static_cast<int64_t>(r.prompt.size()) + o.max_new_tokens);
+      s->cache = target.make_cache(ctx, static_cast<int64_t>(r.prompt.size()) + o.max_new_tokens);
       s->input = std::move(r.prompt);
       active.push_back(std::move(s));
     }
@@ -284,7 +284,7 @@ struct Pending {
 
 }  // namespace
 
-GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr<const Tokenizer> tok,
+GenerateSummary run_generate(Context& ctx, const SplitTarget& target, std::shared_ptr<const Tokenizer> tok,
                              const GenerateOptions& o) {
   DFLASH_CHECK(tok != nullptr, "generate: no tokenizer");
   DFLASH_CHECK(o.format == "auto" || o.format == "chat" || o.format == "raw", "--format: \"", o.format,

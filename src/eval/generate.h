@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "io/chat_template.h"
+#include "model/split_target.h"
 #include "model/target.h"
 
 namespace dflash {
@@ -58,10 +59,11 @@ struct DecodeOptions {
   std::vector<int32_t> eos_ids; // stop ids
 };
 
-// Decodes every request that `next` yields (next returns false when there is none left) and calls on_result for
+// Decodes every request that `next` yields (the target whole on ctx's device or split over several:
+// model/split_target.h) (next returns false when there is none left) and calls on_result for
 // each, in request order. on_step(tokens) is called after every batched forward with the tokens it produced.
 // Throws Error for an empty prompt or bad options.
-void generate_batched(Context& ctx, const Target& target, const DecodeOptions& opts,
+void generate_batched(Context& ctx, const SplitTarget& target, const DecodeOptions& opts,
                       const std::function<bool(GenerationRequest*)>& next,
                       const std::function<void(GenerationResult&&)>& on_result,
                       const std::function<void(int64_t)>& on_step = {});
@@ -110,7 +112,7 @@ struct GenerateSummary {
 // already there are skipped; a complete line that is not a JSON object with an integer "index" is an Error (use
 // overwrite). Bad input rows are skipped, counted per reason and logged (line number; a row that is not JSON says
 // "column C of line L"). Throws Error for unreadable files or bad options.
-GenerateSummary run_generate(Context& ctx, const Target& target, std::shared_ptr<const Tokenizer> tok,
+GenerateSummary run_generate(Context& ctx, const SplitTarget& target, std::shared_ptr<const Tokenizer> tok,
                              const GenerateOptions& opts);
 
 }  // namespace dflash

@@ -17,16 +17,22 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Greedy token ids of the rows of a final-normed hidden [R, H] (lm_head, argmax on the device; first on ties).
-std::vector<int32_t> argmax_tokens(Context& ctx, const Target& target, const Tensor& hidden) {
-  const int64_t R = hidden.rows();
+// Greedy token ids of the rows of logits [R, V] (argmax on the device; first on ties).
+std::vector<int32_t> argmax_rows(Context& ctx, const Tensor& logits) {
+  const int64_t R = logits.rows();
   if (R == 0) return {};
-  Tensor logits = ctx.empty(ctx.compute_dtype(), {R, target.config().vocab_size});
-  target.logits(ctx, hidden, logits);
   Tensor ids = ctx.empty(DType::I32, {R});
   ctx.argmax(logits, ids);
   Tensor h = ctx.to_host(ids, false);
   return std::vector<int32_t>(h.ptr<int32_t>(), h.ptr<int32_t>() + R);
+}
+
+// Greedy token ids of the rows of the target's final-normed hidden [R, H] on ctx.
+std::vector<int32_t> argmax_tokens(Context& ctx, const SplitTarget& target, const Tensor& hidden) {
+  if (hidden.rows() == 0) return {};
+  Tensor logits = ctx.empty(ctx.compute_dtype(), {hidden.rows(), target.config().vocab_size});
+  target.logits(ctx, hidden, logits);
+  return argmax_rows(ctx, logits);
 }
 
 bool is_eos(int32_t t, std::span<const int32_t> eos) { return std::find(eos.begin(), eos.end(), t) != eos.end(); }
@@ -37,7 +43,7 @@ void check_span(std::span<const int32_t> tokens, ResponseSpan r, const char* wha
 }
 
 // Prefill x[0, P) into a fresh cache; returns the bonus (argmax after the prompt) and the prefill features.
-int32_t prefill(Context& ctx, const Target& target, std::span<const int32_t> tokens, int64_t P, KVCache& cache,
+int32_t prefill(Context& ctx, const SplitTarget& target, std::span<const int32_t> tokens, int64_t P, KVCache& cache,
                 std::span<const int64_t> layer_ids, Tensor* features) {
   std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + P);
   Target::Output out = target.forward(ctx, cpu_tensor_i32(prompt, {P}), layer_ids, true, &cache);
@@ -58,23 +64,34 @@ ResponseSpan response_span(std::span<const uint8_t> m) {
 
 // ---- DFlashDraftModel ------------------------------------------------------------------------------------------
 
-DFlashDraftModel::DFlashDraftModel(Drafter& drafter, const Target& target, int64_t anchors_per_forward)
-    : drafter_(drafter), target_(target), anchors_per_forward_(std::max<int64_t>(1, anchors_per_forward)) {
-  DFLASH_CHECK(drafter.config().hidden_size == target.config().hidden_size, "drafter hidden_size ",
-               drafter.config().hidden_size, " differs from the target's ", target.config().hidden_size);
-  DFLASH_CHECK(drafter.config().vocab_size <= target.config().vocab_size, "drafter vocab_size ",
-               drafter.config().vocab_size, " exceeds the target's ", target.config().vocab_size);
+DFlashDraftModel::DFlashDraftModel(Drafter& drafter, const ModelConfig& target_cfg, TargetHead head,
+                                   int64_t anchors_per_forward)
+    : drafter_(drafter), target_cfg_(target_cfg), head_(std::move(head)),
+      anchors_per_forward_(std::max<int64_t>(1, anchors_per_forward)) {
+  DFLASH_CHECK(drafter.config().hidden_size == target_cfg.hidden_size, "drafter hidden_size ",
+               drafter.config().hidden_size, " differs from the target's ", target_cfg.hidden_size);
+  DFLASH_CHECK(drafter.config().vocab_size <= target_cfg.vocab_size, "drafter vocab_size ",
+               drafter.config().vocab_size, " exceeds the target's ", target_cfg.vocab_size);
   for (int64_t l : drafter.config().target_layer_ids)
-    DFLASH_CHECK(l >= 0 && l < target.config().num_hidden_layers, "drafter target layer id ", l,
-                 " is not a layer of the ", target.config().num_hidden_layers, "-layer target");
+    DFLASH_CHECK(l >= 0 && l < target_cfg.num_hidden_layers, "drafter target layer id ", l,
+                 " is not a layer of the ", target_cfg.num_hidden_layers, "-layer target");
+}
+
+DFlashDraftModel::DFlashDraftModel(Drafter& drafter, const Target& target, int64_t anchors_per_forward)
+    : DFlashDraftModel(drafter, target.config(), TargetHead{target.weights().embed, target.weights().lm_head},
+                       anchors_per_forward) {
+  DFLASH_CHECK(target.whole(), "DFlashDraftModel: the target is a stage; pass SplitTarget::head");
 }
 
 int64_t DFlashDraftModel::block_size() const { return drafter_.config().block_size; }
 std::vector<int64_t> DFlashDraftModel::layer_ids() const { return drafter_.config().target_layer_ids; }
 
 std::vector<int32_t> DFlashDraftModel::draft_tokens(Context& ctx, const Tensor& hidden, int32_t anchor) const {
-  if (drafter_.config().dflash2()) return drafter_.select_path(ctx, hidden, anchor, target_.weights().lm_head);
-  return argmax_tokens(ctx, target_, hidden);
+  if (drafter_.config().dflash2()) return drafter_.select_path(ctx, hidden, anchor, head_.lm_head);
+  if (hidden.rows() == 0) return {};
+  Tensor logits = ctx.empty(ctx.compute_dtype(), {hidden.rows(), target_cfg_.vocab_size});
+  target_logits(ctx, target_cfg_, head_.lm_head, hidden, logits);
+  return argmax_rows(ctx, logits);
 }
 
 void DFlashDraftModel::begin(Context& ctx, int64_t capacity) { cache_ = drafter_.make_cache(ctx, capacity); }
@@ -86,7 +103,7 @@ void DFlashDraftModel::append_context(Context& ctx, const Tensor& features) {
 std::vector<int32_t> DFlashDraftModel::propose(Context& ctx, int32_t bonus, int64_t n) {
   if (n <= 0) return {};
   DFLASH_CHECK(n < block_size(), "propose: ", n, " draft tokens from a block of ", block_size());
-  Tensor h = drafter_.draft_block(ctx, cache_, bonus, target_.weights().embed);
+  Tensor h = drafter_.draft_block(ctx, cache_, bonus, head_.embed);
   return draft_tokens(ctx, h.slice(1, 1 + n), bonus);
 }
 
@@ -114,7 +131,7 @@ std::vector<int32_t> DFlashDraftModel::propose_teacher(Context& ctx, int64_t p, 
     const DrafterConfig& c = drafter_.config();
     DraftBatch b = make_draft_batch(tokens_, mask_, anchors, static_cast<int64_t>(anchors.size()), B,
                                     c.mask_token_id, 1.0);
-    hidden_ = drafter_.forward_hidden(ctx, upload_draft_batch(ctx, b, features_), target_.weights().embed);
+    hidden_ = drafter_.forward_hidden(ctx, upload_draft_batch(ctx, b, features_), head_.embed);
   }
   const int64_t row = (p - chunk_begin_) * B + 1;
   return draft_tokens(ctx, hidden_.slice(row, row + n), tokens_[p]);
@@ -122,7 +139,7 @@ std::vector<int32_t> DFlashDraftModel::propose_teacher(Context& ctx, int64_t p, 
 
 // ---- the two loops and the baseline ---------------------------------------------------------------------------
 
-ResponseTau teacher_forced_tau(Context& ctx, const Target& target, DraftModel& dm, std::span<const int32_t> tokens,
+ResponseTau teacher_forced_tau(Context& ctx, const SplitTarget& target, DraftModel& dm, std::span<const int32_t> tokens,
                                ResponseSpan r) {
   check_span(tokens, r, "teacher-forced tau");
   const int64_t B = dm.block_size();
@@ -149,7 +166,7 @@ ResponseTau teacher_forced_tau(Context& ctx, const Target& target, DraftModel& d
   return res;
 }
 
-ResponseTau generated_tau(Context& ctx, const Target& target, DraftModel& dm, std::span<const int32_t> tokens,
+ResponseTau generated_tau(Context& ctx, const SplitTarget& target, DraftModel& dm, std::span<const int32_t> tokens,
                           ResponseSpan r, std::span<const int32_t> eos_ids) {
   check_span(tokens, r, "generated tau");
   const int64_t B = dm.block_size(), P = r.P, E = r.E;
@@ -196,7 +213,7 @@ ResponseTau generated_tau(Context& ctx, const Target& target, DraftModel& dm, st
     res.cycles.push_back(std::move(cy));
     res.tokens.insert(res.tokens.end(), committed.begin(), committed.end());
     if (stop) break;
-    cache.truncate(ctx, p + k + 1);                      // keep the bonus and the accepted drafts
+    target.truncate(ctx, cache, p + k + 1);                // keep the bonus and the accepted drafts
     dm.append_context(ctx, out.features.slice(0, k + 1));  // their target features: positions p..p+k
     p += k + 1;
     bonus = t[k];
@@ -206,11 +223,11 @@ ResponseTau generated_tau(Context& ctx, const Target& target, DraftModel& dm, st
   return res;
 }
 
-ResponseTau target_greedy_decode(Context& ctx, const Target& target, std::span<const int32_t> tokens,
+ResponseTau target_greedy_decode(Context& ctx, const SplitTarget& target, std::span<const int32_t> tokens,
                                  ResponseSpan r, std::span<const int32_t> eos_ids) {
   check_span(tokens, r, "target-only decode");
   const int64_t P = r.P, M = r.E - r.P;
-  KVCache cache = KVCache::create(ctx, target.config(), r.E);
+  KVCache cache = target.make_cache(ctx, r.E);
   const std::vector<int64_t> none;
   int32_t tok = prefill(ctx, target, tokens, P, cache, none, nullptr);
   ResponseTau res;
@@ -291,7 +308,7 @@ std::string fmt(const char* f, double v) {
 
 }  // namespace
 
-TauReport evaluate_tau(Context& ctx, const Target& target, DraftModel& dm, std::span<const SampleView> samples,
+TauReport evaluate_tau(Context& ctx, const SplitTarget& target, DraftModel& dm, std::span<const SampleView> samples,
                        const TauOptions& o) {
   DFLASH_CHECK(o.teacher || o.generated, "eval: neither teacher forcing nor the generated loop selected");
   const int64_t B = dm.block_size();

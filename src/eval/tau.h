@@ -41,6 +41,7 @@
 
 #include "io/dataset.h"
 #include "model/drafter.h"
+#include "model/split_target.h"
 #include "model/target.h"
 
 namespace dflash {
@@ -78,10 +79,15 @@ class DraftModel {
 // The DFlash drafter (spec 4): a draft KV cache (Drafter::make_cache / extend_cache / draft_block) in the generated
 // loop; in teacher forcing, one batched Drafter::forward_hidden per chunk of `anchors_per_forward` consecutive
 // anchors (all positions of the response, chunk computed when first needed), logits only for the visited blocks.
-// Logits are the target's lm_head on the drafter's final-normed hidden (Target::logits). Both pointers must outlive
-// this object; drafter and target live on the same Context.
+// Logits are the target's lm_head on the drafter's final-normed hidden (target_logits). The drafter must outlive this
+// object; the target's embedding and lm_head (TargetHead) live on the drafter's Context.
 class DFlashDraftModel : public DraftModel {
  public:
+  // head: the target's embedding and lm_head on the drafter's device (SplitTarget::head); target_cfg its config.
+  // Throws Error when the drafter does not fit the target (hidden size, vocabulary, target layer ids).
+  DFlashDraftModel(Drafter& drafter, const ModelConfig& target_cfg, TargetHead head,
+                   int64_t anchors_per_forward = 256);
+  // A whole target on the drafter's device: its own embedding and lm_head.
   DFlashDraftModel(Drafter& drafter, const Target& target, int64_t anchors_per_forward = 256);
   int64_t block_size() const override;
   std::vector<int64_t> layer_ids() const override;
@@ -96,7 +102,8 @@ class DFlashDraftModel : public DraftModel {
   // (DFlash) or the candidate selector's path (DFlash2: Drafter::select_path).
   std::vector<int32_t> draft_tokens(Context& ctx, const Tensor& hidden, int32_t anchor) const;
   Drafter& drafter_;
-  const Target& target_;
+  ModelConfig target_cfg_;
+  TargetHead head_;
   int64_t anchors_per_forward_;
   Drafter::Cache cache_;
   // teacher state
@@ -126,17 +133,19 @@ struct ResponseTau {
   double tau() const { return cycles.empty() ? 0.0 : static_cast<double>(committed) / cycles.size(); }
 };
 
+// In the loops below ctx is the draft model's context; the target is whole on ctx's device, or split over several
+// (model/split_target.h: its outputs come to ctx).
 // Teacher-forced tau of one sample (tokens x[0, S), response r with P >= 1, E - P >= 2, E <= S).
-ResponseTau teacher_forced_tau(Context& ctx, const Target& target, DraftModel& dm, std::span<const int32_t> tokens,
+ResponseTau teacher_forced_tau(Context& ctx, const SplitTarget& target, DraftModel& dm, std::span<const int32_t> tokens,
                                ResponseSpan r);
 // Generated-loop tau: prefill x[0, P), then speculative decoding of at most E - P response tokens or until an id
 // of eos_ids is committed. Only x[0, P) and the length E - P are used from the sample.
-ResponseTau generated_tau(Context& ctx, const Target& target, DraftModel& dm, std::span<const int32_t> tokens,
+ResponseTau generated_tau(Context& ctx, const SplitTarget& target, DraftModel& dm, std::span<const int32_t> tokens,
                           ResponseSpan r, std::span<const int32_t> eos_ids);
 // Target-only greedy decode (one token per target forward) of at most E - P response tokens or until an EOS id:
 // the baseline of the speedup, and the reference output speculative decoding must reproduce (it is lossless).
 // No cycles; tokens / decode_seconds filled.
-ResponseTau target_greedy_decode(Context& ctx, const Target& target, std::span<const int32_t> tokens,
+ResponseTau target_greedy_decode(Context& ctx, const SplitTarget& target, std::span<const int32_t> tokens,
                                  ResponseSpan r, std::span<const int32_t> eos_ids);
 
 struct TauOptions {
@@ -187,7 +196,7 @@ struct TauReport {
 };
 
 // Runs the selected modes over samples (in order, at most max_samples).
-TauReport evaluate_tau(Context& ctx, const Target& target, DraftModel& dm, std::span<const SampleView> samples,
+TauReport evaluate_tau(Context& ctx, const SplitTarget& target, DraftModel& dm, std::span<const SampleView> samples,
                        const TauOptions& opts);
 
 }  // namespace dflash

@@ -259,11 +259,7 @@ Target::Output Target::forward(Context& ctx, const Tensor& ids_in, std::span<con
   if (cache)
     DFLASH_CHECK(start + T <= cache->capacity, "target: KV cache of ", cache->capacity, " positions cannot take ",
                  T, " more after ", start);
-  int64_t last = -1;
-  for (int64_t l : layer_ids) {
-    DFLASH_CHECK(l >= 0 && l < Lt, "target layer id ", l, " outside [0, ", Lt, ")");
-    last = std::max(last, l);
-  }
+  const int64_t last = check_layer_ids(cfg_, layer_ids);
   // Later layers can be skipped only when nothing needs them: not the final hidden, and not a KV cache (whose
   // every layer must hold the new positions).
   const int64_t run_layers = (want_final || cache) ? Lt : last + 1;
@@ -281,9 +277,7 @@ Target::Output Target::forward_at(Context& ctx, const Tensor& ids, const std::ve
   const int64_t T = ids.numel();
   DFLASH_CHECK(static_cast<int64_t>(pos.size()) == T, "target forward_at: ", pos.size(), " positions for ", T,
                " tokens");
-  for (int64_t l : layer_ids)
-    DFLASH_CHECK(l >= 0 && l < cfg_.num_hidden_layers, "target layer id ", l, " outside [0, ", cfg_.num_hidden_layers,
-                 ")");
+  check_layer_ids(cfg_, layer_ids);
   const SeqSegment seg{0, T, 0, nullptr};
   return run(ctx, ctx.to_device(ids), ctx.to_device(cpu_tensor_i32(pos, {T})), {&seg, 1}, layer_ids,
              cfg_.num_hidden_layers, want_final);
@@ -292,18 +286,11 @@ Target::Output Target::forward_at(Context& ctx, const Tensor& ids, const std::ve
 Target::Output Target::run(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const SeqSegment> segs,
                            std::span<const int64_t> layer_ids, int64_t run_layers, bool want_final) const {
   DFLASH_CHECK(whole(), "target: this is stage [", stage().first, ", ", stage().end, ") of a split target; it runs "
-               "forward_stage only");
-  const int64_t R = ids.numel(), H = cfg_.hidden_size;
-  const DType dt = ctx.compute_dtype();
+               "forward_stage or run_stage only");
   Output out;
-  out.features = ctx.empty(dt, {R, static_cast<int64_t>(layer_ids.size()) * H});
-  Tensor h = ctx.empty(dt, {R, H});
-  embed(ctx, ids, h);
-  this->run_layers(ctx, h, pos, segs, layer_ids, 0, run_layers, out);
-  if (want_final) {
-    out.final_hidden = ctx.empty(dt, {R, H});
-    final_norm(ctx, h, out.final_hidden);
-  }
+  StageState s = run_stage(ctx, ids, pos, segs, nullptr, layer_ids, run_layers, want_final, &out.final_hidden,
+                           &out.router_topk);
+  out.features = s.features;
   return out;
 }
 
@@ -375,24 +362,21 @@ void Target::run_layers(Context& ctx, const Tensor& h, const Tensor& pos, std::s
   }
 }
 
-Target::StageState Target::forward_stage(Context& ctx, const Tensor& ids, const StageState* in,
-                                         std::span<const int64_t> layer_ids, bool want_final,
-                                         Tensor* final_hidden) const {
-  const int64_t T = ids.numel(), H = cfg_.hidden_size, Lt = cfg_.num_hidden_layers;
+Target::StageState Target::run_stage(Context& ctx, const Tensor& ids, const Tensor& pos,
+                                     std::span<const SeqSegment> segs, const StageState* in,
+                                     std::span<const int64_t> layer_ids, int64_t run_end, bool want_final,
+                                     Tensor* final_hidden, std::vector<Tensor>* router_topk) const {
+  const int64_t R = pos.numel(), H = cfg_.hidden_size, Lt = cfg_.num_hidden_layers;
   const int64_t nfH = static_cast<int64_t>(layer_ids.size()) * H;
   const DType dt = ctx.compute_dtype();
   const TargetStage st = stage();
-  int64_t last = -1;
-  for (int64_t l : layer_ids) {
-    DFLASH_CHECK(l >= 0 && l < Lt, "target layer id ", l, " outside [0, ", Lt, ")");
-    last = std::max(last, l);
-  }
   Output out;
   StageState s;
-  s.h = ctx.empty(dt, {T, H});
-  out.features = s.features = ctx.empty(dt, {T, nfH});
+  s.h = ctx.empty(dt, {R, H});
+  out.features = s.features = ctx.empty(dt, {R, nfH});
   if (st.first == 0) {
-    embed(ctx, ctx.to_device(ids), s.h);
+    DFLASH_CHECK(ids.numel() == R, "target: ", ids.numel(), " ids for ", R, " positions");
+    embed(ctx, ids, s.h);
   } else {
     DFLASH_CHECK(in != nullptr, "target stage [", st.first, ", ", st.end, "): no state from the stage before");
     DFLASH_CHECK(in->h.shape == s.h.shape && in->features.shape == s.features.shape, "target stage [", st.first, ", ",
@@ -402,24 +386,37 @@ Target::StageState Target::forward_stage(Context& ctx, const Tensor& ids, const 
     ctx.copy(s.h, in->h);
     if (nfH > 0) ctx.copy(s.features, in->features);
   }
-  const int64_t l1 = want_final ? st.end : std::min(st.end, last + 1);
-  if (l1 > st.first) {
-    std::vector<int32_t> pos_host(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos_host[static_cast<size_t>(t)] = static_cast<int32_t>(t);
-    const SeqSegment seg{0, T, 0, nullptr};
-    run_layers(ctx, s.h, ctx.to_device(cpu_tensor_i32(pos_host, {T})), {&seg, 1}, layer_ids, st.first, l1, out);
-  }
+  const int64_t l1 = std::min(st.end, run_end);
+  if (l1 > st.first) run_layers(ctx, s.h, pos, segs, layer_ids, st.first, l1, out);
+  if (router_topk) router_topk->insert(router_topk->end(), out.router_topk.begin(), out.router_topk.end());
   if (want_final && st.end == Lt) {
     DFLASH_CHECK(final_hidden != nullptr, "target stage [", st.first, ", ", st.end, "): want_final without an output");
-    *final_hidden = ctx.empty(dt, {T, H});
+    *final_hidden = ctx.empty(dt, {R, H});
     final_norm(ctx, s.h, *final_hidden);
   }
   return s;
 }
 
+Target::StageState Target::forward_stage(Context& ctx, const Tensor& ids, const StageState* in,
+                                         std::span<const int64_t> layer_ids, bool want_final,
+                                         Tensor* final_hidden) const {
+  const int64_t T = ids.numel(), Lt = cfg_.num_hidden_layers;
+  const int64_t last = check_layer_ids(cfg_, layer_ids);
+  std::vector<int32_t> pos_host(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos_host[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  const SeqSegment seg{0, T, 0, nullptr};
+  return run_stage(ctx, stage().first == 0 ? ctx.to_device(ids) : ids, ctx.to_device(cpu_tensor_i32(pos_host, {T})),
+                   {&seg, 1}, in, layer_ids, want_final ? Lt : last + 1, want_final, final_hidden);
+}
+
+void target_logits(Context& ctx, const ModelConfig& cfg, const Tensor& lm_head, const Tensor& hidden,
+                   const Tensor& out) {
+  ctx.linear(hidden, lm_head, nullptr, out);
+  if (cfg.final_logit_softcap > 0) ctx.softcap(out, static_cast<float>(cfg.final_logit_softcap));
+}
+
 void Target::logits(Context& ctx, const Tensor& hidden, const Tensor& out) const {
-  ctx.linear(hidden, w_.lm_head, nullptr, out);
-  if (cfg_.final_logit_softcap > 0) ctx.softcap(out, static_cast<float>(cfg_.final_logit_softcap));
+  target_logits(ctx, cfg_, w_.lm_head, hidden, out);
 }
 
 KVCache Target::make_cache(Context& ctx, int64_t capacity, bool rollback) const {

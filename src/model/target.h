@@ -69,6 +69,11 @@ struct TargetHead {
 TargetHead load_target_head(const std::string& dir, Context& ctx);
 TargetHead random_target_head(const ModelConfig& cfg, Context& ctx, uint64_t seed = 0);  // == Target::random's
 
+// logits [R, V] act = hidden [R, H] (final-normed) @ lm_head^T, soft-capped when cfg says (final_logit_softcapping:
+// cap tanh(logits / cap)): Target::logits, and a drafter's logits through the target's lm_head.
+void target_logits(Context& ctx, const ModelConfig& cfg, const Tensor& lm_head, const Tensor& hidden,
+                   const Tensor& out);
+
 // Parameter counts of a target config: all of them, and those one token's forward uses (the router and its top_k
 // experts of each MoE layer; the embedding row counted as one lookup: not at all); mxfp4 = those of total held in
 // MXFP4 (the expert weights when moe.expert_format is MXFP4: gpt-oss's). `bf16_bytes` = 2 * total, the weights in bf16;
@@ -91,6 +96,19 @@ TargetParams target_params(const ModelConfig& cfg);
 // mixer and channel mixer, fp8_scale_bytes those of its FP8 projections. target_params is the head's terms (embedding,
 // lm_head unless tied, final norm) plus these over every layer.
 TargetParams target_layer_params(const ModelConfig& cfg, int64_t l);
+
+// Sequences stacked into one forward's rows (Target::forward_batch, forward_packed, SplitTarget): every sequence's ids
+// in order, each row's position (its cache's len + t, or t without caches) and the segments (model/target/mixer.h).
+struct StackedRows {
+  std::vector<int32_t> ids, pos;
+  std::vector<SeqSegment> segs;
+};
+// caches: one per sequence, or empty for none. Throws Error (prefixed with `what`) for no sequence, an empty one, a
+// missing cache, a cache too small for its new rows, or an id outside [0, vocab).
+StackedRows stack_rows(std::span<const std::vector<int32_t>> seqs, std::span<KVCache* const> caches, int64_t vocab,
+                       const char* what);
+// The largest of layer_ids (-1 when empty). Throws Error for an id outside [0, num_hidden_layers).
+int64_t check_layer_ids(const ModelConfig& cfg, std::span<const int64_t> layer_ids);
 
 class Target {
  public:
@@ -166,6 +184,17 @@ class Target {
   // outside the vocabulary, or want_final without final_hidden at the last stage.
   StageState forward_stage(Context& ctx, const Tensor& ids, const StageState* in, std::span<const int64_t> layer_ids,
                            bool want_final, Tensor* final_hidden = nullptr) const;
+  // The one layer loop behind every forward above and the split target (model/target_stages.h StagedTarget): this
+  // target's layers [stage().first, min(stage().end, run_end)) over stacked rows. segs (model/target/mixer.h
+  // SeqSegment) cut the R rows into sequences, each with or without a cache (rows appended at its cache->len; the
+  // caller advances len after the last stage); pos [R] I32 on ctx's device, each row's position; ids [R] I32 on ctx's
+  // device, read by the stage holding layer 0 only (the embedding), a later stage starting from *in (on any device:
+  // copied to ctx's). Captures layer_ids' outputs into the state's features [R, nf*H]; with want_final the stage
+  // holding the last layer writes RMSNorm_final(h) [R, H] to *final_hidden; each MoE layer run appends its experts
+  // [R, k] (undefined for dense layers) to *router_topk when given. Throws Error as forward_stage.
+  StageState run_stage(Context& ctx, const Tensor& ids, const Tensor& pos, std::span<const SeqSegment> segs,
+                       const StageState* in, std::span<const int64_t> layer_ids, int64_t run_end, bool want_final,
+                       Tensor* final_hidden, std::vector<Tensor>* router_topk = nullptr) const;
   // h [R, H] act = the embedding of ids [R] (I32 on ctx's device), times cfg.embed_scale when set (Gemma's scaled
   // embedding: HF's output_hidden_states[0]).
   void embed(Context& ctx, const Tensor& ids, const Tensor& h) const;

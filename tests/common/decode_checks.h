@@ -49,7 +49,7 @@ inline std::vector<std::vector<int32_t>> random_prompts(uint64_t seed, int n, in
 
 // Greedy continuations (max_new tokens, no stop id) of `prompts` by generate_batched with `batch_size` sequences at a
 // time, in prompt order.
-inline std::vector<std::vector<int32_t>> greedy_generate(Context& ctx, const Target& target,
+inline std::vector<std::vector<int32_t>> greedy_generate(Context& ctx, const SplitTarget& target,
                                                          const std::vector<std::vector<int32_t>>& prompts,
                                                          int64_t max_new, int64_t batch_size) {
   DecodeOptions o;
@@ -72,7 +72,7 @@ inline std::vector<std::vector<int32_t>> greedy_generate(Context& ctx, const Tar
 // For each prompt followed by its greedy continuation: real speculative decoding with `dm` reproduces the target-only
 // greedy decode (lossless), and teacher forcing on that response gives the same cycles and tau. Returns the number of
 // cycles in which a draft token was rejected (the target's cache cut back).
-inline int64_t expect_lossless_speculative(Context& ctx, const Target& target, DraftModel& dm,
+inline int64_t expect_lossless_speculative(Context& ctx, const SplitTarget& target, DraftModel& dm,
                                            const std::vector<std::vector<int32_t>>& prompts,
                                            const std::vector<std::vector<int32_t>>& continuations,
                                            const std::string& label) {

@@ -13,9 +13,10 @@
 // OP_T; B' = xq, [M, K] row-major = column-major K x M, OP_N; D = y, [M, N] row-major = column-major N x M.
 // Scale layouts (cuBLAS "scaling factor layouts"; PyTorch's scaled_mm checks the same): BLK128x128 of A' is the
 // column-major ceil(K/128) x ceil(N/128) grid with leading dimension ceil(K/128), i.e. the checkpoint's row-major
-// [ceil(N/128), ceil(K/128)] as it is; VEC128 of B' is ceil(K/128) x M, token-major within each 128-column group, the
-// groups at a stride of M rounded up to 4; OUTER_VEC: one scale per row of A' (N) / of B'^T (M). (What the GPU runs
-// confirmed and what they have not: bench/NOTES.md "FP8 GEMM scale layouts".)
+// [ceil(N/128), ceil(K/128)] with its rows at a stride of ceil(K/128) rounded up to 4; VEC128 of B' is ceil(K/128) x
+// M4, token-major within each 128-column group, M4 = M rounded up to 4 (the GEMM runs M4 tokens, the padding zero);
+// OUTER_VEC: one scale per row of A' (N) / of B'^T (M). (What the GPU runs confirmed: bench/NOTES.md "FP8 GEMM scale
+// layouts"; the padding to 4 is what PyTorch's scaled_mm callers do for BlockWise1x128 x BlockWise128x128.)
 #include <algorithm>
 
 #ifndef DFLASH_CUDA_EMU
@@ -209,16 +210,42 @@ void linear_fp8(Env& e, const Tensor& x, const LinearWeight& w, const Tensor* bi
   const Fp8Path path = e.fp8_tensor_cores ? fp8_path(w) : Fp8Path::Dequantize;
   bool done = false;
   if (path != Fp8Path::Dequantize) {
-    const int64_t G = path == Fp8Path::Block128 ? 128 : K, groups = (K + G - 1) / G;
-    Tensor xq = e.alloc(DType::F8E4M3, {M, K});
-    // VEC128: each group's M scales at a stride of M rounded up to 4
-    const int64_t ld = path == Fp8Path::Block128 ? (M + 3) / 4 * 4 : M;
-    Tensor xs = e.alloc(DType::F32, {groups, ld});
+    const int64_t G = path == Fp8Path::Block128 ? 128 : K, groups = (K + G - 1) / G, N = w.rows();
+    // VEC128 / BLK128x128 take the tokens in a multiple of 4 and the weight's K blocks at a stride that is one: x is
+    // quantized into M4 rows (the rest zero, scale 0) and the GEMM writes M4 rows into a scratch when M % 4 != 0;
+    // the weight scales [nb, kb] are copied at a row stride of kb rounded up to 4 when kb % 4 != 0.
+    const int64_t M4 = path == Fp8Path::Block128 ? (M + 3) / 4 * 4 : M;
+    Tensor xq = e.alloc(DType::F8E4M3, {M4, K});
+    Tensor xs = e.alloc(DType::F32, {groups, M4});  // group g's scales at g * M4 (token-major)
+    if (M4 > M) {
+      DFLASH_CUDA_CHECK(cudaMemsetAsync(xq.ptr<uint8_t>() + M * K, 0, static_cast<size_t>((M4 - M) * K), e.stream));
+      DFLASH_CUDA_CHECK(cudaMemsetAsync(xs.data, 0, xs.nbytes(), e.stream));
+    }
     const int64_t warps = M * groups;
     DFLASH_LAUNCH(static_cast<unsigned>((warps + 7) / 8), 256, 0, e.stream, k_quantize_rows)(
-        static_cast<const bf16*>(x.data), M, K, G, ld, xq.ptr<uint8_t>(), xs.ptr<float>());
+        static_cast<const bf16*>(x.data), M, K, G, M4, xq.ptr<uint8_t>(), xs.ptr<float>());
     check_launch("linear_fp8 (quantize x)");
-    done = lt_fp8(e, path, w, xq.data, xs.ptr<float>(), w.scale.ptr<float>(), M, beta, c ? c->data : y.data, y);
+    const float* ws = w.scale.ptr<float>();
+    Tensor ws4;
+    const int64_t nb = w.scale.shape[0], kb = w.scale.shape[1], kb4 = (kb + 3) / 4 * 4;
+    if (path == Fp8Path::Block128 && kb4 != kb) {
+      ws4 = e.alloc(DType::F32, {nb, kb4});
+      DFLASH_CUDA_CHECK(cudaMemsetAsync(ws4.data, 0, ws4.nbytes(), e.stream));
+      DFLASH_CUDA_CHECK(cudaMemcpy2DAsync(ws4.data, kb4 * sizeof(float), ws, kb * sizeof(float), kb * sizeof(float),
+                                          nb, cudaMemcpyDeviceToDevice, e.stream));
+      ws = ws4.ptr<float>();
+    }
+    const void* c_in = c ? c->data : y.data;
+    Tensor yd = y;
+    if (M4 > M) {  // the GEMM's M4 rows: C's M rows copied in first (beta != 0)
+      yd = e.alloc(DType::BF16, {M4, N});
+      if (beta != 0.0f)
+        DFLASH_CUDA_CHECK(cudaMemcpyAsync(yd.data, c_in, y.nbytes(), cudaMemcpyDeviceToDevice, e.stream));
+      c_in = yd.data;
+    }
+    done = lt_fp8(e, path, w, xq.data, xs.ptr<float>(), ws, M4, beta, c_in, yd);
+    if (done && M4 > M)
+      DFLASH_CUDA_CHECK(cudaMemcpyAsync(y.data, yd.data, y.nbytes(), cudaMemcpyDeviceToDevice, e.stream));
   }
   if (!done) {
     linear(e, x, dequantize_fp8(e, w), bias, y, beta, c);

@@ -12,6 +12,7 @@
 #pragma once
 #include <any>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/context.h"  // Context, Tensor
@@ -47,11 +48,16 @@ struct KVCache {
   // its kind makes it (uninitialised positional rows, zero recurrent memory). Throws Error for a layer kind missing
   // from the table (model/target/mixer.cpp).
   static KVCache create(Context& ctx, const ModelConfig& cfg, int64_t capacity);
+  // The same with layer l's part on *layer_ctx[l]'s device (a split target: each layer's part where its stage runs;
+  // model/target_stages.h StagedTarget). layer_ctx holds num_hidden_layers contexts (Error otherwise).
+  static KVCache create(std::span<Context* const> layer_ctx, const ModelConfig& cfg, int64_t capacity);
   // Forget positions >= new_len (rejected draft tokens). Positional memory just shortens; recurrent memory rolls
   // back, which is possible only into the last forward and only when it ran with keep_rollback: new_len in
   // [its start, len]. new_len == len drops that record. Throws Error for new_len outside [0, len] or a rollback
   // that is not possible.
   void truncate(Context& ctx, int64_t new_len);
+  // The same with layer l's rollback run on *layer_ctx[l] (the contexts the parts were made on: create above).
+  void truncate(std::span<Context* const> layer_ctx, int64_t new_len);
   // The same without a context, for caches whose layers all forget by shortening (or new_len == len): throws Error
   // where a layer's recurrent memory would have to roll back.
   void truncate(int64_t new_len);
