@@ -40,7 +40,7 @@ void run(const EvalCli& c) {
   auto target = Target::load(c.target, *ctx);
   const ModelConfig& tc = target->config();
   std::shared_ptr<const Tokenizer> tok;
-  if (file_exists(path_join(c.target, "tokenizer.json"))) tok = Tokenizer::load(c.target);
+  if (Tokenizer::found_in(c.target)) tok = Tokenizer::load(c.target);
 
   Dataset data = Dataset::open(c.data);
   const nlohmann::json& man = data.manifest();

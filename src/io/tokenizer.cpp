@@ -54,8 +54,8 @@ struct Tokenizer::Impl {
                          bool parse_special) const;
   void build_id_tables(const std::vector<std::pair<std::string, int64_t>>& vocab, const std::string& where);
   void load_tokenizer_json(const std::string& json_path);
-  void load_tiktoken(const std::string& dir);
-  void load_config(const std::string& dir, const Tokenizer& self);
+  void load_tiktoken(const std::string& dir, const json& config);
+  void load_config(const std::string& dir, const json& config, const Tokenizer& self);
 };
 
 void Tokenizer::Impl::encode_normalized(std::string_view s, std::vector<int32_t>& out, tok::ThreadState& ts,
@@ -178,17 +178,24 @@ void Tokenizer::Impl::build_id_tables(const std::vector<std::pair<std::string, i
 }
 
 // tokenizer_config.json (optional): special tokens and chat templates; else chat_template.jinja.
-void Tokenizer::Impl::load_config(const std::string& dir, const Tokenizer& self) {
+// tokenizer_config.json of `dir`: its object, or null when there is none.
+json read_config(const std::string& dir) {
+  const std::string cfg_path = path_join(dir, "tokenizer_config.json");
+  if (!file_exists(cfg_path)) return nullptr;
+  json c;
+  try {
+    c = json::parse(read_file(cfg_path));
+  } catch (const json::exception& e) {
+    DFLASH_FAIL(cfg_path, ": invalid JSON: ", e.what());
+  }
+  DFLASH_CHECK(c.is_object(), cfg_path, ": expected a JSON object");
+  return c;
+}
+
+void Tokenizer::Impl::load_config(const std::string& dir, const json& c, const Tokenizer& self) {
   const std::string cfg_path = path_join(dir, "tokenizer_config.json");
   chat_template_origin = cfg_path;
-  if (file_exists(cfg_path)) {
-    json c;
-    try {
-      c = json::parse(read_file(cfg_path));
-    } catch (const json::exception& e) {
-      DFLASH_FAIL(cfg_path, ": invalid JSON: ", e.what());
-    }
-    DFLASH_CHECK(c.is_object(), cfg_path, ": expected a JSON object");
+  if (!c.is_null()) {
     auto token_text = [&](const char* key) -> std::string {
       auto it = c.find(key);
       if (it == c.end() || it->is_null()) return "";
@@ -275,8 +282,8 @@ void Tokenizer::Impl::load_tokenizer_json(const std::string& W) {
   build_id_tables(rd.vocab, W);
 }
 
-void Tokenizer::Impl::load_tiktoken(const std::string& dir) {
-  tok::TiktokenModel tm = tok::TiktokenModel::load(dir);
+void Tokenizer::Impl::load_tiktoken(const std::string& dir, const json& config) {
+  tok::TiktokenModel tm = tok::TiktokenModel::load(dir, config);
   const std::string& W = json_path;
   hash = tm.hash;
   kimi_chunks = true;
@@ -295,6 +302,12 @@ void Tokenizer::Impl::load_tiktoken(const std::string& dir) {
   }
   build_id_tables(vocab, W);
 }
+
+bool Tokenizer::found_in(const std::string& dir) {
+  return file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tiktoken.model"));
+}
+
+const std::string& Tokenizer::source() const { return impl_->json_path; }
 
 std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& path) {
   namespace fs = std::filesystem;
@@ -318,12 +331,13 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& path) {
   Impl& im = *t->impl_;
   im.json_path = json_path;
   im.instance = tok::next_instance_id();
+  const json config = read_config(dir);
   if (tiktoken) {
-    im.load_tiktoken(dir);
+    im.load_tiktoken(dir, config);
   } else {
     im.load_tokenizer_json(json_path);
   }
-  im.load_config(dir, *t);
+  im.load_config(dir, config, *t);
   return t;
 }
 

@@ -28,6 +28,10 @@ class Tokenizer {
   // tokenizer.json but a tiktoken.model (or that file itself) is a tiktoken tokenizer (tiktoken_model.h).
   // Throws Error naming the file and field for anything it cannot parse or does not support.
   static std::shared_ptr<const Tokenizer> load(const std::string& path);
+  // Whether directory `dir` holds a tokenizer load() reads: tokenizer.json, or tiktoken.model.
+  static bool found_in(const std::string& dir);
+  // The file a tokenizer was read from: tokenizer.json, or tiktoken.model.
+  const std::string& source() const;
 
   // Encodes text. With parse_special, added tokens written in the text (e.g. "<|im_start|>") become their ids;
   // without, the *special* ones are encoded as plain text (HF `split_special_tokens=True`); non-special added

@@ -10,8 +10,6 @@
 // ids of the real vocabulary.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +21,7 @@
 #include "io/tokenizer.h"
 #include "io/tokenizer/tiktoken_model.h"
 #include "io/tokenizer/util.h"
+#include "common/test_util.h"
 
 using namespace dflash;
 namespace fs = std::filesystem;
@@ -33,15 +32,7 @@ namespace {
 const std::string kData = std::string(DFLASH_SOURCE_DIR) + "/tests/data/tiktoken";
 
 fs::path temp_dir() {
-  struct Dir {
-    fs::path path = fs::temp_directory_path() / ("dflash_tiktoken_test_" + std::to_string(::getpid()));
-    ~Dir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static Dir d;
-  fs::create_directories(d.path);
+  static test::TmpDir d("tiktoken");
   return d.path;
 }
 
@@ -90,8 +81,7 @@ std::vector<std::string> split(const std::string& pat_str, const std::string& s)
 
 // pat_str of the fixture's stand-ins, read as the loader reads it.
 std::string pat_of(const std::string& py) {
-  fs::path d = temp_dir() / ("pat_" + py);
-  return tok::TiktokenModel::load(fixture_dir("pat_" + py, py)).pat_str;
+  return tok::TiktokenModel::load(fixture_dir("pat_" + py, py), nullptr).pat_str;
 }
 
 void expect_load_error(const std::string& dir, const std::vector<std::string>& needles) {

@@ -350,11 +350,11 @@ std::string rust_regex_to_pcre2(std::string_view re, const std::string& W) {
   return out;
 }
 
-TiktokenModel TiktokenModel::load(const std::string& dir) {
+TiktokenModel TiktokenModel::load(const std::string& dir, const json& config) {
   TiktokenModel m;
   const std::string model_path = path_join(dir, "tiktoken.model");
   const std::string py_path = path_join(dir, "tokenization_kimi.py");
-  const std::string cfg_path = path_join(dir, "tokenizer_config.json");
+  const std::string cfg_path = path_join(dir, "tokenizer_config.json");  // for messages
   const std::string bytes = read_file(model_path);
   m.tokens = read_ranks(model_path, bytes);
 
@@ -369,41 +369,38 @@ TiktokenModel TiktokenModel::load(const std::string& dir) {
 
   const int64_t base = static_cast<int64_t>(m.tokens.size());
   std::map<int64_t, AddedToken> given;
-  if (file_exists(cfg_path)) {
-    json c;
-    try {
-      c = json::parse(read_file(cfg_path));
-    } catch (const json::exception& e) {
-      DFLASH_FAIL(cfg_path, ": invalid JSON: ", e.what());
-    }
-    if (auto d = c.find("added_tokens_decoder"); c.is_object() && d != c.end() && !d->is_null()) {
-      DFLASH_CHECK(d->is_object(), cfg_path, ": added_tokens_decoder: expected an object of id -> token");
-      for (const auto& [key, v] : d->items()) {
-        const std::string AW = cat(cfg_path, ": added_tokens_decoder[\"", key, "\"]");
-        int64_t id = -1;
-        try {
-          size_t used = 0;
-          id = std::stoll(key, &used);
-          if (used != key.size()) id = -1;
-        } catch (const std::exception&) {
-        }
-        DFLASH_CHECK(id >= base && id < base + nspecial, AW, ": the id is not one of the special ids ", base, " .. ",
-                     base + nspecial - 1, " (tiktoken.model has ", base, " tokens; ", py_path, " gives ", nspecial,
-                     " special ids after them)");
-        DFLASH_CHECK(v.is_object(), AW, ": expected an object");
-        const json& content = field(v, "content", AW);
-        DFLASH_CHECK(content.is_string() && !content.get<std::string>().empty(), AW,
-                     ".content: expected a non-empty string");
-        AddedToken t;
-        t.content = content.get<std::string>();
-        t.id = static_cast<int32_t>(id);
-        t.special = opt_bool(v, "special", true, AW);
-        t.lstrip = opt_bool(v, "lstrip", false, AW);
-        t.rstrip = opt_bool(v, "rstrip", false, AW);
-        t.single_word = opt_bool(v, "single_word", false, AW);
-        t.normalized = false;  // no normalizer: one matcher over the raw text
-        given[id] = std::move(t);
+  const json* decoder = nullptr;
+  if (config.is_object()) {
+    if (auto it = config.find("added_tokens_decoder"); it != config.end() && !it->is_null()) decoder = &*it;
+  }
+  if (decoder) {
+    const json& d = *decoder;
+    DFLASH_CHECK(d.is_object(), cfg_path, ": added_tokens_decoder: expected an object of id -> token");
+    for (const auto& [key, v] : d.items()) {
+      const std::string AW = cat(cfg_path, ": added_tokens_decoder[\"", key, "\"]");
+      int64_t id = -1;
+      try {
+        size_t used = 0;
+        id = std::stoll(key, &used);
+        if (used != key.size()) id = -1;
+      } catch (const std::exception&) {
       }
+      DFLASH_CHECK(id >= base && id < base + nspecial, AW, ": the id is not one of the special ids ", base, " .. ",
+                   base + nspecial - 1, " (tiktoken.model has ", base, " tokens; ", py_path, " gives ", nspecial,
+                   " special ids after them)");
+      DFLASH_CHECK(v.is_object(), AW, ": expected an object");
+      const json& content = field(v, "content", AW);
+      DFLASH_CHECK(content.is_string() && !content.get<std::string>().empty(), AW,
+                   ".content: expected a non-empty string");
+      AddedToken t;
+      t.content = content.get<std::string>();
+      t.id = static_cast<int32_t>(id);
+      t.special = opt_bool(v, "special", true, AW);
+      t.lstrip = opt_bool(v, "lstrip", false, AW);
+      t.rstrip = opt_bool(v, "rstrip", false, AW);
+      t.single_word = opt_bool(v, "single_word", false, AW);
+      t.normalized = false;  // no normalizer: one matcher over the raw text
+      given[id] = std::move(t);
     }
   }
   std::string ident = bytes;

@@ -37,9 +37,9 @@ struct TiktokenModel {
   std::vector<AddedToken> specials; // ids tokens.size() .. + count - 1, in order
   std::string hash;                 // SHA-256 of tiktoken.model's bytes, pat_str and the special tokens
 
-  // Reads `dir`/tiktoken.model, `dir`/tokenization_kimi.py and `dir`/tokenizer_config.json (optional). Throws
-  // Error naming the file and the line or field for anything it cannot read.
-  static TiktokenModel load(const std::string& dir);
+  // Reads `dir`/tiktoken.model and `dir`/tokenization_kimi.py; `config` is `dir`/tokenizer_config.json's object
+  // (null: none). Throws Error naming the file and the line or field for anything it cannot read.
+  static TiktokenModel load(const std::string& dir, const json& config);
   // The pre_tokenizer and decoder sections a tokenizer.json would have for it: Sequence [Split(pattern,
   // Isolated), ByteLevel(add_prefix_space=false, use_regex=false)] and ByteLevel.
   json pre_tokenizer_json() const;
