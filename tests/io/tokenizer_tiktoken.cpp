@@ -10,6 +10,7 @@
 // ids of the real vocabulary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "io/tokenizer/tiktoken_model.h"
 #include "io/tokenizer/util.h"
@@ -268,6 +270,32 @@ TEST(TokenizerTiktoken, LoadErrorsNameFileAndLine) {
   // the file itself names the directory
   auto t = Tokenizer::load(fixture_dir("by_file", "tokenization_kimi_k2.py") + "/tiktoken.model");
   EXPECT_EQ(t->vocab_size(), 862 + 258);
+}
+
+// Kimi-K2-Thinking's chat template (tests/data/templates) over the fixture tokenizer: the rendering is one string
+// whose special markers become their ids, decoding gives it back, and only the assistant's turn is supervised.
+TEST(TokenizerTiktoken, KimiChatTemplateEncodes) {
+  const std::string dir = fixture_dir("chat", "tokenization_kimi_k2.py");
+  fs::copy_file(std::string(DFLASH_SOURCE_DIR) + "/tests/data/templates/Kimi-K2-Thinking.jinja",
+                fs::path(dir) / "chat_template.jinja", fs::copy_options::overwrite_existing);
+  auto tok = Tokenizer::load(dir);
+  ASSERT_FALSE(tok->chat_template().empty());
+  ChatEncoder enc(tok, ChatTemplate::load(*tok, "auto"));
+  const auto ms = parse_messages(nlohmann::ordered_json::parse(
+      R"([{"role": "user", "content": "你好，世界! don't"}, {"role": "assistant", "content": "Hello 汉字 1234.",
+          "reasoning_content": "think  about it"}])"));
+  const RenderedChat r = enc.render(ms, ChatOptions{});
+  const ChatEncoding e = enc.encode_rendered(r);
+  EXPECT_EQ(tok->decode(e.ids), r.text);
+  const int32_t n = 862;
+  for (int32_t id : {n + 9, n + 17, n + 3, n + 4, n + 2})  // <|im_system|> <|im_middle|> <|im_user|> <|im_assistant|> <|im_end|>
+    EXPECT_NE(std::find(e.ids.begin(), e.ids.end(), id), e.ids.end()) << id;
+  std::string supervised;
+  for (size_t i = 0; i < e.ids.size(); ++i)
+    if (e.loss_mask[i]) supervised += tok->token_bytes(e.ids[i]);
+  EXPECT_NE(supervised.find("Hello 汉字 1234."), std::string::npos) << supervised;
+  EXPECT_EQ(supervised.find("你好"), std::string::npos) << supervised;
+  EXPECT_EQ(supervised.substr(supervised.size() - 10), "<|im_end|>") << supervised;
 }
 
 // The real Kimi-K2 vocabulary, where a copy is at hand (DFLASH_KIMI_TOKENIZER): ids as published with tiktoken.

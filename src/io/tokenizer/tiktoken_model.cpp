@@ -91,6 +91,9 @@ std::vector<std::string> read_ranks(const std::string& path, const std::string& 
   for (size_t i = 0; i < seen.size(); ++i)
     DFLASH_CHECK(seen[i], path, ": no token has rank ", i, " (the ranks must be 0 .. ", seen.size() - 1,
                  ", each once: they are the ids)");
+  for (int b = 0; b < 256; ++b)
+    DFLASH_CHECK(line_of.count(std::string(1, static_cast<char>(b))), path, ": no token for the single byte ", b,
+                 " (a byte-level BPE vocabulary has all 256)");
   return tokens;
 }
 
@@ -140,8 +143,8 @@ std::string read_pat_str(std::string_view py, const std::string& W) {
   skip_py_space(py, i);
   std::string lit, joined;
   auto fail = [&]() { DFLASH_FAIL(W, ": pat_str: expected \"|\".join([r\"...\", ...]) or raw string literals"); };
-  if (py.substr(i, 10) == "\"|\".join(" || py.substr(i, 10) == "'|'.join(") {
-    i += 10;
+  if (py.substr(i, 9) == "\"|\".join(" || py.substr(i, 9) == "'|'.join(") {
+    i += 9;
     skip_py_space(py, i);
     if (i >= py.size() || py[i] != '[') fail();
     ++i;
@@ -168,10 +171,20 @@ std::string read_pat_str(std::string_view py, const std::string& W) {
   }
   const bool paren = i < py.size() && py[i] == '(';
   if (paren) ++i;
-  for (;;) {
-    skip_py_space(py, i);
+  for (bool first = true;; first = false) {
+    if (paren || first) {
+      skip_py_space(py, i);
+    } else {  // adjacent literals continue on the same line only, outside parentheses
+      while (i < py.size() && (py[i] == ' ' || py[i] == '\t')) ++i;
+    }
     if (!py_literal(py, i, lit)) break;
     joined += lit;
+  }
+  if (paren) {
+    skip_py_space(py, i);
+    if (i >= py.size() || py[i] != ')') fail();
+  } else if (i < py.size() && py[i] != '\n' && py[i] != '\r' && py[i] != '#') {
+    fail();  // an expression goes on: not a plain literal
   }
   if (joined.empty()) fail();
   return joined;
