@@ -202,24 +202,33 @@ int64_t read_special_count(std::string_view py, const std::string& W) {
   };
   int64_t n = -1;
   const std::string_view key = "num_reserved_special_tokens";
-  for (size_t p = py.find(key); p != std::string_view::npos; p = py.find(key, p + 1)) {
+  for (size_t p = py.find(key); p != std::string_view::npos && n < 0; p = py.find(key, p + 1)) {
     size_t q = p + key.size();
     while (q < py.size() && (py[q] == ' ' || py[q] == '\t')) ++q;
-    if (q < py.size() && py[q] == '=' && py[q - 1] != '=' && (q + 1 >= py.size() || py[q + 1] != '=') &&
-        int_after(q + 1, n))
-      break;
+    if (q + 1 < py.size() && py[q] == '=' && py[q + 1] != '=' && !int_after(q + 1, n)) n = -1;
   }
   DFLASH_CHECK(n >= 0, W, ": no `num_reserved_special_tokens = <number>`");
-  const std::string_view sum = "self.num_reserved_special_tokens";
-  size_t p = py.find(sum);
-  while (p != std::string_view::npos && py.substr(0, p).rfind("num_base_tokens") == std::string_view::npos)
-    p = py.find(sum, p + 1);
-  DFLASH_CHECK(p != std::string_view::npos, W,
+  // num_base_tokens + self.num_reserved_special_tokens [+ K], spaces and line breaks allowed around the '+'
+  auto blank = [&](size_t& q) {
+    while (q < py.size() && (py[q] == ' ' || py[q] == '\t' || py[q] == '\n' || py[q] == '\r')) ++q;
+  };
+  const std::string_view base = "num_base_tokens", sum = "self.num_reserved_special_tokens";
+  int64_t extra = -1;
+  for (size_t p = py.find(base); p != std::string_view::npos && extra < 0; p = py.find(base, p + 1)) {
+    size_t q = p + base.size();
+    blank(q);
+    if (q >= py.size() || py[q] != '+') continue;
+    ++q;
+    blank(q);
+    if (py.substr(q, sum.size()) != sum) continue;
+    q += sum.size();
+    blank(q);
+    extra = 0;
+    if (q < py.size() && py[q] == '+')
+      DFLASH_CHECK(int_after(q + 1, extra), W, ": num_base_tokens + self.num_reserved_special_tokens + ?");
+  }
+  DFLASH_CHECK(extra >= 0, W,
                ": no `num_base_tokens + self.num_reserved_special_tokens` (the range of special ids)");
-  size_t q = p + sum.size();
-  while (q < py.size() && (py[q] == ' ' || py[q] == '\t' || py[q] == '\n')) ++q;
-  int64_t extra = 0;
-  if (q < py.size() && py[q] == '+') DFLASH_CHECK(int_after(q + 1, extra), W, ": num_reserved_special_tokens + ?");
   DFLASH_CHECK(py.find("<|reserved_token_{i}|>") != std::string_view::npos, W,
                ": reserved special tokens are not named \"<|reserved_token_{i}|>\" (the only naming dflash knows)");
   return n + extra;
