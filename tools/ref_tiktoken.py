@@ -7,10 +7,10 @@ White_Space, as in Rust's regex crate that tiktoken runs).
 
 What it implements, each as the upstream code does:
   load_tiktoken_bpe     tiktoken.model lines "<base64 token> <rank>"
-  pat_str               Kimi-K2's and Kimi-K2.5's, as tokenization_kimi.py writes them (K2: Han excluded from the
-                        letter runs by `&&[^\\p{Han}]`; K2.5: not)
-  special tokens        ids len(ranks) .. + count - 1 (the fixture's stand-ins: K2 256 + 2, K2.5 256):
-                        added_tokens_decoder's content where given, else "<|reserved_token_{i}|>"
+  pat_str, special ids  read by Python from the fixture's stand-ins of tokenization_kimi.py (Kimi-K2's pattern, Han
+                        left out of the letter runs by `&&[^\\p{Han}]`, and 256 + 2 special ids; Kimi-K2.5's
+                        pattern, which leaves Han in, and 256): added_tokens_decoder's content where given, else
+                        "<|reserved_token_{i}|>"
   encode                Kimi's: 400,000-character slices, cut where a run of str.isspace / non-space characters
                         passes 25,000; then tiktoken: special tokens found leftmost (allowed_special="all"), the
                         text between them split by pat_str, a piece that is a token is that token, else
@@ -21,38 +21,22 @@ Commands:
   train OUT_DIR         writes the test fixture's tiktoken.model: the 256 bytes, then byte-pair merges learned on
                         the fixture's texts WITHOUT the pre-tokenizer split (so tokens cross the places pat_str
                         splits, and a wrong split shows in the ids), then tokenizer_config.json
-  expect DIR            reads DIR/tiktoken.model + DIR/tokenizer_config.json and prints, as JSON, the ids of every
+  expect DIR            reads DIR/tiktoken.model, DIR/tokenizer_config.json and the stand-ins, and prints, as JSON, the ids of every
                         text of TEXTS under each variant (tests/data/tiktoken/expected.json; a long text is
                         {"repeat": unit, "times": n, "then": tail}, a run of 4 or more equal ids [id, count])
 """
 import base64
 import heapq
+import importlib.util
 import json
 import os
 import sys
 
 import regex
 
-PAT_K2 = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
-PAT_K25 = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
+# The fixture's variants: a name (the key in expected.json) and the stand-in of its tokenization_kimi.py, whose
+# TikTokenTokenizer class gives pat_str and the special ids (special_ids), read here by Python itself.
+VARIANTS = [("kimi-k2", "tokenization_kimi_k2.py"), ("kimi-k2.5", "tokenization_kimi_k25.py")]
 
 # The fixture's added_tokens_decoder (offsets from the number of ranks): Kimi-K2's layout, with its flags.
 SPECIALS = [(0, "[BOS]", True), (1, "[EOS]", True), (2, "<|im_end|>", True), (3, "<|im_user|>", True),
@@ -152,10 +136,17 @@ def byte_pair_merge(ranks, piece):
     return out
 
 
-def specials_of(ranks, config, count):
-    n = len(ranks)
-    given = {int(k): v["content"] for k, v in config.get("added_tokens_decoder", {}).items()}
-    return {given.get(i, f"<|reserved_token_{i}|>"): i for i in range(n, n + count)}
+def load_variant(path):
+    """pat_str and the special-id rule of a tokenization_kimi.py stand-in (a file of this repository)."""
+    spec = importlib.util.spec_from_file_location("kimi_standin", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.TikTokenTokenizer
+
+
+def specials_of(cls, ranks, config):
+    mapping = {int(k): v["content"] for k, v in config.get("added_tokens_decoder", {}).items()}
+    return cls().special_ids(len(ranks), mapping)
 
 
 def split_runs(s, max_len=25000):  # Kimi's _split_whitespaces_or_nonwhitespaces
@@ -247,9 +238,10 @@ def expect(d):
     with open(os.path.join(d, "tokenizer_config.json")) as f:
         config = json.load(f)
     out = {"texts": [json_text(t) for t in TEXTS], "ids": {}}
-    for name, pat, count in (("kimi-k2", PAT_K2, 258), ("kimi-k2.5", PAT_K25, 256)):
-        specials = specials_of(ranks, config, count)
-        p = regex.compile(pat, regex.V1)
+    for name, py in VARIANTS:
+        cls = load_variant(os.path.join(d, py))
+        specials = specials_of(cls, ranks, config)
+        p = regex.compile(cls.pat_str, regex.V1)
         ids = [kimi_encode(ranks, p, specials, text_of(t)) for t in TEXTS]
         for t, i in zip(TEXTS, ids):
             assert decode(ranks, specials, i) == text_of(t), text_of(t)[:40]
