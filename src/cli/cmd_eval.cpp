@@ -42,7 +42,7 @@ void run(const EvalCli& c) {
   const SplitTarget& target = *on.target;
   const ModelConfig& tc = target.config();
   std::shared_ptr<const Tokenizer> tok;
-  if (file_exists(path_join(c.target, "tokenizer.json"))) tok = Tokenizer::load(c.target);
+  if (Tokenizer::found_in(c.target)) tok = Tokenizer::load(c.target);
 
   Dataset data = Dataset::open(c.data);
   const nlohmann::json& man = data.manifest();

@@ -51,7 +51,7 @@ void register_generate(CLI::App& app) {
                   "\"completion\", \"finish_reason\"} (messages rows: the conversation plus the assistant reply); an "
                   "existing output needs --resume or --overwrite")
       ->required();
-  sub->add_option("--tokenizer", c->tokenizer, "tokenizer.json or its directory (default: the target directory)");
+  sub->add_option("--tokenizer", c->tokenizer, "tokenizer.json / tiktoken.model or its directory (default: the target directory)");
   sub->add_option("--device", c->device, "cpu | cuda | cuda:N")->capture_default_str();
   add_target_split_option(sub, c->target_split);
   sub->add_option("--batch-size", c->g.decode.batch_size, "sequences decoded together (continuous batching; the "

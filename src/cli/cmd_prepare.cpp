@@ -12,7 +12,7 @@ namespace dflash::cli {
 void register_prepare(CLI::App& app) {
   auto* sub = app.add_subcommand("prepare", "tokenize chat data into a training data directory (spec 2.6)");
   auto o = std::make_shared<PrepareOptions>();
-  sub->add_option("--tokenizer", o->tokenizer, "tokenizer.json or the model directory holding it")->required();
+  sub->add_option("--tokenizer", o->tokenizer, "tokenizer.json / tiktoken.model or the model directory holding it")->required();
   sub->add_option("--input", o->inputs, "input files, plain or .gz: JSON Lines, or .json holding one array of rows; "
                   "rows: {\"messages\": [...]}, {\"conversations\": [...]} (ShareGPT from/value or role/content), "
                   "{\"prompt\", \"completion\"} or {\"input_ids\", \"loss_mask\"}")

@@ -118,7 +118,7 @@ void run_tokenize(const TokenizeOptions& o) {
 void register_tokenize(CLI::App& app) {
   auto* sub = app.add_subcommand("tokenize", "encode stdin to token ids (JSON array), or decode ids with --decode");
   static TokenizeOptions o;
-  sub->add_option("--tokenizer", o.tokenizer, "directory holding tokenizer.json (or the tokenizer.json file)")
+  sub->add_option("--tokenizer", o.tokenizer, "directory holding tokenizer.json or tiktoken.model (or that file)")
       ->required();
   sub->add_flag("--no-special", o.no_special, "encode special tokens written in the text as plain text");
   sub->add_flag("--decode", o.decode, "read a JSON array of ids on stdin and print the text");

@@ -291,8 +291,12 @@ GenerateSummary run_generate(Context& ctx, const SplitTarget& target, std::share
                "\" is not one of auto, chat, raw");
   DFLASH_CHECK(!o.out.empty() && !o.prompts.empty(), "generate: --prompts and --out are required");
   const Claim claim = claim_output_file(o.out, o.resume, o.overwrite, OutputOf::Generate);  // nothing touched yet
-  DFLASH_CHECK(tok->vocab_size() <= target.config().vocab_size, "generate: the tokenizer has ", tok->vocab_size(),
-               " ids, the target's embedding ", target.config().vocab_size, " rows");
+  // Ids past the embedding are accepted only as special tokens (Kimi-K2's tokenizer has 2 reserved ones there),
+  // and then refused in a prompt.
+  const int64_t embedding_rows = target.config().vocab_size;
+  for (int64_t id = embedding_rows; id < tok->vocab_size(); ++id)
+    DFLASH_CHECK(tok->is_special(static_cast<int32_t>(id)), "generate: the tokenizer has ", tok->vocab_size(),
+                 " ids, the target's embedding ", embedding_rows, " rows (id ", id, " is not a special token)");
   std::unique_ptr<ChatEncoder> chat;
   const std::optional<int32_t> bos = tok->bos_id();
   if (!tok->chat_templates().empty() || (o.chat_template != "auto" && !o.chat_template.empty())) {
@@ -406,6 +410,14 @@ GenerateSummary run_generate(Context& ctx, const SplitTarget& target, std::share
       }
       if (p.prompt_ids.empty()) {
         skip(l.number, "empty_prompt", "the prompt has no token");
+        continue;
+      }
+      if (auto big = std::find_if(p.prompt_ids.begin(), p.prompt_ids.end(),
+                                  [&](int32_t id) { return id >= embedding_rows; });
+          big != p.prompt_ids.end()) {
+        skip(l.number, "token_outside_embedding",
+             cat("the prompt has token ", *big, " (\"", tok->id_to_token(*big), "\"), past the target's ",
+                 embedding_rows, "-row embedding"));
         continue;
       }
       req->row = index;

@@ -4,6 +4,9 @@
 // the normalized=true added tokens; each remaining piece is pre-tokenized into words; each word goes through the
 // BPE model. The post-processor is ignored: encode() never adds BOS/EOS (the chat template or the caller does).
 // decode: each token's bytes (decoder.h), joined, then the decoder's sequence-level steps and valid UTF-8.
+// A tiktoken directory (tokenizer/tiktoken_model.h) gives the same pieces: its special tokens as added tokens, its
+// pat_str as a Split pre-tokenizer, its ranks as the BPE model, a ByteLevel decoder; Kimi's chunking of long runs
+// (kimi_chunks) applies to the text between added tokens, as Kimi's _tokenize sees it.
 #include "io/tokenizer.h"
 
 #include <filesystem>
@@ -17,14 +20,16 @@
 #include "io/tokenizer/json_reader.h"
 #include "io/tokenizer/normalizer.h"
 #include "io/tokenizer/pre_tokenizer.h"
+#include "io/tokenizer/tiktoken_model.h"
 
 namespace dflash {
 
 using tok::json;
 
 struct Tokenizer::Impl {
-  std::string json_path, hash;
+  std::string json_path, hash;  // json_path: tokenizer.json, or tiktoken.model
   uint64_t instance = 0;
+  bool kimi_chunks = false;     // a tiktoken directory: Kimi's chunking before the pre-tokenizer
 
   tok::AddedVocabulary added;
   tok::Normalizer normalizer;
@@ -47,14 +52,23 @@ struct Tokenizer::Impl {
 
   void encode_normalized(std::string_view s, std::vector<int32_t>& out, tok::ThreadState& ts, tok::WordCache& cache,
                          bool parse_special) const;
-  void build_id_tables(const tok::TokenizerJsonReader& rd, const std::string& where);
-  void load_config(const std::string& dir, const Tokenizer& self);
+  void build_id_tables(const std::vector<std::pair<std::string, int64_t>>& vocab, const std::string& where);
+  void load_tokenizer_json(const std::string& json_path);
+  void load_tiktoken(const std::string& dir, const json& config);
+  void load_config(const std::string& dir, const json& config, const Tokenizer& self);
 };
 
 void Tokenizer::Impl::encode_normalized(std::string_view s, std::vector<int32_t>& out, tok::ThreadState& ts,
                                         tok::WordCache& cache, bool parse_special) const {
-  auto plain = [&](std::string_view piece) {
+  auto words = [&](std::string_view piece) {
     pre.split(piece, ts, [&](std::string_view word) { model.encode_word(word, out, ts, cache); });
+  };
+  auto plain = [&](std::string_view piece) {
+    if (kimi_chunks) {
+      tok::kimi_chunks(piece, words);
+    } else {
+      words(piece);
+    }
   };
   std::string normalized;
   if (!normalizer.empty()) {
@@ -133,16 +147,17 @@ const std::string& Tokenizer::hash() const { return impl_->hash; }
 // ---- loading ---------------------------------------------------------------------------------------------------
 
 // id -> token text, bytes and flags, from the model's vocabulary and the added tokens.
-void Tokenizer::Impl::build_id_tables(const tok::TokenizerJsonReader& rd, const std::string& W) {
+void Tokenizer::Impl::build_id_tables(const std::vector<std::pair<std::string, int64_t>>& vocab,
+                                      const std::string& W) {
   int64_t max_id = -1;
-  for (const auto& [text, id] : rd.vocab) max_id = std::max<int64_t>(max_id, id);
+  for (const auto& [text, id] : vocab) max_id = std::max<int64_t>(max_id, id);
   for (const tok::AddedToken& t : added.tokens) max_id = std::max<int64_t>(max_id, t.id);
   DFLASH_CHECK(max_id >= 0, W, ": model.vocab: empty vocabulary");
   const size_t nid = static_cast<size_t>(max_id) + 1;
   id_token.assign(nid, std::string());
   id_bytes.assign(nid, std::string());
   id_flags.assign(nid, 0);
-  for (const auto& [text, id64] : rd.vocab) {
+  for (const auto& [text, id64] : vocab) {
     const size_t u = static_cast<size_t>(id64);
     DFLASH_CHECK(id_flags[u] == 0, W, ": model.vocab: id ", id64, " is given to \"", id_token[u], "\" and to \"", text,
                  "\"");
@@ -163,17 +178,24 @@ void Tokenizer::Impl::build_id_tables(const tok::TokenizerJsonReader& rd, const 
 }
 
 // tokenizer_config.json (optional): special tokens and chat templates; else chat_template.jinja.
-void Tokenizer::Impl::load_config(const std::string& dir, const Tokenizer& self) {
+// tokenizer_config.json of `dir`: its object, or null when there is none.
+json read_config(const std::string& dir) {
+  const std::string cfg_path = path_join(dir, "tokenizer_config.json");
+  if (!file_exists(cfg_path)) return nullptr;
+  json c;
+  try {
+    c = json::parse(read_file(cfg_path));
+  } catch (const json::exception& e) {
+    DFLASH_FAIL(cfg_path, ": invalid JSON: ", e.what());
+  }
+  DFLASH_CHECK(c.is_object(), cfg_path, ": expected a JSON object");
+  return c;
+}
+
+void Tokenizer::Impl::load_config(const std::string& dir, const json& c, const Tokenizer& self) {
   const std::string cfg_path = path_join(dir, "tokenizer_config.json");
   chat_template_origin = cfg_path;
-  if (file_exists(cfg_path)) {
-    json c;
-    try {
-      c = json::parse(read_file(cfg_path));
-    } catch (const json::exception& e) {
-      DFLASH_FAIL(cfg_path, ": invalid JSON: ", e.what());
-    }
-    DFLASH_CHECK(c.is_object(), cfg_path, ": expected a JSON object");
+  if (!c.is_null()) {
     auto token_text = [&](const char* key) -> std::string {
       auto it = c.find(key);
       if (it == c.end() || it->is_null()) return "";
@@ -231,28 +253,11 @@ void Tokenizer::Impl::load_config(const std::string& dir, const Tokenizer& self)
   }
 }
 
-std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::string json_path = path, dir;
-  if (dir_exists(path)) {
-    json_path = path_join(path, "tokenizer.json");
-    dir = path;
-    DFLASH_CHECK(file_exists(json_path), path, ": no tokenizer.json in this directory");
-  } else {
-    DFLASH_CHECK(file_exists(path), path, ": no such tokenizer.json file or directory");
-    dir = fs::path(path).parent_path().string();
-    if (dir.empty()) dir = ".";
-  }
-  std::shared_ptr<Tokenizer> t(new Tokenizer());
-  Impl& im = *t->impl_;
-  im.json_path = json_path;
-  im.instance = tok::next_instance_id();
-  const std::string& W = json_path;
-
+void Tokenizer::Impl::load_tokenizer_json(const std::string& W) {
   tok::TokenizerJsonReader rd;
   {
-    std::string bytes = read_file(json_path);
-    im.hash = sha256_hex(bytes);
+    std::string bytes = read_file(W);
+    hash = sha256_hex(bytes);
     bool ok = false;
     try {
       ok = json::sax_parse(bytes, &rd);
@@ -268,14 +273,71 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& path) {
     auto it = j.find(k);
     return it == j.end() ? kNull : *it;
   };
-  im.added = tok::AddedVocabulary::load(j, W);
-  im.normalizer = tok::Normalizer::load(section("normalizer"), W + ": normalizer");
-  im.pre = tok::PreTokenizer::load(section("pre_tokenizer"), W + ": pre_tokenizer");
-  im.model = tok::BpeModel::load(tok::field(j, "model", W), rd, im.pre.byte_level(), W);
-  im.decoder = tok::Decoder::load(section("decoder"), W + ": decoder");
-  im.added.build_matchers(im.normalizer, W);
-  im.build_id_tables(rd, W);
-  im.load_config(dir, *t);
+  added = tok::AddedVocabulary::load(j, W);
+  normalizer = tok::Normalizer::load(section("normalizer"), W + ": normalizer");
+  pre = tok::PreTokenizer::load(section("pre_tokenizer"), W + ": pre_tokenizer");
+  model = tok::BpeModel::load(tok::field(j, "model", W), rd, pre.byte_level(), W);
+  decoder = tok::Decoder::load(section("decoder"), W + ": decoder");
+  added.build_matchers(normalizer, W);
+  build_id_tables(rd.vocab, W);
+}
+
+void Tokenizer::Impl::load_tiktoken(const std::string& dir, const json& config) {
+  tok::TiktokenModel tm = tok::TiktokenModel::load(dir, config);
+  const std::string& W = json_path;
+  hash = tm.hash;
+  kimi_chunks = true;
+  added.tokens = std::move(tm.specials);
+  pre = tok::PreTokenizer::load(tm.pre_tokenizer_json(), W + ": pat_str");
+  model = tok::BpeModel::from_ranks(tm.tokens, W);
+  decoder = tok::Decoder::load(tok::TiktokenModel::decoder_json(), W);
+  added.build_matchers(normalizer, W);
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  vocab.reserve(tm.tokens.size());
+  const tok::ByteAlphabet& abc = tok::byte_alphabet();
+  for (size_t i = 0; i < tm.tokens.size(); ++i) {
+    std::string text;
+    for (unsigned char c : tm.tokens[i]) text += abc.encode_byte(c);
+    vocab.emplace_back(std::move(text), static_cast<int64_t>(i));
+  }
+  build_id_tables(vocab, W);
+}
+
+bool Tokenizer::found_in(const std::string& dir) {
+  return file_exists(path_join(dir, "tokenizer.json")) || file_exists(path_join(dir, "tiktoken.model"));
+}
+
+const std::string& Tokenizer::source() const { return impl_->json_path; }
+
+std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::string json_path = path, dir;
+  bool tiktoken = false;
+  if (dir_exists(path)) {
+    dir = path;
+    json_path = path_join(path, "tokenizer.json");
+    if (!file_exists(json_path) && file_exists(path_join(path, "tiktoken.model"))) {
+      json_path = path_join(path, "tiktoken.model");
+      tiktoken = true;
+    }
+    DFLASH_CHECK(file_exists(json_path), path, ": no tokenizer.json (or tiktoken.model) in this directory");
+  } else {
+    DFLASH_CHECK(file_exists(path), path, ": no such tokenizer.json / tiktoken.model file or directory");
+    dir = fs::path(path).parent_path().string();
+    if (dir.empty()) dir = ".";
+    tiktoken = fs::path(path).filename() == "tiktoken.model";
+  }
+  std::shared_ptr<Tokenizer> t(new Tokenizer());
+  Impl& im = *t->impl_;
+  im.json_path = json_path;
+  im.instance = tok::next_instance_id();
+  const json config = read_config(dir);
+  if (tiktoken) {
+    im.load_tiktoken(dir, config);
+  } else {
+    im.load_tokenizer_json(json_path);
+  }
+  im.load_config(dir, config, *t);
   return t;
 }
 

@@ -3,7 +3,9 @@
 // decode, and what tokenizer_config.json says (special tokens, chat templates). Token ids equal those of the
 // Hugging Face `tokenizers` library (checked against the transformers.js port in tests/oracle). Like that
 // library, each section of tokenizer.json is its own piece (io/tokenizer/): added_vocabulary, normalizer,
-// pre_tokenizer, bpe_model, decoder; a new kind is one more case in one piece.
+// pre_tokenizer, bpe_model, decoder; a new kind is one more case in one piece. A tiktoken directory (Kimi-K2 / K2.5:
+// tiktoken.model + tokenization_kimi.py + tokenizer_config.json, no tokenizer.json; io/tokenizer/tiktoken_model.h)
+// is read into the same pieces; its ids equal those of Kimi's TikTokenTokenizer (tiktoken).
 // defines: Tokenizer
 //
 // Thread safety: after construction every method is const and safe to call from many threads at once.
@@ -22,9 +24,14 @@ namespace dflash {
 class Tokenizer {
  public:
   // `path` is a tokenizer.json file or a directory holding tokenizer.json (and optionally
-  // tokenizer_config.json, from which the chat template, bos/eos/pad/mask tokens are read).
+  // tokenizer_config.json, from which the chat template, bos/eos/pad/mask tokens are read); a directory with no
+  // tokenizer.json but a tiktoken.model (or that file itself) is a tiktoken tokenizer (tiktoken_model.h).
   // Throws Error naming the file and field for anything it cannot parse or does not support.
   static std::shared_ptr<const Tokenizer> load(const std::string& path);
+  // Whether directory `dir` holds a tokenizer load() reads: tokenizer.json, or tiktoken.model.
+  static bool found_in(const std::string& dir);
+  // The file a tokenizer was read from: tokenizer.json, or tiktoken.model.
+  const std::string& source() const;
 
   // Encodes text. With parse_special, added tokens written in the text (e.g. "<|im_start|>") become their ids;
   // without, the *special* ones are encoded as plain text (HF `split_special_tokens=True`); non-special added
@@ -56,13 +63,13 @@ class Tokenizer {
   // tokenizer_config.json's special tokens that are set, as (name, content): bos_token, eos_token, unk_token,
   // pad_token, sep_token, cls_token, mask_token — the variables Hugging Face passes to a chat template.
   const std::vector<std::pair<std::string, std::string>>& special_tokens() const;
-  // The contents of every added token (tokenizer.json "added_tokens").
+  // The contents of every added token (tokenizer.json "added_tokens"; tiktoken: the special ids' tokens).
   const std::vector<std::string>& added_tokens() const;
   // The exact bytes token `id` stands for in the normalized text, before the decoder's sequence-level steps
   // (Strip): byte-level tokens' bytes, SentencePiece pieces with "▁" as " " and <0xXX> as the byte; special
   // added tokens: their content. "" for an unknown id.
   std::string_view token_bytes(int32_t id) const;
-  // SHA-256 of the tokenizer.json bytes (recorded in data manifests and exports).
+  // SHA-256 of the tokenizer.json bytes (tiktoken: TiktokenModel::hash) (recorded in data manifests and exports).
   const std::string& hash() const;
 
   ~Tokenizer();

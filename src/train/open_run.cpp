@@ -152,12 +152,12 @@ void read_inputs(const TrainConfig& cfg, OpenedRun& r) {
   r.n = static_cast<int64_t>(r.data.size());
   r.tc = load_model_config(cfg.target_dir);
   std::shared_ptr<const Tokenizer> tok;
-  if (file_exists(path_join(cfg.target_dir, "tokenizer.json"))) tok = Tokenizer::load(cfg.target_dir);
+  if (Tokenizer::found_in(cfg.target_dir)) tok = Tokenizer::load(cfg.target_dir);
   const auto& man = r.data.manifest();
   if (tok && man.contains("tokenizer") && man["tokenizer"].contains("sha256")) {
     DFLASH_CHECK(man["tokenizer"]["sha256"].get<std::string>() == tok->hash(), cfg.data_dir,
                  "/manifest.json: the data was tokenized with a different tokenizer (sha256 ",
-                 man["tokenizer"]["sha256"].get<std::string>(), ") than ", cfg.target_dir, "/tokenizer.json (",
+                 man["tokenizer"]["sha256"].get<std::string>(), ") than ", tok->source(), " (",
                  tok->hash(), "); prepare the data again with the target's tokenizer");
   }
   validate_mask_token_id(cfg.mask_token_id);  // -1 (the tokenizer's) or an id >= 0

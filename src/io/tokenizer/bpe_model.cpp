@@ -76,6 +76,43 @@ BpeModel BpeModel::load(const json& model, const TokenizerJsonReader& rd, bool b
   return m;
 }
 
+BpeModel BpeModel::from_ranks(const std::vector<std::string>& tokens, const std::string& W) {
+  BpeModel m;
+  m.byte_level_ = true;
+  m.ignore_merges_ = true;
+  const ByteAlphabet& abc = byte_alphabet();
+  m.vocab.reserve(tokens.size());
+  m.raw_vocab_.reserve(tokens.size());
+  std::string text;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    text.clear();
+    for (unsigned char c : tokens[i]) text += abc.encode_byte(c);
+    m.vocab.put(text, static_cast<int32_t>(i));
+    m.raw_vocab_.put(tokens[i], static_cast<int32_t>(i));
+  }
+  m.byte_id_.fill(-1);
+  for (size_t b = 0; b < 256; ++b) {
+    m.byte_id_[b] = m.raw_vocab_.find(std::string(1, static_cast<char>(b)));
+    DFLASH_CHECK(m.byte_id_[b] >= 0, W, ": no token for the single byte ", b,
+                 " (a byte-level BPE vocabulary has all 256)");
+  }
+  // Two passes: count the splits, then fill the table at its final size.
+  std::vector<std::pair<int32_t, int32_t>> splits;
+  std::vector<int32_t> merged;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string_view t = tokens[i];
+    for (size_t k = 1; k < t.size(); ++k) {
+      const int32_t a = m.raw_vocab_.find(t.substr(0, k)), b = m.raw_vocab_.find(t.substr(k));
+      if (a < 0 || b < 0) continue;
+      splits.emplace_back(a, b);
+      merged.push_back(static_cast<int32_t>(i));
+    }
+  }
+  m.merges_.reserve(splits.size());
+  for (size_t j = 0; j < splits.size(); ++j) m.merges_.put(splits[j].first, splits[j].second, merged[j], merged[j]);
+  return m;
+}
+
 void BpeModel::initial_symbols(std::string_view w, std::vector<int32_t>& ids) const {
   ids.clear();
   if (byte_level_) {
