@@ -47,6 +47,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_dflash  # noqa: E402  (the float64 target forward, checked against transformers by make_goldens.py)
+from ref_dflash2 import read_safetensors  # noqa: E402  (safetensors read by hand, any stored dtype)
 
 torch.set_default_dtype(torch.float64)
 
@@ -57,31 +58,8 @@ UNPACK_CHECKS = ["model.layers.0.mlp.experts.3.gate_proj", "model.layers.2.mlp.d
 
 
 # ------------------------------------------------------------------------------------------------------------
-# safetensors by hand
+# safetensors written by hand (BF16 scales beside F32 and I32)
 # ------------------------------------------------------------------------------------------------------------
-
-DTYPES = {"F32": (torch.float32, 4), "I32": (torch.int32, 4), "BF16": (torch.bfloat16, 2)}
-
-
-def read_safetensors(path: str) -> tuple[dict, dict]:
-    """(tensors in file order, metadata); F32, I32 and BF16 only."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, h in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-        dt, size = DTYPES[h["dtype"]]
-        a, b = h["data_offsets"]
-        raw = bytearray(data[a:b])
-        if dt == torch.bfloat16:
-            t = torch.frombuffer(raw, dtype=torch.int16).view(torch.bfloat16)
-        else:
-            t = torch.frombuffer(raw, dtype=dt)
-        out[name] = t.reshape(h["shape"]).clone()
-    return out, meta
-
 
 def write_safetensors(path: str, tensors: dict, metadata: dict | None = None) -> None:
     """Tensors in the dict's order: float64 / float32 as F32, bfloat16 as BF16, integers as I32."""
@@ -155,8 +133,8 @@ def main() -> int:
     ap.add_argument("--out", default="tests/golden/target_qwen3_moe_int4")
     a = ap.parse_args()
 
-    src_w, _ = read_safetensors(os.path.join(a.src, "model.safetensors"))
-    src_g, _ = read_safetensors(os.path.join(a.src, "golden.safetensors"))
+    src_w = read_safetensors(os.path.join(a.src, "model.safetensors"))
+    src_g = read_safetensors(os.path.join(a.src, "golden.safetensors"))
     with open(os.path.join(a.src, "config.json")) as f:
         cfg_json = json.load(f)
     cfg_json["quantization_config"] = {

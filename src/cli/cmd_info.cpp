@@ -284,9 +284,9 @@ void print_text(const ojson& j) {
     if (q4) {
       const double n = p["int4"].get<double>(), ns = p["int4_scales"].get<double>();
       const int64_t g = c["int4"]["group_size"].get<int64_t>();
-      std::printf("  of which INT4 (experts, compressed-tensors pack-quantized, %s bf16 scales): %s params in %.2f GiB "
-                  "(%.2f GiB in bf16); ignore: %s\n",
-                  g > 0 ? cat("one per ", g, " columns,").c_str() : "one per row,", human(n).c_str(),
+      std::printf("  of which INT4 (experts, compressed-tensors pack-quantized, a bf16 scale per %s): %s params in %.2f "
+                  "GiB (%.2f GiB in bf16); ignore: %s\n",
+                  g > 0 ? cat(g, " columns").c_str() : "row", human(n).c_str(),
                   (n / 2 + 2 * ns) / (1 << 30), n * 2 / (1 << 30), c["int4"]["ignore"].dump().c_str());
     }
     const ojson& t = c["default_target_layer_ids_nf5"];

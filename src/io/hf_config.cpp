@@ -91,6 +91,21 @@ void parse_fp8(const Fields& q, Fp8Format& fp8) {
   fp8.not_converted = string_list(q, "modules_to_not_convert");
 }
 
+// One of compressed-tensors' config_groups: its message prefix ("quantization_config.config_groups.<name>."), its
+// fields and its weights' fields. Error naming the group when it is not an object or has no weights.
+struct CtGroup {
+  std::string prefix;
+  Fields group, weights;
+};
+CtGroup ct_group(const Fields& q, const std::string& name, const json& g) {
+  const std::string gp = q.prefix + "config_groups." + name + ".";
+  DFLASH_CHECK(g.is_object(), q.src, ": ", gp, ": expected an object, got ", g.dump());
+  const Fields gf{g, q.src, gp};
+  const json* w = gf.get("weights");
+  DFLASH_CHECK(w && w->is_object(), q.src, " missing ", gp, "weights");
+  return {gp, gf, Fields{*w, q.src, gp + "weights."}};
+}
+
 // compressed-tensors' QuantizationConfig with format "pack-quantized" (Int4Format): one config group of symmetric
 // 4-bit integer weights in groups of a multiple of 32 (or per channel), no activation quantization.
 void parse_compressed_int4(const Fields& q, Int4Format& f) {
@@ -102,14 +117,9 @@ void parse_compressed_int4(const Fields& q, Int4Format& f) {
   const json* groups = q.get("config_groups");
   DFLASH_CHECK(groups && groups->is_object() && groups->size() == 1, q.src, ": ", q.prefix,
                "config_groups: expected one group (several INT4 schemes in one checkpoint are not supported)");
-  const std::string name = groups->begin().key();
-  const json& g = groups->begin().value();
-  const std::string gp = q.prefix + "config_groups." + name + ".";
-  DFLASH_CHECK(g.is_object(), q.src, ": ", gp, ": expected an object, got ", g.dump());
-  const Fields gf{g, q.src, gp};
-  const json* w = gf.get("weights");
-  DFLASH_CHECK(w && w->is_object(), q.src, " missing ", gp, "weights");
-  const Fields wf{*w, q.src, gp + "weights."};
+  const CtGroup cg = ct_group(q, groups->begin().key(), groups->begin().value());
+  const std::string& gp = cg.prefix;
+  const Fields &gf = cg.group, &wf = cg.weights;
   const int64_t bits = wf.opt_int("num_bits", 0);
   const std::string type = wf.opt_str("type", "");
   DFLASH_CHECK(bits == 4 && type == "int", q.src, ": ", gp, "weights: num_bits ", bits, " type '", type,
@@ -171,12 +181,9 @@ void parse_compressed_fp8(const Fields& q, Fp8Format& fp8) {
                "config_groups: expected an object of one or more groups");
   bool first = true;
   for (const auto& [name, g] : groups->items()) {
-    const std::string gp = q.prefix + "config_groups." + name + ".";
-    DFLASH_CHECK(g.is_object(), q.src, ": ", gp, ": expected an object, got ", g.dump());
-    const Fields gf{g, q.src, gp};
-    const json* w = gf.get("weights");
-    DFLASH_CHECK(w && w->is_object(), q.src, " missing ", gp, "weights");
-    const Fields wf{*w, q.src, gp + "weights."};
+    const CtGroup cg = ct_group(q, name, g);
+    const std::string& gp = cg.prefix;
+    const Fields &gf = cg.group, &wf = cg.weights;
     DFLASH_CHECK(wf.opt_int("num_bits", 0) == 8 && wf.opt_str("type", "") == "float", q.src, ": ", gp,
                  "weights: num_bits ", wf.opt_int("num_bits", 0), " type '", wf.opt_str("type", ""),
                  "' is not supported (8-bit float weights)");

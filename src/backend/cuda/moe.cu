@@ -530,6 +530,7 @@ __global__ void __launch_bounds__(kMmaThreads) k_moe_gemm_mma(MoeGemmParams p) {
       }
     }
   };
+  const int64_t nsc = Q == kQInt4 ? K / p.group : 0;  // INT4 scales per weight row
   // 4-bit weights: row tid of stage `slot` (K columns k0 ..) into sBd as bf16.
   auto dequantise = [&](int slot, int64_t k0) {
     bool wok;
@@ -537,7 +538,7 @@ __global__ void __launch_bounds__(kMmaThreads) k_moe_gemm_mma(MoeGemmParams p) {
     const uint32_t* raw = reinterpret_cast<const uint32_t*>(sB + slot * kMmaRaw + tid * 16);
     if constexpr (Q == kQInt4) {  // (a missing row: scale 0)
       const int g = static_cast<int>(k0 >> 5) / p.gblk;
-      const __nv_bfloat162 s2 = bf16_pair(wok ? p.wsb[wr * (K / p.group) + g] : 0u);
+      const __nv_bfloat162 s2 = bf16_pair(wok ? p.wsb[wr * nsc + g] : 0u);
       DFLASH_UNROLL
       for (int j = 0; j < 4; ++j) {
         uint32_t o[4];
