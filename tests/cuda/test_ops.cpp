@@ -1667,8 +1667,10 @@ TEST(CudaOps, MoeGptOss) {
 // INT4 experts (compressed-tensors pack-quantized: MoeWeights::int4_group; the CPU dequantises exactly, CUDA to bf16 on
 // chip): the gate / up GEMM with the SwiGLU on gathered rows and the down GEMM, in groups of `group` columns. Scales of
 // 5 significant bits make every (c - 8) s exact in bf16, so the kernels multiply the CPU's weights (TwoX); scales of 8
-// significant bits round (c - 8) s to bf16 as compressed-tensors' decompression does (nmse: 2 x the CPU's + 1e-5, the
-// bf16 weight rounding ~1e-6). `misaligned` passes x at an offset of one element: the CUDA-core kernel.
+// significant bits round (c - 8) s to bf16 as compressed-tensors' decompression does (nmse: 2 x the CPU's + 4e-5; the
+// weights' and the output's bf16 roundings give 0.4-1.0e-5 on the emulator; a scale of the wrong group, of random
+// sign, is off by order 1).
+// `misaligned` passes x at an offset of one element: the CUDA-core kernel.
 void moe_int4_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, int64_t group, bool misaligned = false) {
   const std::string nm = cat("moe int4 T", T, " H", H, " I", I, " E", E, " k", k, " group", group,
                              misaligned ? " (x misaligned)" : "");
@@ -1691,7 +1693,7 @@ void moe_int4_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, int64_
     int4(H, I, 520 + bits, bits, qd, sd);
     const Kind kind = bits == 5 ? Kind::TwoX : Kind::Nmse;
     check_case(cat(nm, bits == 5 ? " exact scales" : " bf16 scales"),
-               {{"swiglu gather", kind, true, double(H), 1e-5}, {"down", kind, true, double(I), 1e-5}},
+               {{"swiglu gather", kind, true, double(H), 4e-5}, {"down", kind, true, double(I), 4e-5}},
                [&](Context& c) {
                  const Tensor idx = c.to_device(ids);
                  Tensor off = c.empty(DType::I32, {E + 1}), rows = c.empty(DType::I32, {T * k});
