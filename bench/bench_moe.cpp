@@ -27,8 +27,11 @@
 //   gptoss_gemm_glu_{bf16,mxfp4}   gate+up with biases and the clamped SwiGLU epilogue (MoeAct::ClampedSwiGLU), x
 //                                  gathered;
 //   gptoss_gemm_down_{bf16,mxfp4}  down with biases on the grouped rows;
+//   gptoss_gemm_{glu,down}_int4    the same with INT4 weights (compressed-tensors pack-quantized, Kimi-K2's experts:
+//                                  --experts 7168,2048,384,8), groups of 32;
 // bf16 weights N(0, 0.02); MXFP4 weights random e2m1 codes with e8m0 scales 2^-8 .. 2^-5 (the same bytes per
-// element as the published checkpoints: half a byte plus 1/32 of a scale byte).
+// element as the published checkpoints: half a byte plus 1/32 of a scale byte); INT4 weights random codes with bf16
+// scales 2^-9 .. 2^-8 (half a byte plus 2/32 of a scale byte).
 //
 //   bench_moe [--seqs 4] [--T 3072] [--layers 48] [--config FILE] [--budget-s 10] [--max-reps 5] [--device cuda]
 //             [--gemm-only] [--experts H,I,E,k]
@@ -116,6 +119,20 @@ void expert_gemms(Context& ctx, const std::string& spec, int64_t R, double budge
   std::tie(dnq.w, dnq.scales) = fp4(H, I, seed + 14);
   guq.bias = gu.bias;
   dnq.bias = dn.bias;
+  auto int4 = [&](int64_t n_rows, int64_t K, uint64_t sd) {
+    Rng r(sd, RngPurpose::Test);
+    MoeWeights m;
+    Tensor q = cpu_empty(DType::U8, {E, n_rows, K / 2}), sc = cpu_empty(DType::F32, {E, n_rows, K / 32});
+    for (uint8_t& b : q.span<uint8_t>()) b = static_cast<uint8_t>(r.below(256));
+    for (float& v : sc.span<float>()) v = std::ldexp(static_cast<float>(128 + r.below(128)), -16);
+    m.w = ctx.to_device(q);
+    m.scales = ctx.to_device(cpu_to_bf16(sc));
+    m.int4_group = 32;
+    return m;
+  };
+  MoeWeights gu4 = int4(2 * I, H, seed + 15), dn4 = int4(H, I, seed + 16);
+  gu4.bias = gu.bias;
+  dn4.bias = dn.bias;
   Tensor a = ctx.empty(act, {R * k, I}), y = ctx.empty(act, {R * k, H});
   const double f_gu = 2.0 * double(R * k) * double(2 * I) * double(H), f_dn = 2.0 * double(R * k) * double(H) * I;
   note("gpt-oss experts H %lld, I %lld, %lld experts top-%lld, %lld tokens (%lld grouped rows); weights per expert "
@@ -135,6 +152,10 @@ void expert_gemms(Context& ctx, const std::string& spec, int64_t R, double budge
   const double d4 = row("gptoss_gemm_down_mxfp4", [&] { ctx.moe_linear(a, nullptr, dnq, off, y, MoeAct::None); }, f_dn);
   result("name=gptoss_gemm_mxfp4_vs_bf16 impl=dflash glu=%.3f down=%.3f both=%.3f", g16 / g4, d16 / d4,
          (g16 + d16) / (g4 + d4));
+  const double gi = row("gptoss_gemm_glu_int4", [&] { ctx.moe_linear(x, &rows, gu4, off, a, glu); }, f_gu);
+  const double di = row("gptoss_gemm_down_int4", [&] { ctx.moe_linear(a, nullptr, dn4, off, y, MoeAct::None); }, f_dn);
+  result("name=gptoss_gemm_int4_vs_bf16 impl=dflash glu=%.3f down=%.3f both=%.3f", g16 / gi, d16 / di,
+         (g16 + d16) / (gi + di));
 }
 
 }  // namespace

@@ -85,17 +85,25 @@ MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWei
                                const Tensor& y, MoeAct act, DType dt) {
   const char* op = "moe_linear";
   const Tensor& w = mw.w;
-  const bool gated = act != MoeAct::None, mx = mw.scales.defined();
-  need(w.defined() && w.dtype == (mx ? DType::U8 : dt) && w.ndim() == 3, op, "w", w,
-       mx ? std::string("U8 [E, N', K/2] (MXFP4 with scales)") : cat(dtype_name(dt), " [E, N', K]"));
-  const int64_t E = w.shape[0], Nw = w.shape[1], K = mx ? 2 * w.shape[2] : w.shape[2], N = gated ? Nw / 2 : Nw;
+  const bool gated = act != MoeAct::None, q4 = mw.quantized();
+  const char* fmt = mw.int4() ? "INT4" : "MXFP4";
+  need(w.defined() && w.dtype == (q4 ? DType::U8 : dt) && w.ndim() == 3, op, "w", w,
+       q4 ? cat("U8 [E, N', K/2] (", fmt, " with scales)") : cat(dtype_name(dt), " [E, N', K]"));
+  const int64_t E = w.shape[0], Nw = w.shape[1], K = q4 ? 2 * w.shape[2] : w.shape[2], N = gated ? Nw / 2 : Nw;
   DFLASH_CHECK(!gated || Nw % 2 == 0, op, ": ", act == MoeAct::SwiGLU ? "SwiGLU" : "ClampedSwiGLU",
                " needs w [E, 2N, K], got ", shape_str(w.shape));
-  if (mx) {
+  if (mw.mxfp4()) {
     DFLASH_CHECK(K % 32 == 0, op, ": MXFP4 weights need K % 32 == 0 (one scale per 32 elements), got K = ", K);
     need(mw.scales.dtype == DType::U8 && mw.scales.ndim() == 3 && mw.scales.shape[0] == E &&
              mw.scales.shape[1] == Nw && mw.scales.shape[2] == K / 32,
          op, "scales", mw.scales, cat("U8 [", E, ", ", Nw, ", ", K / 32, "]"));
+  } else if (mw.int4()) {
+    const int64_t g = mw.int4_group;
+    DFLASH_CHECK(g % 32 == 0 && K % g == 0, op, ": INT4 weights need a group size that is a multiple of 32 and "
+                 "divides K, got group ", g, " and K = ", K);
+    need(mw.scales.dtype == DType::BF16 && mw.scales.ndim() == 3 && mw.scales.shape[0] == E &&
+             mw.scales.shape[1] == Nw && mw.scales.shape[2] == K / g,
+         op, "scales", mw.scales, cat("BF16 [", E, ", ", Nw, ", ", K / g, "] (INT4, one per ", g, ")"));
   }
   if (mw.bias.defined())
     need(mw.bias.dtype == dt && mw.bias.numel() == E * Nw && mw.bias.shape.back() == Nw, op, "bias", mw.bias,
@@ -113,11 +121,15 @@ MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWei
 }
 
 const char* moe_linear_op_name(MoeAct act, const MoeWeights& w) {
-  const bool mx = w.scales.defined();
+  const int q = w.mxfp4() ? 1 : w.int4() ? 2 : 0;
+  static const char* const names[3][3] = {
+      {"moe_linear", "moe_linear_mxfp4", "moe_linear_int4"},
+      {"moe_linear_swiglu", "moe_linear_swiglu_mxfp4", "moe_linear_swiglu_int4"},
+      {"moe_linear_clamped_swiglu", "moe_linear_clamped_swiglu_mxfp4", "moe_linear_clamped_swiglu_int4"}};
   switch (act) {
-    case MoeAct::None: return mx ? "moe_linear_mxfp4" : "moe_linear";
-    case MoeAct::SwiGLU: return mx ? "moe_linear_swiglu_mxfp4" : "moe_linear_swiglu";
-    case MoeAct::ClampedSwiGLU: return mx ? "moe_linear_clamped_swiglu_mxfp4" : "moe_linear_clamped_swiglu";
+    case MoeAct::None: return names[0][q];
+    case MoeAct::SwiGLU: return names[1][q];
+    case MoeAct::ClampedSwiGLU: return names[2][q];
   }
   return "moe_linear";
 }

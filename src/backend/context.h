@@ -1,7 +1,7 @@
 // backend/context.h — the per-device, per-worker execution context and the op interface.
 // defines: Context (abstract), Event, RopeArgs, DFlashAttnArgs, LossArgs, LossStats, AdamWArgs, MoeAct, MoeWeights,
 //          CausalAttnOpts, GatedDeltaArgs, make_context, ContextOptions, lazy_init_count, note_lazy_init,
-//          mxfp4_dequantize, LinearWeight, check_linear_weight, fp8_dequantize
+//          mxfp4_dequantize, int4_dequantize, LinearWeight, check_linear_weight, fp8_dequantize
 //
 // One Context per device per worker thread. It owns everything mutable that executing ops needs: on the CPU a
 // thread pool; on CUDA the stream, the cuBLASLt handle, its workspace and a stream-ordered memory pool. There is
@@ -179,19 +179,27 @@ enum class MoeAct {
 inline constexpr double kClampedSwiGLUAlpha = 1.702;
 inline constexpr double kClampedSwiGLULimit = 7.0;
 
-// The expert weights of Context::moe_linear: plain, or MXFP4 (OCP Microscaling Formats v1.0: e2m1 elements, one
-// e8m0 scale per 32 consecutive elements along K), each with an optional bias. N' = N for MoeAct::None, 2N for the
-// gated acts (gate rows 0..N-1, then up rows N..2N-1).
+// The expert weights of Context::moe_linear: plain, MXFP4 (OCP Microscaling Formats v1.0: e2m1 elements, one e8m0
+// scale per 32 consecutive elements along K) or INT4 (symmetric integers in groups along K with one bf16 scale each:
+// compressed-tensors' pack-quantized, io/hf_config.h Int4Format), each with an optional bias. N' = N for MoeAct::None,
+// 2N for the gated acts (gate rows 0..N-1, then up rows N..2N-1).
 struct MoeWeights {
   // [E, N', K] act dtype; or U8 [E, N', K/2] when scales is defined: byte j of a row holds elements 2j (low nibble)
-  // and 2j+1 (high nibble), e2m1 codes: bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign.
+  // and 2j+1 (high nibble). MXFP4: e2m1 codes, bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign. INT4: the
+  // code c (0..15) is the integer c - 8 (compressed-tensors' pack_to_int32 offset; its little-endian int32 words are
+  // these bytes).
   Tensor w;
-  // U8 [E, N', K/32]: element value = e2m1 * 2^(scale - 127); undefined = plain weights. K % 32 == 0.
+  // MXFP4: U8 [E, N', K/32], element value = e2m1 * 2^(scale - 127), K % 32 == 0. INT4: BF16 [E, N', K/int4_group],
+  // element (n, k) = (c - 8) * scales[n, k / int4_group]. Undefined = plain weights.
   Tensor scales;
   Tensor bias;  // [E, N'] act dtype, added to a w^T before the activation; undefined = none
+  // INT4: the elements per scale along K, a multiple of 32 dividing K; 0 = MXFP4 (when scales is defined).
+  int64_t int4_group = 0;
   MoeWeights() = default;
   MoeWeights(const Tensor& w_) : w(w_) {}  // implicit: existing callers pass a plain weight tensor
-  bool mxfp4() const { return scales.defined(); }
+  bool mxfp4() const { return scales.defined() && int4_group == 0; }
+  bool int4() const { return scales.defined() && int4_group > 0; }
+  bool quantized() const { return scales.defined(); }
 };
 
 // The weight of Context::linear: plain, or FP8 with block scales. Plain: w [N, K] in the act dtype. FP8: w F8E4M3
@@ -226,6 +234,13 @@ Tensor fp8_dequantize(const LinearWeight& w);
 // Equals transformers' integrations/mxfp4.py _convert_moe_packed_tensors before its final transpose(1, 2), i.e.
 // HF's dequantised [E, K, N'] is this [E, N', K] transposed. Throws Error naming the shapes when they disagree.
 Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales);
+
+// Host dequantisation of INT4 rows (the layout of MoeWeights): codes U8 [*, K/2] (or a checkpoint's weight_packed
+// I32 [*, K/8], the same bytes), scales [*, K/group] BF16, F16 or F32 on the host -> F32 [*, K] on the host, element k of
+// a row = (((byte k/2 >> 4 (k % 2)) & 15) - 8) * scale[k / group], exact in F32 (a 4-bit integer times a scale of at
+// most 24 significant bits). compressed-tensors' unpack_from_int32 then dequantize with zero point 0. Throws Error
+// naming the shapes when they disagree or group does not divide K.
+Tensor int4_dequantize(const Tensor& codes, const Tensor& scales, int64_t group);
 
 struct MemoryStats {
   int64_t in_use_bytes = 0, peak_bytes = 0, limit_bytes = 0;
@@ -281,11 +296,12 @@ struct MoeLinearDims {
 void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const Tensor& weights, DType act, DType param,
                      const MoeRouteOpts& opts = {});
 void check_moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
-// moe_linear: MXFP4 weights need U8 w [E, N', K/2] and scales [E, N', K/32] with K % 32 == 0; a bias [E, N'] of dt.
+// moe_linear: MXFP4 weights need U8 w [E, N', K/2] and scales [E, N', K/32] with K % 32 == 0; INT4 weights U8 w
+// [E, N', K/2] and BF16 scales [E, N', K/g] with g = int4_group a multiple of 32 dividing K; a bias [E, N'] of dt.
 MoeLinearDims check_moe_linear(const Tensor& x, const Tensor* rows, const MoeWeights& w, const Tensor& offsets,
                                const Tensor& y, MoeAct act, DType dt);
 // The name moe_linear is profiled under: "moe_linear", "moe_linear_swiglu" or "moe_linear_clamped_swiglu", with
-// "_mxfp4" for MXFP4 weights.
+// "_mxfp4" for MXFP4 weights, "_int4" for INT4 ones.
 const char* moe_linear_op_name(MoeAct act, const MoeWeights& w);
 // attention_causal's options (CausalAttnOpts): window >= 0, sinks undefined or F32 [nh] (nh = q's heads) on q's device
 // or the host (a device backend uploads them). `op` names the op in the error.
@@ -466,8 +482,10 @@ class Context {
   void moe_group(const Tensor& idx, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
   // Grouped expert GEMM, one call per projection for all experts: for expert e and every grouped row r in
   // [offsets[e], offsets[e + 1]) (offsets [E + 1] I32 on the device), a = x[rows[r]] when rows is given (a gather of
-  // x's rows; x [*, K]) or x[r] (x [R, K]), act dtype, W = w.w[e] (dequantised per row when w.scales is defined:
-  // MoeWeights), b = w.bias[e] or 0, and
+  // x's rows; x [*, K]) or x[r] (x [R, K]), act dtype, W = w.w[e] (dequantised when w.scales is defined, MXFP4 or
+  // INT4: MoeWeights; the CPU exactly in its compute dtype, CUDA to bf16 on chip, each INT4 weight (c - 8) * scale
+  // rounded to bf16 as compressed-tensors' decompression into the bf16 scale dtype and vLLM's Marlin kernels do),
+  // b = w.bias[e] or 0, and
   //   act None:      y[r] = a W^T + b                          W [N, K],   y [R, N]
   //   act SwiGLU:    y[r] = silu(g) * u                        W [2N, K]:  g = a W[0:N]^T + b[0:N], u = a W[N:2N]^T + b[N:2N]
   //   act ClampedSwiGLU: y[r] = (clamp(u, -7, 7) + 1) * min(g, 7) * sigmoid(1.702 min(g, 7)), g, u as SwiGLU

@@ -52,6 +52,8 @@ std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   if (c.moe.router_bias || c.moe.expert_bias) act += act.empty() ? "biases" : ", biases";
   if (!act.empty()) notes.push_back(act);
   if (c.moe.expert_format == WeightFormat::MXFP4) notes.push_back("MXFP4");
+  if (c.moe.expert_format == WeightFormat::INT4)
+    notes.push_back(c.moe.int4_group > 0 ? cat("INT4 in groups of ", c.moe.int4_group) : "INT4 per channel");
   std::string m = cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width);
   for (size_t i = 0; i < notes.size(); ++i) m += (i ? "; " : " (") + notes[i] + (i + 1 == notes.size() ? ")" : "");
   if (c.moe.shared_expert_width > 0) m += cat(" + shared expert of width ", c.moe.shared_expert_width);
@@ -156,8 +158,14 @@ ojson config_json(const ModelConfig& c) {
                 {"activations", "dynamic per token"}, {"not_converted", c.fp8.not_converted}};
     j["params"]["fp8"] = p.fp8;
   }
+  if (c.int4.declared) {
+    j["quant_method"] = "compressed-tensors";
+    j["int4"] = {{"format", "pack-quantized"}, {"group_size", c.int4.group_size}, {"ignore", c.int4.ignore}};
+    j["params"]["int4"] = p.int4;
+    j["params"]["int4_scales"] = p.int4_scales;
+  }
   j["params"]["mxfp4"] = p.mxfp4;
-  j["device_weight_bytes"] = p.device_bytes();  // MXFP4 experts kept in MXFP4, FP8 projections in FP8
+  j["device_weight_bytes"] = p.device_bytes();  // MXFP4 / INT4 experts kept so, FP8 projections in FP8
   try {
     j["default_target_layer_ids_nf5"] = default_target_layer_ids(c.num_hidden_layers, 5);
   } catch (const Error&) {
@@ -258,9 +266,10 @@ void print_text(const ojson& j) {
       std::printf("  layer %-7s %s\n", r["layers"].get<std::string>().c_str(), r["plan"].get<std::string>().c_str());
     const ojson& p = c["params"];
     const bool mx = p["mxfp4"].get<int64_t>() > 0, f8 = p.contains("fp8");
+    const bool q4 = p.contains("int4") && p["int4"].get<int64_t>() > 0;
     std::printf("params: %s total, %s active per token; weights on the device (%s): %.2f GiB\n",
                 human(p["total"].get<double>()).c_str(), human(p["active_per_token"].get<double>()).c_str(),
-                mx ? "bf16, experts in MXFP4" : f8 ? "bf16, projections in FP8" : "bf16",
+                mx ? "bf16, experts in MXFP4" : f8 ? "bf16, projections in FP8" : q4 ? "bf16, experts in INT4" : "bf16",
                 c["device_weight_bytes"].get<double>() / (1 << 30));
     if (f8)
       std::printf("  of which FP8 (%s e4m3, %s scales, activations dynamic per token): %s params in %.2f GiB (%.2f "
@@ -272,6 +281,14 @@ void print_text(const ojson& j) {
       std::printf("  of which MXFP4 (experts, 17/32 byte per parameter): %s params in %.2f GiB (%.2f GiB in bf16)\n",
                   human(p["mxfp4"].get<double>()).c_str(), p["mxfp4"].get<double>() * 17 / 32 / (1 << 30),
                   p["mxfp4"].get<double>() * 2 / (1 << 30));
+    if (q4) {
+      const double n = p["int4"].get<double>(), ns = p["int4_scales"].get<double>();
+      const int64_t g = c["int4"]["group_size"].get<int64_t>();
+      std::printf("  of which INT4 (experts, compressed-tensors pack-quantized, a bf16 scale per %s): %s params in %.2f "
+                  "GiB (%.2f GiB in bf16); ignore: %s\n",
+                  g > 0 ? cat(g, " columns").c_str() : "row", human(n).c_str(),
+                  (n / 2 + 2 * ns) / (1 << 30), n * 2 / (1 << 30), c["int4"]["ignore"].dump().c_str());
+    }
     const ojson& t = c["default_target_layer_ids_nf5"];
     const std::string ids = t.is_null() ? "n/a (too few layers)" : list(t.get<std::vector<int64_t>>());
     std::printf("default target_layer_ids (nf=5): %s; drafter intermediate_size default %lld\n", ids.c_str(),

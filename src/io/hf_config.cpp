@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -23,8 +24,27 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::Plain: return "plain";
     case WeightFormat::MXFP4: return "mxfp4";
     case WeightFormat::FP8: return "fp8";
+    case WeightFormat::INT4: return "int4";
   }
   return "plain";
+}
+
+namespace {
+
+// compressed-tensors' match of one target / ignore entry against a module name (utils/match.py).
+bool ct_match(const std::string& entry, const std::string& module) {
+  if (entry.rfind("re:", 0) == 0)
+    return std::regex_search(module, std::regex(entry.substr(3)), std::regex_constants::match_continuous);
+  return entry == module || entry == "Linear";
+}
+
+}  // namespace
+
+bool Int4Format::covers(const std::string& module) const {
+  if (!declared) return false;
+  const bool target = std::any_of(targets.begin(), targets.end(), [&](const auto& t) { return ct_match(t, module); });
+  // (an ignore entry "Linear" would ignore everything, as compressed-tensors does; names match whole)
+  return target && std::none_of(ignore.begin(), ignore.end(), [&](const auto& i) { return ct_match(i, module); });
 }
 
 std::string Fp8Format::granularity() const {
@@ -71,14 +91,89 @@ void parse_fp8(const Fields& q, Fp8Format& fp8) {
   fp8.not_converted = string_list(q, "modules_to_not_convert");
 }
 
+// One of compressed-tensors' config_groups: its message prefix ("quantization_config.config_groups.<name>."), its
+// fields and its weights' fields. Error naming the group when it is not an object or has no weights.
+struct CtGroup {
+  std::string prefix;
+  Fields group, weights;
+};
+CtGroup ct_group(const Fields& q, const std::string& name, const json& g) {
+  const std::string gp = q.prefix + "config_groups." + name + ".";
+  DFLASH_CHECK(g.is_object(), q.src, ": ", gp, ": expected an object, got ", g.dump());
+  const Fields gf{g, q.src, gp};
+  const json* w = gf.get("weights");
+  DFLASH_CHECK(w && w->is_object(), q.src, " missing ", gp, "weights");
+  return {gp, gf, Fields{*w, q.src, gp + "weights."}};
+}
+
+// compressed-tensors' QuantizationConfig with format "pack-quantized" (Int4Format): one config group of symmetric
+// 4-bit integer weights in groups of a multiple of 32 (or per channel), no activation quantization.
+void parse_compressed_int4(const Fields& q, Int4Format& f) {
+  DFLASH_CHECK(q.get("kv_cache_scheme") == nullptr, q.src, ": ", q.prefix,
+               "kv_cache_scheme: a quantized KV cache is not supported (dflash keeps the cache in bf16)");
+  const std::string status = q.opt_str("quantization_status", "compressed");
+  DFLASH_CHECK(status == "compressed", q.src, ": ", q.prefix, "quantization_status: '", status,
+               "' is not supported (\"compressed\": the packed weights of pack-quantized)");
+  const json* groups = q.get("config_groups");
+  DFLASH_CHECK(groups && groups->is_object() && groups->size() == 1, q.src, ": ", q.prefix,
+               "config_groups: expected one group (several INT4 schemes in one checkpoint are not supported)");
+  const CtGroup cg = ct_group(q, groups->begin().key(), groups->begin().value());
+  const std::string& gp = cg.prefix;
+  const Fields &gf = cg.group, &wf = cg.weights;
+  const int64_t bits = wf.opt_int("num_bits", 0);
+  const std::string type = wf.opt_str("type", "");
+  DFLASH_CHECK(bits == 4 && type == "int", q.src, ": ", gp, "weights: num_bits ", bits, " type '", type,
+               "' is not supported (pack-quantized: 4-bit integer weights; INT8 and other widths are not read)");
+  DFLASH_CHECK(wf.opt_bool("symmetric", true), q.src, ": ", gp,
+               "weights.symmetric: false is not supported (asymmetric INT4 with zero points: weight_zero_point)");
+  DFLASH_CHECK(!wf.opt_bool("dynamic", false), q.src, ": ", gp, "weights.dynamic: true is not supported");
+  const json* ao = wf.get("actorder");
+  DFLASH_CHECK(!ao || ao->is_null() || (ao->is_boolean() && !ao->get<bool>()), q.src, ": ", gp, "weights.actorder: ",
+               ao ? ao->dump() : "", " is not supported (activation-ordered groups: weight_g_idx)");
+  const json* bs = wf.get("block_structure");
+  DFLASH_CHECK(!bs || bs->is_null(), q.src, ": ", gp, "weights.block_structure: ", bs ? bs->dump() : "",
+               " is not supported (INT4 in groups along K or per channel)");
+  const std::string strategy = wf.opt_str("strategy", "");
+  if (strategy == "group") {
+    f.group_size = wf.opt_int("group_size", 0);
+    DFLASH_CHECK(f.group_size > 0 && f.group_size % 32 == 0, q.src, ": ", gp, "weights.group_size: ", f.group_size,
+                 " is not supported (a positive multiple of 32: the grouped GEMM reads one scale per 32 columns)");
+  } else {
+    DFLASH_CHECK(strategy == "channel", q.src, ": ", gp, "weights.strategy: '", strategy,
+                 "' is not supported (INT4: group or channel)");
+    f.group_size = 0;
+  }
+  for (const char* a : {"input_activations", "output_activations"}) {
+    const json* v = gf.get(a);
+    DFLASH_CHECK(!v || v->is_null(), q.src, ": ", gp, a, ": quantized activations are not supported (INT4 weights "
+                 "with bf16 activations: W4A16)");
+  }
+  f.targets = string_list(gf, "targets");
+  if (f.targets.empty()) f.targets = {"Linear"};
+  for (const std::string& t : f.targets)
+    DFLASH_CHECK(t == "Linear" || t.rfind("re:", 0) == 0, q.src, ": ", gp, "targets: '", t,
+                 "' is not supported (Linear layers, or \"re:\" patterns of their names)");
+  f.ignore = string_list(q, "ignore");
+  for (const std::string& i : f.ignore) {
+    if (i.rfind("re:", 0) != 0) continue;
+    try {
+      (void)std::regex(i.substr(3));
+    } catch (const std::regex_error& e) {
+      DFLASH_FAIL(q.src, ": ", q.prefix, "ignore: '", i, "' is not a regular expression this reader takes (", e.what(),
+                  ")");
+    }
+  }
+  f.declared = true;
+}
+
 // compressed-tensors' QuantizationConfig with format "float-quantized" (llm-compressor's FP8 schemes): every
 // config group must quantize weights to 8-bit floats, symmetric, by channel, tensor or block, with dynamic (or no)
 // input activation quantization; all groups alike.
 void parse_compressed_fp8(const Fields& q, Fp8Format& fp8) {
   const std::string format = q.opt_str("format", "");
   DFLASH_CHECK(format == "float-quantized", q.src, ": ", q.prefix, "format: '", format,
-               "' is not supported (compressed-tensors \"float-quantized\": FP8 weights; INT4 / INT8 "
-               "pack-quantized and int-quantized checkpoints are not read)");
+               "' is not supported (compressed-tensors \"float-quantized\": FP8 weights; \"pack-quantized\": INT4 "
+               "weights; int-quantized and other formats are not read)");
   DFLASH_CHECK(q.get("kv_cache_scheme") == nullptr, q.src, ": ", q.prefix,
                "kv_cache_scheme: a quantized KV cache is not supported (dflash keeps the cache in bf16)");
   const json* groups = q.get("config_groups");
@@ -86,12 +181,9 @@ void parse_compressed_fp8(const Fields& q, Fp8Format& fp8) {
                "config_groups: expected an object of one or more groups");
   bool first = true;
   for (const auto& [name, g] : groups->items()) {
-    const std::string gp = q.prefix + "config_groups." + name + ".";
-    DFLASH_CHECK(g.is_object(), q.src, ": ", gp, ": expected an object, got ", g.dump());
-    const Fields gf{g, q.src, gp};
-    const json* w = gf.get("weights");
-    DFLASH_CHECK(w && w->is_object(), q.src, " missing ", gp, "weights");
-    const Fields wf{*w, q.src, gp + "weights."};
+    const CtGroup cg = ct_group(q, name, g);
+    const std::string& gp = cg.prefix;
+    const Fields &gf = cg.group, &wf = cg.weights;
     DFLASH_CHECK(wf.opt_int("num_bits", 0) == 8 && wf.opt_str("type", "") == "float", q.src, ": ", gp,
                  "weights: num_bits ", wf.opt_int("num_bits", 0), " type '", wf.opt_str("type", ""),
                  "' is not supported (8-bit float weights)");
@@ -144,13 +236,15 @@ void parse_quantization_config(const json& qj, const std::string& src, ModelConf
   } else if (method == "fp8") {
     parse_fp8(q, c.fp8);
     c.linear_format = WeightFormat::FP8;
+  } else if (method == "compressed-tensors" && q.opt_str("format", "") == "pack-quantized") {
+    parse_compressed_int4(q, c.int4);
   } else if (method == "compressed-tensors") {
     parse_compressed_fp8(q, c.fp8);
     c.linear_format = WeightFormat::FP8;
   } else {
     DFLASH_FAIL(src, ": quantization_config.quant_method: '", method, "' is not supported (\"fp8\" and "
-                "compressed-tensors \"float-quantized\": FP8 linears; \"mxfp4\": gpt-oss's experts; or no "
-                "quantization_config: bf16)");
+                "compressed-tensors \"float-quantized\": FP8 linears; compressed-tensors \"pack-quantized\": INT4 "
+                "weights; \"mxfp4\": gpt-oss's experts; or no quantization_config: bf16)");
   }
 }
 
@@ -262,6 +356,26 @@ json rope_scaling_json(const RopeScaling& rs) {
   return j;
 }
 
+namespace {
+
+// INT4 (c.int4): the routed experts are kept INT4 when the config covers them (the first MoE layer's expert 0 gate
+// projection stands for all: the ignore lists of published checkpoints name modules by kind, not by index).
+void set_int4_experts(ModelConfig& c, const WeightNames& n, const std::string& src) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.layers[static_cast<size_t>(l)].mlp != ChannelMixer::MoE) continue;
+    std::string gate = n.expert_gate;
+    if (gate.ends_with(".weight")) gate.resize(gate.size() - 7);
+    if (!c.int4.covers(cat(n.layer, l, ".", n.expert, "0.", gate))) return;
+    DFLASH_CHECK(n.experts_layout == ExpertsLayout::Rows && !c.moe.router_scales, src,
+                 ": quantization_config: INT4 experts are read as per-expert linears (mlp.experts.{e}.*_proj) only");
+    c.moe.expert_format = WeightFormat::INT4;
+    c.moe.int4_group = c.int4.group_size;
+    return;
+  }
+}
+
+}  // namespace
+
 ModelConfig parse_model_config(const json& top, const std::string& src) {
   DFLASH_CHECK(top.is_object(), src, ": expected a JSON object, got ", top.type_name());
   Fields f0{top, src, ""};
@@ -362,6 +476,7 @@ ModelConfig parse_model_config(const json& top, const std::string& src) {
                " tokens; dflash runs full causal attention in the target)");
   c.layers.clear();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.layers.push_back(fam->layer(c, l));
+  if (c.int4.declared) set_int4_experts(c, fam->names, src);
   for (const LayerSpec& s : c.layers) {
     if (s.mlp != ChannelMixer::Dense) continue;
     DFLASH_CHECK(has_intermediate, src, " missing ", f.prefix, "intermediate_size");

@@ -1,6 +1,6 @@
 // io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
 // defines: Arch, AttentionSpec, TokenMixer, ChannelMixer, LayerSpec, WeightFormat, weight_format_name, Fp8Format,
-//          parse_quantization_config, RouterKind,
+//          Int4Format, parse_quantization_config, RouterKind,
 //          ExpertAct, MoeConfig, LinearAttnConfig, LayerType, ModelConfig, load_model_config, parse_model_config,
 //          parse_rope_scaling, rope_scaling_json, to_json / from_json (RopeScaling), default_target_layer_ids,
 //          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
@@ -91,13 +91,15 @@ struct LayerSpec {
 };
 
 // How a group of weights is stored on the device (decided once from config.json's quantization_config:
-// parse_quantization_config). Room for INT4 in groups.
+// parse_quantization_config).
 enum class WeightFormat {
   Plain,  // the compute dtype (bf16), converted from the checkpoint's dtype when loaded
   MXFP4,  // OCP MX: e2m1 elements with one e8m0 scale per 32 (backend/context.h MoeWeights), kept so on the device
   FP8,    // FP8 E4M3 elements with F32 scales per block (backend/context.h LinearWeight), kept so on the device
+  INT4,   // symmetric 4-bit integers with one bf16 scale per group along K (Int4Format; backend/context.h MoeWeights),
+          // routed experts kept so on the device; other INT4 linears are dequantised when loaded
 };
-// "plain" / "mxfp4" / "fp8".
+// "plain" / "mxfp4" / "fp8" / "int4".
 const char* weight_format_name(WeightFormat f);
 
 // FP8 linear weights as a checkpoint declares them (ModelConfig::fp8): each quantized linear's `weight` is F8_E4M3
@@ -122,6 +124,36 @@ struct Fp8Format {
   int64_t cols_per_scale(int64_t K) const { return block_k > 0 ? block_k : K; }
   // "block 128x128", "per channel", "per tensor" (dflash info).
   std::string granularity() const;
+};
+
+// INT4 linear weights as compressed-tensors' "pack-quantized" format stores them (Kimi-K2-Thinking, Kimi-K2.5: routed
+// experts only; llm-compressor's W4A16 schemes). Source: neuralmagic/compressed-tensors,
+// compressors/quantized_compressors/pack_quantized.py (pack_to_int32, unpack_from_int32) and
+// quantization/lifecycle/forward.py (quantize / dequantize); vLLM's compressed_tensors_moe.py reads the same tensors
+// (WNA16: scalar type uint4b8, "unsigned 4-bit with bias 8"). A quantized linear of weight [N, K] is stored as
+//   <module>.weight_packed  I32 [N, ceil(K / 8)]: element k of row n in word k / 8, bits 4 (k % 8) .. 4 (k % 8) + 3
+//                           (pack_to_int32: packed |= u[:, i::8] << 4 i), as the unsigned code c = q + 8 of the
+//                           signed integer q in [-8, 7] (its offset 2^(num_bits - 1)); little-endian, so byte j of a
+//                           row holds elements 2 j (low nibble) and 2 j + 1 (high nibble)
+//   <module>.weight_scale   [N, K / group] in the checkpoint's dtype (BF16 for Kimi): the scale of columns
+//                           [g group, (g + 1) group) (strategy "channel": [N, 1])
+//   <module>.weight_shape   I32 [2] = {N, K}
+//   w[n, k] = (c - 8) * weight_scale[n, k / group]     (symmetric: no weight_zero_point)
+// quantization_config: {quant_method "compressed-tensors", format "pack-quantized", config_groups {group_0: {targets
+// ["Linear"], weights {num_bits 4, type "int", symmetric true, strategy "group", group_size 32, dynamic false,
+// actorder null}, input_activations null}}, ignore [...], quantization_status "compressed"}; Kimi-K2-Thinking's ignore
+// is ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"] (its
+// routed experts mlp.experts.{e}.*_proj are the only INT4 linears).
+struct Int4Format {
+  bool declared = false;
+  int64_t group_size = 0;                // elements per scale along K; 0 = one scale per row (strategy "channel")
+  std::vector<std::string> targets;      // config_groups' targets: "Linear" (every linear) or "re:" regexes
+  std::vector<std::string> ignore;       // as written: module names and "re:" regexes
+  // Whether the linear `module` ("model.layers.3.mlp.experts.0.gate_proj", no ".weight") is quantized: a target
+  // matches it and no ignore entry does. compressed-tensors' matching (utils/match.py): "re:<p>" is Python's
+  // re.match(p, module) (anchored at the start, not the end), any other entry the whole module name (or "Linear").
+  bool covers(const std::string& module) const;
+  int64_t group_of(int64_t K) const { return group_size > 0 ? group_size : K; }
 };
 
 // How a MoE router turns the logits z = x Wr^T (+ br) into the weights of the top_k experts.
@@ -160,6 +192,7 @@ struct MoeConfig {
   bool expert_bias = false;       // every expert's gate / up and down projections have biases
   ExpertAct act = ExpertAct::SwiGLU;
   WeightFormat expert_format = WeightFormat::Plain;  // the experts' projection weights (not their biases)
+  int64_t int4_group = 0;  // INT4 experts: elements per scale along K (Int4Format::group_size; 0 = per channel)
   // A shared expert beside the routed ones (Qwen3-Next, Qwen3.5-MoE: Qwen3NextSparseMoeBlock): every token also goes
   // through a SwiGLU of this width, scaled by sigmoid(x Wsg^T) (Wsg [1, H]) and added. 0 = none.
   int64_t shared_expert_width = 0;
@@ -263,11 +296,17 @@ struct ModelConfig {
   // moe.expert_format).
   WeightFormat linear_format = WeightFormat::Plain;
   Fp8Format fp8;
+  // compressed-tensors pack-quantized INT4 (declared = false without): the routed experts it covers are kept INT4
+  // (moe.expert_format INT4); the other linears stored INT4 are dequantised when loaded.
+  Int4Format int4;
 };
 
-// config.json's quantization_config object `q` of file `src` into c (c.linear_format and c.fp8, or
-// c.moe.expert_format for "mxfp4"). Throws Error naming the file and the field for an unsupported quant_method,
-// fmt, activation scheme (static scales), compressed-tensors format or strategy, or an ill-formed value.
+// config.json's quantization_config object `q` of file `src` into c (c.linear_format and c.fp8, c.int4 for
+// compressed-tensors "pack-quantized", or c.moe.expert_format for "mxfp4"). Throws Error naming the file and the field
+// for an unsupported quant_method, fmt, activation scheme (static scales), compressed-tensors format or strategy, an
+// INT4 scheme other than symmetric 4-bit integers in groups of a multiple of 32 or per channel (zero points,
+// other bit widths, actorder, quantized activations), or an ill-formed value. parse_model_config then sets
+// c.moe.expert_format INT4 when c.int4 covers the family's routed experts.
 void parse_quantization_config(const nlohmann::json& q, const std::string& src, ModelConfig& c);
 
 // Parses `<dir>/config.json` (or a path to the file). Throws Error naming the file and the missing or

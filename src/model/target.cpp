@@ -88,7 +88,7 @@ TargetHead read_head(const WeightStore& ws, const ModelConfig& cfg, Context& ctx
 
 std::shared_ptr<const Target> Target::load(const std::string& dir, Context& ctx) {
   ModelConfig cfg = load_model_config(dir);
-  CheckpointWeights src(dir, ctx, cfg.linear_format == WeightFormat::FP8 ? &cfg.fp8 : nullptr);
+  CheckpointWeights src(dir, ctx, cfg.linear_format == WeightFormat::FP8 ? &cfg.fp8 : nullptr, &cfg.int4);
   TargetHead head = read_head(src.store(), cfg, ctx, dir);
   TargetWeights w;
   w.embed = head.embed;
@@ -103,7 +103,7 @@ std::shared_ptr<const Target> Target::load_stage(const std::string& dir, Context
   ModelConfig cfg = load_model_config(dir);
   check_stage(cfg, st);
   const WeightNames& n = family_of(cfg.arch).names;
-  CheckpointWeights src(dir, ctx, cfg.linear_format == WeightFormat::FP8 ? &cfg.fp8 : nullptr);
+  CheckpointWeights src(dir, ctx, cfg.linear_format == WeightFormat::FP8 ? &cfg.fp8 : nullptr, &cfg.int4);
   const WeightStore& ws = src.store();
   const Shape shape = {cfg.vocab_size, cfg.hidden_size};
   TargetWeights w;
@@ -196,6 +196,8 @@ TargetParams& TargetParams::operator+=(const TargetParams& o) {
   mxfp4 += o.mxfp4;
   fp8 += o.fp8;
   fp8_scale_bytes += o.fp8_scale_bytes;
+  int4 += o.int4;
+  int4_scales += o.int4_scales;
   return *this;
 }
 
@@ -215,6 +217,8 @@ TargetParams target_layer_params(const ModelConfig& cfg, int64_t l) {
   p.total = attn + m.total;
   p.active = attn + m.active;
   p.mxfp4 = m.mxfp4;
+  p.int4 = m.int4;
+  p.int4_scales = m.int4_scales;
   if (cfg.linear_format == WeightFormat::FP8) p.fp8 = fp8_projection_params(cfg, s);
   if (p.fp8 > 0) {  // one F32 scale per block (per channel: per row of K = H, the usual K)
     const int64_t bn = cfg.fp8.block_n > 0 ? cfg.fp8.block_n : H, bk = cfg.fp8.block_k > 0 ? cfg.fp8.block_k : H;

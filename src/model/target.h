@@ -76,18 +76,20 @@ void target_logits(Context& ctx, const ModelConfig& cfg, const Tensor& lm_head, 
 
 // Parameter counts of a target config: all of them, and those one token's forward uses (the router and its top_k
 // experts of each MoE layer; the embedding row counted as one lookup: not at all); mxfp4 = those of total held in
-// MXFP4 (the expert weights when moe.expert_format is MXFP4: gpt-oss's). `bf16_bytes` = 2 * total, the weights in bf16;
-// `device_bytes` what they take on a CUDA device: 2 bytes per bf16 parameter and 17/32 byte per MXFP4 one (half a
-// byte, plus one scale byte per 32); fp8 = those of total held in FP8 when the config declares FP8 linears (the
-// layer projections: attention, Gated DeltaNet, dense and shared-expert SwiGLU; routed experts are dequantised to
-// bf16), one byte each plus fp8_scale_bytes (one F32 per block).
-// device_bytes(e): the same with e bytes per plain parameter (the context's compute dtype: 2 for bf16 on CUDA, 4 for
-// F32 on "cpu", 8 on "cpu64"); MXFP4 and FP8 stay in their format on every backend.
+// MXFP4 (the expert weights when moe.expert_format is MXFP4: gpt-oss's); int4 = those held in INT4 (the expert
+// weights when moe.expert_format is INT4: Kimi-K2's) with int4_scales bf16 scales. `bf16_bytes` = 2 * total, the
+// weights in bf16; `device_bytes` what they take on a CUDA device: 2 bytes per bf16 parameter, 17/32 byte per MXFP4
+// one (half a byte, plus one scale byte per 32), half a byte per INT4 one plus 2 per INT4 scale; fp8 = those of total
+// held in FP8 when the config declares FP8 linears (the layer projections: attention, Gated DeltaNet, dense and
+// shared-expert SwiGLU; routed experts are dequantised to bf16), one byte each plus fp8_scale_bytes (one F32 per
+// block). device_bytes(e): the same with e bytes per plain parameter (the context's compute dtype: 2 for bf16 on CUDA,
+// 4 for F32 on "cpu", 8 on "cpu64"); MXFP4, INT4 and FP8 stay in their format on every backend.
 struct TargetParams {
-  int64_t total = 0, active = 0, embedding = 0, mxfp4 = 0, fp8 = 0, fp8_scale_bytes = 0;
+  int64_t total = 0, active = 0, embedding = 0, mxfp4 = 0, fp8 = 0, fp8_scale_bytes = 0, int4 = 0, int4_scales = 0;
   int64_t bf16_bytes() const { return 2 * total; }
   int64_t device_bytes(int64_t plain_bytes = 2) const {
-    return plain_bytes * (total - mxfp4 - fp8) + mxfp4 / 32 * 17 + fp8 + fp8_scale_bytes;
+    return plain_bytes * (total - mxfp4 - fp8 - int4) + mxfp4 / 32 * 17 + fp8 + fp8_scale_bytes + int4 / 2 +
+           2 * int4_scales;
   }
   TargetParams& operator+=(const TargetParams& o);
 };

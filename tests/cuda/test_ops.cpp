@@ -1664,6 +1664,76 @@ TEST(CudaOps, MoeGptOss) {
   moe_gptoss_case(40, 96, 96, 130, 4);         // many experts, most empty
 }
 
+// INT4 experts (compressed-tensors pack-quantized: MoeWeights::int4_group; the CPU dequantises exactly, CUDA to bf16 on
+// chip): the gate / up GEMM with the SwiGLU on gathered rows and the down GEMM, in groups of `group` columns. Scales of
+// 5 significant bits make every (c - 8) s exact in bf16, so the kernels multiply the CPU's weights (TwoX); scales of 8
+// significant bits round (c - 8) s to bf16 as compressed-tensors' decompression does (nmse: 2 x the CPU's + 4e-5; the
+// weights' and the output's bf16 roundings give 0.4-1.0e-5 on the emulator; a scale of the wrong group, of random
+// sign, is off by order 1).
+// `misaligned` passes x at an offset of one element: the CUDA-core kernel.
+void moe_int4_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, int64_t group, bool misaligned = false) {
+  const std::string nm = cat("moe int4 T", T, " H", H, " I", I, " E", E, " k", k, " group", group,
+                             misaligned ? " (x misaligned)" : "");
+  const Tensor ids = expert_ids(T, E, k, 500 + T, E > 2 ? 1 : -1);
+  const Tensor x = rnd({T, H}, 503, 1.0), a2 = rnd({T * k, I}, 508);
+  auto int4 = [&](int64_t rows, int64_t K, uint64_t seed, int bits, Tensor& q, Tensor& sc) {
+    Rng r(seed, RngPurpose::Test);
+    q = cpu_empty(DType::U8, {E, rows, K / 2});
+    Tensor f = cpu_empty(DType::F32, {E, rows, K / group});
+    for (uint8_t& b : q.span<uint8_t>()) b = static_cast<uint8_t>(r.below(256));
+    const uint64_t m = uint64_t{1} << (bits - 1);  // significands m .. 2m - 1
+    for (float& v : f.span<float>())
+      v = std::ldexp(static_cast<float>(m + r.below(m)), -5 - bits - static_cast<int>(r.below(3))) *
+          (r.below(2) ? 1.f : -1.f);
+    sc = cpu_to_bf16(f);
+  };
+  for (int bits : {5, 8}) {
+    Tensor qgu, sgu, qd, sd;
+    int4(2 * I, H, 510 + bits, bits, qgu, sgu);
+    int4(H, I, 520 + bits, bits, qd, sd);
+    const Kind kind = bits == 5 ? Kind::TwoX : Kind::Nmse;
+    check_case(cat(nm, bits == 5 ? " exact scales" : " bf16 scales"),
+               {{"swiglu gather", kind, true, double(H), 4e-5}, {"down", kind, true, double(I), 4e-5}},
+               [&](Context& c) {
+                 const Tensor idx = c.to_device(ids);
+                 Tensor off = c.empty(DType::I32, {E + 1}), rows = c.empty(DType::I32, {T * k});
+                 Tensor slot = c.empty(DType::I32, {T * k});
+                 c.moe_group(idx, off, rows, slot);
+                 MoeWeights gu, dn;
+                 gu.w = put_raw(c, qgu);
+                 gu.scales = put_raw(c, sgu);
+                 gu.int4_group = group;
+                 dn.w = put_raw(c, qd);
+                 dn.scales = put_raw(c, sd);
+                 dn.int4_group = group;
+                 Tensor xs = put(c, x);
+                 if (misaligned) {  // the same values one element into a larger buffer
+                   Tensor flat = c.empty(c.compute_dtype(), {T * H + 1});
+                   xs = flat.slice(1, T * H + 1).reshape({T, H});
+                   c.copy(xs, put(c, x));
+                 }
+                 Tensor g = nan_out(c, {T * k, I}), d = nan_out(c, {T * k, H});
+                 c.moe_linear(xs, &rows, gu, off, g, MoeAct::SwiGLU);
+                 c.moe_linear(put(c, a2), nullptr, dn, off, d, MoeAct::None);
+                 return Outs{get(c, g), get(c, d)};
+               });
+  }
+}
+
+TEST(CudaOps, MoeInt4) {
+  moe_int4_case(19, 64, 32, 4, 2, 32);  // the golden's widths: 2 and 1 k-steps
+  moe_int4_case(19, 64, 32, 4, 2, 32, true);
+  if (kEmu) {
+    moe_int4_case(70, 96, 160, 3, 2, 32);  // the portable kernel: 3 and 5 k-steps, 3 column tiles
+    return;
+  }
+  moe_int4_case(300, 128, 64, 8, 2, 64);    // groups of 64: two k-steps per scale (mma.sync), one (wgmma)
+  moe_int4_case(1000, 256, 192, 16, 4, 32);  // several tiles per expert, I not a multiple of 64
+  moe_int4_case(64, 7168, 2048, 8, 8, 32);   // Kimi-K2's widths (K 7168 = 112 wgmma k-steps; 8 of its 384 experts)
+  moe_int4_case(40, 96, 96, 130, 4, 96);     // many experts, most empty; groups of 96 (3 blocks of 32)
+  moe_int4_case(50, 128, 64, 6, 3, 128, true);
+}
+
 // moe_group alone over many chunks of 64 tokens (k_moe_scan: kMaxExperts / E threads per expert column, each over a
 // group of consecutive chunks; fewer chunks than groups; a single group at E = 1000 or 1024; one token).
 TEST(CudaOps, MoeGroup) {
@@ -1820,6 +1890,10 @@ void golden_case(const std::string& name) {
 }
 
 TEST(CudaTarget, Qwen3MoeGolden) { golden_case("target_qwen3_moe"); }
+// INT4 experts and an INT4 dense MLP (tools/ref_int4.py: compressed-tensors pack-quantized, groups of 32, bf16 scales):
+// the experts stay 4-bit on the device and are dequantised in the grouped GEMM; the golden is of the dequantised
+// weights in float64.
+TEST(CudaTarget, Qwen3MoeInt4Golden) { golden_case("target_qwen3_moe_int4"); }
 // gpt-oss: sinks, the window of 16 over 40 tokens, YaRN past its 16 original positions, biases, the clamped
 // GLU; bf16 experts and MXFP4 experts (dequantised inside the grouped GEMM).
 TEST(CudaTarget, GptOssGolden) {

@@ -198,7 +198,7 @@ TEST(Fp8Target, CompressedTensorsPerChannelEqualsItsDequantisation) {
 }
 
 // Bad FP8 checkpoints: a scale of the wrong shape, a missing scale, FP8 tensors without a quantization_config, and
-// config values dflash does not run (fmt e5m2, static activations, INT4 compressed-tensors, a quantized KV cache)
+// config values dflash does not run (fmt e5m2, static activations, INT8 compressed-tensors, a quantized KV cache)
 // are refused naming the tensor or the field.
 TEST(Fp8Target, BadCheckpointsAreRefusedByName) {
   TmpDir q("fp8_bad"), p("fp8_bad_plain");
@@ -260,8 +260,8 @@ TEST(Fp8Target, BadCheckpointsAreRefusedByName) {
   EXPECT_TRUE(has(m, "quantization_config.activation_scheme") && has(m, "static")) << m;
   m = config_error({{"quant_method", "fp8"}, {"weight_block_size", {128}}});
   EXPECT_TRUE(has(m, "quantization_config.weight_block_size")) << m;
-  m = config_error({{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}});
-  EXPECT_TRUE(has(m, "quantization_config.format") && has(m, "pack-quantized")) << m;
+  m = config_error({{"quant_method", "compressed-tensors"}, {"format", "int-quantized"}});
+  EXPECT_TRUE(has(m, "quantization_config.format") && has(m, "int-quantized")) << m;
   json ct = {{"quant_method", "compressed-tensors"},
              {"format", "float-quantized"},
              {"config_groups",

@@ -1,7 +1,8 @@
 // cpu/moe.cpp — the Mixture-of-Experts ops (backend/context.h): routing, grouping by expert, the grouped expert GEMM
-// (plain or MXFP4 weights, biases, the SwiGLU and clamped SwiGLU epilogues) and the weighted combine; the host MXFP4
-// dequantisation (mxfp4_dequantize). The reference of the CUDA kernels (backend/cuda/moe.cu): plain loops, one
-// OpenBLAS product per expert (an MXFP4 expert dequantised row by row into a buffer first).
+// (plain, MXFP4 or INT4 weights, biases, the SwiGLU and clamped SwiGLU epilogues) and the weighted combine; the host
+// MXFP4 and INT4 dequantisations (mxfp4_dequantize, int4_dequantize). The reference of the CUDA kernels
+// (backend/cuda/moe.cu): plain loops, one OpenBLAS product per expert (a quantized expert dequantised row by row into a
+// buffer first, exactly: an INT4 weight (c - 8) * scale is exact in F32).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -95,6 +96,18 @@ void mxfp4_row(const uint8_t* q, const uint8_t* s, int64_t K, T* out) {
   }
 }
 
+// One INT4 row of K elements (backend/context.h MoeWeights): q [K/2] bytes (element 2j in the low nibble of byte j, 2j+1
+// in the high: compressed-tensors' pack_to_int32 words in little-endian order), code c -> integer c - 8 (its offset
+// 2^(num_bits - 1)); s [K/group] scales as floats.
+template <class T>
+void int4_row(const uint8_t* q, const float* s, int64_t K, int64_t group, T* out) {
+  for (int64_t j = 0; j < K / 2; ++j) {
+    const float sc = s[2 * j / group];  // (group is even: 2j and 2j + 1 share a scale)
+    out[2 * j] = static_cast<T>(static_cast<float>(static_cast<int>(q[j] & 15) - 8) * sc);
+    out[2 * j + 1] = static_cast<T>(static_cast<float>(static_cast<int>(q[j] >> 4) - 8) * sc);
+  }
+}
+
 // MoeAct::ClampedSwiGLU (backend/context.h: alpha kClampedSwiGLUAlpha, limit kClampedSwiGLULimit).
 template <class T>
 T clamped_swiglu(T g, T u) {
@@ -114,8 +127,10 @@ void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWe
     DFLASH_CHECK(off[0] == 0 && off[d.E] == d.R, "moe_linear: offsets run from ", off[0], " to ", off[d.E],
                  ", expected 0 to ", d.R, " (the rows of y)");
     const Tensor& w = mw.w;
-    const bool mx = mw.scales.defined();
     const int64_t Nw = w.shape[1], xr = x.rows();
+    // INT4: the scales as floats [E, N', K/group], converted once
+    std::vector<float> s4;
+    if (mw.int4()) s4 = to_f32_vector(mw.scales);
     std::vector<T> a, g, wd;
     for (int64_t e = 0; e < d.E; ++e) {
       const int64_t r0 = off[e], M = off[e + 1] - off[e];
@@ -132,13 +147,21 @@ void moe_linear(ThreadPool& tp, const Tensor& x, const Tensor* rows, const MoeWe
         A = a.data();
       }
       const T* W = nullptr;
-      if (mx) {  // the expert's rows dequantised
+      if (mw.quantized()) {  // the expert's rows dequantised
         wd.resize(static_cast<size_t>(Nw * d.K));
         const uint8_t* q = w.ptr<uint8_t>() + e * Nw * (d.K / 2);
-        const uint8_t* sc = mw.scales.ptr<uint8_t>() + e * Nw * (d.K / 32);
-        tp.parallel_for(Nw, 16, [&](int64_t n0, int64_t n1) {
-          for (int64_t n = n0; n < n1; ++n) mxfp4_row(q + n * (d.K / 2), sc + n * (d.K / 32), d.K, wd.data() + n * d.K);
-        });
+        if (mw.mxfp4()) {
+          const uint8_t* sc = mw.scales.ptr<uint8_t>() + e * Nw * (d.K / 32);
+          tp.parallel_for(Nw, 16, [&](int64_t n0, int64_t n1) {
+            for (int64_t n = n0; n < n1; ++n) mxfp4_row(q + n * (d.K / 2), sc + n * (d.K / 32), d.K, wd.data() + n * d.K);
+          });
+        } else {
+          const int64_t G = mw.int4_group, ng = d.K / G;
+          const float* sc = s4.data() + e * Nw * ng;
+          tp.parallel_for(Nw, 16, [&](int64_t n0, int64_t n1) {
+            for (int64_t n = n0; n < n1; ++n) int4_row(q + n * (d.K / 2), sc + n * ng, d.K, G, wd.data() + n * d.K);
+          });
+        }
         W = wd.data();
       } else {
         W = w.ptr<T>() + e * Nw * d.K;
@@ -216,6 +239,32 @@ Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales) {
   for (int64_t r = 0; r < rows; ++r)
     cpu::mxfp4_row(blocks.ptr<uint8_t>() + r * 16 * G, scales.ptr<uint8_t>() + r * G, 32 * G,
                    out.ptr<float>() + r * 32 * G);
+  return out;
+}
+
+Tensor int4_dequantize(const Tensor& codes, const Tensor& scales, int64_t group) {
+  const char* op = "int4_dequantize";
+  const bool dt_ok = codes.dtype == DType::U8 || codes.dtype == DType::I32;
+  DFLASH_CHECK(codes.device == Device::CPU && scales.device == Device::CPU && dt_ok && codes.ndim() >= 1 &&
+                   scales.ndim() == codes.ndim() &&
+                   (scales.dtype == DType::BF16 || scales.dtype == DType::F16 || scales.dtype == DType::F32),
+               op, ": codes (U8 or I32) and scales (float) must be host tensors of the same rank, got ",
+               dtype_name(codes.dtype), " ", shape_str(codes.shape), " and ", dtype_name(scales.dtype), " ",
+               shape_str(scales.shape));
+  const int64_t K = codes.shape.back() * (codes.dtype == DType::I32 ? 8 : 2);
+  Shape lead(codes.shape.begin(), codes.shape.end() - 1);
+  DFLASH_CHECK(group > 0 && group % 2 == 0 && K % group == 0 && Shape(scales.shape.begin(), scales.shape.end() - 1) == lead &&
+                   scales.shape.back() == K / group,
+               op, ": scales ", shape_str(scales.shape), " do not fit codes ", shape_str(codes.shape), " of ", K,
+               " elements a row in groups of ", group);
+  const std::vector<float> s = to_f32_vector(scales);
+  Shape out_shape = lead;
+  out_shape.push_back(K);
+  Tensor out = cpu_empty(DType::F32, out_shape);
+  const int64_t rows = out.numel() / std::max<int64_t>(1, K);
+  const uint8_t* q = static_cast<const uint8_t*>(codes.data);  // (I32 words: little-endian, the same bytes)
+  for (int64_t r = 0; r < rows; ++r)
+    cpu::int4_row(q + r * (K / 2), s.data() + r * (K / group), K, group, out.ptr<float>() + r * K);
   return out;
 }
 

@@ -504,6 +504,7 @@ class CudaContext final : public Context {
     MoeWeights d;
     d.w = on_device(w.w);
     d.scales = on_device(w.scales);
+    d.int4_group = w.int4_group;
     d.bias = on_device(w.bias);
     return d;
   }

@@ -20,8 +20,8 @@
 //               64 rows (fp32 accumulators) and write the epilogue (the SwiGLU of each thread's gate column c and up
 //               column c + BN / 2, which the m64nBN accumulator layout puts in the same thread) straight to y in
 //               bf16. BN = 256 with 4 stages is the default (bench/NOTES.md 23: 1.5x the 128-column tiles).
-//               MXFP4 weights: k_moe_gemm_fp4, the product transposed (y^T = W x^T) with the weights as wgmma's A
-//               operand from registers, dequantised by the consumer threads (bench/NOTES.md 25).
+//               MXFP4 and INT4 weights: k_moe_gemm_fp4, the product transposed (y^T = W x^T) with the weights as
+//               wgmma's A operand from registers, dequantised by the consumer threads (bench/NOTES.md 25).
 //               Any other shape (K or N odd, K not a multiple of 8) and the CPU emulator run a plain tiled kernel.
 //  moe_combine  one block per token: the k rows of y weighted and summed in fp32 in slot order, + beta out.
 #include <algorithm>
@@ -261,9 +261,12 @@ struct MoeGemmParams {
   const int32_t* rows;       // [R] tokens of the grouped rows, or null (a = x[r])
   const int32_t* offsets;    // [E + 1]
   const int32_t* tile_off;   // [E + 1]
-  const bf16* w;             // [E, Nw, K] bf16, or null when the weights are MXFP4:
-  const uint8_t* wq;         // [E, Nw, K / 2] MXFP4 elements (two e2m1 per byte, low nibble first)
-  const uint8_t* ws;         // [E, Nw, K / 32] e8m0 scales
+  const bf16* w;             // [E, Nw, K] bf16, or null when the weights are MXFP4 or INT4:
+  const uint8_t* wq;         // [E, Nw, K / 2] 4-bit codes (two per byte, low nibble first)
+  const uint8_t* ws;         // MXFP4: [E, Nw, K / 32] e8m0 scales
+  const uint16_t* wsb;       // INT4: [E, Nw, K / group] bf16 scales (their bits)
+  int64_t group;             // INT4: elements per scale along K (a multiple of 32 dividing K)
+  int gblk;                  // INT4: group / 32 (the 32-column blocks per scale)
   const bf16* bias;          // [E, Nw] or null
   bf16* y;                   // [R, N]
   int64_t N, K, Nw, x_rows;
@@ -336,6 +339,32 @@ __device__ __forceinline__ bool e8m0_bf16_factors(uint32_t s, __nv_bfloat162& m1
   m2 = *reinterpret_cast<const __nv_bfloat162*>(&pb);
   return two;
 }
+// The weight formats of the grouped GEMM kernels (MoeWeights, backend/context.h).
+enum : int { kQPlain = 0, kQMxfp4 = 1, kQInt4 = 2 };
+
+// Eight INT4 codes (a 32-bit word of the weight bytes, element i in nibble i: a pack_to_int32 word) as four bf16 pairs
+// o[j] = (element 2j, element 2j + 1), each (c - 8) * s for the bf16 scale s given as the pair s2 = (s, s): a code c
+// placed in a bf16's low mantissa bits under the exponent of 128 reads 128 + c (0x4300 | c), minus 136 gives c - 8
+// exactly, and one bf16x2 multiply rounds (c - 8) s to bf16, as compressed-tensors' decompression into a bf16 scale
+// dtype and vLLM's Marlin (its 0x43004300 trick) do. About 2.5 instructions per value.
+__device__ __forceinline__ void int4x8_to_bf16(uint32_t w, __nv_bfloat162 s2, uint32_t (&o)[4]) {
+  const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;  // even elements, odd elements (one per byte)
+  constexpr uint32_t kBias = 0x43084308u;                             // (136, 136) in bf16
+  DFLASH_UNROLL
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t bits = (__byte_perm(lo, hi, 0x4400u + 0x1111u * j) & 0x00FF00FFu) | 0x43004300u;
+    __nv_bfloat162 b = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&bits),
+                               *reinterpret_cast<const __nv_bfloat162*>(&kBias));
+    b = __hmul2(b, s2);
+    o[j] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+// (s, s) of a bf16 scale given as its 16 bits.
+__device__ __forceinline__ __nv_bfloat162 bf16_pair(uint32_t bits16) {
+  const uint32_t v = (bits16 & 0xFFFFu) * 0x10001u;
+  return *reinterpret_cast<const __nv_bfloat162*>(&v);
+}
+
 // (f_lo, f_hi) of an e8m0 scale s: f_lo f_hi = 2^126 2^(s - 127) = 2^(s - 1), each factor a normal float.
 __device__ __forceinline__ void e8m0_factors(uint32_t s, float& f_lo, float& f_hi) {
   if (s <= 128u) {
@@ -351,7 +380,7 @@ __device__ __forceinline__ void e8m0_factors(uint32_t s, float& f_lo, float& f_h
 // Block (32, 8) computes a 32 x 32 output tile: thread (tx, ty) the column tx of rows ty, ty + 8, ty + 16, ty + 24;
 // SwiGLU keeps a gate and an up accumulator per output.
 constexpr int kSimtBM = 32;
-template <int ACT, bool FP4>
+template <int ACT, int Q>
 __global__ void k_moe_gemm_simt(MoeGemmParams p) {
   constexpr bool SWIGLU = ACT != kActNone;
   __shared__ float sA[32][33];
@@ -367,8 +396,11 @@ __global__ void k_moe_gemm_simt(MoeGemmParams p) {
   // weight element (row n of expert e, column kk) as a float
   auto wv = [&](int64_t n, int64_t kk) -> float {
     const int64_t r = erow + n;
-    if (!FP4) return to_f(p.w[r * p.K + kk]);
+    if (Q == kQPlain) return to_f(p.w[r * p.K + kk]);
     const uint32_t byte = p.wq[r * (p.K / 2) + kk / 2], code = (kk & 1) ? byte >> 4 : byte & 15u;
+    if (Q == kQInt4)  // (c - 8) s rounded to bf16, as the tensor-core kernels' int4x8_to_bf16
+      return to_f(__float2bfloat16(static_cast<float>(static_cast<int>(code) - 8) *
+                                   __uint_as_float(uint32_t{p.wsb[r * (p.K / p.group) + kk / p.group]} << 16)));
     float f_lo, f_hi;
     e8m0_factors(p.ws[r * (p.K / 32) + kk / 32], f_lo, f_hi);
     return e2m1_scaled(code, f_lo, f_hi);
@@ -418,23 +450,24 @@ __global__ void k_moe_gemm_simt(MoeGemmParams p) {
 // cp.async fills (the tile's rows of x gathered through `rows`; rows past the expert's end, weight rows past N and
 // columns past K zero-filled). Warp (wm, wn) multiplies rows 32 wm.. by weight rows 64 wn.. (SwiGLU: gate rows 32 wn..
 // and up rows 64 + 32 wn..: a thread's accumulators hold the gate and the up value of the same outputs) with
-// mma.sync m16n8k16 (fp32 accumulation) and applies the epilogue from its registers. MXFP4 weights: each stage holds
-// the 128 rows' 16 bytes of e2m1 codes; after it lands the CTA dequantises it (the row's e8m0 scale of those 32
-// columns, read from global memory) into one bf16 tile, which the products read (one more barrier per step).
+// mma.sync m16n8k16 (fp32 accumulation) and applies the epilogue from its registers. MXFP4 and INT4 weights: each
+// stage holds the 128 rows' 16 bytes of 4-bit codes; after it lands the CTA dequantises it (the row's e8m0 or bf16
+// scale of those 32 columns, read from global memory) into one bf16 tile, which the products read (one more barrier
+// per step).
 // Needs K % 8 == 0 and 16-byte aligned x and weights (moe_linear_path).
 constexpr int kMmaBM = 64, kMmaBW = 128, kMmaBK = 32, kMmaStages = 3, kMmaThreads = 128;
 constexpr int kMmaLd = kMmaBK + 8;  // a tile row: 80 bytes, so that ldmatrix's 8 rows fall in distinct banks
 constexpr int kMmaATile = kMmaBM * kMmaLd * 2, kMmaBTile = kMmaBW * kMmaLd * 2, kMmaRaw = kMmaBW * kMmaBK / 2;
-constexpr size_t moe_mma_smem(bool fp4) {
-  return fp4 ? static_cast<size_t>(kMmaStages) * (kMmaATile + kMmaRaw) + kMmaBTile
+constexpr size_t moe_mma_smem(bool q4) {
+  return q4 ? static_cast<size_t>(kMmaStages) * (kMmaATile + kMmaRaw) + kMmaBTile
              : static_cast<size_t>(kMmaStages) * (kMmaATile + kMmaBTile);
 }
 static_assert(moe_mma_smem(false) <= 48 * 1024 && moe_mma_smem(true) <= 48 * 1024,
               "the portable grouped GEMM runs without a shared-memory opt-in, on every card");
 
-template <int ACT, bool FP4>
+template <int ACT, int Q>
 __global__ void __launch_bounds__(kMmaThreads) k_moe_gemm_mma(MoeGemmParams p) {
-  constexpr bool SWIGLU = ACT != kActNone;
+  constexpr bool SWIGLU = ACT != kActNone, FP4 = Q != kQPlain;  // (FP4: either 4-bit format)
   constexpr int OUT = SWIGLU ? kMmaBW / 2 : kMmaBW;  // outputs per tile
   DFLASH_DYN_SMEM(smem);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
@@ -445,8 +478,8 @@ __global__ void __launch_bounds__(kMmaThreads) k_moe_gemm_mma(MoeGemmParams p) {
   const int64_t m0 = p.offsets[e] + static_cast<int64_t>(mt - p.tile_off[e]) * kMmaBM, m_end = p.offsets[e + 1];
   const int64_t n0 = static_cast<int64_t>(nt) * OUT, erow = static_cast<int64_t>(e) * p.Nw;
   bf16* sA = reinterpret_cast<bf16*>(smem);             // [stage][kMmaBM][kMmaLd]
-  unsigned char* sB = smem + kMmaStages * kMmaATile;    // bf16 [stage][kMmaBW][kMmaLd], or MXFP4 [stage][kMmaBW][16]
-  bf16* sBd = reinterpret_cast<bf16*>(sB + kMmaStages * kMmaRaw);  // MXFP4: the dequantised tile [kMmaBW][kMmaLd]
+  unsigned char* sB = smem + kMmaStages * kMmaATile;    // bf16 [stage][kMmaBW][kMmaLd], or 4-bit [stage][kMmaBW][16]
+  bf16* sBd = reinterpret_cast<bf16*>(sB + kMmaStages * kMmaRaw);  // 4-bit: the dequantised tile [kMmaBW][kMmaLd]
   const int64_t K = p.K;
 
   // The weight row of tile row w (0 .. kMmaBW - 1), and whether it exists.
@@ -497,14 +530,26 @@ __global__ void __launch_bounds__(kMmaThreads) k_moe_gemm_mma(MoeGemmParams p) {
       }
     }
   };
-  // MXFP4: row tid of stage `slot` (K columns k0 ..) into sBd as bf16.
+  const int64_t nsc = Q == kQInt4 ? K / p.group : 0;  // INT4 scales per weight row
+  // 4-bit weights: row tid of stage `slot` (K columns k0 ..) into sBd as bf16.
   auto dequantise = [&](int slot, int64_t k0) {
     bool wok;
     const int64_t wr = weight_row(tid, wok);
+    const uint32_t* raw = reinterpret_cast<const uint32_t*>(sB + slot * kMmaRaw + tid * 16);
+    if constexpr (Q == kQInt4) {  // (a missing row: scale 0)
+      const int g = static_cast<int>(k0 >> 5) / p.gblk;
+      const __nv_bfloat162 s2 = bf16_pair(wok ? p.wsb[wr * nsc + g] : 0u);
+      DFLASH_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        uint32_t o[4];
+        int4x8_to_bf16(raw[j], s2, o);
+        *reinterpret_cast<uint4*>(sBd + tid * kMmaLd + 8 * j) = uint4{o[0], o[1], o[2], o[3]};
+      }
+      return;
+    }
     const uint32_t s = wok ? p.ws[wr * (K / 32) + k0 / 32] : 127u;  // (a missing row's codes were zero-filled)
     __nv_bfloat162 m1, m2;
     const bool two = e8m0_bf16_factors(s, m1, m2);
-    const uint32_t* raw = reinterpret_cast<const uint32_t*>(sB + slot * kMmaRaw + tid * 16);
     DFLASH_UNROLL
     for (int j = 0; j < 4; ++j) {
       uint32_t o[4];
@@ -804,7 +849,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
 #endif
 }
 
-// ---- moe_linear: the Hopper kernel for MXFP4 weights -----------------------------------------------------------------
+// ---- moe_linear: the Hopper kernel for MXFP4 and INT4 weights --------------------------------------------------------
 // Hopper's tensor cores take no FP4 operand, so the weights are dequantised on their way into wgmma, and to make that
 // cheap the product is computed transposed, y^T = W x^T (CUTLASS's mixed-input GEMM and Machete do the same): the
 // weights are wgmma's A operand, from registers, and each consumer thread dequantises only its own A fragment (32
@@ -819,7 +864,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_wg(MoeGemmParams p, 
 // r + 8 (wgmma's A fragment: a[i][0] = (row r, k 16 i + 2 (l % 4) + {0, 1}), a[i][1] the same of row r + 8, a[i][2],
 // a[i][3] at k + 8). Byte l % 4 of the row's 32-bit words 2 i and 2 i + 1 holds exactly those k pairs (byte j of a row
 // holds elements 2 j, 2 j + 1), so two byte permutes gather a k16-step's four pairs and e2m1x8_to_bf16 converts them
-// with the block's scale (read by the consumer itself, one k-step ahead).
+// with the block's scale (read by the consumer itself, one k-step ahead). INT4 weights (Q = kQInt4) have the same bytes
+// (a pack_to_int32 word is 8 consecutive elements, element 2j in the low nibble of byte j) and differ only there: the
+// scales are bf16, one per group of a multiple of 32 columns, and int4x8_to_bf16 converts.
 // Rows of a tile: kActNone: weight rows 128 nt + r; the gated acts: the 16 rows of warp slice s = r / 16 are the gate
 // rows of outputs 64 nt + 8 s .. + 7 then their up rows (N + ..), so the accumulator rows l / 4 and l / 4 + 8 of a
 // thread are the gate and the up of one output, and the activation happens in the thread. The epilogue stages the
@@ -842,7 +889,7 @@ __device__ __forceinline__ int64_t fp4_tile_row(const MoeGemmParams& p, int nt, 
   return f < p.N ? f : -1;
 }
 
-template <int ACT, int BT, int NS>
+template <int ACT, int Q, int BT, int NS>
 __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_fp4(MoeGemmParams p) {
 #if DFLASH_HOPPER_DEVICE
   static_assert(BT == 128 || BT == 256, "tiles of 128 or 256 tokens");
@@ -921,20 +968,32 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_fp4(MoeGemmParams p)
   setmaxnreg_inc<kFp4ConsumerRegs>();
   const int g = lane >> 2, t = lane & 3, r0 = wga * 64 + warp * 16 + g;  // tile rows r0, r0 + 8
   const int64_t wr0 = fp4_tile_row<ACT>(p, nt, r0), wr1 = fp4_tile_row<ACT>(p, nt, r0 + 8);
-  const uint8_t* sc0 = p.ws + (wrow + (wr0 >= 0 ? wr0 : 0)) * nblk;
-  const uint8_t* sc1 = p.ws + (wrow + (wr1 >= 0 ? wr1 : 0)) * nblk;
-  // k-step kt's scales: bytes (r0 block 2 kt, r0 block 2 kt + 1, r0 + 8 .., ..); 127 (x 1) where the codes are
-  // zero-filled (past K or the expert's rows)
-  auto scales = [&](int kt) -> uint32_t {
+  const int64_t nsc = Q == kQInt4 ? p.K / p.group : nblk;  // scales per weight row
+  const uint8_t* sc0 = p.ws + (wrow + (wr0 >= 0 ? wr0 : 0)) * nsc;
+  const uint8_t* sc1 = p.ws + (wrow + (wr1 >= 0 ? wr1 : 0)) * nsc;
+  const uint16_t* sb0 = p.wsb + (wrow + (wr0 >= 0 ? wr0 : 0)) * nsc;
+  const uint16_t* sb1 = p.wsb + (wrow + (wr1 >= 0 ? wr1 : 0)) * nsc;
+  // k-step kt's scales. MXFP4: bytes (r0 block 2 kt, r0 block 2 kt + 1, r0 + 8 .., ..); 127 (x 1) where the codes are
+  // zero-filled (past K or the expert's rows). INT4: bf16 bits, x = (r0 block 2 kt, r0 block 2 kt + 1), y = r0 + 8's;
+  // 0 where the codes are zero-filled.
+  auto scales = [&](int kt) {
     const int64_t kb = static_cast<int64_t>(kt) * 2;
     const bool in0 = kb < nblk, in1 = kb + 1 < nblk;
-    const uint32_t s00 = wr0 >= 0 && in0 ? __ldg(sc0 + kb) : 127u, s01 = wr0 >= 0 && in1 ? __ldg(sc0 + kb + 1) : 127u;
-    const uint32_t s10 = wr1 >= 0 && in0 ? __ldg(sc1 + kb) : 127u, s11 = wr1 >= 0 && in1 ? __ldg(sc1 + kb + 1) : 127u;
-    return s00 | (s01 << 8) | (s10 << 16) | (s11 << 24);
+    if constexpr (Q == kQInt4) {
+      const int g0 = static_cast<int>(kb) / p.gblk, g1 = static_cast<int>(kb + 1) / p.gblk;
+      const uint32_t s00 = wr0 >= 0 && in0 ? __ldg(sb0 + g0) : 0u, s01 = wr0 >= 0 && in1 ? __ldg(sb0 + g1) : 0u;
+      const uint32_t s10 = wr1 >= 0 && in0 ? __ldg(sb1 + g0) : 0u, s11 = wr1 >= 0 && in1 ? __ldg(sb1 + g1) : 0u;
+      return uint2{s00 | (s01 << 16), s10 | (s11 << 16)};
+    } else {
+      const uint32_t s00 = wr0 >= 0 && in0 ? __ldg(sc0 + kb) : 127u, s01 = wr0 >= 0 && in1 ? __ldg(sc0 + kb + 1) : 127u;
+      const uint32_t s10 = wr1 >= 0 && in0 ? __ldg(sc1 + kb) : 127u, s11 = wr1 >= 0 && in1 ? __ldg(sc1 + kb + 1) : 127u;
+      return s00 | (s01 << 8) | (s10 << 16) | (s11 << 24);
+    }
   };
+  using Scales = decltype(scales(0));
   const uint32_t sel = static_cast<uint32_t>(t) | (static_cast<uint32_t>(t + 4) << 4);  // byte t of x, byte t of y
   // k-step kt's A fragments (4 k16-steps) from stage kt % NS's raw weights and the scales sc
-  auto fragments = [&](int kt, uint32_t sc, uint32_t (&a)[4][4]) {
+  auto fragments = [&](int kt, Scales sc, uint32_t (&a)[4][4]) {
     const uint32_t sw = base + (kt % NS) * kStage + kXTile;
     DFLASH_UNROLL
     for (int rr = 0; rr < 2; ++rr) {
@@ -949,10 +1008,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_fp4(MoeGemmParams p)
       for (int h = 0; h < 2; ++h) {  // block h = k16-steps 2 h, 2 h + 1
         const uint32_t x = __byte_perm(__byte_perm(v[4 * h], v[4 * h + 1], sel),
                                        __byte_perm(v[4 * h + 2], v[4 * h + 3], sel), 0x5410u);
-        __nv_bfloat162 m1, m2;
-        const bool two = e8m0_bf16_factors((sc >> (8 * (2 * rr + h))) & 255u, m1, m2);
         uint32_t o[4];
-        e2m1x8_to_bf16(x, m1, m2, two, o);
+        if constexpr (Q == kQInt4) {
+          int4x8_to_bf16(x, bf16_pair((rr ? sc.y : sc.x) >> (16 * h)), o);
+        } else {
+          __nv_bfloat162 m1, m2;
+          const bool two = e8m0_bf16_factors((sc >> (8 * (2 * rr + h))) & 255u, m1, m2);
+          e2m1x8_to_bf16(x, m1, m2, two, o);
+        }
         a[2 * h][rr] = o[0];
         a[2 * h][2 + rr] = o[1];
         a[2 * h + 1][rr] = o[2];
@@ -964,7 +1027,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_fp4(MoeGemmParams p)
   DFLASH_UNROLL
   for (int i = 0; i < BT / 2; ++i) d[i] = 0.f;
   uint32_t fa[4][4], fb[4][4];
-  uint32_t sc_next = KT > 1 ? scales(1) : 0u;
+  Scales sc_next = KT > 1 ? scales(1) : Scales{};
   mbar_wait(bFull, 0);
   fragments(0, scales(0), fa);
   // k-step kt with fragments a (dequantised already); dequantises k-step kt + 1 into an while kt's products run
@@ -980,7 +1043,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) k_moe_gemm_fp4(MoeGemmParams p)
     wg::pin(d);
     if (kt > 0 && lane == 0) mbar_arrive(bEmpty + 8 * ((kt - 1) % NS));
     if (kt + 1 < KT) {
-      const uint32_t sc = sc_next;
+      const Scales sc = sc_next;
       if (kt + 2 < KT) sc_next = scales(kt + 2);
       mbar_wait(bFull + 8 * ((kt + 1) % NS), ((kt + 1) / NS) & 1);
       fragments(kt + 1, sc, an);
@@ -1071,9 +1134,9 @@ void launch_wg_t(Env& e, const MoeGemmParams& p, int64_t blocks, const CUtensorM
   (p, map);
   check_launch("k_moe_gemm_wg");
 }
-template <int ACT, int BT, int NS>
+template <int ACT, int Q, int BT, int NS>
 void launch_fp4_t(Env& e, const MoeGemmParams& p, int64_t blocks) {
-  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, moe_fp4_smem(BT, NS), e.stream, k_moe_gemm_fp4<ACT, BT, NS>)
+  DFLASH_LAUNCH(static_cast<unsigned>(blocks), kWgThreads, moe_fp4_smem(BT, NS), e.stream, k_moe_gemm_fp4<ACT, Q, BT, NS>)
   (p);
   check_launch("k_moe_gemm_fp4");
 }
@@ -1102,9 +1165,9 @@ void launch_wg(Env& e, MoeGemmParams p, int64_t R, int v, int64_t w_rows) {
   }
 }
 
-// The MXFP4 kernel's variants: v's bn = tokens per tile (BT), stages as the bf16 kernel's (variant 2 runs as 1);
-// the tile schedule (tile_off) is k_moe_tiles' of BT rows, computed here.
-template <int ACT>
+// The MXFP4 / INT4 kernel's variants: v's bn = tokens per tile (BT), stages as the bf16 kernel's (variant 2 runs as
+// 1); the tile schedule (tile_off) is k_moe_tiles' of BT rows, computed here.
+template <int ACT, int Q>
 void launch_fp4(Env& e, MoeGemmParams p, int64_t R, int v) {
   if (v == 2) v = 1;
   const int bt = kWgVariants[v].bn, cols = ACT != kActNone ? 64 : 128;  // tokens, outputs per tile
@@ -1113,8 +1176,8 @@ void launch_fp4(Env& e, MoeGemmParams p, int64_t R, int v) {
   p.n_tiles = static_cast<int>((p.N + cols - 1) / cols);
   const int64_t blocks = ((R + bt - 1) / bt + p.E) * p.n_tiles;
   DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
-  if (v == 0) launch_fp4_t<ACT, 128, 4>(e, p, blocks);
-  else launch_fp4_t<ACT, 256, 4>(e, p, blocks);
+  if (v == 0) launch_fp4_t<ACT, Q, 128, 4>(e, p, blocks);
+  else launch_fp4_t<ACT, Q, 256, 4>(e, p, blocks);
 }
 #endif  // DFLASH_CUDA_EMU
 
@@ -1180,7 +1243,7 @@ std::string moe_linear_path(const Env& e, int64_t N, int64_t K, bool aligned) {
 
 std::string moe_linear_kernels(const Env& e) {
   return std::string(e.tier == KernelTier::Hopper ? "warpgroup MMA with TMA (K % 8 == 0, N even), else " : "") +
-         "mma.sync (K % 8 == 0), else CUDA cores; bf16 or MXFP4 weights (dequantised on chip)";
+         "mma.sync (K % 8 == 0), else CUDA cores; bf16, MXFP4 or INT4 weights (dequantised on chip)";
 }
 
 namespace {
@@ -1242,10 +1305,11 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
   check_on_dev("moe_linear", x, "x");
   check_on_dev("moe_linear", mw.w, "w");
   check_on_dev("moe_linear", y, "y");
-  if (mw.mxfp4()) check_on_dev("moe_linear", mw.scales, "scales");
+  if (mw.quantized()) check_on_dev("moe_linear", mw.scales, "scales");
   if (mw.bias.defined()) check_on_dev("moe_linear", mw.bias, "bias");
   if (d.R == 0 || d.N == 0) return;
-  const bool fp4 = mw.mxfp4();
+  const bool fp4 = mw.quantized();  // either 4-bit format
+  const int q = mw.mxfp4() ? kQMxfp4 : mw.int4() ? kQInt4 : kQPlain;
   const int a = act == MoeAct::None ? kActNone : act == MoeAct::SwiGLU ? kActSwiGLU : kActClampedSwiGLU;
   DFLASH_CHECK(d.E <= (int64_t{1} << 20), "moe_linear (cuda): ", d.E, " experts");
   MoeGemmParams p;
@@ -1254,7 +1318,10 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
   p.offsets = offsets.ptr<int32_t>();
   p.w = fp4 ? nullptr : static_cast<bf16*>(mw.w.data);
   p.wq = fp4 ? mw.w.ptr<uint8_t>() : nullptr;
-  p.ws = fp4 ? mw.scales.ptr<uint8_t>() : nullptr;
+  p.ws = q == kQMxfp4 ? mw.scales.ptr<uint8_t>() : nullptr;
+  p.wsb = q == kQInt4 ? mw.scales.ptr<uint16_t>() : nullptr;
+  p.group = q == kQInt4 ? mw.int4_group : 0;
+  p.gblk = static_cast<int>(p.group / 32);
   p.bias = mw.bias.defined() ? static_cast<bf16*>(mw.bias.data) : nullptr;
   p.y = static_cast<bf16*>(y.data);
   p.N = d.N;
@@ -1270,11 +1337,14 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
 #ifndef DFLASH_CUDA_EMU
   if (path == "wgmma") {
     const int v = e.moe_variant >= 0 && e.moe_variant < 3 ? e.moe_variant : kMoeDefaultVariant;
-    if (fp4) {
-      if (a == kActNone) launch_fp4<kActNone>(e, p, d.R, v);
-      else if (a == kActSwiGLU) launch_fp4<kActSwiGLU>(e, p, d.R, v);
-      else launch_fp4<kActClampedSwiGLU>(e, p, d.R, v);
-      return;
+    switch (a + 3 * q) {
+      case 3 * kQMxfp4 + kActNone: launch_fp4<kActNone, kQMxfp4>(e, p, d.R, v); return;
+      case 3 * kQMxfp4 + kActSwiGLU: launch_fp4<kActSwiGLU, kQMxfp4>(e, p, d.R, v); return;
+      case 3 * kQMxfp4 + kActClampedSwiGLU: launch_fp4<kActClampedSwiGLU, kQMxfp4>(e, p, d.R, v); return;
+      case 3 * kQInt4 + kActNone: launch_fp4<kActNone, kQInt4>(e, p, d.R, v); return;
+      case 3 * kQInt4 + kActSwiGLU: launch_fp4<kActSwiGLU, kQInt4>(e, p, d.R, v); return;
+      case 3 * kQInt4 + kActClampedSwiGLU: launch_fp4<kActClampedSwiGLU, kQInt4>(e, p, d.R, v); return;
+      default: break;  // bf16 weights: below
     }
     DFLASH_LAUNCH(1, 32, 0, e.stream, k_moe_tiles)(p.offsets, p.E, kWgBM, tile_off.ptr<int32_t>());
     check_launch("k_moe_tiles");
@@ -1296,13 +1366,16 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
     const unsigned nb = static_cast<unsigned>(blocks);
     const size_t smem = moe_mma_smem(fp4);
     auto launch = [&](auto kernel) { DFLASH_LAUNCH(nb, kMmaThreads, smem, e.stream, kernel)(p); };
-    switch (a + 3 * fp4) {
-      case kActNone: launch(k_moe_gemm_mma<kActNone, false>); break;
-      case kActSwiGLU: launch(k_moe_gemm_mma<kActSwiGLU, false>); break;
-      case kActClampedSwiGLU: launch(k_moe_gemm_mma<kActClampedSwiGLU, false>); break;
-      case 3 + kActNone: launch(k_moe_gemm_mma<kActNone, true>); break;
-      case 3 + kActSwiGLU: launch(k_moe_gemm_mma<kActSwiGLU, true>); break;
-      default: launch(k_moe_gemm_mma<kActClampedSwiGLU, true>); break;
+    switch (a + 3 * q) {
+      case kActNone: launch(k_moe_gemm_mma<kActNone, kQPlain>); break;
+      case kActSwiGLU: launch(k_moe_gemm_mma<kActSwiGLU, kQPlain>); break;
+      case kActClampedSwiGLU: launch(k_moe_gemm_mma<kActClampedSwiGLU, kQPlain>); break;
+      case 3 * kQMxfp4 + kActNone: launch(k_moe_gemm_mma<kActNone, kQMxfp4>); break;
+      case 3 * kQMxfp4 + kActSwiGLU: launch(k_moe_gemm_mma<kActSwiGLU, kQMxfp4>); break;
+      case 3 * kQMxfp4 + kActClampedSwiGLU: launch(k_moe_gemm_mma<kActClampedSwiGLU, kQMxfp4>); break;
+      case 3 * kQInt4 + kActNone: launch(k_moe_gemm_mma<kActNone, kQInt4>); break;
+      case 3 * kQInt4 + kActSwiGLU: launch(k_moe_gemm_mma<kActSwiGLU, kQInt4>); break;
+      default: launch(k_moe_gemm_mma<kActClampedSwiGLU, kQInt4>); break;
     }
     check_launch("k_moe_gemm_mma");
     return;
@@ -1314,13 +1387,16 @@ void moe_linear(Env& e, const Tensor& x, const Tensor* rows, const MoeWeights& m
   DFLASH_CHECK(blocks < (int64_t{1} << 31), "moe_linear (cuda): ", blocks, " blocks");
   const unsigned nb = static_cast<unsigned>(blocks);
   const dim3 blk(32, 8);
-  switch (a + 3 * fp4) {
-    case 0: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActNone, false>)(p); break;
-    case 1: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActSwiGLU, false>)(p); break;
-    case 2: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActClampedSwiGLU, false>)(p); break;
-    case 3: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActNone, true>)(p); break;
-    case 4: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActSwiGLU, true>)(p); break;
-    default: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActClampedSwiGLU, true>)(p); break;
+  switch (a + 3 * q) {
+    case 0: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActNone, kQPlain>)(p); break;
+    case 1: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActSwiGLU, kQPlain>)(p); break;
+    case 2: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActClampedSwiGLU, kQPlain>)(p); break;
+    case 3: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActNone, kQMxfp4>)(p); break;
+    case 4: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActSwiGLU, kQMxfp4>)(p); break;
+    case 5: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActClampedSwiGLU, kQMxfp4>)(p); break;
+    case 6: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActNone, kQInt4>)(p); break;
+    case 7: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActSwiGLU, kQInt4>)(p); break;
+    default: DFLASH_LAUNCH(nb, blk, 0, e.stream, k_moe_gemm_simt<kActClampedSwiGLU, kQInt4>)(p); break;
   }
   check_launch("k_moe_gemm_simt");
 }
@@ -1354,9 +1430,14 @@ void moe_init_attributes(int smem_optin, KernelTier tier) {
                      k_moe_gemm_wg<kActSwiGLU, 256, 4>, k_moe_gemm_wg<kActNone, 256, 4>,
                      k_moe_gemm_wg<kActSwiGLU, 128, 6>, k_moe_gemm_wg<kActNone, 128, 6>,
                      k_moe_gemm_wg<kActClampedSwiGLU, 128, 4>, k_moe_gemm_wg<kActClampedSwiGLU, 256, 4>,
-                     k_moe_gemm_fp4<kActNone, 128, 4>, k_moe_gemm_fp4<kActNone, 256, 4>,
-                     k_moe_gemm_fp4<kActSwiGLU, 128, 4>, k_moe_gemm_fp4<kActSwiGLU, 256, 4>,
-                     k_moe_gemm_fp4<kActClampedSwiGLU, 128, 4>, k_moe_gemm_fp4<kActClampedSwiGLU, 256, 4>);
+                     k_moe_gemm_fp4<kActNone, kQMxfp4, 128, 4>, k_moe_gemm_fp4<kActNone, kQMxfp4, 256, 4>,
+                     k_moe_gemm_fp4<kActSwiGLU, kQMxfp4, 128, 4>, k_moe_gemm_fp4<kActSwiGLU, kQMxfp4, 256, 4>,
+                     k_moe_gemm_fp4<kActClampedSwiGLU, kQMxfp4, 128, 4>,
+                     k_moe_gemm_fp4<kActClampedSwiGLU, kQMxfp4, 256, 4>,
+                     k_moe_gemm_fp4<kActNone, kQInt4, 128, 4>, k_moe_gemm_fp4<kActNone, kQInt4, 256, 4>,
+                     k_moe_gemm_fp4<kActSwiGLU, kQInt4, 128, 4>, k_moe_gemm_fp4<kActSwiGLU, kQInt4, 256, 4>,
+                     k_moe_gemm_fp4<kActClampedSwiGLU, kQInt4, 128, 4>,
+                     k_moe_gemm_fp4<kActClampedSwiGLU, kQInt4, 256, 4>);
 #else
   (void)smem_optin, (void)tier;
 #endif

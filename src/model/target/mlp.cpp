@@ -152,6 +152,25 @@ MoeLayerWeights load_moe(WeightSource& src, const std::string& p, const WeightNa
     w.down = load_interleaved_projection(src, ex + "down_proj", E, H, I, false, m.expert_format);
     return w;
   }
+  if (m.expert_format == WeightFormat::INT4) {  // per-expert pack-quantized linears, kept INT4 (stack_int4_experts)
+    DFLASH_CHECK(!m.expert_bias, p, ": INT4 experts with biases are not read");
+    auto int4_rows = [&](int64_t rows, int64_t K) {
+      MoeWeights q;
+      q.int4_group = m.int4_group > 0 ? m.int4_group : K;
+      DFLASH_CHECK(K % q.int4_group == 0 && q.int4_group % 32 == 0, p, ": INT4 experts of ", K,
+                   " columns in groups of ", q.int4_group, " (the grouped GEMM needs groups of a multiple of 32 "
+                   "dividing K)");
+      q.w = ctx.empty(DType::U8, {E, rows, K / 2});
+      q.scales = ctx.empty(DType::BF16, {E, rows, K / q.int4_group});
+      return q;
+    };
+    w.gate_up = int4_rows(2 * I, H);
+    w.down = int4_rows(H, I);
+    src.stack_int4_experts(w.gate_up, 0, ex, n.expert_gate, {I, H});
+    src.stack_int4_experts(w.gate_up, I, ex, n.expert_up, {I, H});
+    src.stack_int4_experts(w.down, 0, ex, n.expert_down, {H, I});
+    return w;
+  }
   DFLASH_CHECK(m.expert_format == WeightFormat::Plain && !m.expert_bias, p, ": ",
                weight_format_name(m.expert_format), " experts", m.expert_bias ? " with biases" : "",
                " are read in the interleaved-columns layout only (io/model_family.h ExpertsLayout)");
@@ -222,7 +241,11 @@ MlpParams mlp_params(const ModelConfig& cfg, const LayerSpec& spec) {
   // Gemma 4: the router's two scales; the dense MLP beside the experts and the block's three extra norms
   const int64_t extra = (cfg.moe.router_scales ? H + E : 0) +
                         (cfg.moe.dense_beside_width > 0 ? 3 * H * cfg.moe.dense_beside_width + 3 * H : 0);
-  return {router + E * (3 * H * I + bias) + extra, router + k * (3 * H * I + bias) + extra, mx};
+  const bool q4 = cfg.moe.expert_format == WeightFormat::INT4;
+  const int64_t g = cfg.moe.int4_group;  // 0: one scale per row
+  const int64_t int4_scales = !q4 ? 0 : g > 0 ? E * 3 * H * I / g : E * (2 * I + H);
+  return {router + E * (3 * H * I + bias) + extra, router + k * (3 * H * I + bias) + extra, mx, q4 ? E * 3 * H * I : 0,
+          int4_scales};
 }
 
 }  // namespace dflash

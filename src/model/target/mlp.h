@@ -37,8 +37,8 @@ struct MoeLayerWeights {
   Tensor router_bias;   // [E] (MoeConfig::router_bias); else undefined
   Tensor score_bias;    // [E] F32: RouterKind::SigmoidTopK's score-correction bias (choosing only); else undefined
   MoeWeights gate_up;   // [E, 2 I, H]: expert e's gate rows 0..I-1, then its up rows (transformers 5's Qwen3-MoE
-                        // layout); + bias [E, 2 I] with expert_bias; plain or MXFP4 (backend/context.h MoeWeights)
-  MoeWeights down;      // [E, H, I]; + bias [E, H] with expert_bias; plain or MXFP4
+                        // layout); + bias [E, 2 I] with expert_bias; plain, MXFP4 or INT4 (backend/context.h MoeWeights)
+  MoeWeights down;      // [E, H, I]; + bias [E, H] with expert_bias; plain, MXFP4 or INT4
   // FP8 experts (an FP8 checkpoint whose blocks do not straddle experts or gate / up: I and H multiples of the block
   // rows): kept FP8 as [E 2I, H] and [E H, I] (gate_up, down then undefined) and dequantised to bf16 per forward.
   LinearWeight gate_up_fp8, down_fp8;
@@ -60,8 +60,10 @@ void dense_mlp_forward(Context& ctx, const DenseMlpWeights& w, const Tensor& x, 
 // gate / up interleaved, down_proj [E, I, H]) or as MXFP4 rows (moe.expert_format: *_blocks / *_scales, gate / up
 // interleaved in the rows), each followed by its bias: rearranged on the host by io's layout conversions into
 // MoeWeights' layout (rows [E, N', K], gate rows first) and uploaded; MXFP4 stays MXFP4.
-// Throws Error naming the tensor when one is missing, of another shape or dtype, or MXFP4 where the config has no
-// quantization_config (and the reverse).
+// INT4 experts (moe.expert_format INT4: compressed-tensors pack-quantized, per expert as published by Kimi-K2) stay
+// INT4: gate and up rows stacked as U8 [E, 2I, H/2] + BF16 scales [E, 2I, H/g], down as [E, H, I/2] + [E, H, I/g].
+// Throws Error naming the tensor when one is missing, of another shape or dtype, or MXFP4 / INT4 where the config has
+// no quantization_config declaring it (and the reverse).
 MoeLayerWeights load_moe(WeightSource& src, const std::string& prefix, const WeightNames& names, int64_t H,
                          const MoeConfig& moe);
 // h [R, H] += MoE(x); x [R, H] act. The router reads router_x [R, H] when given (Gemma 4: RMSNorm(r) without a
@@ -70,10 +72,11 @@ MoeLayerWeights load_moe(WeightSource& src, const std::string& prefix, const Wei
 Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& moe, const Tensor& x, const Tensor& h,
                    const Tensor* router_x = nullptr);
 
-// Parameters of one layer's channel mixer: all of them, and those each token uses (router + top_k experts); mxfp4 =
-// those of total held in MXFP4 when moe.expert_format is MXFP4 (the experts' weights, not their biases).
+// Parameters of one layer's channel mixer: all of them, and those each token uses (router + top_k experts); mxfp4 /
+// int4 = those of total held in MXFP4 / INT4 when moe.expert_format says so (the experts' weights, not their biases),
+// int4_scales the INT4 experts' scales (one per group of moe.int4_group along K, or per row).
 struct MlpParams {
-  int64_t total = 0, active = 0, mxfp4 = 0;
+  int64_t total = 0, active = 0, mxfp4 = 0, int4 = 0, int4_scales = 0;
 };
 MlpParams mlp_params(const ModelConfig& cfg, const LayerSpec& spec);
 

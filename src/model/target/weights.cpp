@@ -19,7 +19,73 @@ void CheckpointWeights::stack_experts(const Tensor& dst, int64_t row0, const std
 
 Tensor CheckpointWeights::host_value(const std::string& name, const Shape& shape) const {
   if (ws_.has(name) && ws_.info(name).dtype == DType::F8E4M3) return fp8_dequantize(fp8_host(name, shape));
+  if (!ws_.has(name))
+    if (const std::optional<Int4Linear> q = int4_host(name, shape)) return int4_dequantize(q->codes, q->scales, q->group);
   return ws_.f32(name, shape);
+}
+
+std::optional<Int4Linear> CheckpointWeights::int4_host(const std::string& name, const Shape& shape) const {
+  if (!name.ends_with("weight")) return std::nullopt;
+  const std::string base = name.substr(0, name.size() - 6);
+  const std::string pname = base + "weight_packed", sname = base + "weight_scale";
+  if (!ws_.has(pname)) return std::nullopt;
+  DFLASH_CHECK(int4_.has_value(), ws_.source(), ": tensor '", pname, "' is INT4 (compressed-tensors pack-quantized) "
+               "but config.json declares no quantization_config with format \"pack-quantized\"");
+  DFLASH_CHECK(shape.size() == 2, ws_.source(), ": tensor '", pname, "': an INT4 linear must be 2-D, expected ",
+               shape_str(shape));
+  const int64_t N = shape[0], K = shape[1], g = int4_->group_of(K);
+  DFLASH_CHECK(K % 8 == 0 && K % g == 0, ws_.source(), ": tensor '", pname, "': ", K, " columns in groups of ", g,
+               " (INT4 rows are read when K is a multiple of 8 and of the group size)");
+  const TensorInfo& pi = ws_.info(pname);
+  DFLASH_CHECK(pi.dtype == DType::I32 && pi.shape == (Shape{N, K / 8}), ws_.source(), ": tensor '", pname, "' is ",
+               dtype_name(pi.dtype), " ", shape_str(pi.shape), ", expected I32 ", shape_str({N, K / 8}),
+               " (8 INT4 values per word of ", name, " ", shape_str(shape), ")");
+  if (ws_.has(base + "weight_shape")) {
+    const Tensor ts = ws_.view(base + "weight_shape");
+    const bool same = ts.dtype == DType::I32 && ts.numel() == 2 && ts.ptr<int32_t>()[0] == N && ts.ptr<int32_t>()[1] == K;
+    DFLASH_CHECK(same, ws_.source(), ": tensor '", base, "weight_shape' does not say ", shape_str(shape));
+  }
+  DFLASH_CHECK(!ws_.has(base + "weight_zero_point") && !ws_.has(base + "weight_g_idx"), ws_.source(), ": tensor '",
+               pname, "' comes with a zero point or g_idx (asymmetric or activation-ordered INT4 is not supported)");
+  DFLASH_CHECK(ws_.has(sname), ws_.source(), ": tensor '", pname, "' is INT4 but its scale '", sname, "' is missing");
+  const TensorInfo& si = ws_.info(sname);
+  DFLASH_CHECK(si.shape == (Shape{N, K / g}), ws_.source(), ": tensor '", sname, "': shape ", shape_str(si.shape),
+               ", expected ", shape_str({N, K / g}), " (one scale per ", g, " columns of ", name, ")");
+  Int4Linear q;
+  q.group = g;
+  q.codes = ws_.view(pname);
+  q.codes.dtype = DType::U8;  // the little-endian words' bytes: element 2j in the low nibble of byte j
+  q.codes.shape = {N, K / 2};
+  if (si.dtype == DType::BF16) {
+    q.scales = ws_.view(sname);
+  } else {
+    const Tensor f = ws_.f32(sname);
+    q.scales = cpu_to_bf16(f);
+    const std::vector<float> back = to_f32_vector(q.scales);
+    for (size_t i = 0; i < back.size(); ++i)
+      DFLASH_CHECK(back[i] == f.ptr<float>()[i], ws_.source(), ": tensor '", sname, "': ", dtype_name(si.dtype),
+                   " scale ", f.ptr<float>()[i], " is not a bf16 value (INT4 scales are kept in bf16)");
+  }
+  return q;
+}
+
+void CheckpointWeights::stack_int4_experts(const MoeWeights& dst, int64_t row0, const std::string& prefix,
+                                           const std::string& suffix, const Shape& one) {
+  const int64_t E = dst.w.shape[0], block = dst.w.shape[1], rows = one[0], K = one[1];
+  DFLASH_CHECK(one.size() == 2 && dst.w.shape[2] == K / 2 && row0 + rows <= block, "stack_int4_experts: [", rows, ", ",
+               K, "] at row ", row0, " does not fit a block of ", shape_str(dst.w.shape));
+  const Tensor codes = dst.w.reshape({E * block, K / 2});
+  const Tensor scales = dst.scales.reshape({E * block, dst.scales.shape[2]});
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string name = cat(prefix, e, ".", suffix);
+    const std::optional<Int4Linear> q = int4_host(name, one);
+    DFLASH_CHECK(q.has_value(), ws_.source(), ": expert weight '", name, "' is not INT4 (its weight_packed is missing) "
+                 "but config.json's quantization_config covers the experts");
+    DFLASH_CHECK(q->group == dst.int4_group, ws_.source(), ": ", name, ": INT4 groups of ", q->group, ", expected ",
+                 dst.int4_group);
+    ctx_.copy(codes.slice(e * block + row0, e * block + row0 + rows), q->codes);
+    ctx_.copy(scales.slice(e * block + row0, e * block + row0 + rows), q->scales);
+  }
 }
 
 LinearWeight CheckpointWeights::fp8_host(const std::string& name, const Shape& shape) const {
@@ -109,6 +175,26 @@ Mxfp4Rows RandomTargetWeights::mxfp4(const std::string&, int64_t E, int64_t N, i
     std::copy_n(b, std::min(drawn, r.blocks.numel() - i), b + i);
   std::fill_n(r.scales.ptr<uint8_t>(), r.scales.numel(), uint8_t{120});  // 2^-7
   return r;
+}
+
+void RandomTargetWeights::stack_int4_experts(const MoeWeights& dst, int64_t row0, const std::string&,
+                                             const std::string&, const Shape& one) {
+  const int64_t E = dst.w.shape[0], block = dst.w.shape[1], rows = one[0], K = one[1], ng = dst.scales.shape[2];
+  Rng rng(seed_, RngPurpose::RandomTarget, k_++);
+  // one expert's codes drawn, repeated for the others (as mxfp4(): a benchmark's speed does not depend on them)
+  Tensor c = cpu_empty(DType::U8, {rows, K / 2});
+  uint8_t* b = c.ptr<uint8_t>();
+  for (int64_t i = 0; i < c.numel(); i += 4) {
+    const uint32_t v = rng.next_u32();
+    for (int64_t j = 0; j < 4 && i + j < c.numel(); ++j) b[i + j] = static_cast<uint8_t>(v >> (8 * j));
+  }
+  Tensor s = cpu_empty(DType::BF16, {rows, ng});
+  std::fill_n(s.ptr<uint16_t>(), s.numel(), uint16_t{0x3C00});  // 2^-7
+  const Tensor codes = dst.w.reshape({E * block, K / 2}), scales = dst.scales.reshape({E * block, ng});
+  for (int64_t e = 0; e < E; ++e) {
+    ctx_.copy(codes.slice(e * block + row0, e * block + row0 + rows), c);
+    ctx_.copy(scales.slice(e * block + row0, e * block + row0 + rows), s);
+  }
 }
 
 Tensor RandomTargetWeights::norm(const std::string&, const Shape& shape) {

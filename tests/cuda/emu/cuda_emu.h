@@ -259,6 +259,11 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2
 inline __nv_bfloat162 __hmul2(__nv_bfloat162 a, __nv_bfloat162 b) {
   return __floats2bfloat162_rn(__bfloat162float(a.x) * __bfloat162float(b.x), __bfloat162float(a.y) * __bfloat162float(b.y));
 }
+// bf16x2 subtract, round to nearest even (the difference of two bf16 is exact in fp32 unless their exponents are far
+// apart, where fp32's own rounding decides first; the callers subtract small integers, exactly)
+inline __nv_bfloat162 __hsub2(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return __floats2bfloat162_rn(__bfloat162float(a.x) - __bfloat162float(b.x), __bfloat162float(a.y) - __bfloat162float(b.y));
+}
 
 // ---- vector types, read-only loads ----------------------------------------------------------------------------------
 struct float4 {
