@@ -129,7 +129,7 @@ WeightNames deepseek_v3_names() {
 DrafterDefaults deepseek_v3_drafter(const ModelConfig& c) {
   DrafterDefaults d;
   d.intermediate_size = c.intermediate_size;
-  d.num_kv_heads = 8;
+  d.num_kv_heads = c.num_attention_heads % 8 == 0 ? 8 : 0;  // (a tiny target's: its own heads)
   d.head_dim = 128;
   return d;
 }

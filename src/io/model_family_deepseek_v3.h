@@ -41,7 +41,9 @@ namespace dflash {
 void read_deepseek_v3(const JsonFields& f, ModelConfig& c);
 LayerSpec deepseek_v3_layer(const ModelConfig& c, int64_t l);
 WeightNames deepseek_v3_names();
-// z-lab/Kimi-K2.5-DFlash's shape: the target's heads, 8 kv heads of 128, MLP of the target's intermediate_size.
+// z-lab/Kimi-K2.5-DFlash's shape (64 heads, 8 kv heads, MLP 18432 for Kimi-K2.5's 64 heads and intermediate_size
+// 18432): the target's heads, 8 kv heads (all of them when the heads are not a multiple of 8) of 128, MLP of the
+// target's intermediate_size.
 DrafterDefaults deepseek_v3_drafter(const ModelConfig& c);
 // transformers' yarn_get_mscale of modeling_deepseek_v3.py: 1 for scale <= 1, else 0.1 mscale ln(scale) + 1.
 double yarn_get_mscale(double scale, double mscale);
