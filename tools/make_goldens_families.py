@@ -516,6 +516,29 @@ def self_check_mxfp4() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# Goldens on a reference script's checkpoint (MiniMax-M2, DeepSeek-V3)
+# ------------------------------------------------------------------------------------------------------------
+
+def compare_with_reference(name: str, d: str, ref_golden: dict, L: int, ref: str) -> None:
+    """The golden transformers just wrote in d against the one the reference script `ref` wrote before (ref_golden):
+    the final norm, the logits, the cached decode and every layer's output within 1e-5, the experts chosen equal in
+    every layer the reference records."""
+    from safetensors.torch import load_file
+
+    new = load_file(os.path.join(d, "golden.safetensors"))
+    worst = 0.0
+    for key in ("final_hidden", "logits", "kv_decode_logits"):
+        worst = max(worst, maxdiff(new[key].double(), ref_golden[key].double()))
+    for l in range(L):
+        worst = max(worst, maxdiff(new[f"layer_output.{l}"].double(), ref_golden[f"layer_output.{l}"].double()))
+        if f"router_topk.{l}" in ref_golden:
+            check(torch.equal(new[f"router_topk.{l}"], ref_golden[f"router_topk.{l}"]),
+                  f"{name}: layer {l}: transformers chooses other experts than {ref}")
+    print(f"  {name}: transformers vs {ref}: max abs diff {worst:.2e}")
+    check(worst < 1e-5, f"{name}: transformers' golden differs from the reference's ({worst:.2e})")
+
+
+# ------------------------------------------------------------------------------------------------------------
 # MiniMax-M2: transformers on the checkpoint of tools/ref_minimax_m2.py
 # ------------------------------------------------------------------------------------------------------------
 
@@ -583,16 +606,7 @@ def build_minimax_m2(out_root: str) -> None:
                        {"checkpoint": "tools/ref_minimax_m2.py's (the published key layout and names)",
                         "router_topk_order": "sorted by descending sigmoid + correction bias (dflash's order)"},
                        ids=ids, sort_topk=sort_topk)
-    new = load_file(os.path.join(d, "golden.safetensors"))
-    worst = 0.0
-    for key in ("final_hidden", "logits", "kv_decode_logits"):
-        worst = max(worst, maxdiff(new[key].double(), ref_golden[key].double()))
-    for l in range(L):
-        worst = max(worst, maxdiff(new[f"layer_output.{l}"].double(), ref_golden[f"layer_output.{l}"].double()))
-        check(torch.equal(new[f"router_topk.{l}"], ref_golden[f"router_topk.{l}"]),
-              f"{name}: layer {l}: transformers chooses other experts than tools/ref_minimax_m2.py")
-    print(f"  {name}: transformers vs tools/ref_minimax_m2.py: max abs diff {worst:.2e}")
-    check(worst < 1e-5, f"{name}: transformers' golden differs from the reference's ({worst:.2e})")
+    compare_with_reference(name, d, ref_golden, L, "tools/ref_minimax_m2.py")
     # config.json: the published keys, plus what transformers reads for the partial rotary
     pub["rope_parameters"] = rope
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -657,17 +671,7 @@ def build_deepseek_v3(name: str, out_root: str) -> None:
                  {"checkpoint": "tools/ref_deepseek_v3.py's (the published key layout and names)",
                   "router_topk_order": "sorted by descending sigmoid + correction bias (dflash's order)"},
                  ids=ids, sort_topk=sort_topk)
-    new = load_file(os.path.join(d, "golden.safetensors"))
-    worst = 0.0
-    for key in ("final_hidden", "logits", "kv_decode_logits"):
-        worst = max(worst, maxdiff(new[key].double(), ref_golden[key].double()))
-    for l in range(L):
-        worst = max(worst, maxdiff(new[f"layer_output.{l}"].double(), ref_golden[f"layer_output.{l}"].double()))
-        if f"router_topk.{l}" in ref_golden:
-            check(torch.equal(new[f"router_topk.{l}"], ref_golden[f"router_topk.{l}"]),
-                  f"{name}: layer {l}: transformers chooses other experts than tools/ref_deepseek_v3.py")
-    print(f"  {name}: transformers vs tools/ref_deepseek_v3.py: max abs diff {worst:.2e}")
-    check(worst < 1e-5, f"{name}: transformers' golden differs from the reference's ({worst:.2e})")
+    compare_with_reference(name, d, ref_golden, L, "tools/ref_deepseek_v3.py")
     print(f"SUMMARY golden {name}: transformers {T.__version__} ({time.time() - t0:.1f}s)", flush=True)
 
 

@@ -45,9 +45,14 @@ import argparse
 import json
 import math
 import os
-import struct
+
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# safetensors by hand, the F32 rounding of the weights, RMSNorm, the per-layer KV cache
+from ref_minimax_m2 import Cache, f32_round, rmsnorm, write_safetensors  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 
@@ -114,42 +119,8 @@ def kimi_config() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# safetensors by hand (no safetensors package here)
-# ------------------------------------------------------------------------------------------------------------
-
-def write_safetensors(path: str, tensors: dict, metadata: dict | None = None) -> None:
-    """Float tensors as F32, integer tensors as I32, in the dict's order."""
-    header, chunks, off = {}, [], 0
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    for name, t in tensors.items():
-        t = t.detach().contiguous()
-        if t.is_floating_point():
-            data = t.to(torch.float32).numpy().tobytes()
-            dt = "F32"
-        else:
-            data = t.to(torch.int32).numpy().tobytes()
-            dt = "I32"
-        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
-        chunks.append(data)
-        off += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for c in chunks:
-            f.write(c)
-
-
-# ------------------------------------------------------------------------------------------------------------
 # weights
 # ------------------------------------------------------------------------------------------------------------
-
-def f32_round(t: torch.Tensor) -> torch.Tensor:
-    """What the F32 file holds, back in float64."""
-    return t.to(torch.float32).to(torch.float64)
-
 
 def make_weights(cfg: dict, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
@@ -258,10 +229,6 @@ def rope(x: torch.Tensor, pos: torch.Tensor, cfg: dict) -> torch.Tensor:
 # the forward
 # ------------------------------------------------------------------------------------------------------------
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return w * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
-
-
 def mlp(x: torch.Tensor, w: dict, p: str) -> torch.Tensor:
     return (torch.nn.functional.silu(x @ w[p + "gate_proj.weight"].T) * (x @ w[p + "up_proj.weight"].T)) @ \
         w[p + "down_proj.weight"].T
@@ -309,12 +276,6 @@ def moe(x: torch.Tensor, w: dict, m: str, cfg: dict):
         for j in range(idx.shape[1]):
             out[t] += wt[t, j] * mlp(x[t], w, m + f"experts.{int(idx[t, j])}.")
     return out + mlp(x, w, m + "shared_experts."), idx, st
-
-
-class Cache:
-    def __init__(self, L: int):
-        self.k = [None] * L
-        self.v = [None] * L
 
 
 def attention(x: torch.Tensor, w: dict, a: str, pos: torch.Tensor, cfg: dict, cache: Cache | None, l: int):
