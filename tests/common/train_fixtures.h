@@ -126,6 +126,16 @@ inline std::pair<std::vector<nlohmann::json>, std::vector<nlohmann::json>> expec
   return {m1, m2};
 }
 
+// What `dflash <args>` prints (stdout and stderr, through the file `out`); a failing exit status fails the test
+// with that output.
+inline std::string dflash_output(const std::string& args, const std::string& out) {
+  const std::string cmd = cat(DFLASH_BINARY, " ", args, " > ", out, " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  const std::string text = read_file(out);
+  EXPECT_EQ(rc, 0) << cmd << "\n" << text;
+  return text;
+}
+
 // The family tests' pipeline on a golden target directory: 10 steps of tiny_train_config with an export (the loss
 // falls; the export's intermediate_size is `intermediate_size` and its target layers [1, 2]), 2 + 2 workers equal to
 // 1 + 1 (expect_two_plus_two_as_one), and `dflash eval` of the export on 4 samples lossless. `name` makes the

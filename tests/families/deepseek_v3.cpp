@@ -332,9 +332,7 @@ TEST(DeepseekV3Load, Fp8CheckpointEqualsItsDequantisation) {
 TEST(DeepseekV3Info, PlanParametersAndIgnoredMtp) {
   TmpDir tmp("deepseek_info");
   write_file_atomic(tmp.path + "/config.json", deepseek_v3().dump());
-  const std::string cmd = cat(DFLASH_BINARY, " info ", tmp.path, " --json > ", tmp.path, "/out.json 2>&1");
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp.path + "/out.json");
-  const json o = json::parse(read_file(tmp.path + "/out.json"))["config"];
+  const json o = json::parse(test::dflash_output("info " + tmp.path + " --json", tmp.path + "/out.json"))["config"];
   EXPECT_EQ(o["family"], "DeepSeek-V3");
   ASSERT_EQ(o["layers"].size(), 2u);
   EXPECT_EQ(o["layers"][0]["layers"], "0-2");
@@ -349,17 +347,12 @@ TEST(DeepseekV3Info, PlanParametersAndIgnoredMtp) {
   EXPECT_EQ(o["latent_attention"]["kv_lora_rank"], 512);
   EXPECT_EQ(o["params"]["total"].get<int64_t>(), 671026419200);
   EXPECT_EQ(o["default_target_layer_ids_nf5"], json({1, 15, 30, 44, 58}));
-  const std::string txt = cat(DFLASH_BINARY, " info ", tmp.path, " > ", tmp.path, "/out.txt 2>&1");
-  ASSERT_EQ(std::system(txt.c_str()), 0);
-  const std::string t = read_file(tmp.path + "/out.txt");
+  const std::string t = test::dflash_output("info " + tmp.path, tmp.path + "/out.txt");
   EXPECT_TRUE(has(t, "arch: deepseek_v3 (DeepSeek-V3, DeepseekV3ForCausalLM)")) << t;
   EXPECT_TRUE(has(t, "params: 671.03B total, 36.63B active per token")) << t;
   // the golden directory: its MTP layer's tensors (model.layers.4.*) are counted and ignored by name
-  const std::string g = cat(DFLASH_BINARY, " info ", golden_dir(), " > ", tmp.path, "/g.txt 2>&1");
-  ASSERT_EQ(std::system(g.c_str()), 0) << read_file(tmp.path + "/g.txt");
-  EXPECT_TRUE(has(read_file(tmp.path + "/g.txt"), "ignored by name (not the language model): 2 tensors under "
-                                                  "model.layers.4."))
-      << read_file(tmp.path + "/g.txt");
+  const std::string g = test::dflash_output("info " + golden_dir(), tmp.path + "/g.txt");
+  EXPECT_TRUE(has(g, "ignored by name (not the language model): 2 tensors under model.layers.4.")) << g;
 }
 
 // ---- end to end -------------------------------------------------------------------------------------------------------

@@ -323,9 +323,7 @@ TEST(MiniMaxM2Load, Fp8CheckpointEqualsItsDequantisation) {
 TEST(MiniMaxM2Info, PlanParametersAndIgnoredMtp) {
   TmpDir tmp("minimax_info");
   write_file_atomic(tmp.path + "/config.json", minimax_m25().dump());
-  const std::string cmd = cat(DFLASH_BINARY, " info ", tmp.path, " --json > ", tmp.path, "/out.json 2>&1");
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp.path + "/out.json");
-  const json o = json::parse(read_file(tmp.path + "/out.json"))["config"];
+  const json o = json::parse(test::dflash_output("info " + tmp.path + " --json", tmp.path + "/out.json"))["config"];
   EXPECT_EQ(o["family"], "MiniMax-M2");
   ASSERT_EQ(o["layers"].size(), 1u);
   EXPECT_EQ(o["layers"][0]["layers"], "0-61");
@@ -336,18 +334,13 @@ TEST(MiniMaxM2Info, PlanParametersAndIgnoredMtp) {
   EXPECT_EQ(o["params"]["total"].get<int64_t>(), p.total);
   EXPECT_EQ(o["params"]["active_per_token"].get<int64_t>(), p.active);
   EXPECT_EQ(o["default_target_layer_ids_nf5"], json({1, 16, 30, 45, 59}));
-  const std::string txt = cat(DFLASH_BINARY, " info ", tmp.path, " > ", tmp.path, "/out.txt 2>&1");
-  ASSERT_EQ(std::system(txt.c_str()), 0);
-  const std::string t = read_file(tmp.path + "/out.txt");
+  const std::string t = test::dflash_output("info " + tmp.path, tmp.path + "/out.txt");
   EXPECT_TRUE(has(t, "arch: minimax_m2 (MiniMax-M2, MiniMaxM2ForCausalLM)")) << t;
   EXPECT_TRUE(has(t, "params: 228.69B total, 10.42B active per token")) << t;
   EXPECT_TRUE(has(t, "layer 0-61    " + plan)) << t;
   // the golden directory: its MTP module's tensors (model.layers.4.*) are counted and ignored by name
-  const std::string g = cat(DFLASH_BINARY, " info ", golden_dir(), " > ", tmp.path, "/g.txt 2>&1");
-  ASSERT_EQ(std::system(g.c_str()), 0) << read_file(tmp.path + "/g.txt");
-  EXPECT_TRUE(has(read_file(tmp.path + "/g.txt"), "ignored by name (not the language model): 2 tensors under "
-                                                  "model.layers.4."))
-      << read_file(tmp.path + "/g.txt");
+  const std::string g = test::dflash_output("info " + golden_dir(), tmp.path + "/g.txt");
+  EXPECT_TRUE(has(g, "ignored by name (not the language model): 2 tensors under model.layers.4.")) << g;
 }
 
 // ---- end to end -------------------------------------------------------------------------------------------------------
