@@ -83,7 +83,7 @@ enum class ChannelMixer {
 // One decoder layer of the target: h += token_mixer(RMSNorm_in(h)); h += channel_mixer(RMSNorm_post(h)).
 struct LayerSpec {
   TokenMixer mixer = TokenMixer::Attention;
-  AttentionSpec attention;      // mixer == Attention
+  AttentionSpec attention;      // mixer == Attention (LatentAttention: its scale)
   ChannelMixer mlp = ChannelMixer::Dense;
   int64_t mlp_width = 0;  // Dense: its intermediate size; MoE: each expert's (moe.expert_width)
   // Gemma's sandwich norms: the token mixer's and the channel mixer's outputs are RMS-normed before each residual

@@ -1,5 +1,5 @@
 // model/target/mixer.h — the token mixers of the target's layers as one table: each kind (causal attention, Gated
-// DeltaNet linear attention) is one descriptor, and the layer loop, the cache and `dflash info` reach every kind
+// DeltaNet linear attention, multi-head latent attention) is one descriptor, and the layer loop, the cache and `dflash info` reach every kind
 // through it and never name one.
 // defines: MixerWeights, mixer_weights, SeqSegment, MixerArgs, TokenMixerKind, causal_sequences, token_mixer,
 //          token_mixers
