@@ -662,7 +662,7 @@ def build_deepseek_v3(name: str, out_root: str) -> None:
 
     def sort_topk(l, logits, idx):
         mlp = model.model.layers[l].mlp
-        chosen, _ = mlp.route_tokens_to_experts(logits.double())
+        chosen, _ = mlp.route_tokens_to_experts(logits)  # (the router's fp32 logits, as transformers routes)
         c = torch.sigmoid(logits.double()) + mlp.gate.e_score_correction_bias.double()[None, :]
         return torch.tensor([sorted(chosen[t].tolist(), key=lambda e: (-float(c[t, e]), e))
                              for t in range(chosen.shape[0])], dtype=torch.int32)

@@ -236,13 +236,15 @@ TEST(DeepseekV3Config, RefusalsNameTheField) {
 TEST(TargetGolden, DeepseekV3MatchesTheReference) {
   check_golden("target_deepseek_v3", "cpu", {.experts = true});
 }
-// fp64: bounded by the golden's F32 storage (~3e-8 relative), the reference being float64 but for the RoPE angles
-TEST(TargetGolden, DeepseekV3InFp64) { check_golden("target_deepseek_v3", "cpu64", {.f64 = 1e-7, .experts = true}); }
+// fp64: bounded by the golden's F32 storage (~3e-8 relative), the reference being float64 but for the RoPE angles;
+// 1e-6 leaves room for transformers' own golden (tools/make_goldens_families.py), whose router runs in fp32 even in a
+// float64 model (DeepseekV3TopkRouter casts to float32)
+TEST(TargetGolden, DeepseekV3InFp64) { check_golden("target_deepseek_v3", "cpu64", {.f64 = 1e-6, .experts = true}); }
 TEST(TargetGolden, DeepseekV3KimiMatchesTheReference) {
   check_golden("target_deepseek_v3_kimi", "cpu", {.experts = true});
 }
 TEST(TargetGolden, DeepseekV3KimiInFp64) {
-  check_golden("target_deepseek_v3_kimi", "cpu64", {.f64 = 1e-7, .experts = true});
+  check_golden("target_deepseek_v3_kimi", "cpu64", {.f64 = 1e-6, .experts = true});
 }
 
 // The golden's softmax scale and RoPE attention factor are those its config implies (mscale_all_dim 0.707 makes both
