@@ -6,7 +6,7 @@
 // scaling factor, the shared expert, a dense first layer, the cached decode; and a Kimi-K2-style one with q_proj,
 // rotate-half RoPE and one group); a random target through every forward path; the FP8 layout (kept FP8 where the
 // RoPE rows lie in one block, dequantised where not) against its dequantisation; `dflash info`; speculative decoding;
-// training 2 + 2 = 1 worker and eval.
+// `dflash capture`; training 2 + 2 = 1 worker and eval.
 // The router op's groups and scale: tests/ops/moe.cpp (MoeOps.RouteSigmoidGroupLimited).
 #include <gtest/gtest.h>
 
@@ -365,6 +365,28 @@ TEST(DeepseekV3EndToEnd, SpeculativeDecodingAndBatchedGeneration) {
   auto ctx = make_context("cpu", {.threads = 2});
   auto target = Target::load(golden_dir(), *ctx);
   test::check_lossless_decoding(*ctx, *target, 29, "deepseek_v3");
+}
+
+// dflash capture writes HF's output_hidden_states (the embedding, every layer, the final norm), the logits and the
+// experts chosen in the MoE layers (none for the dense layer 0), as the reference computes them.
+TEST(DeepseekV3EndToEnd, CaptureWritesHfHiddenStates) {
+  TmpDir tmp("deepseek_capture");
+  auto g = SafetensorsFile::open(golden_dir() + "/golden.safetensors");
+  const Tensor ids = g->view("input_ids");
+  json row = {{"input_ids", std::vector<int32_t>(ids.ptr<int32_t>(), ids.ptr<int32_t>() + ids.numel())}};
+  write_file_atomic(tmp.path + "/ids.jsonl", row.dump() + "\n");
+  test::dflash_output(cat("capture --target ", golden_dir(), " --input ", tmp.path, "/ids.jsonl --out ", tmp.path,
+                          "/f.safetensors --logits --router"), tmp.path + "/log.txt");
+  auto f = SafetensorsFile::open(tmp.path + "/f.safetensors");
+  for (int i = 0; i <= 4; ++i)
+    EXPECT_LT(test::rel_err(test::to_f64(f->view(cat("row_0.hidden_", i))), test::to_f64(g->view(cat("hidden_states.", i)))),
+              2e-5)
+        << "hidden_" << i;
+  EXPECT_LT(test::rel_err(test::to_f64(f->view("row_0.logits")), test::to_f64(g->view("logits"))), 2e-5);
+  EXPECT_EQ(f->find("row_0.router_0"), nullptr);  // the dense layer
+  auto i32 = [](const Tensor& t) { return std::vector<int32_t>(t.ptr<int32_t>(), t.ptr<int32_t>() + t.numel()); };
+  for (int l = 1; l < 4; ++l)
+    EXPECT_EQ(i32(f->view(cat("row_0.router_", l))), i32(g->view(cat("router_topk.", l)))) << "layer " << l;
 }
 
 // Training on the DeepSeek-V3 golden target: 2 + 2 workers give the loss and parameters of 1 + 1, the loss falls, the
