@@ -49,6 +49,15 @@ Qwen3.5), the golden carries that rounding (~1e-6); __metadata__ says so.
                         config.json keeps rotary_dim and adds rope_parameters.partial_rotary_factor, which is what
                         transformers' rotary embedding reads (checked: inv_freq has rotary_dim / 2 entries).
 
+  target_deepseek_v3    DeepseekV3ForCausalLM on the checkpoint tools/ref_deepseek_v3.py writes (q_lora_rank, YaRN with
+                        mscale / mscale_all_dim, rope_interleave, 16 experts top-4 in 4 groups top-2, a shared expert,
+                        one dense layer, the MTP layer model.layers.4.* to be ignored), per-expert weights stacked into
+                        gate_up_proj / down_proj; 40 tokens. Compared with the reference's golden (1e-5; the experts
+                        chosen equal), then replaces it. router_topk.l: transformers' choice (route_tokens_to_experts
+                        on the router's logits) in dflash's order.
+  target_deepseek_v3_kimi  the same for the reference's Kimi-K2 layout (model_type kimi_k2, q_proj, rotate-half RoPE,
+                        one group).
+
 Linear-attention parameters are drawn so that decay and norms are non-trivial: A_log = log U(0.05, 1.5),
 dt_bias ~ N(-1, 0.5) (per-step decay exp(g) spread over ~0.4 .. 0.99, so the state carries across chunks), the
 zero-centred norms' weights N(0, 0.1).
@@ -307,9 +316,10 @@ def write_golden(name: str, model, cfg_seed: int, d: str, seq: int, prefill: int
         tensors[f"layer_output.{l}"] = f32(cap[f"layer_output.{l}"])
     for l in cap["router_layers"]:
         if f"router_out.{l}" in cap:
-            tensors[f"router_topk.{l}"] = router_topk(cap[f"router_out.{l}"])
-            if sort_topk is not None:
-                tensors[f"router_topk.{l}"] = sort_topk(l, cap[f"router_out.{l}"], tensors[f"router_topk.{l}"])
+            o = cap[f"router_out.{l}"]
+            # routers returning only their logits (DeepseekV3TopkRouter): sort_topk chooses from them
+            idx = router_topk(o) if isinstance(o, (tuple, list)) or sort_topk is None else None
+            tensors[f"router_topk.{l}"] = idx if sort_topk is None else sort_topk(l, o, idx)
     md = {
         "description": "transformers forward in float64 (model.double(), eager attention and experts) of the model "
                        "in this directory on input_ids; stored as F32",
@@ -506,6 +516,29 @@ def self_check_mxfp4() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# Goldens on a reference script's checkpoint (MiniMax-M2, DeepSeek-V3)
+# ------------------------------------------------------------------------------------------------------------
+
+def compare_with_reference(name: str, d: str, ref_golden: dict, L: int, ref: str) -> None:
+    """The golden transformers just wrote in d against the one the reference script `ref` wrote before (ref_golden):
+    the final norm, the logits, the cached decode and every layer's output within 1e-5, the experts chosen equal in
+    every layer the reference records."""
+    from safetensors.torch import load_file
+
+    new = load_file(os.path.join(d, "golden.safetensors"))
+    worst = 0.0
+    for key in ("final_hidden", "logits", "kv_decode_logits"):
+        worst = max(worst, maxdiff(new[key].double(), ref_golden[key].double()))
+    for l in range(L):
+        worst = max(worst, maxdiff(new[f"layer_output.{l}"].double(), ref_golden[f"layer_output.{l}"].double()))
+        if f"router_topk.{l}" in ref_golden:
+            check(torch.equal(new[f"router_topk.{l}"], ref_golden[f"router_topk.{l}"]),
+                  f"{name}: layer {l}: transformers chooses other experts than {ref}")
+    print(f"  {name}: transformers vs {ref}: max abs diff {worst:.2e}")
+    check(worst < 1e-5, f"{name}: transformers' golden differs from the reference's ({worst:.2e})")
+
+
+# ------------------------------------------------------------------------------------------------------------
 # MiniMax-M2: transformers on the checkpoint of tools/ref_minimax_m2.py
 # ------------------------------------------------------------------------------------------------------------
 
@@ -573,16 +606,7 @@ def build_minimax_m2(out_root: str) -> None:
                        {"checkpoint": "tools/ref_minimax_m2.py's (the published key layout and names)",
                         "router_topk_order": "sorted by descending sigmoid + correction bias (dflash's order)"},
                        ids=ids, sort_topk=sort_topk)
-    new = load_file(os.path.join(d, "golden.safetensors"))
-    worst = 0.0
-    for key in ("final_hidden", "logits", "kv_decode_logits"):
-        worst = max(worst, maxdiff(new[key].double(), ref_golden[key].double()))
-    for l in range(L):
-        worst = max(worst, maxdiff(new[f"layer_output.{l}"].double(), ref_golden[f"layer_output.{l}"].double()))
-        check(torch.equal(new[f"router_topk.{l}"], ref_golden[f"router_topk.{l}"]),
-              f"{name}: layer {l}: transformers chooses other experts than tools/ref_minimax_m2.py")
-    print(f"  {name}: transformers vs tools/ref_minimax_m2.py: max abs diff {worst:.2e}")
-    check(worst < 1e-5, f"{name}: transformers' golden differs from the reference's ({worst:.2e})")
+    compare_with_reference(name, d, ref_golden, L, "tools/ref_minimax_m2.py")
     # config.json: the published keys, plus what transformers reads for the partial rotary
     pub["rope_parameters"] = rope
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -590,8 +614,70 @@ def build_minimax_m2(out_root: str) -> None:
     print(f"SUMMARY golden {name}: transformers {T.__version__} ({time.time() - t0:.1f}s)", flush=True)
 
 
+# ------------------------------------------------------------------------------------------------------------
+# DeepSeek-V3: transformers on the checkpoints of tools/ref_deepseek_v3.py
+# ------------------------------------------------------------------------------------------------------------
+
+def build_deepseek_v3(name: str, out_root: str) -> None:
+    """transformers' DeepseekV3ForCausalLM on the checkpoint tools/ref_deepseek_v3.py writes (the published config.json
+    keys and tensor names; per-expert weights stacked into transformers 5's gate_up_proj / down_proj); its golden
+    replaces the reference's after the two are compared (every layer, the logits, the cached decode at 1e-5; the
+    experts chosen equal)."""
+    import transformers as T
+    from safetensors.torch import load_file
+
+    import ref_deepseek_v3 as ref
+
+    t0 = time.time()
+    d = os.path.join(out_root, name)
+    if not os.path.exists(os.path.join(d, "model.safetensors")):
+        cfg0, seed = (ref.DEEPSEEK_V3, 4001) if name == "target_deepseek_v3" else (ref.kimi_config(), 4101)
+        check(ref.write_dir(d, cfg0, seed) == 0, f"{name}: tools/ref_deepseek_v3.py failed")
+    with open(os.path.join(d, "config.json")) as f:
+        pub = json.load(f)
+    sd = load_file(os.path.join(d, "model.safetensors"))
+    ref_golden = load_file(os.path.join(d, "golden.safetensors"))
+    L, E = pub["num_hidden_layers"], pub["n_routed_experts"]
+    kw = {k: v for k, v in pub.items() if k not in ("architectures", "auto_map", "model_type", "torch_dtype",
+                                                    "transformers_version")}
+    cfg = T.DeepseekV3Config(**kw)
+    model = T.DeepseekV3ForCausalLM(cfg).eval()
+    state = {}
+    for k, v in sd.items():
+        if k.startswith(f"model.layers.{L}."):
+            continue  # the MTP layer: not the language model
+        if ".mlp.experts." not in k:
+            state[k] = v
+    for l in range(pub["first_k_dense_replace"], L):
+        m = f"model.layers.{l}.mlp.experts."
+        state[m + "gate_up_proj"] = torch.stack(
+            [torch.cat([sd[m + f"{e}.gate_proj.weight"], sd[m + f"{e}.up_proj.weight"]]) for e in range(E)])
+        state[m + "down_proj"] = torch.stack([sd[m + f"{e}.down_proj.weight"] for e in range(E)])
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "rotary_emb" not in k]
+    check(not missing and not unexpected, f"{name}: state dict missing {missing} unexpected {unexpected}")
+    model = model.double()
+    eager(model)
+    ids = ref_golden["input_ids"].long()
+
+    def sort_topk(l, logits, idx):
+        mlp = model.model.layers[l].mlp
+        chosen, _ = mlp.route_tokens_to_experts(logits)  # (the router's fp32 logits, as transformers routes)
+        c = torch.sigmoid(logits.double()) + mlp.gate.e_score_correction_bias.double()[None, :]
+        return torch.tensor([sorted(chosen[t].tolist(), key=lambda e: (-float(c[t, e]), e))
+                             for t in range(chosen.shape[0])], dtype=torch.int32)
+
+    write_golden(name, model, 0, d, ref.SEQ, ref.PREFILL,
+                 {"checkpoint": "tools/ref_deepseek_v3.py's (the published key layout and names)",
+                  "router_topk_order": "sorted by descending sigmoid + correction bias (dflash's order)"},
+                 ids=ids, sort_topk=sort_topk)
+    compare_with_reference(name, d, ref_golden, L, "tools/ref_deepseek_v3.py")
+    print(f"SUMMARY golden {name}: transformers {T.__version__} ({time.time() - t0:.1f}s)", flush=True)
+
+
 ALL = ["target_gpt_oss", "target_qwen3_next", "target_qwen3_5", "target_qwen3_5_moe", "target_qwen3_5_vl",
-       "target_gemma4", "target_gemma4_text", "target_gemma4_moe", "target_minimax_m2"]
+       "target_gemma4", "target_gemma4_text", "target_gemma4_moe", "target_minimax_m2", "target_deepseek_v3",
+       "target_deepseek_v3_kimi"]
 
 
 def main() -> int:
@@ -606,6 +692,9 @@ def main() -> int:
         try:
             if n == "target_minimax_m2":
                 build_minimax_m2(a.out)
+                continue
+            if n.startswith("target_deepseek_v3"):
+                build_deepseek_v3(n, a.out)
                 continue
             build(n, a.out)
         except Exception as e:  # noqa: BLE001

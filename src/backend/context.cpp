@@ -64,6 +64,21 @@ void check_moe_route(const Tensor& logits, int64_t k, const Tensor& idx, const T
   need(idx.dtype == DType::I32 && idx.numel() == T * k, op, "idx", idx, cat("I32 [", T, ", ", k, "]"));
   need(weights.dtype == param && weights.numel() == T * k, op, "weights", weights,
        cat(dtype_name(param), " [", T, ", ", k, "]"));
+  DFLASH_CHECK(opts.n_group >= 1 && E % opts.n_group == 0 && opts.topk_group >= 1 && opts.topk_group <= opts.n_group,
+               op, ": n_group ", opts.n_group, " must divide E = ", E, " and topk_group ", opts.topk_group,
+               " be in [1, n_group]");
+  if (opts.n_group > 1) {
+    DFLASH_CHECK(opts.score == MoeScore::Sigmoid, op, ": group-limited choice goes with sigmoid scores only");
+    DFLASH_CHECK(E / opts.n_group >= 2, op, ": groups of ", E / opts.n_group, " expert (a group's score sums its two "
+                 "largest)");
+    DFLASH_CHECK(opts.topk_group * (E / opts.n_group) >= k, op, ": the ", opts.topk_group, " kept groups of ",
+                 E / opts.n_group, " experts cannot give k = ", k);
+  } else {
+    DFLASH_CHECK(opts.topk_group == 1, op, ": topk_group ", opts.topk_group, " without groups (n_group 1)");
+  }
+  DFLASH_CHECK(opts.scale > 0, op, ": scale must be positive, got ", opts.scale);
+  DFLASH_CHECK(opts.score == MoeScore::Sigmoid || opts.scale == 1.0, op, ": a weight scale goes with sigmoid scores "
+               "only");
   if (opts.choice_bias.defined()) {
     DFLASH_CHECK(opts.score == MoeScore::Sigmoid, op, ": a choice bias goes with sigmoid scores only");
     need(opts.choice_bias.dtype == DType::F32 && opts.choice_bias.numel() == E, op, "choice_bias", opts.choice_bias,

@@ -164,6 +164,15 @@ enum class MoeScore { Softmax, Sigmoid };
 struct MoeRouteOpts {
   MoeScore score = MoeScore::Softmax;
   Tensor choice_bias;  // [E] F32 on the op's device, or undefined; Sigmoid only: the top k of p + b are chosen
+  // Group-limited choice (Sigmoid only; DeepSeek-V3's "noaux_tc", DeepseekV3MoE.route_tokens_to_experts): the E
+  // experts are n_group groups of E / n_group consecutive ones; a group's score is the sum of its two largest choice
+  // values c = p + b; the topk_group groups of largest score are kept (ties to the lower group) and the top k are
+  // chosen among their experts only. The experts of the other groups are excluded, as DeepSeek's reference Gate and
+  // the serving engines' grouped top-k mask them (-inf); transformers' masked_fill(0.0) chooses the same experts
+  // unless fewer than k of the kept ones have c > 0. n_group 1: no groups (then topk_group must be 1).
+  int64_t n_group = 1, topk_group = 1;
+  // The weights times this after any renormalisation (DeepSeek-V3's routed_scaling_factor, 2.5).
+  double scale = 1.0;
 };
 
 // The epilogue of Context::moe_linear.
@@ -470,9 +479,10 @@ class Context {
   // expert index (softmax is monotonic: these are transformers' torch.topk(softmax(logits)) choices, case C21):
   // idx [T, k] I32; weights [T, k] param dtype (F32; F64 on cpu64): p = softmax(logits) in fp32 over all E, w_j = p[idx_j], divided by
   // sum_j p[idx_j] when normalize (Qwen3MoeTopKRouter's norm_topk_prob).
-  // opts.score Sigmoid (MiniMaxM2TopKRouter): p = sigmoid(logits) in fp32 per expert; the k experts of largest
-  // p + opts.choice_bias (the bias only chooses; ties to the lower index), in descending order of p + b; w_j = p[idx_j],
-  // divided by sum_j p[idx_j] when normalize.
+  // opts.score Sigmoid (MiniMaxM2TopKRouter, DeepseekV3MoE): p = sigmoid(logits) in fp32 per expert; the k experts of
+  // largest c = p + opts.choice_bias (the bias only chooses; ties to the lower index) among those of the kept groups
+  // (MoeRouteOpts::n_group / topk_group), in descending order of c; w_j = p[idx_j], divided by sum_j p[idx_j] + 1e-20
+  // when normalize (DeepseekV3MoE's guard; it leaves any sum above 1e-12 unchanged in fp32), times opts.scale.
   void moe_route(const Tensor& logits, int64_t k, bool normalize, const Tensor& idx, const Tensor& weights,
                  const MoeRouteOpts& opts = {});
   // The (token, slot) pairs of idx [T, k] (I32) grouped by expert, each expert's in token order: offsets [E + 1] I32

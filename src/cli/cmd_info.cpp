@@ -44,7 +44,9 @@ std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
   std::vector<std::string> notes;
   if (c.moe.router == RouterKind::SigmoidTopK)
     notes.push_back(c.moe.score_correction_bias ? "sigmoid router, score-correction bias" : "sigmoid router");
+  if (c.moe.n_group > 1) notes.push_back(cat("top-", c.moe.topk_group, " of ", c.moe.n_group, " groups"));
   if (c.moe.norm_topk_prob) notes.push_back("top-k renormalised");
+  if (c.moe.routed_scaling_factor != 1.0) notes.push_back(cat("x ", c.moe.routed_scaling_factor));
   if (c.moe.router_scales) notes.push_back("router scales");
   std::string act = c.moe.act == ExpertAct::ClampedSwiGLU ? "clamped SwiGLU"
                     : c.moe.act == ExpertAct::GeluTanh    ? "GeGLU"
@@ -56,7 +58,8 @@ std::string layer_text(const ModelConfig& c, const LayerSpec& s) {
     notes.push_back(c.moe.int4_group > 0 ? cat("INT4 in groups of ", c.moe.int4_group) : "INT4 per channel");
   std::string m = cat(a, " + MoE ", c.moe.num_experts, " experts top-", c.moe.top_k, " of width ", s.mlp_width);
   for (size_t i = 0; i < notes.size(); ++i) m += (i ? "; " : " (") + notes[i] + (i + 1 == notes.size() ? ")" : "");
-  if (c.moe.shared_expert_width > 0) m += cat(" + shared expert of width ", c.moe.shared_expert_width);
+  if (c.moe.shared_expert_width > 0)
+    m += cat(" + shared expert of width ", c.moe.shared_expert_width, c.moe.shared_expert_gate ? "" : " (no gate)");
   if (c.moe.dense_beside_width > 0) m += cat(" beside a dense ", dense, " of width ", c.moe.dense_beside_width);
   return m + tail;
 }
@@ -146,7 +149,9 @@ ojson config_json(const ModelConfig& c) {
     j["moe"] = {{"num_experts", c.moe.num_experts}, {"num_experts_per_tok", c.moe.top_k},
                 {"moe_intermediate_size", c.moe.expert_width}, {"norm_topk_prob", c.moe.norm_topk_prob},
                 {"decoder_sparse_step", c.moe.decoder_sparse_step}, {"mlp_only_layers", c.moe.mlp_only_layers},
-                {"shared_expert_intermediate_size", c.moe.shared_expert_width}};
+                {"shared_expert_intermediate_size", c.moe.shared_expert_width},
+                {"n_group", c.moe.n_group}, {"topk_group", c.moe.topk_group},
+                {"routed_scaling_factor", c.moe.routed_scaling_factor}};
   j["layers"] = plan_json(c);
   const TargetParams p = target_params(c);
   j["params"] = {{"total", p.total}, {"active_per_token", p.active}, {"embedding", p.embedding}};

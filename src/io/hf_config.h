@@ -1,7 +1,8 @@
 // io/hf_config.h — a Hugging Face config.json of a target decoder as one typed struct, with its per-layer plan.
 // defines: Arch, AttentionSpec, TokenMixer, ChannelMixer, LayerSpec, WeightFormat, weight_format_name, Fp8Format,
 //          Int4Format, parse_quantization_config, RouterKind,
-//          ExpertAct, MoeConfig, LinearAttnConfig, LayerType, ModelConfig, load_model_config, parse_model_config,
+//          ExpertAct, MoeConfig, LinearAttnConfig, MlaConfig, LayerType, ModelConfig, load_model_config,
+//          parse_model_config,
 //          parse_rope_scaling, rope_scaling_json, to_json / from_json (RopeScaling), default_target_layer_ids,
 //          validate_target_layer_ids, kAutoMaskTokenId, validate_mask_token_id
 //
@@ -29,6 +30,8 @@ enum class Arch {
   // (Gemma4ForConditionalGeneration) language model
   Gemma4, Gemma4Vl,
   MiniMaxM2,
+  // DeepSeek-V3 (io/model_family_deepseek_v3.cpp): DeepseekV3ForCausalLM, model_type deepseek_v3 or Kimi-K2's kimi_k2
+  DeepseekV3,
 };
 // the family's model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next", ...
 const char* arch_name(Arch a);
@@ -54,7 +57,8 @@ struct AttentionSpec {
   int64_t head_dim = 0, num_kv_heads = 0;
   bool k_eq_v = false;    // no v_proj: the values are the k projection's output before k_norm (attention_k_eq_v)
   bool v_norm = false;    // the values RMS-normed per head without a weight (Gemma 4's v_norm)
-  double scale = 0;       // the softmax scale; 0 = 1 / sqrt(d) (times YaRN's af^2). Gemma 4: 1 (q and k are normed)
+  double scale = 0;       // the softmax scale; 0 = 1 / sqrt(d) (times YaRN's af^2). Gemma 4: 1 (q and k are normed);
+                          // LatentAttention: qk_head_dim^-1/2 times mscale_all_dim's YaRN factor squared
   bool rope_alt = false;  // RoPE of ModelConfig::rope_alt instead of the config's (Gemma 4's full-attention layers)
 };
 
@@ -68,6 +72,7 @@ enum class MlpAct {
 enum class TokenMixer {
   Attention,        // causal softmax attention (AttentionSpec)
   LinearAttention,  // Gated DeltaNet (LinearAttnConfig; model/target/linear_attention.h)
+  LatentAttention,  // multi-head latent attention (MlaConfig; model/target/latent_attention.h), AttentionSpec::scale
 };
 
 // The channel mixer of one target layer.
@@ -79,7 +84,7 @@ enum class ChannelMixer {
 // One decoder layer of the target: h += token_mixer(RMSNorm_in(h)); h += channel_mixer(RMSNorm_post(h)).
 struct LayerSpec {
   TokenMixer mixer = TokenMixer::Attention;
-  AttentionSpec attention;      // mixer == Attention
+  AttentionSpec attention;      // mixer == Attention (LatentAttention: its scale)
   ChannelMixer mlp = ChannelMixer::Dense;
   int64_t mlp_width = 0;  // Dense: its intermediate size; MoE: each expert's (moe.expert_width)
   // Gemma's sandwich norms: the token mixer's and the channel mixer's outputs are RMS-normed before each residual
@@ -162,8 +167,9 @@ enum class RouterKind {
   TopKSoftmax,  // the top_k largest z, softmax over those k: the renormalised SoftmaxTopK, exp(z_j - m) /
                 // sum_{i in top k} exp(z_i - m) either way (gpt-oss's router)
   SigmoidTopK,  // p = sigmoid(z) per expert in fp32; the top_k largest p + b chosen (b: the score-correction bias
-                // when MoeConfig::score_correction_bias, else 0), weighted by their p, renormalised to sum 1 when
-                // norm_topk_prob (MiniMax-M2's MiniMaxM2TopKRouter)
+                // when MoeConfig::score_correction_bias, else 0; within the kept groups when MoeConfig::n_group > 1),
+                // weighted by their p, renormalised to sum 1 when norm_topk_prob, times routed_scaling_factor
+                // (MiniMax-M2's MiniMaxM2TopKRouter; DeepSeek-V3's DeepseekV3MoE)
 };
 
 // The gated activation of an expert (backend/context.h MoeAct of the same names).
@@ -194,8 +200,16 @@ struct MoeConfig {
   WeightFormat expert_format = WeightFormat::Plain;  // the experts' projection weights (not their biases)
   int64_t int4_group = 0;  // INT4 experts: elements per scale along K (Int4Format::group_size; 0 = per channel)
   // A shared expert beside the routed ones (Qwen3-Next, Qwen3.5-MoE: Qwen3NextSparseMoeBlock): every token also goes
-  // through a SwiGLU of this width, scaled by sigmoid(x Wsg^T) (Wsg [1, H]) and added. 0 = none.
+  // through a SwiGLU of this width, scaled by sigmoid(x Wsg^T) (Wsg [1, H]) when shared_expert_gate, and added. 0 =
+  // none. Without the gate it is added as it is (DeepSeek-V3's shared_experts: n_shared_experts x
+  // moe_intermediate_size wide).
   int64_t shared_expert_width = 0;
+  bool shared_expert_gate = true;
+  // RouterKind::SigmoidTopK's group-limited choice and weight scale (DeepSeek-V3's n_group, topk_group,
+  // routed_scaling_factor: backend/context.h MoeRouteOpts): the top_k are chosen within the topk_group best of
+  // n_group groups of experts, and their (renormalised) weights multiplied by routed_scaling_factor.
+  int64_t n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
   // Gemma 4's router (Gemma4TextRouter): it reads RMSNorm(x) without a weight, times a learned scale [H] and H^-1/2
   // (folded into the router's weight when loaded), and the renormalised top-k weights are multiplied by a learned
   // per-expert scale [E] (folded into each expert's down rows when loaded).
@@ -216,6 +230,20 @@ struct LinearAttnConfig {
   int64_t key_dim() const { return num_key_heads * key_head_dim; }
   int64_t value_dim() const { return num_value_heads * value_head_dim; }
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels of the convolution: q, k, v
+};
+
+// Multi-head latent attention (DeepSeek-V2 / V3: transformers' DeepseekV3Attention; model/target/latent_attention.h).
+// Per head: a query of qk_nope + qk_rope dims (q_proj, or q_b_proj(RMSNorm(q_a_proj x)) with a q_lora_rank); keys
+// and values from one latent of kv_lora_rank dims (kv_b_proj(RMSNorm(latent)) -> per head [k_nope | v]) and one
+// RoPE key of qk_rope dims shared by all heads.
+struct MlaConfig {
+  int64_t q_lora_rank = 0;       // 0: q_proj [nh (nope + rope), H] (DeepSeek-V2-Lite); else q_a_proj / q_b_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  // the RoPE dims of q_b_proj's / kv_a_proj_with_mqa's rows are interleaved pairs (2i, 2i + 1), transformers'
+  // apply_rotary_pos_emb_interleave (rope_interleave true), rather than rotate-half pairs (i, i + rope / 2)
+  bool rope_interleave = true;
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };
 
 // The kind of one layer's token mixer as config.json's layer_types names it ("full_attention", "sliding_attention",
@@ -267,6 +295,7 @@ struct ModelConfig {
   bool attention_k_eq_v = false;
   MoeConfig moe;
   LinearAttnConfig linear_attn;      // layers whose mixer is LinearAttention
+  MlaConfig mla;                     // layers whose mixer is LatentAttention
   // config.json layer_types, one per layer (SlidingAttention / FullAttention: gpt-oss; LinearAttention /
   // FullAttention: the hybrid families, derived from full_attention_interval when absent; empty: absent and not
   // derived), and the window of the sliding layers (gpt-oss: AttentionSpec::sliding_window of those layers). The

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/model_family_deepseek_v3.h"
 #include "io/model_family_gemma4.h"
 #include "io/model_family_hybrid.h"
 #include "io/model_family_minimax.h"
@@ -220,6 +221,10 @@ const std::vector<ModelFamily>& model_families() {
       {Arch::MiniMaxM2, "minimax_m2", "MiniMaxM2ForCausalLM", "MiniMax-M2",
        "MiniMax-M2, MiniMax-M2.1, MiniMax-M2.5, MiniMax-M2.7", read_minimax_m2, minimax_m2_layer, nullptr,
        minimax_m2_names()},
+      // io/model_family_deepseek_v3.cpp
+      {Arch::DeepseekV3, "deepseek_v3", "DeepseekV3ForCausalLM", "DeepSeek-V3",
+       "DeepSeek-V3, DeepSeek-V3.1, DeepSeek-R1, Kimi-K2", read_deepseek_v3, deepseek_v3_layer, nullptr,
+       deepseek_v3_names(), deepseek_v3_drafter, "kimi_k2"},
   };
   return families;
 }
@@ -232,7 +237,7 @@ const ModelFamily* family_by_architecture(const std::string& name) {
 
 const ModelFamily* family_by_model_type(const std::string& model_type) {
   for (const ModelFamily& f : model_families())
-    if (model_type == f.model_type) return &f;
+    if (model_type == f.model_type || (f.model_type_alias && model_type == f.model_type_alias)) return &f;
   return nullptr;
 }
 
@@ -250,7 +255,10 @@ std::string supported_architectures() {
 
 std::string supported_model_types() {
   std::string s;
-  for (const ModelFamily& f : model_families()) s += (s.empty() ? "" : ", ") + std::string(f.model_type);
+  for (const ModelFamily& f : model_families()) {
+    s += (s.empty() ? "" : ", ") + std::string(f.model_type);
+    if (f.model_type_alias) s += ", " + std::string(f.model_type_alias);
+  }
   return s;
 }
 

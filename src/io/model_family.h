@@ -38,6 +38,11 @@ struct WeightNames {
   std::string in_norm = "input_layernorm.weight", post_norm = "post_attention_layernorm.weight";
   std::string q = "self_attn.q_proj", k = "self_attn.k_proj", v = "self_attn.v_proj", o = "self_attn.o_proj";
   std::string q_norm = "self_attn.q_norm.weight", k_norm = "self_attn.k_norm.weight";
+  // Multi-head latent attention (model/target/latent_attention.h): the query's low-rank pair and its norm, the
+  // latent's projection (with the shared RoPE key), its norm and its expansion to every head's k_nope and v.
+  std::string q_a = "self_attn.q_a_proj", q_a_norm = "self_attn.q_a_layernorm.weight", q_b = "self_attn.q_b_proj";
+  std::string kv_a = "self_attn.kv_a_proj_with_mqa", kv_a_norm = "self_attn.kv_a_layernorm.weight";
+  std::string kv_b = "self_attn.kv_b_proj";
   std::string gate = "mlp.gate_proj.weight", up = "mlp.up_proj.weight", down = "mlp.down_proj.weight";
   std::string router = "mlp.gate.weight";
   std::string expert = "mlp.experts.";
@@ -99,11 +104,13 @@ struct ModelFamily {
   // The drafter defaults this family sets itself (model/drafter.h DrafterConfig::for_target,
   // default_intermediate_size); nullptr, or a field left 0: the general rule.
   DrafterDefaults (*drafter)(const ModelConfig& c) = nullptr;
+  // Another model_type of the same architecture (Kimi-K2's "kimi_k2" for DeepseekV3ForCausalLM), or nullptr.
+  const char* model_type_alias = nullptr;
 };
 
 // Every supported family, in the order `dflash info` and the README list them.
 const std::vector<ModelFamily>& model_families();
-// The family of an architectures entry / a model_type, or nullptr.
+// The family of an architectures entry / a model_type (its own or its alias), or nullptr.
 const ModelFamily* family_by_architecture(const std::string& name);
 const ModelFamily* family_by_model_type(const std::string& model_type);
 const ModelFamily& family_of(Arch a);

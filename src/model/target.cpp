@@ -27,7 +27,8 @@ TargetLayer load_layer(WeightSource& src, const ModelConfig& cfg, const WeightNa
     L.mlp = load_dense_mlp(src, p, n, H, L.spec.mlp_width);
   } else {
     L.moe = load_moe(src, p, n, H, cfg.moe);
-    if (cfg.moe.shared_expert_width > 0) L.shared = load_shared_expert(src, p, n, H, cfg.moe.shared_expert_width);
+    if (cfg.moe.shared_expert_width > 0)
+      L.shared = load_shared_expert(src, p, n, H, cfg.moe.shared_expert_width, cfg.moe.shared_expert_gate);
     if (cfg.moe.dense_beside_width > 0) {  // Gemma 4: the dense MLP beside the experts, and the block's norms
       L.mlp = load_dense_mlp(src, p, n, H, cfg.moe.dense_beside_width);
       L.moe_in_norm = src.norm(p + n.moe_in_norm, {H});
@@ -174,6 +175,9 @@ int64_t fp8_projection_params(const ModelConfig& cfg, const LayerSpec& s) {
   int64_t n = 0;
   if (s.mixer == TokenMixer::LinearAttention) {
     n += H * (cfg.linear_attn.conv_dim() + 2 * cfg.linear_attn.value_dim());
+  } else if (s.mixer == TokenMixer::LatentAttention) {  // every projection but the two norms
+    const MlaConfig& m = cfg.mla;
+    n += token_mixer(s.mixer).params(cfg, s) - m.kv_lora_rank - m.q_lora_rank;
   } else {
     n += 2 * H * nh * d + (s.attention.k_eq_v ? 1 : 2) * H * nkv * d + (s.attention.output_gate ? H * nh * d : 0);
   }
@@ -210,7 +214,7 @@ TargetParams target_layer_params(const ModelConfig& cfg, int64_t l) {
   const int64_t attn = token_mixer(s.mixer).params(cfg, s) + (s.sandwich_norms ? 4 : 2) * H + (s.layer_scalar ? 1 : 0);
   MlpParams m = mlp_params(cfg, s);
   if (s.mlp == ChannelMixer::MoE && cfg.moe.shared_expert_width > 0) {
-    const int64_t se = shared_expert_params(H, cfg.moe.shared_expert_width);
+    const int64_t se = shared_expert_params(H, cfg.moe.shared_expert_width, cfg.moe.shared_expert_gate);
     m.total += se;
     m.active += se;
   }
@@ -354,7 +358,7 @@ void Target::run_layers(Context& ctx, const Tensor& h, const Tensor& pos, std::s
       ctx.add(y, y2);
     } else {
       out.router_topk.push_back(moe_forward(ctx, L.moe, cfg_.moe, x, y));
-      if (L.shared.gate.defined()) shared_expert_forward(ctx, L.shared, x, y);
+      if (L.shared.defined()) shared_expert_forward(ctx, L.shared, x, y);
     }
     if (L.spec.sandwich_norms) {
       family_norm(ctx, cfg_, y, L.mlp_out_norm, y);

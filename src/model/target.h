@@ -4,14 +4,15 @@
 //
 // Forward: embedding; per layer l (its LayerSpec, made by the family from config.json: io/model_family.h)
 //   h += token_mixer(RMSNorm_in(h))      the kind the plan names, through its descriptor (model/target/mixer.h):
-//                                        causal attention or Gated DeltaNet linear attention
+//                                        causal attention, Gated DeltaNet linear attention or
+//                                        multi-head latent attention
 //   h += channel_mixer(RMSNorm_post(h))  dense SwiGLU or Mixture of Experts (model/target/mlp.h), with a shared
 //                                        expert when the family has one (model/target/shared_expert.h)
 // then the final RMSNorm and lm_head (tied to the embedding or not). RMSNorms scale by 1 + w when the config says
 // zero_centred_norms. Gemma's options (io/hf_config.h): the embedding times embed_scale; sandwich norms (each mixer's
 // output RMS-normed before its residual add) and h *= layer_scalar; the MoE block beside a dense MLP; soft-capped
 // logits. Families: Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss, Qwen3-Next, Qwen3.5 / Qwen3.6 (dense and MoE), Gemma 4
-// (dense and MoE).
+// (dense and MoE), MiniMax-M2, DeepSeek-V3 / Kimi-K2.
 // Captured features (spec 1): h_after_layer(l) = the residual stream AFTER decoder layer l (0-based), before
 // the final norm — HF's output_hidden_states[l + 1]. Never the full-vocabulary logits of every position.
 #pragma once

@@ -67,6 +67,8 @@ int64_t layer_state_bytes(const ModelConfig& c, const LayerSpec& s, int64_t T, S
     return la.num_value_heads * la.key_head_dim * la.value_head_dim * z.p +
            std::max<int64_t>(0, la.conv_kernel - 1) * la.conv_dim() * z.a;
   }
+  // latent attention: the expanded k and v of every head, v padded to the query's head dim
+  if (s.mixer == TokenMixer::LatentAttention) return 2 * T * c.num_attention_heads * c.mla.qk_head_dim() * z.a;
   return 2 * T * c.num_key_value_heads * c.head_dim * z.a;
 }
 
@@ -76,6 +78,12 @@ int64_t layer_transient_bytes(const ModelConfig& c, const LayerSpec& s, int64_t 
   if (s.mixer == TokenMixer::LinearAttention) {
     const LinearAttnConfig& la = c.linear_attn;
     b += T * (2 * la.conv_dim() + 2 * la.value_dim()) * z.a + 2 * T * la.num_value_heads * z.p;
+  } else if (s.mixer == TokenMixer::LatentAttention) {
+    // q, its RoPE part, the latent, the expanded k_nope | v, k and v padded, the output and its first dv dims
+    const MlaConfig& m = c.mla;
+    const int64_t nh = c.num_attention_heads, dq = m.qk_head_dim();
+    b += T * (m.q_lora_rank + m.kv_lora_rank * 2 + nh * (4 * dq + 2 * m.qk_rope_head_dim +
+                                                          2 * (m.qk_nope_head_dim + m.v_head_dim))) * z.a;
   } else {
     const int64_t q = c.num_attention_heads * c.head_dim;
     b += T * q * (2 + (s.attention.output_gate ? 1 : 0)) * z.a;

@@ -1,6 +1,6 @@
 // tests/common/train_fixtures.h — small training runs for the tests: a learnable toy data set for the tiny Qwen3
-// golden target, a config sized for 2 CPU cores, metrics reading, the 2 + 2 = 1 workers check, temporary directories,
-// child processes.
+// golden target, a config sized for 2 CPU cores, metrics reading, the 2 + 2 = 1 workers check, a family's pipeline
+// (train, 2 + 2 = 1, eval), temporary directories, child processes.
 #pragma once
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
+#include "core/fs.h"
 #include "core/rng.h"
 #include "io/dataset.h"
 #include "io/safetensors.h"
@@ -122,6 +124,46 @@ inline std::pair<std::vector<nlohmann::json>, std::vector<nlohmann::json>> expec
   EXPECT_LE(rel_err(p2, p1), 1e-5) << label;
   EXPECT_GT(rel_err(p2, p1), 0.0) << label << ": two drafters must really sum two partial gradients";
   return {m1, m2};
+}
+
+// What `dflash <args>` prints (stdout and stderr, through the file `out`); a failing exit status fails the test
+// with that output.
+inline std::string dflash_output(const std::string& args, const std::string& out) {
+  const std::string cmd = cat(DFLASH_BINARY, " ", args, " > ", out, " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  const std::string text = read_file(out);
+  EXPECT_EQ(rc, 0) << cmd << "\n" << text;
+  return text;
+}
+
+// The family tests' pipeline on a golden target directory: 10 steps of tiny_train_config with an export (the loss
+// falls; the export's intermediate_size is `intermediate_size` and its target layers [1, 2]), 2 + 2 workers equal to
+// 1 + 1 (expect_two_plus_two_as_one), and `dflash eval` of the export on 4 samples lossless. `name` makes the
+// temporary directory and labels failures.
+inline void expect_family_pipeline(const std::string& target_dir, const std::string& name, int64_t intermediate_size) {
+  const std::string root = train_tmpdir("pipe" + name);
+  const std::string data = make_train_data(root);
+  TrainConfig one = tiny_train_config(root, data);
+  one.target_dir = target_dir;
+  one.max_steps = 10;
+  one.out_dir = root + "/one";
+  one.export_at_end = true;
+  train(one);
+  const auto ex = nlohmann::json::parse(read_file(one.out_dir + "/export/config.json"));
+  EXPECT_EQ(ex["intermediate_size"].get<int64_t>(), intermediate_size) << name;
+  EXPECT_EQ(ex["dflash_config"]["target_layer_ids"], nlohmann::json({1, 2})) << name;
+  auto m1 = read_metrics_jsonl(one.out_dir);
+  ASSERT_EQ(m1.size(), 10u) << name;
+  EXPECT_LT(m1.back()["loss"].get<double>(), m1.front()["loss"].get<double>()) << name;
+  expect_two_plus_two_as_one(one, root + "/two", name);
+  const std::string cmd = cat(DFLASH_BINARY, " eval --target ", one.target_dir, " --drafter ", one.out_dir,
+                              "/export --data ", data, " --max-samples 4 --stop-id 511 --no-progress --json ", root,
+                              "/eval.json > ", root, "/eval.log 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(root + "/eval.log");
+  const auto rep = nlohmann::json::parse(read_file(root + "/eval.json"));
+  EXPECT_EQ(rep["evaluated"].get<int64_t>(), 4) << rep.dump();
+  EXPECT_EQ(rep["lossless_mismatches"].get<int64_t>(), 0) << rep.dump();
+  std::filesystem::remove_all(root);
 }
 
 // Runs a program (args[0]: its path) in a child process. Without `child`: waits, returns its exit status (128 +

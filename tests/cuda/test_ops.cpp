@@ -1529,6 +1529,27 @@ void moe_route_sigmoid_case(int64_t T, int64_t E, int64_t k, bool with_bias) {
              });
 }
 
+// DeepSeek-V3's router (MoeRouteOpts n_group / topk_group / scale): sigmoid scores, a choice bias, the top k within the
+// tg best of ng groups (group scores from tied logits tie too: the lower group first), the weights renormalised and
+// scaled by 2.5.
+void moe_route_group_case(int64_t T, int64_t E, int64_t k, int64_t ng, int64_t tg) {
+  const Tensor z = tie_logits(T, E, 300 + E + k);
+  Tensor b = cpu_empty(DType::F32, {E});
+  for (int64_t e = 0; e < E; ++e) b.ptr<float>()[e] = static_cast<float>((e * 37 % 11) - 5) / 64.0f;
+  check_case(cat("moe_route groups T", T, " E", E, " k", k, " groups ", tg, " of ", ng),
+             {{"idx", Kind::Exact, false}, {"weights", Kind::TwoX, false, static_cast<double>(k)}}, [&](Context& c) {
+               Tensor idx = c.empty(DType::I32, {T, k}), w = nan_out(c, {T, k}, false);
+               MoeRouteOpts o;
+               o.score = MoeScore::Sigmoid;
+               o.choice_bias = c.to_device(b);
+               o.n_group = ng;
+               o.topk_group = tg;
+               o.scale = 2.5;
+               c.moe_route(put(c, z), k, true, idx, w, o);
+               return Outs{get(c, idx), get(c, w)};
+             });
+}
+
 // ||got - want|| / ||want|| against a golden's F32 tensor.
 double rel_rms(const std::vector<double>& got, const Tensor& want) {
   double num = 0, den = 0;
@@ -1762,6 +1783,8 @@ TEST(CudaOps, MoE) {
     moe_route_sigmoid_case(T, E, k, true);
     moe_route_sigmoid_case(T, E, k, false);
   }
+  moe_route_group_case(37, 16, 4, 4, 2);   // the DeepSeek-V3 golden's routing
+  moe_route_group_case(70, 256, 8, 8, 4);  // DeepSeek-V3's
   if (kEmu) {
     moe_layer_case(19, 16, 8, 4, 2);
     // the portable tensor-core kernel: 2 row tiles per expert, 3 k-steps with a zero-filled tail (K 72) and 5 (K 136),
@@ -1906,6 +1929,14 @@ TEST(CudaTarget, Gemma4Golden) {
   golden_case("target_gemma4");
   golden_case("target_gemma4_text");
   golden_case("target_gemma4_moe");
+}
+
+// DeepSeek-V3 (tools/ref_deepseek_v3.py): multi-head latent attention (q_lora_rank, YaRN with mscale_all_dim, the
+// interleaved RoPE reordered in the weights, v padded to the head dim of 24), the group-limited router with its
+// scale, the gate-less shared expert, a dense first layer; and Kimi-K2's layout (q_proj, rotate-half RoPE, one group).
+TEST(CudaTarget, DeepseekV3Golden) {
+  golden_case("target_deepseek_v3");
+  golden_case("target_deepseek_v3_kimi");
 }
 
 // ---- hybrid linear-attention ops ----------------------------------------------------------------------------------

@@ -31,12 +31,7 @@
 using namespace dflash;
 using nlohmann::json;
 using test::check_golden;
-using test::expect_two_plus_two_as_one;
-using test::make_train_data;
-using test::read_metrics_jsonl;
 using test::source_dir;
-using test::tiny_train_config;
-using test::train_tmpdir;
 using test::TmpDir;
 namespace fs = std::filesystem;
 
@@ -328,9 +323,7 @@ TEST(MiniMaxM2Load, Fp8CheckpointEqualsItsDequantisation) {
 TEST(MiniMaxM2Info, PlanParametersAndIgnoredMtp) {
   TmpDir tmp("minimax_info");
   write_file_atomic(tmp.path + "/config.json", minimax_m25().dump());
-  const std::string cmd = cat(DFLASH_BINARY, " info ", tmp.path, " --json > ", tmp.path, "/out.json 2>&1");
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp.path + "/out.json");
-  const json o = json::parse(read_file(tmp.path + "/out.json"))["config"];
+  const json o = json::parse(test::dflash_output("info " + tmp.path + " --json", tmp.path + "/out.json"))["config"];
   EXPECT_EQ(o["family"], "MiniMax-M2");
   ASSERT_EQ(o["layers"].size(), 1u);
   EXPECT_EQ(o["layers"][0]["layers"], "0-61");
@@ -341,18 +334,13 @@ TEST(MiniMaxM2Info, PlanParametersAndIgnoredMtp) {
   EXPECT_EQ(o["params"]["total"].get<int64_t>(), p.total);
   EXPECT_EQ(o["params"]["active_per_token"].get<int64_t>(), p.active);
   EXPECT_EQ(o["default_target_layer_ids_nf5"], json({1, 16, 30, 45, 59}));
-  const std::string txt = cat(DFLASH_BINARY, " info ", tmp.path, " > ", tmp.path, "/out.txt 2>&1");
-  ASSERT_EQ(std::system(txt.c_str()), 0);
-  const std::string t = read_file(tmp.path + "/out.txt");
+  const std::string t = test::dflash_output("info " + tmp.path, tmp.path + "/out.txt");
   EXPECT_TRUE(has(t, "arch: minimax_m2 (MiniMax-M2, MiniMaxM2ForCausalLM)")) << t;
   EXPECT_TRUE(has(t, "params: 228.69B total, 10.42B active per token")) << t;
   EXPECT_TRUE(has(t, "layer 0-61    " + plan)) << t;
   // the golden directory: its MTP module's tensors (model.layers.4.*) are counted and ignored by name
-  const std::string g = cat(DFLASH_BINARY, " info ", golden_dir(), " > ", tmp.path, "/g.txt 2>&1");
-  ASSERT_EQ(std::system(g.c_str()), 0) << read_file(tmp.path + "/g.txt");
-  EXPECT_TRUE(has(read_file(tmp.path + "/g.txt"), "ignored by name (not the language model): 2 tensors under "
-                                                  "model.layers.4."))
-      << read_file(tmp.path + "/g.txt");
+  const std::string g = test::dflash_output("info " + golden_dir(), tmp.path + "/g.txt");
+  EXPECT_TRUE(has(g, "ignored by name (not the language model): 2 tensors under model.layers.4.")) << g;
 }
 
 // ---- end to end -------------------------------------------------------------------------------------------------------
@@ -368,27 +356,5 @@ TEST(MiniMaxM2EndToEnd, SpeculativeDecodingAndBatchedGeneration) {
 // Training on the MiniMax-M2 golden target: 2 + 2 workers give the loss and parameters of 1 + 1, the loss falls, the
 // export evaluates losslessly.
 TEST(Pipeline, MiniMaxM2TargetTwoPlusTwoMatchesOneWorkerAndEvaluates) {
-  const std::string root = train_tmpdir("pipeminimax");
-  const std::string data = make_train_data(root);
-  TrainConfig one = tiny_train_config(root, data);
-  one.target_dir = golden_dir();
-  one.max_steps = 10;
-  one.out_dir = root + "/one";
-  one.export_at_end = true;
-  train(one);
-  const auto ex = nlohmann::json::parse(read_file(one.out_dir + "/export/config.json"));
-  EXPECT_EQ(ex["intermediate_size"].get<int64_t>(), 3 * 64);
-  EXPECT_EQ(ex["dflash_config"]["target_layer_ids"], nlohmann::json({1, 2}));
-  auto m1 = read_metrics_jsonl(one.out_dir);
-  ASSERT_EQ(m1.size(), 10u);
-  EXPECT_LT(m1.back()["loss"].get<double>(), m1.front()["loss"].get<double>());
-  expect_two_plus_two_as_one(one, root + "/two", "minimax_m2");
-  const std::string cmd = cat(DFLASH_BINARY, " eval --target ", one.target_dir, " --drafter ", one.out_dir,
-                              "/export --data ", data, " --max-samples 4 --stop-id 511 --no-progress --json ", root,
-                              "/eval.json > ", root, "/eval.log 2>&1");
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(root + "/eval.log");
-  const auto rep = nlohmann::json::parse(read_file(root + "/eval.json"));
-  EXPECT_EQ(rep["evaluated"].get<int64_t>(), 4) << rep.dump();
-  EXPECT_EQ(rep["lossless_mismatches"].get<int64_t>(), 0) << rep.dump();
-  fs::remove_all(root);
+  test::expect_family_pipeline(golden_dir(), "minimax_m2", 3 * 64);
 }

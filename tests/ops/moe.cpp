@@ -98,6 +98,51 @@ TEST(MoeOps, RouteSigmoidWithChoiceBias) {
   }
 }
 
+// DeepSeek-V3's group-limited choice (MoeRouteOpts::n_group / topk_group) and routed scaling: 8 experts in 4 groups of
+// 2, z = (3, -3, 2, 2, 2.5, -3, 0.1, 0): group scores (the sum of a group's two p) 1.0, 1.76, 0.97, 1.02, so groups 1
+// and 3 are kept and the top 3 are experts 2, 3 (tied: the lower first) and 6, where without groups they would be
+// 0, 4, 2; the weights are p / (sum + 1e-20) x 2.5.
+TEST(MoeOps, RouteSigmoidGroupLimited) {
+  for (const char* dev : {"cpu", "cpu64"}) {
+    auto ctx = make_context(dev);
+    const DType dt = ctx->compute_dtype();
+    const std::vector<double> zv = {3, -3, 2, 2, 2.5, -3, 0.1, 0};
+    Tensor z = cpu_empty(dt, {1, 8});
+    for (size_t i = 0; i < zv.size(); ++i) {
+      if (dt == DType::F64) z.ptr<double>()[i] = zv[i];
+      else z.ptr<float>()[i] = static_cast<float>(zv[i]);
+    }
+    MoeRouteOpts o;
+    o.score = MoeScore::Sigmoid;
+    o.n_group = 4;
+    o.topk_group = 2;
+    o.scale = 2.5;
+    Tensor idx = cpu_empty(DType::I32, {1, 3}), w = cpu_empty(ctx->param_dtype(), {1, 3});
+    ctx->moe_route(z, 3, true, idx, w, o);
+    EXPECT_EQ(ints(idx), (std::vector<int32_t>{2, 3, 6})) << dev;
+    auto sig = [](double x) { return 1 / (1 + std::exp(-x)); };
+    const double sum = 2 * sig(2) + sig(0.1);
+    const std::vector<double> got = test::to_f64(w);
+    EXPECT_NEAR(got[0], 2.5 * sig(2) / sum, 1e-6) << dev;
+    EXPECT_NEAR(got[2], 2.5 * sig(0.1) / sum, 1e-6) << dev;
+    o.n_group = 1;  // no groups: the largest p
+    o.topk_group = 1;
+    ctx->moe_route(z, 3, true, idx, w, o);
+    EXPECT_EQ(ints(idx), (std::vector<int32_t>{0, 4, 2})) << dev;
+    // refused: groups that do not divide E, topk_group outside [1, n_group], too few candidates, softmax with groups
+    o.n_group = 3;
+    EXPECT_THROW(ctx->moe_route(z, 3, true, idx, w, o), Error);
+    o.n_group = 4;
+    o.topk_group = 5;
+    EXPECT_THROW(ctx->moe_route(z, 3, true, idx, w, o), Error);
+    o.topk_group = 1;  // 2 candidates < k = 3
+    EXPECT_THROW(ctx->moe_route(z, 3, true, idx, w, o), Error);
+    o.topk_group = 2;
+    o.score = MoeScore::Softmax;
+    EXPECT_THROW(ctx->moe_route(z, 3, true, idx, w, o), Error);
+  }
+}
+
 TEST(MoeOps, GroupSortsPairsByExpertThenToken) {
   auto ctx = make_context("cpu");
   // pairs (token, slot): (0,0)->2 (0,1)->0 (1,0)->2 (1,1)->1 (2,0)->0 (2,1)->2

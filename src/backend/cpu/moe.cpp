@@ -18,9 +18,10 @@ void moe_route(ThreadPool& tp, const Tensor& logits, int64_t k, bool normalize, 
     using T = decltype(tag);
     const int64_t T_ = logits.shape[0], E = logits.shape[1];
     const float* bias = opts.choice_bias.defined() ? opts.choice_bias.ptr<float>() : nullptr;
+    const int64_t ng = opts.n_group, tg = opts.topk_group;
     tp.parallel_for(T_, 16, [&](int64_t b, int64_t e) {
-      std::vector<int32_t> order(static_cast<size_t>(E));
-      std::vector<T> p(static_cast<size_t>(E)), c(static_cast<size_t>(E));
+      std::vector<int32_t> order(static_cast<size_t>(E)), gorder(static_cast<size_t>(ng));
+      std::vector<T> p(static_cast<size_t>(E)), c(static_cast<size_t>(E)), gscore(static_cast<size_t>(ng));
       for (int64_t t = b; t < e; ++t) {
         const T* z = logits.ptr<T>() + t * E;
         if (opts.score == MoeScore::Sigmoid) {  // p = sigmoid(z); the top k of c = p + b; w = p (renormalised)
@@ -28,15 +29,33 @@ void moe_route(ThreadPool& tp, const Tensor& logits, int64_t k, bool normalize, 
             p[i] = T(1) / (T(1) + std::exp(-z[i]));
             c[i] = p[i] + (bias ? static_cast<T>(bias[i]) : T(0));
           }
-          std::iota(order.begin(), order.end(), 0);
           const T* cv = c.data();
-          std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                            [cv](int32_t a, int32_t d) { return cv[a] > cv[d] || (cv[a] == cv[d] && a < d); });
+          auto before = [cv](int32_t a, int32_t d) { return cv[a] > cv[d] || (cv[a] == cv[d] && a < d); };
+          int64_t n = E;  // the candidates: order[0 .. n)
+          std::iota(order.begin(), order.end(), 0);
+          if (ng > 1) {  // keep the topk_group groups of largest top-2 sum (ties to the lower group)
+            const int64_t gs = E / ng;
+            for (int64_t g = 0; g < ng; ++g) {
+              std::partial_sort(order.begin() + g * gs, order.begin() + g * gs + 2, order.begin() + (g + 1) * gs,
+                                before);
+              gscore[g] = cv[order[g * gs]] + cv[order[g * gs + 1]];
+            }
+            std::iota(gorder.begin(), gorder.end(), 0);
+            const T* gv = gscore.data();
+            std::partial_sort(gorder.begin(), gorder.begin() + tg, gorder.end(),
+                              [gv](int32_t a, int32_t d) { return gv[a] > gv[d] || (gv[a] == gv[d] && a < d); });
+            std::sort(gorder.begin(), gorder.begin() + tg);
+            n = 0;
+            for (int64_t j = 0; j < tg; ++j)
+              for (int64_t i = 0; i < gs; ++i) order[n++] = static_cast<int32_t>(gorder[j] * gs + i);
+          }
+          std::partial_sort(order.begin(), order.begin() + k, order.begin() + n, before);
           T chosen = 0;
           for (int64_t j = 0; j < k; ++j) chosen += p[order[j]];
+          const T scale = static_cast<T>(opts.scale);
           for (int64_t j = 0; j < k; ++j) {
             idx.ptr<int32_t>()[t * k + j] = order[j];
-            weights.ptr<T>()[t * k + j] = normalize ? p[order[j]] / chosen : p[order[j]];
+            weights.ptr<T>()[t * k + j] = (normalize ? p[order[j]] / (chosen + T(1e-20)) : p[order[j]]) * scale;
           }
           continue;
         }

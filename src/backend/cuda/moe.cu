@@ -4,7 +4,8 @@
 //
 //  moe_route    one warp per token: the fp32 softmax over E <= 1024 logits (E / 32 per lane in registers), the k
 //               largest by k warp arg-max reductions (logit descending, expert index ascending on ties); with
-//               sigmoid scores (MoeRouteOpts) each lane's p = sigmoid(z) and the choice value p + bias instead.
+//               sigmoid scores (MoeRouteOpts) each lane's p = sigmoid(z) and the choice value p + bias instead, and
+//               with groups (DeepSeek-V3) the groups outside the topk_group best marked taken first.
 //  moe_group    three small kernels over chunks of 64 tokens: per-chunk expert counts, one block scanning them into
 //               the experts' offsets and each chunk's starting row per expert (all its threads over the counts,
 //               kMaxExperts / E per expert column), then each chunk placing its pairs
@@ -46,10 +47,19 @@ constexpr int kMoeDefaultVariant = 1;  // the Hopper grouped GEMM's variant when
 constexpr int kMaxExperts = 1024;   // moe_route keeps E / 32 logits per lane; moe_group scans E in one block
 
 // ---- moe_route ------------------------------------------------------------------------------------------------------
-// SIGMOID (MoeScore::Sigmoid): p = sigmoid(z) per expert, the top k of p + bias (bias may be null), w = p.
+// SIGMOID (MoeScore::Sigmoid): p = sigmoid(z) per expert, the top k of p + bias (bias may be null), w = p. With
+// groups (ng > 1: MoeRouteOpts::n_group, tg = topk_group) the warp writes its choice values to shared memory, lane g
+// sums group g's two largest, tg warp arg-max rounds keep the groups, and the other groups' experts are marked taken
+// before the top-k rounds. scale multiplies the weights.
+struct RouteGroups {
+  int ng = 1, tg = 1;
+  float scale = 1.f;
+};
 template <int EPL, bool SIGMOID>  // experts per lane: E <= 32 EPL
 __global__ void k_moe_route(const bf16* __restrict__ logits, int64_t T, int E, int k, bool normalize,
-                            const float* __restrict__ bias, int32_t* __restrict__ idx, float* __restrict__ weights) {
+                            const float* __restrict__ bias, int32_t* __restrict__ idx, float* __restrict__ weights,
+                            RouteGroups grp) {
+  DFLASH_DYN_SMEM(route_smem);  // with groups: [warps per block][E] F32
   const int lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= T) return;
@@ -68,6 +78,49 @@ __global__ void k_moe_route(const bf16* __restrict__ logits, int64_t T, int E, i
       if (e < E) v[i] = s[i] + (bias ? bias[e] : 0.f);
     }
     mx = fmaxf(mx, v[i]);
+  }
+  if constexpr (SIGMOID) {
+    if (grp.ng > 1) {
+      float* c = reinterpret_cast<float*>(route_smem) + (threadIdx.x >> 5) * E;
+      DFLASH_UNROLL
+      for (int i = 0; i < EPL; ++i)
+        if (lane + 32 * i < E) c[lane + 32 * i] = v[i];
+      __syncwarp();
+      const int gs = E / grp.ng;
+      float gsc = -INFINITY;  // lane g < ng: group g's score, the sum of its two largest choice values
+      if (lane < grp.ng) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int i = 0; i < gs; ++i) {
+          const float x = c[lane * gs + i];
+          if (x > b1) {
+            b2 = b1;
+            b1 = x;
+          } else if (x > b2) {
+            b2 = x;
+          }
+        }
+        gsc = b1 + b2;
+      }
+      unsigned kept = 0;  // bit g: group g kept (every lane holds the same mask)
+      for (int j = 0; j < grp.tg; ++j) {
+        float bv = lane < grp.ng && !(kept >> lane & 1u) ? gsc : -INFINITY;
+        int bg = lane < grp.ng && !(kept >> lane & 1u) ? lane : INT_MAX;
+        for (int o = 16; o > 0; o >>= 1) {
+          const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+          const int og = __shfl_xor_sync(0xffffffffu, bg, o);
+          if (og != INT_MAX && (bg == INT_MAX || ov > bv || (ov == bv && og < bg))) {
+            bv = ov;
+            bg = og;
+          }
+        }
+        kept |= 1u << bg;
+      }
+      DFLASH_UNROLL
+      for (int i = 0; i < EPL; ++i) {
+        const int e = lane + 32 * i;
+        if (e < E && !(kept >> (e / gs) & 1u)) taken |= 1u << i;
+      }
+    }
   }
   float sum = 1.f;
   if constexpr (!SIGMOID) {
@@ -118,7 +171,8 @@ __global__ void k_moe_route(const bf16* __restrict__ logits, int64_t T, int E, i
   }
   if (lane < k) {
     idx[t * k + lane] = my_e;
-    weights[t * k + lane] = normalize ? my_p / chosen_sum : my_p;
+    // (+ 1e-20: DeepseekV3MoE's guard, backend/context.h moe_route)
+    weights[t * k + lane] = (normalize ? my_p / (chosen_sum + 1e-20f) : my_p) * grp.scale;
   }
 }
 
@@ -1249,13 +1303,15 @@ std::string moe_linear_kernels(const Env& e) {
 namespace {
 template <bool SIGMOID>
 void launch_moe_route(Env& e, unsigned blocks, const bf16* z, int64_t T, int E, int k, bool normalize,
-                      const float* b, int32_t* ix, float* w) {
-  if (E <= 32) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<1, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
-  else if (E <= 64) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<2, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
-  else if (E <= 128) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<4, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
-  else if (E <= 256) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<8, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
-  else if (E <= 512) DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<16, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
-  else DFLASH_LAUNCH(blocks, 256, 0, e.stream, k_moe_route<32, SIGMOID>)(z, T, E, k, normalize, b, ix, w);
+                      const float* b, int32_t* ix, float* w, RouteGroups g) {
+  // with groups: each of the 8 warps keeps its token's E choice values in shared memory (32 KiB at E 1024)
+  const size_t sm = g.ng > 1 ? 8 * static_cast<size_t>(E) * sizeof(float) : 0;
+  if (E <= 32) DFLASH_LAUNCH(blocks, 256, sm, e.stream, k_moe_route<1, SIGMOID>)(z, T, E, k, normalize, b, ix, w, g);
+  else if (E <= 64) DFLASH_LAUNCH(blocks, 256, sm, e.stream, k_moe_route<2, SIGMOID>)(z, T, E, k, normalize, b, ix, w, g);
+  else if (E <= 128) DFLASH_LAUNCH(blocks, 256, sm, e.stream, k_moe_route<4, SIGMOID>)(z, T, E, k, normalize, b, ix, w, g);
+  else if (E <= 256) DFLASH_LAUNCH(blocks, 256, sm, e.stream, k_moe_route<8, SIGMOID>)(z, T, E, k, normalize, b, ix, w, g);
+  else if (E <= 512) DFLASH_LAUNCH(blocks, 256, sm, e.stream, k_moe_route<16, SIGMOID>)(z, T, E, k, normalize, b, ix, w, g);
+  else DFLASH_LAUNCH(blocks, 256, sm, e.stream, k_moe_route<32, SIGMOID>)(z, T, E, k, normalize, b, ix, w, g);
 }
 }  // namespace
 
@@ -1265,8 +1321,8 @@ void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Te
   check_on_dev("moe_route", weights, "weights");
   if (opts.choice_bias.defined()) check_on_dev("moe_route", opts.choice_bias, "choice_bias");
   const int64_t T = logits.shape[0], E = logits.shape[1];
-  DFLASH_CHECK(E <= kMaxExperts && k <= 32, "moe_route (cuda): E = ", E, " experts, k = ", k,
-               " (supported: E <= ", kMaxExperts, ", k <= 32)");
+  DFLASH_CHECK(E <= kMaxExperts && k <= 32 && opts.n_group <= 32, "moe_route (cuda): E = ", E, " experts, k = ", k,
+               ", n_group = ", opts.n_group, " (supported: E <= ", kMaxExperts, ", k <= 32, n_group <= 32)");
   if (T == 0) return;
   const unsigned blocks = static_cast<unsigned>((T + 7) / 8);
   const bf16* z = static_cast<bf16*>(logits.data);
@@ -1274,8 +1330,9 @@ void moe_route(Env& e, const Tensor& logits, int64_t k, bool normalize, const Te
   float* w = weights.ptr<float>();
   const int Ei = static_cast<int>(E), ki = static_cast<int>(k);
   const float* b = opts.choice_bias.defined() ? opts.choice_bias.ptr<float>() : nullptr;
-  if (opts.score == MoeScore::Sigmoid) launch_moe_route<true>(e, blocks, z, T, Ei, ki, normalize, b, ix, w);
-  else launch_moe_route<false>(e, blocks, z, T, Ei, ki, normalize, nullptr, ix, w);
+  const RouteGroups g{static_cast<int>(opts.n_group), static_cast<int>(opts.topk_group), static_cast<float>(opts.scale)};
+  if (opts.score == MoeScore::Sigmoid) launch_moe_route<true>(e, blocks, z, T, Ei, ki, normalize, b, ix, w, g);
+  else launch_moe_route<false>(e, blocks, z, T, Ei, ki, normalize, nullptr, ix, w, g);
   check_launch("k_moe_route");
 }
 

@@ -125,28 +125,7 @@ void forward(Context& ctx, const MixerWeights& mw, const MixerArgs& a, const Ten
   Tensor v = ctx.empty(dt, {R, nkv, d});
   Tensor o = ctx.empty(dt, {R, nh, d});
   project_qkv(ctx, w, a, q, k, v);
-  // attention per sequence, all in one call: over its cache (the new rows appended first), or causally among its own
-  // rows
-  std::vector<CausalSeq> attn(a.segs.size());
-  for (size_t i = 0; i < a.segs.size(); ++i) {
-    const SeqSegment& s = a.segs[i];
-    const int64_t T = s.end - s.begin;
-    CausalSeq& c = attn[i];
-    c.begin = s.begin;
-    c.end = s.end;
-    if (s.cache) {
-      LayerCache& kv = s.cache->layers[static_cast<size_t>(a.layer)];
-      ctx.copy(kv.k.slice(s.start, s.start + T), k.slice(s.begin, s.end));
-      ctx.copy(kv.v.slice(s.start, s.start + T), v.slice(s.begin, s.end));
-      c.k = kv.k.slice(0, s.start + T);
-      c.v = kv.v.slice(0, s.start + T);
-      c.q_offset = s.start;
-    } else {
-      c.k = k.slice(s.begin, s.end);
-      c.v = v.slice(s.begin, s.end);
-      c.q_offset = 0;
-    }
-  }
+  const std::vector<CausalSeq> attn = causal_sequences(ctx, a, k, v);
   CausalAttnOpts opts;
   opts.window = spec.sliding_window;
   opts.sinks = w.sinks;
@@ -199,6 +178,30 @@ std::string describe(const ModelConfig& c, const LayerSpec& s) {
 }
 
 }  // namespace
+
+std::vector<CausalSeq> causal_sequences(Context& ctx, const MixerArgs& a, const Tensor& k, const Tensor& v) {
+  std::vector<CausalSeq> attn(a.segs.size());
+  for (size_t i = 0; i < a.segs.size(); ++i) {
+    const SeqSegment& s = a.segs[i];
+    const int64_t T = s.end - s.begin;
+    CausalSeq& c = attn[i];
+    c.begin = s.begin;
+    c.end = s.end;
+    if (s.cache) {
+      LayerCache& kv = s.cache->layers[static_cast<size_t>(a.layer)];
+      ctx.copy(kv.k.slice(s.start, s.start + T), k.slice(s.begin, s.end));
+      ctx.copy(kv.v.slice(s.start, s.start + T), v.slice(s.begin, s.end));
+      c.k = kv.k.slice(0, s.start + T);
+      c.v = kv.v.slice(0, s.start + T);
+      c.q_offset = s.start;
+    } else {
+      c.k = k.slice(s.begin, s.end);
+      c.v = v.slice(s.begin, s.end);
+      c.q_offset = 0;
+    }
+  }
+  return attn;
+}
 
 extern const TokenMixerKind kAttentionMixer = {
     .kind = TokenMixer::Attention,

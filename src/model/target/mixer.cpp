@@ -6,12 +6,14 @@ namespace dflash {
 
 extern const TokenMixerKind kAttentionMixer;      // model/target/attention.cpp
 extern const TokenMixerKind kGatedDeltaNetMixer;  // model/target/linear_attention.cpp
+extern const TokenMixerKind kLatentAttentionMixer;  // model/target/latent_attention.cpp
 
 namespace {
 
 const TokenMixerKind* const kMixers[] = {
     &kAttentionMixer,
     &kGatedDeltaNetMixer,
+    &kLatentAttentionMixer,
 };
 
 }  // namespace

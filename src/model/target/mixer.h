@@ -1,7 +1,8 @@
 // model/target/mixer.h — the token mixers of the target's layers as one table: each kind (causal attention, Gated
-// DeltaNet linear attention) is one descriptor, and the layer loop, the cache and `dflash info` reach every kind
+// DeltaNet linear attention, multi-head latent attention) is one descriptor, and the layer loop, the cache and `dflash info` reach every kind
 // through it and never name one.
-// defines: MixerWeights, mixer_weights, SeqSegment, MixerArgs, TokenMixerKind, token_mixer, token_mixers
+// defines: MixerWeights, mixer_weights, SeqSegment, MixerArgs, TokenMixerKind, causal_sequences, token_mixer,
+//          token_mixers
 //
 // A new kind is its own file (a descriptor: a `const TokenMixerKind` with external linkage; a header beside it when
 // its weights struct is wanted elsewhere, e.g. by a hand-built target) and one row of the table in
@@ -24,7 +25,7 @@
 namespace dflash {
 
 // One layer's token-mixer weights, as its kind's own struct (AttentionWeights: model/target/attention.h,
-// LinearAttnWeights: model/target/linear_attention.h). Immutable once loaded; copies share the tensors.
+// LinearAttnWeights: model/target/linear_attention.h, LatentAttnWeights: model/target/latent_attention.h). Immutable once loaded; copies share the tensors.
 using MixerWeights = std::any;
 
 // w's weights as kind struct W. Throws Error naming `kind` when w holds none or another kind's.
@@ -94,6 +95,12 @@ struct TokenMixerKind {
   const char* info_key;
   std::vector<std::pair<const char*, int64_t>> (*info_keys)(const ModelConfig& cfg);  // config.json's names
 };
+
+// The attention kinds' step between their projections and Context::attention_causal_batch (model/target/attention.cpp):
+// for each segment of `a`, the sequence its rows attend over: with a cache, k and v's rows [begin, end) ([R, nkv, d]
+// act, the cache's layout) written into cache->layers[a.layer] at positions start.. and the cache's first start + T
+// rows; without one, its own rows of k and v.
+std::vector<CausalSeq> causal_sequences(Context& ctx, const MixerArgs& a, const Tensor& k, const Tensor& v);
 
 // The descriptor of `kind`. Throws Error for a kind missing from the table.
 const TokenMixerKind& token_mixer(TokenMixer kind);

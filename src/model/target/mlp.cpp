@@ -204,6 +204,9 @@ Tensor moe_forward(Context& ctx, const MoeLayerWeights& w, const MoeConfig& m, c
   if (m.router == RouterKind::SigmoidTopK) {
     ro.score = MoeScore::Sigmoid;
     ro.choice_bias = w.score_bias;
+    ro.n_group = m.n_group;
+    ro.topk_group = m.topk_group;
+    ro.scale = m.routed_scaling_factor;
   }
   ctx.moe_route(logits, k, m.norm_topk_prob || m.router == RouterKind::TopKSoftmax, idx, weights, ro);
   Tensor offsets = ctx.empty(DType::I32, {E + 1});

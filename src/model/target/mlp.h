@@ -9,7 +9,9 @@
 // MoE features (io/hf_config.h MoeConfig; gpt-oss's GptOssMLP has all of them):
 //   router_bias                     z = x Wr^T + br
 //   RouterKind::SigmoidTopK         p = sigmoid(z) (fp32); the top_k of p + b_corr chosen (score_correction_bias),
-//                                   weighted by p renormalised (MiniMax-M2's MiniMaxM2TopKRouter)
+//                                   within the topk_group best of n_group groups, weighted by p renormalised, times
+//                                   routed_scaling_factor (MiniMax-M2's MiniMaxM2TopKRouter, DeepSeek-V3's
+//                                   DeepseekV3MoE)
 //   RouterKind::TopKSoftmax         p = softmax over the top_k logits (= moe_route's renormalised softmax:
 //                                   exp(z_j - m) / sum_{i in top k} exp(z_i - m) either way)
 //   expert_bias, ExpertAct          h += sum_j p_j (down_e(act(gate_e(x) + bg, up_e(x) + bu)) + bd_e), act SwiGLU or
