@@ -154,6 +154,8 @@ TEST(DeepseekV3Config, PublishedV3) {
   EXPECT_EQ(p.fp8, 61 * (attn - 2 * H - 1536 - 512) + 3 * dense + 58 * (E * expert + expert));
   // default target layers: the spec's rule over 61 layers
   EXPECT_EQ(default_target_layer_ids(c.num_hidden_layers, 5), (std::vector<int64_t>{1, 15, 30, 44, 58}));
+  // with 6 taps it is z-lab/Kimi-K2.5-DFlash's published target_layer_ids (6 draft layers, block 8, mask id 163838)
+  EXPECT_EQ(default_target_layer_ids(c.num_hidden_layers, 6), (std::vector<int64_t>{1, 12, 24, 35, 47, 58}));
   // the drafter: z-lab/Kimi-K2.5-DFlash's shape (the target's heads, 8 kv heads of 128, MLP intermediate_size)
   const DrafterConfig dc = DrafterConfig::for_target(c, 5, 16, {1, 15, 30, 44, 58}, 128000);
   EXPECT_EQ(dc.intermediate_size, 18432);
