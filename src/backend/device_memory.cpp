@@ -1,6 +1,7 @@
 // backend/device_memory.cpp — free memory of the host and of CUDA devices (backend/device_memory.h).
 #include "backend/device_memory.h"
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -23,6 +24,28 @@ DeviceMemory host_memory() {
     if (key == "MemTotal:") m.total_bytes = kib * 1024;
   }
   return m;
+}
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string key;
+    int64_t kib = 0;
+    if (!(ls >> key >> kib)) continue;
+    if (key == "VmRSS:") m.rss_bytes = kib * 1024;
+    if (key == "VmHWM:") m.peak_rss_bytes = kib * 1024;
+  }
+  return m;
+}
+
+std::string describe(const ProcessMemory& m) {
+  if (m.rss_bytes < 0) return "unknown";
+  char b[96];
+  std::snprintf(b, sizeof b, "RSS %.2f GiB, peak %.2f GiB", m.rss_bytes / 1073741824.0, m.peak_rss_bytes / 1073741824.0);
+  return b;
 }
 
 DeviceMemory cuda_device_memory(int index) {

@@ -2,6 +2,9 @@
 // (cli/target_devices.h).
 #include "cli/target_devices.h"
 
+#include <chrono>
+
+#include "backend/device_memory.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -23,7 +26,11 @@ TargetOnDevices load_target_on_devices(const std::string& dir, const std::string
     for (auto& c : t.contexts) where += (where.empty() ? "" : ", ") + c->describe();
     log_info("loading the target from ", dir, " in ", split, " stages on ", where);
   }
+  const auto t0 = std::chrono::steady_clock::now();
   t.target = std::make_unique<SplitTarget>(SplitTarget::load(dir, ctxs));
+  for (auto& c : t.contexts) c->synchronize();
+  log_info("target loaded in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+           " s; host memory ", describe(process_memory()));
   for (int s = 0; split > 1 && s < split; ++s)
     log_info("target stage ", s, ": layers ", t.target->stage(s).stage().first, "-",
              t.target->stage(s).stage().end - 1);

@@ -16,6 +16,7 @@
 
 #include "backend/collective.h"   // HostGroup, GradReducer
 #include "backend/context.h"      // Context, make_context, lazy_init_count
+#include "backend/device_memory.h"  // process_memory
 #include "backend/mpi.h"          // Mpi: processes of a multi-host job
 #include "core/fs.h"
 #include "core/log.h"
@@ -161,6 +162,7 @@ std::unique_ptr<Workers> build_workers(const TrainConfig& cfg, const OpenedRun& 
   // a split target: each stage loaded once per device (only its layers' tensors read), shared likewise
   std::map<std::pair<int, int>, std::shared_ptr<const Target>> stage_on;
   const std::vector<TargetStage> stages = split_target_layers(r.tc, S);
+  const auto load_t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < w->T; ++i)
     for (int s = 0; s < S; ++s) {
       const int dev = topo.target_device(i, s);
@@ -172,6 +174,12 @@ std::unique_ptr<Workers> build_workers(const TrainConfig& cfg, const OpenedRun& 
         stage_on[{dev, s}] = cfg.random_target ? Target::random_stage(r.tc, c, cfg.seed, st)
                                                : Target::load_stage(cfg.target_dir, c, st);
     }
+  for (auto& c : tctx) c->synchronize();
+  log_info("target ", cfg.random_target ? "drawn" : "loaded", " in ",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count(), " s (",
+           S == 1 ? target_on.size() : stage_on.size(), S > 1 ? " stages" : target_on.size() > 1 ? " copies" : " copy",
+           "); host memory ",
+           describe(process_memory()));
   if (S > 1)
     for (size_t s = 0; s < stages.size(); ++s)
       log_info("target stage ", s, ": layers ", stages[s].first, "-", stages[s].end - 1);
