@@ -31,6 +31,61 @@ TypeRope type_rope(const JsonFields& f, const char* layer_type, const TypeRope& 
           t.opt_num("partial_rotary_factor", 1.0), t.opt_num("factor", 1.0)};
 }
 
+// The full layers' geometry as transformers 5.17 writes it when it saves a Gemma 4 config: per_layer_config
+// {"<layer>": {"head_dim": d, "num_key_value_heads": n}} for each full-attention layer, global_head_dim and
+// num_global_key_value_heads then left out. Read into global_head_dim and num_global_kv_heads (one geometry for every
+// full layer, as the published models have); where those keys are present too they must agree. Without
+// attention_k_eq_v a full layer's kv heads are num_key_value_heads. Throws Error naming the entry otherwise.
+void read_per_layer_config(const JsonFields& f, ModelConfig& c) {
+  const nlohmann::json* plc = f.get("per_layer_config");
+  if (!plc || plc->is_null()) return;
+  const std::string where = f.src + ": " + f.prefix + "per_layer_config";
+  DFLASH_CHECK(plc->is_object(), where, ": expected an object of layer index -> {head_dim, num_key_value_heads}");
+  int64_t gd = 0, gkv = 0, full_listed = 0;
+  for (const auto& [key, v] : plc->items()) {
+    const std::string at = where + "." + key;
+    DFLASH_CHECK(!key.empty() && key.find_first_not_of("0123456789") == std::string::npos && key.size() < 10 &&
+                     std::stoll(key) < c.num_hidden_layers,
+                 at, ": not a layer index of the ", c.num_hidden_layers, "-layer model");
+    DFLASH_CHECK(v.is_object(), at, ": expected an object, got ", v.dump());
+    for (const auto& [k, x] : v.items())
+      DFLASH_CHECK((k == "head_dim" || k == "num_key_value_heads") && x.is_number_integer() && x.get<int64_t>() > 0,
+                   at, ".", k, ": ", x.dump(), " is not supported (a positive head_dim or num_key_value_heads)");
+    const int64_t l = std::stoll(key);
+    const int64_t d = v.value("head_dim", int64_t{0}), n = v.value("num_key_value_heads", int64_t{0});
+    if (c.layer_types[static_cast<size_t>(l)] == LayerType::SlidingAttention) {
+      DFLASH_CHECK((d == 0 || d == c.head_dim) && (n == 0 || n == c.num_key_value_heads), at,
+                   ": a sliding layer with its own geometry is not supported (head_dim ", c.head_dim,
+                   ", num_key_value_heads ", c.num_key_value_heads, " for every sliding layer)");
+      continue;
+    }
+    ++full_listed;
+    DFLASH_CHECK(d > 0, at, ": a full-attention layer's entry needs head_dim");
+    DFLASH_CHECK(gd == 0 || d == gd, at, ".head_dim ", d, ": full layers of different head dims are not supported");
+    gd = d;
+    const int64_t kv = n > 0 ? n : c.num_key_value_heads;
+    DFLASH_CHECK(gkv == 0 || kv == gkv, at, ".num_key_value_heads ", kv,
+                 ": full layers of different kv heads are not supported");
+    gkv = kv;
+  }
+  int64_t full = 0;
+  for (LayerType t : c.layer_types) full += t == LayerType::FullAttention ? 1 : 0;
+  if (full_listed == 0) return;
+  DFLASH_CHECK(full_listed == full, where, ": lists ", full_listed, " of the ", full,
+               " full-attention layers (a full layer left out would have the sliding layers' geometry: not supported)");
+  DFLASH_CHECK(!f.get("global_head_dim") || c.global_head_dim == gd, where, ": head_dim ", gd,
+               " differs from global_head_dim ", c.global_head_dim);
+  c.global_head_dim = gd;
+  if (c.attention_k_eq_v) {
+    DFLASH_CHECK(!f.get("num_global_key_value_heads") || c.num_global_kv_heads == gkv, where,
+                 ": num_key_value_heads ", gkv, " differs from num_global_key_value_heads ", c.num_global_kv_heads);
+    c.num_global_kv_heads = gkv;
+  } else {
+    DFLASH_CHECK(gkv == c.num_key_value_heads, where, ": full layers with ", gkv, " kv heads where the sliding ones "
+                 "have ", c.num_key_value_heads, " need attention_k_eq_v (not supported otherwise)");
+  }
+}
+
 }  // namespace
 
 void read_gemma4(const JsonFields& f, ModelConfig& c) {
@@ -66,16 +121,7 @@ void read_gemma4(const JsonFields& f, ModelConfig& c) {
   // global (full-attention) layers: their own head dim; with attention_k_eq_v their own kv heads and no v_proj
   c.global_head_dim = f.opt_int("global_head_dim", 512);
   c.attention_k_eq_v = f.opt_bool("attention_k_eq_v", false);
-  DFLASH_CHECK(c.global_head_dim > 0 && c.global_head_dim % 2 == 0, src, ": ", p,
-               "global_head_dim: must be a positive even number, got ", c.global_head_dim);
-  if (c.attention_k_eq_v) {
-    DFLASH_CHECK(f.get("num_global_key_value_heads") != nullptr, src, " missing ", p,
-                 "num_global_key_value_heads (needed with attention_k_eq_v)");
-    c.num_global_kv_heads = f.opt_int("num_global_key_value_heads", 0);
-    DFLASH_CHECK(c.num_global_kv_heads > 0 && c.num_attention_heads % c.num_global_kv_heads == 0, src, ": ", p,
-                 "num_global_key_value_heads ", c.num_global_kv_heads, " must be positive and divide "
-                 "num_attention_heads ", c.num_attention_heads);
-  }
+  if (c.attention_k_eq_v) c.num_global_kv_heads = f.opt_int("num_global_key_value_heads", 0);
   // layer_types (absent: 5 sliding then 1 full), the last layer always full (Gemma4TextConfig.__post_init__)
   c.layer_types.clear();
   if (const nlohmann::json* lt = f.get("layer_types")) {
@@ -92,6 +138,17 @@ void read_gemma4(const JsonFields& f, ModelConfig& c) {
       c.layer_types.push_back((l + 1) % 6 ? LayerType::SlidingAttention : LayerType::FullAttention);
   }
   c.layer_types.back() = LayerType::FullAttention;
+  read_per_layer_config(f, c);
+  DFLASH_CHECK(c.global_head_dim > 0 && c.global_head_dim % 2 == 0, src, ": ", p,
+               "global_head_dim: must be a positive even number, got ", c.global_head_dim);
+  if (c.attention_k_eq_v) {
+    DFLASH_CHECK(c.num_global_kv_heads != 0, src, " missing ", p,
+                 "num_global_key_value_heads (needed with attention_k_eq_v; or the full layers' num_key_value_heads "
+                 "in per_layer_config)");
+    DFLASH_CHECK(c.num_global_kv_heads > 0 && c.num_attention_heads % c.num_global_kv_heads == 0, src, ": ", p,
+                 "num_global_key_value_heads ", c.num_global_kv_heads, " must be positive and divide "
+                 "num_attention_heads ", c.num_attention_heads);
+  }
   c.sliding_window = f.opt_int("sliding_window", 512);
   DFLASH_CHECK(c.sliding_window > 0, src, ": ", p, "sliding_window: must be positive, got ", c.sliding_window);
   // RoPE per layer type: sliding layers "default" at their theta over head_dim (the config's RoPE); full layers

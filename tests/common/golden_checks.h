@@ -32,7 +32,7 @@ struct GoldenTolerance {
 // then the last n one at a time (n = kv_decode_logits' rows: 36 + 4 of 40; the hybrid goldens 140 + 10 of 150, past
 // two chunks of 64; the linear layers' window and state carried from the prefill).
 inline void check_golden(const std::string& name, const std::string& device, const GoldenTolerance& tol_ = {}) {
-  const std::string dir = source_dir() + "/tests/golden/" + name;
+  const std::string dir = name.starts_with('/') ? name : source_dir() + "/tests/golden/" + name;  // or a directory
   auto ctx = make_context(device);
   auto target = Target::load(dir, *ctx);
   auto g = SafetensorsFile::open(dir + "/golden.safetensors");

@@ -9,8 +9,11 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -205,6 +208,61 @@ TEST(Gemma4Config, RefusalsNameTheField) {
   json moe = gemma4_26b_a4b();
   moe["text_config"].erase("top_k_experts");
   EXPECT_THROW(parse_model_config(moe, "m.json"), Error);
+}
+
+// The full layers' geometry as transformers 5.17 saves a Gemma 4 config: per_layer_config {"<layer>": {"head_dim",
+// "num_key_value_heads"}} instead of global_head_dim / num_global_key_value_heads (seen in the configs
+// tools/make_goldens_families.py saved on the GPU machine). Each golden's config rewritten so reads the same plan and
+// still matches its golden (fp64); entries that would need another geometry are refused by name.
+TEST(Gemma4Config, PerLayerConfigAsTransformersSavesIt) {
+  const std::string tmp = cat("/tmp/dflash_test_gemma4_plc_", getpid());
+  for (const char* n : {"target_gemma4", "target_gemma4_text", "target_gemma4_moe"}) {
+    const json orig = json::parse(read_file(golden_dir(n) + "/config.json"));
+    json j = orig;
+    json& t = j.contains("text_config") ? j["text_config"] : j;
+    const bool k_eq_v = t.value("attention_k_eq_v", false);
+    json plc = json::object();
+    for (size_t l = 0; l < t["layer_types"].size(); ++l)
+      if (t["layer_types"][l] == "full_attention") {
+        plc[std::to_string(l)]["head_dim"] = t["global_head_dim"];
+        if (k_eq_v) plc[std::to_string(l)]["num_key_value_heads"] = t["num_global_key_value_heads"];
+      }
+    t["per_layer_config"] = plc;
+    t.erase("global_head_dim");
+    t.erase("num_global_key_value_heads");
+    const ModelConfig a = parse_model_config(orig, "orig.json"), b = parse_model_config(j, "saved.json");
+    EXPECT_EQ(b.global_head_dim, a.global_head_dim) << n;
+    EXPECT_EQ(b.num_global_kv_heads, a.num_global_kv_heads) << n;
+    for (int64_t l = 0; l < a.num_hidden_layers; ++l) {
+      EXPECT_EQ(b.layer(l).attention.head_dim, a.layer(l).attention.head_dim) << n << " layer " << l;
+      EXPECT_EQ(b.layer(l).attention.num_kv_heads, a.layer(l).attention.num_kv_heads) << n << " layer " << l;
+    }
+    const std::string dir = cat(tmp, "/", n);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    write_file_atomic(dir + "/config.json", j.dump(2));
+    for (const char* f : {"model.safetensors", "golden.safetensors"})
+      std::filesystem::create_symlink(golden_dir(n) + "/" + f, dir + "/" + f);
+    check_golden(dir, "cpu64", {.experts = true});
+    if (!k_eq_v) continue;
+    auto refused = [&](const std::function<void(json&)>& edit, const std::string& want) {
+      json r = j;
+      edit(r["text_config"]);
+      try {
+        parse_model_config(r, "/m/config.json");
+        ADD_FAILURE() << n << ": accepted " << r["text_config"]["per_layer_config"].dump();
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      }
+    };
+    refused([](json& t) { t["per_layer_config"].erase("4"); }, "lists 1 of the 2 full-attention layers");
+    refused([](json& t) { t["per_layer_config"]["4"]["head_dim"] = 64; }, "full layers of different head dims");
+    refused([](json& t) { t["per_layer_config"]["0"]["head_dim"] = 32; }, "per_layer_config.0: a sliding layer");
+    refused([](json& t) { t["per_layer_config"]["2"]["intermediate_size"] = 8; }, "per_layer_config.2.intermediate_size");
+    refused([](json& t) { t["per_layer_config"]["9"] = json::object(); }, "per_layer_config.9: not a layer index");
+    refused([](json& t) { t["global_head_dim"] = 64; }, "differs from global_head_dim 64");
+  }
+  std::filesystem::remove_all(tmp);
 }
 
 // ---- goldens of the independent reading (tools/ref_gemma4.py) -------------------------------------------------------
