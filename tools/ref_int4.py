@@ -40,13 +40,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_dflash  # noqa: E402  (the float64 target forward, checked against transformers by make_goldens.py)
+from ref_minimax_m2 import write_safetensors  # noqa: E402  (F32, BF16 and I32 by hand)
 from ref_dflash2 import read_safetensors  # noqa: E402  (safetensors read by hand, any stored dtype)
 
 torch.set_default_dtype(torch.float64)
@@ -55,35 +55,6 @@ GROUP = 32
 PREFILL = 36
 IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*mlp\\.gate$"]
 UNPACK_CHECKS = ["model.layers.0.mlp.experts.3.gate_proj", "model.layers.2.mlp.down_proj"]
-
-
-# ------------------------------------------------------------------------------------------------------------
-# safetensors written by hand (BF16 scales beside F32 and I32)
-# ------------------------------------------------------------------------------------------------------------
-
-def write_safetensors(path: str, tensors: dict, metadata: dict | None = None) -> None:
-    """Tensors in the dict's order: float64 / float32 as F32, bfloat16 as BF16, integers as I32."""
-    header, chunks, off = {}, [], 0
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    for name, t in tensors.items():
-        t = t.detach().contiguous()
-        if t.dtype == torch.bfloat16:
-            data, dt = t.view(torch.int16).numpy().tobytes(), "BF16"
-        elif t.is_floating_point():
-            data, dt = t.to(torch.float32).numpy().tobytes(), "F32"
-        else:
-            data, dt = t.to(torch.int32).numpy().tobytes(), "I32"
-        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
-        chunks.append(data)
-        off += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for c in chunks:
-            f.write(c)
 
 
 # ------------------------------------------------------------------------------------------------------------

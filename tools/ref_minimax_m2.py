@@ -85,18 +85,19 @@ CFG = {
 # ------------------------------------------------------------------------------------------------------------
 
 def write_safetensors(path: str, tensors: dict, metadata: dict | None = None) -> None:
-    """Float tensors as F32, integer tensors as I32, in the dict's order."""
+    """Tensors in the dict's order: bfloat16 as BF16, other floats as F32, integers as I32 (also used by
+    ref_deepseek_v3.py and ref_int4.py)."""
     header, chunks, off = {}, [], 0
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
     for name, t in tensors.items():
         t = t.detach().contiguous()
-        if t.is_floating_point():
-            data = t.to(torch.float32).numpy().tobytes()
-            dt = "F32"
+        if t.dtype == torch.bfloat16:
+            data, dt = t.view(torch.int16).numpy().tobytes(), "BF16"
+        elif t.is_floating_point():
+            data, dt = t.to(torch.float32).numpy().tobytes(), "F32"
         else:
-            data = t.to(torch.int32).numpy().tobytes()
-            dt = "I32"
+            data, dt = t.to(torch.int32).numpy().tobytes(), "I32"
         header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
         chunks.append(data)
         off += len(data)

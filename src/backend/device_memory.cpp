@@ -3,7 +3,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
+#include <vector>
 
 #ifdef DFLASH_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -11,34 +13,37 @@
 
 namespace dflash {
 
-DeviceMemory host_memory() {
-  DeviceMemory m;
-  std::ifstream in("/proc/meminfo");
+namespace {
+
+// The values of `keys` (in kB) from a /proc file of "Key:   N kB" lines, in bytes; -1 for a key not found.
+std::vector<int64_t> proc_kib_fields(const char* path, std::initializer_list<const char*> keys) {
+  std::vector<int64_t> out(keys.size(), -1);
+  std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream ls(line);
     std::string key;
     int64_t kib = 0;
     if (!(ls >> key >> kib)) continue;
-    if (key == "MemAvailable:") m.free_bytes = kib * 1024;
-    if (key == "MemTotal:") m.total_bytes = kib * 1024;
+    size_t i = 0;
+    for (const char* k : keys) {
+      if (key == k) out[i] = kib * 1024;
+      ++i;
+    }
   }
-  return m;
+  return out;
+}
+
+}  // namespace
+
+DeviceMemory host_memory() {
+  const std::vector<int64_t> v = proc_kib_fields("/proc/meminfo", {"MemAvailable:", "MemTotal:"});
+  return {v[0], v[1]};
 }
 
 ProcessMemory process_memory() {
-  ProcessMemory m;
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string key;
-    int64_t kib = 0;
-    if (!(ls >> key >> kib)) continue;
-    if (key == "VmRSS:") m.rss_bytes = kib * 1024;
-    if (key == "VmHWM:") m.peak_rss_bytes = kib * 1024;
-  }
-  return m;
+  const std::vector<int64_t> v = proc_kib_fields("/proc/self/status", {"VmRSS:", "VmHWM:"});
+  return {v[0], v[1]};
 }
 
 std::string describe(const ProcessMemory& m) {
